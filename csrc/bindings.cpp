@@ -1,0 +1,269 @@
+// pybind11 bindings of ringcomm._core. Thin by design: convert arguments,
+// release the GIL around anything that may block, translate errors into the
+// exception classes of ringcomm.errors. The documented API is in Python.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "engine.h"
+#include "inproc_transport.h"
+#include "mpi_transport.h"
+#include "plan.h"
+#include "reducer.h"
+
+namespace py = pybind11;
+using namespace ringcomm;
+
+namespace {
+
+py::object error_object(const RingError& e) {
+  return py::module_::import("ringcomm.errors")
+      .attr("_from_native")(int(e.kind), e.what(), e.rank, e.peer, e.seq);
+}
+
+// Owns an Engine; close() stops it deterministically (before MPI_Finalize).
+struct EngineHandle {
+  std::unique_ptr<Engine> engine;
+  std::shared_ptr<InprocWorld> world;  // keeps an in-process world alive
+  Engine& get() {
+    if (!engine) throw_invalid("communicator is closed");
+    return *engine;
+  }
+};
+
+// The in-process world, opaque to Python.
+struct WorldHandle {
+  std::shared_ptr<InprocWorld> world;
+};
+
+Options make_options(double timeout, size_t segment_bytes, int window) {
+  Options o;
+  o.timeout_s = timeout;
+  o.segment_bytes = segment_bytes;
+  o.window = window;
+  if (!(timeout > 0)) throw_invalid("timeout must be positive");
+  if (segment_bytes == 0 || segment_bytes > (size_t(1) << 30))
+    throw_invalid("segment_bytes must be between 1 and 2**30");
+  if (window < 2) throw_invalid("window must be at least 2");
+  return o;
+}
+
+// ---- DLPack (the ABI is fixed by the standard; only what we read) -------
+struct DLDevice { int32_t device_type, device_id; };
+struct DLDataType { uint8_t code, bits; uint16_t lanes; };
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor { DLTensor dl_tensor; void* manager_ctx; void (*deleter)(DLManagedTensor*); };
+struct DLPackVersion { uint32_t major, minor; };
+struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned*);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+constexpr uint64_t kDLFlagReadOnly = 1;
+
+// Reads a DLPack capsule without consuming it: the caller keeps the capsule
+// alive while the memory is in use, and its destructor frees the tensor.
+py::dict dlpack_info(py::capsule cap) {
+  const char* name = cap.name();
+  const DLTensor* t = nullptr;
+  bool readonly = false;
+  if (name && std::strcmp(name, "dltensor") == 0) {
+    t = &static_cast<DLManagedTensor*>(cap.get_pointer())->dl_tensor;
+  } else if (name && std::strcmp(name, "dltensor_versioned") == 0) {
+    auto* v = static_cast<DLManagedTensorVersioned*>(cap.get_pointer());
+    if (v->version.major != 1) throw_invalid("unsupported DLPack major version " + std::to_string(v->version.major));
+    t = &v->dl_tensor;
+    readonly = (v->flags & kDLFlagReadOnly) != 0;
+  } else {
+    throw_invalid("not a DLPack capsule (or one already consumed)");
+  }
+  py::dict d;
+  d["ptr"] = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+  d["device_type"] = t->device.device_type;
+  d["device_id"] = t->device.device_id;
+  d["code"] = int(t->dtype.code);
+  d["bits"] = int(t->dtype.bits);
+  d["lanes"] = int(t->dtype.lanes);
+  py::list shape, strides;
+  for (int i = 0; i < t->ndim; ++i) shape.append(t->shape[i]);
+  d["shape"] = py::tuple(shape);
+  if (t->strides) {
+    for (int i = 0; i < t->ndim; ++i) strides.append(t->strides[i]);
+    d["strides"] = py::tuple(strides);
+  } else {
+    d["strides"] = py::none();
+  }
+  d["readonly"] = readonly;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "ringcomm native core (private; use the ringcomm package)";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const RingError& e) {
+      py::object err = error_object(e);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+    }
+  });
+
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
+      .def("wait", &Work::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>(),
+           "Block (GIL released) until complete or timeout; True when complete.")
+      .def("is_completed", &Work::is_completed)
+      .def_property_readonly("seq", &Work::seq)
+      .def("error", [](Work& w) -> py::object {
+        const RingError* e = w.error();
+        if (!e) return py::none();
+        return error_object(*e);
+      });
+
+  py::class_<WorldHandle>(m, "InprocWorld");
+  m.def("inproc_world", [](int n) { return WorldHandle{make_inproc_world(n)}; }, py::arg("nranks"));
+
+  py::class_<EngineHandle>(m, "Engine")
+      .def_property_readonly("rank", [](EngineHandle& h) { return h.get().rank(); })
+      .def_property_readonly("size", [](EngineHandle& h) { return h.get().size(); })
+      .def_property_readonly("transport", [](EngineHandle& h) { return h.get().transport_name(); })
+      .def_property_readonly("closed", [](EngineHandle& h) { return !h.engine; })
+      .def("submit",
+           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root) {
+             Task t;
+             t.coll = Coll(coll);
+             t.in = reinterpret_cast<const void*>(in);
+             t.out = reinterpret_cast<void*>(out);
+             t.count = count;
+             t.dtype = DType(dtype);
+             t.op = Op(op);
+             t.root = root;
+             return h.get().submit(t);
+           },
+           py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
+           py::arg("op"), py::arg("root"))
+      .def("traffic",
+           [](EngineHandle& h) {
+             auto cells = h.get().ledger().snapshot();
+             const int n = h.get().size();
+             py::array_t<uint64_t> a({int(Coll::kCount), n, 2, 4});
+             auto v = a.mutable_unchecked<4>();
+             for (int c = 0; c < int(Coll::kCount); ++c)
+               for (int p = 0; p < n; ++p)
+                 for (int k = 0; k < 2; ++k) {
+                   const Counters& x = cells[(size_t(c) * n + p) * 2 + k];
+                   v(c, p, k, 0) = x.bytes_sent;
+                   v(c, p, k, 1) = x.msgs_sent;
+                   v(c, p, k, 2) = x.bytes_recv;
+                   v(c, p, k, 3) = x.msgs_recv;
+                 }
+             return a;
+           },
+           "Ledger as uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)]")
+      .def("abort", [](EngineHandle& h) { return h.get().abort(); })
+      .def("reset_traffic", [](EngineHandle& h) { h.get().ledger().reset(); })
+      .def("set_segment_bytes", [](EngineHandle& h, size_t b) { h.get().set_segment_bytes(b); })
+      .def("set_timeout", [](EngineHandle& h, double s) { h.get().set_timeout(s); })
+      .def_property_readonly("segment_bytes", [](EngineHandle& h) { return h.get().options().segment_bytes; })
+      .def_property_readonly("timeout", [](EngineHandle& h) { return h.get().options().timeout_s; })
+      .def_property_readonly("aborted", [](EngineHandle& h) { return h.get().aborted(); })
+      .def_property_readonly("abort_reason", [](EngineHandle& h) { return h.get().abort_reason(); })
+      .def("close",
+           [](EngineHandle& h) {
+             std::unique_ptr<Engine> e = std::move(h.engine);
+             py::gil_scoped_release nogil;
+             e.reset();  // drains queued work, joins the worker
+           },
+           "Finish queued collectives and stop the worker thread.");
+
+  m.def("mpi_engine",
+        [](uintptr_t comm_handle, double timeout, size_t segment_bytes, int window) {
+          Options o = make_options(timeout, segment_bytes, window);
+          auto h = std::make_unique<EngineHandle>();
+          {
+            py::gil_scoped_release nogil;  // MPI_Comm_dup is collective
+            h->engine = std::make_unique<Engine>(make_mpi_transport(comm_handle), o);
+          }
+          return h;
+        },
+        py::arg("comm_handle"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"));
+
+  m.def("inproc_engine",
+        [](const WorldHandle& world, int rank, double timeout, size_t segment_bytes, int window) {
+          Options o = make_options(timeout, segment_bytes, window);
+          auto h = std::make_unique<EngineHandle>();
+          h->engine = std::make_unique<Engine>(make_inproc_transport(world.world, rank), o);
+          h->world = world.world;
+          return h;
+        },
+        py::arg("world"), py::arg("rank"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"));
+
+  m.def("mpi_library_version", &mpi_library_version);
+  m.def("dlpack_info", &dlpack_info, py::arg("capsule"));
+
+  m.def("ring_plan",
+        [](size_t count, int n, size_t elem_size, size_t segment_bytes) {
+          RingPlan p(count, n, elem_size, segment_bytes);
+          py::list chunks, segs;
+          for (int c = 0; c < n; ++c) {
+            chunks.append(py::make_tuple(p.chunk_begin(c), p.chunk_count(c)));
+            py::list s;
+            for (int k = 0; k < p.segments(); ++k) s.append(py::make_tuple(p.seg_begin(c, k), p.seg_count(c, k)));
+            segs.append(s);
+          }
+          py::list rs, ag;
+          for (int r = 0; r < n; ++r) {
+            py::list a, b;
+            for (int s = 0; s + 1 < n; ++s) {
+              a.append(py::make_tuple(p.rs_send_chunk(r, s), p.rs_recv_chunk(r, s)));
+              b.append(py::make_tuple(p.ag_send_chunk(r, s), p.ag_recv_chunk(r, s)));
+            }
+            rs.append(a);
+            ag.append(b);
+          }
+          py::dict d;
+          d["segments"] = p.segments();
+          d["chunks"] = chunks;
+          d["segment_spans"] = segs;
+          d["reduce_scatter_schedule"] = rs;
+          d["all_gather_schedule"] = ag;
+          return d;
+        },
+        py::arg("count"), py::arg("nranks"), py::arg("elem_size"), py::arg("segment_bytes"),
+        "The ring plan as plain data (for tests and teaching).");
+
+  m.def("reduce",
+        [](int dtype, int op, py::buffer dst, py::buffer a, py::buffer b) {
+          auto red = make_cpu_reducer(DType(dtype), Op(op));
+          py::buffer_info d = dst.request(true), x = a.request(), y = b.request();
+          size_t es = dtype_size(DType(dtype));
+          size_t n = size_t(d.size) * size_t(d.itemsize) / es;
+          if (size_t(x.size * x.itemsize) != n * es || size_t(y.size * y.itemsize) != n * es)
+            throw_invalid("reduce: buffers differ in size");
+          py::gil_scoped_release nogil;
+          red->reduce(d.ptr, x.ptr, y.ptr, n);
+        },
+        "dst = a (op) b elementwise with the host reducer (for tests).");
+  m.def("finalize",
+        [](int dtype, int op, py::buffer buf, int nranks) {
+          auto red = make_cpu_reducer(DType(dtype), Op(op));
+          py::buffer_info d = buf.request(true);
+          size_t n = size_t(d.size) * size_t(d.itemsize) / dtype_size(DType(dtype));
+          red->finalize(d.ptr, n, nranks);
+        },
+        "Apply the op's final step (avg: divide by nranks) in place (for tests).");
+}

@@ -1,0 +1,209 @@
+#include "engine.h"
+
+#include "algorithms.h"
+
+namespace ringcomm {
+
+bool Work::wait(double timeout_s) {
+  std::unique_lock<std::mutex> lk(m_);
+  if (timeout_s < 0) {
+    cv_.wait(lk, [&] { return done_; });
+    return true;
+  }
+  return cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return done_; });
+}
+
+bool Work::is_completed() {
+  std::lock_guard<std::mutex> g(m_);
+  return done_;
+}
+
+const RingError* Work::error() {
+  std::lock_guard<std::mutex> g(m_);
+  return err_.get();
+}
+
+void Work::finish(std::unique_ptr<RingError> err) {
+  std::lock_guard<std::mutex> g(m_);
+  err_ = std::move(err);
+  done_ = true;
+  cv_.notify_all();
+}
+
+Engine::Engine(std::unique_ptr<Transport> transport, Options opts)
+    : link_(std::move(transport), opts), opts_(opts), worker_([this] { loop(); }) {}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+std::shared_ptr<Work> Engine::submit(const Task& t) {
+  if (int(t.coll) < 0 || t.coll >= Coll::kCount) throw_invalid("unknown collective code");
+  if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) make_cpu_reducer(t.dtype, t.op);  // validates
+  else dtype_size(t.dtype);
+  if (t.coll == Coll::broadcast && (t.root < 0 || t.root >= size()))
+    throw_invalid("broadcast root " + std::to_string(t.root) + " is out of range for " + std::to_string(size()) +
+                  " ranks (expected 0 <= root < " + std::to_string(size()) + ")");
+  {
+    std::lock_guard<std::mutex> g(state_m_);
+    if (aborted_)
+      throw RingError(ErrKind::aborted, rank(), -1, 0, "communicator was aborted earlier: " + abort_reason_);
+  }
+  auto w = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> g(m_);
+    w->seq_ = ++next_seq_;
+    queue_.emplace_back(t, w);
+    queue_.back().first.opts = opts_;
+  }
+  cv_.notify_one();
+  return w;
+}
+
+std::shared_ptr<Work> Engine::abort() {
+  auto w = std::make_shared<Work>();
+  Task t;
+  t.abort = true;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    queue_.emplace_back(t, w);
+  }
+  cv_.notify_one();
+  return w;
+}
+
+void Engine::loop() {
+  for (;;) {
+    std::pair<Task, std::shared_ptr<Work>> item;
+    {
+      std::unique_lock<std::mutex> lk(m_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::unique_ptr<RingError> err;
+    try {
+      run(item.first, item.second->seq());
+    } catch (const RingError& e) {
+      err = std::make_unique<RingError>(e);
+    } catch (const std::exception& e) {
+      err = std::make_unique<RingError>(ErrKind::transport, rank(), -1, item.second->seq(), e.what());
+    }
+    if (err && item.first.abort) {  // the abort itself succeeded
+      link_.fail(*err);
+      std::lock_guard<std::mutex> g(state_m_);
+      if (!aborted_) {
+        aborted_ = true;
+        abort_reason_ = err->what();
+      }
+      err.reset();
+    }
+    if (err) {
+      if (err->seq == 0) err->seq = item.second->seq();
+      if (err->rank < 0) err->rank = rank();
+      if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
+        link_.fail(*err);
+        std::lock_guard<std::mutex> g(state_m_);
+        if (!aborted_) {
+          aborted_ = true;
+          abort_reason_ = err->what();
+        }
+      }
+    }
+    item.second->finish(std::move(err));
+  }
+}
+
+void Engine::run(const Task& t, uint64_t seq) {
+  if (t.abort) {
+    if (!link_.aborted())
+      throw RingError(ErrKind::aborted, rank(), -1, link_.seq(),
+                      "rank " + std::to_string(rank()) + " aborted the communicator");
+    return;
+  }
+  if (link_.aborted())
+    throw RingError(ErrKind::aborted, rank(), -1, seq, "communicator was aborted earlier: " + link_.abort_reason());
+  link_.mutable_options() = t.opts;
+  Fingerprint fp;
+  fp.seq = seq;
+  if (t.coll != Coll::barrier) fp.segment_bytes = int64_t(t.opts.segment_bytes);
+  fp.coll = int32_t(t.coll);
+  fp.count = int64_t(t.count);
+  // Only what the collective uses is compared: the rest stays 0 on every rank.
+  if (t.coll != Coll::barrier) fp.dtype = int32_t(t.dtype);
+  if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) fp.op = int32_t(t.op);
+  if (t.coll == Coll::broadcast) fp.root = t.root;
+
+  const size_t es = dtype_size(t.dtype);
+  link_.begin(fp);
+  switch (t.coll) {
+    case Coll::all_reduce: {
+      auto red = make_cpu_reducer(t.dtype, t.op);
+      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
+      ring_all_reduce(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      break;
+    }
+    case Coll::reduce_scatter: {
+      auto red = make_cpu_reducer(t.dtype, t.op);
+      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
+      // Partial sums of the chunks this rank passes on need a home that is
+      // neither the caller's input (never written) nor its chunk-sized output.
+      char* acc = link_.scratch(1, t.count * es);
+      ring_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc, static_cast<char*>(t.out));
+      red->finalize(t.out, plan.chunk_count(rank()), size());
+      break;
+    }
+    case Coll::all_gather: {
+      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
+      ring_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      break;
+    }
+    case Coll::broadcast:
+      chain_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
+      break;
+    case Coll::barrier:
+      ring_barrier(link_);
+      break;
+    default:
+      throw_invalid("unknown collective");
+  }
+  link_.drain();
+}
+
+bool Engine::aborted() {
+  std::lock_guard<std::mutex> g(state_m_);
+  return aborted_;
+}
+
+std::string Engine::abort_reason() {
+  std::lock_guard<std::mutex> g(state_m_);
+  return abort_reason_;
+}
+
+// Options travel inside each task, so a change applies exactly to the
+// collectives submitted after it, never to one already running.
+void Engine::set_segment_bytes(size_t bytes) {
+  if (bytes == 0 || bytes > (size_t(1) << 30))
+    throw_invalid("segment size must be between 1 byte and 1 GiB, got " + std::to_string(bytes));
+  std::lock_guard<std::mutex> g(m_);
+  opts_.segment_bytes = bytes;
+}
+
+void Engine::set_timeout(double seconds) {
+  if (!(seconds > 0)) throw_invalid("timeout must be positive, got " + std::to_string(seconds));
+  std::lock_guard<std::mutex> g(m_);
+  opts_.timeout_s = seconds;
+}
+
+Options Engine::options() {
+  std::lock_guard<std::mutex> g(m_);
+  return opts_;
+}
+
+}  // namespace ringcomm

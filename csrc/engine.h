@@ -1,0 +1,98 @@
+// Engine: one worker thread per communicator that runs collectives in the
+// order they were issued, so every rank executes the same sequence whatever
+// its Python threads do. Callers get a Work to wait on (with the GIL
+// released by the bindings).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "link.h"
+
+namespace ringcomm {
+
+// Completion state of one collective, shared between caller and worker.
+class Work {
+ public:
+  // Wait up to `timeout_s` (negative: forever). Returns true when complete
+  // (successfully or not); check error() afterwards.
+  bool wait(double timeout_s);
+  bool is_completed();
+  // After completion: null on success, else the failure.
+  const RingError* error();
+  uint64_t seq() const { return seq_; }
+
+ private:
+  friend class Engine;
+  void finish(std::unique_ptr<RingError> err);
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::unique_ptr<RingError> err_;
+  uint64_t seq_ = 0;
+};
+
+struct Task {
+  Coll coll = Coll::barrier;
+  const void* in = nullptr;  // see Engine::submit for each collective's buffers
+  void* out = nullptr;
+  size_t count = 0;          // elements of the full buffer
+  DType dtype = DType::f32;
+  Op op = Op::sum;
+  int root = 0;
+  Options opts;  // filled by submit(): the options in force when it was issued
+  bool abort = false;  // not a collective: abort the communicator (Engine::abort)
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Transport> transport, Options opts);
+  ~Engine();  // finishes queued work, then stops the worker
+
+  int rank() const { return link_.rank(); }
+  int size() const { return link_.size(); }
+  std::string transport_name() { return link_.transport().name(); }
+
+  // Buffers per collective (`count` is always the full buffer's length):
+  //   all_reduce     in: count elements, out: count elements (may be in)
+  //   reduce_scatter in: count elements, out: this rank's chunk
+  //   all_gather     in: this rank's chunk, out: count elements
+  //   broadcast      out: count elements (in is ignored)
+  //   barrier        none
+  // Checks what can be checked locally (dtype, op, root) and throws
+  // RingError(invalid) before anything is queued; throws RingError(aborted)
+  // at once on an aborted communicator.
+  std::shared_ptr<Work> submit(const Task& t);
+
+  // Abort on purpose (after the collectives already queued): the ring is told,
+  // so peers waiting on this rank fail at once instead of at their deadline.
+  std::shared_ptr<Work> abort();
+  bool aborted();
+  std::string abort_reason();
+  Ledger& ledger() { return link_.ledger(); }
+  // Takes effect for collectives submitted afterwards.
+  void set_segment_bytes(size_t bytes);
+  void set_timeout(double seconds);
+  Options options();
+
+ private:
+  void loop();
+  void run(const Task& t, uint64_t seq);
+
+  Link link_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::pair<Task, std::shared_ptr<Work>>> queue_;
+  bool stop_ = false;
+  uint64_t next_seq_ = 0;
+  std::mutex state_m_;  // guards the abort flag as seen by submit()
+  bool aborted_ = false;
+  std::string abort_reason_;
+  Options opts_;  // guarded by m_; copied into each task
+  std::thread worker_;
+};
+
+}  // namespace ringcomm

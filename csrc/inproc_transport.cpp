@@ -1,0 +1,188 @@
+#include "inproc_transport.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+namespace ringcomm {
+
+namespace {
+constexpr size_t kEagerBytes = 256;
+
+// One per rank: the thread of that rank sleeps here while waiting.
+struct Waker {
+  std::mutex m;
+  std::condition_variable cv;
+};
+
+struct InprocRequest;
+
+// A message waiting for its receive: small ones own a copy of their bytes
+// (their send request is already complete and may be gone); large ones point
+// at the sender's request and buffer.
+struct Message {
+  InprocRequest* sender = nullptr;  // null for an eager message
+  const void* src = nullptr;
+  size_t bytes = 0;
+  std::unique_ptr<char[]> copy;
+};
+
+// Unmatched sends and receives of one (sender, receiver, channel).
+struct Queue {
+  std::mutex m;
+  std::deque<Message> sends;
+  std::deque<InprocRequest*> recvs;
+};
+
+struct InprocRequest : Request {
+  void* dst = nullptr;  // recv: where the message goes
+  Waker* owner = nullptr;
+  Queue* queue = nullptr;
+  std::atomic<bool> complete{false};
+  std::atomic<bool> size_error{false};
+};
+
+void finish(InprocRequest* r) {
+  std::lock_guard<std::mutex> g(r->owner->m);
+  r->complete.store(true, std::memory_order_release);
+  r->owner->cv.notify_all();
+}
+
+// Called with the queue's lock held: move the message, complete both sides.
+void match(const Message& msg, InprocRequest* recv) {
+  if (msg.bytes != recv->bytes) {
+    recv->size_error = true;
+  } else if (msg.bytes) {
+    std::memcpy(recv->dst, msg.src, msg.bytes);
+  }
+  if (msg.sender) finish(msg.sender);
+  finish(recv);
+}
+}  // namespace
+
+class InprocWorld {
+ public:
+  explicit InprocWorld(int n) : n(n), wakers(n), queues(size_t(n) * n * 2) {
+    for (auto& w : wakers) w = std::make_unique<Waker>();
+    for (auto& q : queues) q = std::make_unique<Queue>();
+  }
+  Queue* queue(int src, int dst, Channel ch) { return queues[(size_t(src) * n + dst) * 2 + int(ch)].get(); }
+  int n;
+  std::vector<std::unique_ptr<Waker>> wakers;
+  std::vector<std::unique_ptr<Queue>> queues;
+};
+
+std::shared_ptr<InprocWorld> make_inproc_world(int nranks) {
+  if (nranks < 1) throw_invalid("in-process world needs at least one rank, got " + std::to_string(nranks));
+  return std::make_shared<InprocWorld>(nranks);
+}
+
+namespace {
+class InprocTransport final : public Transport {
+ public:
+  InprocTransport(std::shared_ptr<InprocWorld> w, int rank) : w_(std::move(w)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return w_->n; }
+  std::string name() const override { return "inproc"; }
+
+  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes) override {
+    auto r = make(peer, true, bytes, w_->queue(rank_, peer, ch));
+    Message msg;
+    msg.src = buf;
+    msg.bytes = bytes;
+    msg.sender = r.get();
+    Queue* q = r->queue;
+    std::lock_guard<std::mutex> g(q->m);
+    if (!q->recvs.empty()) {
+      InprocRequest* peer_recv = q->recvs.front();
+      q->recvs.pop_front();
+      match(msg, peer_recv);
+    } else {
+      if (bytes <= kEagerBytes) {  // buffered: the sender may reuse its buffer now
+        msg.copy.reset(new char[bytes ? bytes : 1]);
+        if (bytes) std::memcpy(msg.copy.get(), buf, bytes);
+        msg.src = msg.copy.get();
+        msg.sender = nullptr;
+        finish(r.get());
+      }
+      q->sends.push_back(std::move(msg));
+    }
+    return r;
+  }
+
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes) override {
+    auto r = make(peer, false, bytes, w_->queue(peer, rank_, ch));
+    r->dst = buf;
+    Queue* q = r->queue;
+    std::lock_guard<std::mutex> g(q->m);
+    if (!q->sends.empty()) {
+      match(q->sends.front(), r.get());
+      q->sends.pop_front();
+    } else {
+      q->recvs.push_back(r.get());
+    }
+    return r;
+  }
+
+  int wait_any(Request* const* reqs, int n, Clock::time_point deadline) override {
+    Waker& w = *w_->wakers[rank_];
+    std::unique_lock<std::mutex> lk(w.m);
+    for (;;) {
+      for (int i = 0; i < n; ++i) {
+        auto* r = static_cast<InprocRequest*>(reqs[i]);
+        if (r && (r->done || r->complete.load(std::memory_order_acquire))) {
+          r->done = true;
+          if (r->size_error)
+            throw RingError(ErrKind::transport, rank_, r->peer, 0,
+                            "in-process message of unexpected size from rank " + std::to_string(r->peer));
+          return i;
+        }
+      }
+      if (Clock::now() >= deadline) return -1;
+      w.cv.wait_until(lk, deadline);
+    }
+  }
+
+  void cancel(Request& req) override {
+    auto& r = static_cast<InprocRequest&>(req);
+    std::lock_guard<std::mutex> g(r.queue->m);
+    if (r.is_send) {
+      for (auto it = r.queue->sends.begin(); it != r.queue->sends.end(); ++it)
+        if (it->sender == &r) {
+          r.queue->sends.erase(it);
+          break;
+        }
+    } else {
+      for (auto it = r.queue->recvs.begin(); it != r.queue->recvs.end(); ++it)
+        if (*it == &r) {
+          r.queue->recvs.erase(it);
+          break;
+        }
+    }
+  }
+
+ private:
+  std::unique_ptr<InprocRequest> make(int peer, bool is_send, size_t bytes, Queue* q) {
+    if (peer < 0 || peer >= w_->n) throw_invalid("peer rank out of range: " + std::to_string(peer));
+    auto r = std::make_unique<InprocRequest>();
+    r->peer = peer;
+    r->is_send = is_send;
+    r->bytes = bytes;
+    r->owner = w_->wakers[rank_].get();
+    r->queue = q;
+    return r;
+  }
+  std::shared_ptr<InprocWorld> w_;
+  int rank_;
+};
+}  // namespace
+
+std::unique_ptr<Transport> make_inproc_transport(std::shared_ptr<InprocWorld> world, int rank) {
+  if (rank < 0 || rank >= world->n) throw_invalid("in-process rank out of range: " + std::to_string(rank));
+  return std::make_unique<InprocTransport>(std::move(world), rank);
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,249 @@
+#include "link.h"
+
+#include <cstdio>
+#include <cstring>
+
+namespace ringcomm {
+
+namespace {
+constexpr uint32_t kMagic = 0x52434d31;  // "RCM1"
+enum : uint32_t { kHeader = 1, kAbort = 2 };
+}  // namespace
+
+// Every control message has this one fixed size, so the always-posted
+// control receive matches whatever comes next.
+struct Link::ControlMsg {
+  uint32_t magic = kMagic;
+  uint32_t type = kHeader;
+  Fingerprint fp;      // header: the sender's call; abort: the call that failed at `origin`
+  Fingerprint other;   // abort after a mismatch: the disagreeing call `origin` saw
+  int32_t origin = -1; // abort: the rank that detected the failure
+  int32_t kind = 0;    // abort: ErrKind
+  int32_t peer = -1;   // abort: the peer involved (for a timeout: the one waited for)
+  int32_t pad = 0;
+};
+
+std::string describe(const Fingerprint& f) {
+  char buf[240];
+  Coll c = Coll(f.coll);
+  switch (c) {
+    case Coll::all_reduce: case Coll::reduce_scatter:
+      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, op=%s)", (unsigned long long)f.seq,
+                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), op_name(Op(f.op)));
+      break;
+    case Coll::all_gather:
+      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s)", (unsigned long long)f.seq,
+                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)));
+      break;
+    case Coll::broadcast:
+      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, root=%d)", (unsigned long long)f.seq,
+                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), f.root);
+      break;
+    default:
+      std::snprintf(buf, sizeof buf, "#%llu %s()", (unsigned long long)f.seq, coll_name(c));
+  }
+  std::string s = buf;
+  if (c != Coll::barrier) s += " with segment_bytes=" + std::to_string(f.segment_bytes);
+  return s;
+}
+
+static bool same_call(const Fingerprint& a, const Fingerprint& b) {
+  return a.seq == b.seq && a.count == b.count && a.coll == b.coll && a.dtype == b.dtype &&
+         a.op == b.op && a.root == b.root && a.segment_bytes == b.segment_bytes;
+}
+
+static std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
+  return "ranks disagree on a collective call: rank " + std::to_string(a.rank) + " called " + describe(a) +
+         " but rank " + std::to_string(b.rank) + " called " + describe(b) +
+         " (every rank must issue the same collectives, in the same order, with the same count, dtype, op and root)";
+}
+
+Link::Link(std::unique_ptr<Transport> t, Options opts)
+    : t_(std::move(t)), opts_(opts), rank_(t_->rank()), size_(t_->size()), ledger_(t_->size()) {
+  ctrl_in_ = std::make_unique<ControlMsg>();
+  if (size_ > 1) post_control_recv();
+}
+
+Link::~Link() {
+  for (auto& r : live_)
+    if (r && !r->done) t_->cancel(*r);
+  if (ctrl_req_ && !ctrl_req_->done) t_->cancel(*ctrl_req_);
+  for (auto& p : ctrl_out_)
+    if (p.second && !p.second->done) t_->cancel(*p.second);
+}
+
+void Link::post_control_recv() {
+  ctrl_req_ = t_->irecv(left(), Channel::control, ctrl_in_.get(), sizeof(ControlMsg));
+}
+
+void Link::send_control(const ControlMsg& m) {
+  // Reap control sends that have completed (they are tiny and complete eagerly).
+  while (!ctrl_out_.empty()) {
+    Request* r = ctrl_out_.front().second.get();
+    if (!r->done && t_->wait_any(&r, 1, Clock::time_point::min()) < 0) break;
+    ctrl_out_.pop_front();
+  }
+  auto msg = std::make_unique<ControlMsg>(m);
+  RequestPtr req = t_->isend(right(), Channel::control, msg.get(), sizeof(ControlMsg));
+  ledger_.sent(Coll(m.fp.coll), right(), true, sizeof(ControlMsg));
+  ctrl_out_.emplace_back(std::move(msg), std::move(req));
+}
+
+void Link::handle_control(const ControlMsg& m) {
+  if (m.magic != kMagic)
+    throw RingError(ErrKind::transport, rank_, left(), fp_.seq,
+                    "corrupt control message from rank " + std::to_string(left()));
+  ledger_.received(Coll(m.fp.coll), left(), true, sizeof(ControlMsg));
+  if (m.type == kHeader) {
+    early_headers_.push_back(m);
+    return;
+  }
+  // An ABORT notice travelling around the ring: fail with the origin's reason.
+  received_abort_ = std::make_unique<ControlMsg>(m);
+  std::string why;
+  ErrKind kind = ErrKind(m.kind);
+  if (kind == ErrKind::mismatch) {
+    why = mismatch_text(m.fp, m.other);
+  } else if (kind == ErrKind::timeout) {
+    why = "rank " + std::to_string(m.origin) + " timed out in " + describe(m.fp) + " waiting for rank " +
+          std::to_string(m.peer);
+  } else if (kind == ErrKind::aborted) {
+    why = "rank " + std::to_string(m.origin) + " aborted the communicator (its last collective was " +
+          describe(m.fp) + ")";
+  } else {
+    why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp);
+  }
+  throw RingError(kind == ErrKind::mismatch ? ErrKind::mismatch : ErrKind::aborted, rank_, m.origin, fp_.seq,
+                  why + " (reported to rank " + std::to_string(rank_) + " through the ring)");
+}
+
+void Link::begin(const Fingerprint& fp) {
+  if (aborted_) throw RingError(ErrKind::aborted, rank_, -1, fp.seq, "communicator was aborted: " + abort_reason_);
+  fp_ = fp;
+  fp_.rank = rank_;
+  coll_ = Coll(fp.coll);
+  live_.clear();
+  if (size_ == 1) return;
+
+  ControlMsg mine;
+  mine.type = kHeader;
+  mine.fp = fp_;
+  send_control(mine);
+
+  // The header from the left, checked before any payload from it is received:
+  // a peer with another count would otherwise send messages of other sizes.
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
+  while (early_headers_.empty()) {
+    Request* r = ctrl_req_.get();
+    if (t_->wait_any(&r, 1, Clock::now() + timeout) < 0) throw_timeout(*ctrl_req_, "its header", -1, -1);
+    ControlMsg m = *ctrl_in_;
+    post_control_recv();
+    handle_control(m);
+  }
+  ControlMsg theirs = early_headers_.front();
+  early_headers_.pop_front();
+  if (!same_call(fp_, theirs.fp)) {
+    ControlMsg notice;
+    notice.type = kAbort;
+    notice.fp = fp_;
+    notice.other = theirs.fp;
+    notice.origin = rank_;
+    notice.kind = int32_t(ErrKind::mismatch);
+    notice.peer = left();
+    received_abort_ = std::make_unique<ControlMsg>(notice);  // fail() forwards it
+    throw RingError(ErrKind::mismatch, rank_, left(), fp_.seq, mismatch_text(fp_, theirs.fp));
+  }
+}
+
+Request* Link::send(int peer, const void* buf, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  live_.push_back(t_->isend(peer, Channel::data, buf, bytes));
+  ledger_.sent(coll_, peer, false, bytes);
+  return live_.back().get();
+}
+
+Request* Link::recv(int peer, void* buf, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  live_.push_back(t_->irecv(peer, Channel::data, buf, bytes));
+  ledger_.received(coll_, peer, false, bytes);
+  return live_.back().get();
+}
+
+void Link::wait(Request* r, const char* what, int step, int segment) {
+  if (!r || r->done) return;
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
+  for (;;) {
+    Request* reqs[2] = {r, ctrl_req_.get()};
+    int i = t_->wait_any(reqs, 2, Clock::now() + timeout);
+    if (i == 0) return;
+    if (i < 0) throw_timeout(*r, what, step, segment);
+    ControlMsg m = *ctrl_in_;  // the left neighbour said something: header of a later call, or ABORT
+    post_control_recv();
+    handle_control(m);
+  }
+}
+
+void Link::throw_timeout(const Request& r, const char* what, int step, int segment) {
+  char where[96] = "";
+  if (step >= 0) std::snprintf(where, sizeof where, " (step %d, segment %d)", step, segment);
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", opts_.timeout_s);
+  std::string msg = "timed out after " + std::string(secs) + " s in " + describe(fp_) + ": rank " +
+                    std::to_string(rank_) + " waited for rank " + std::to_string(r.peer) + " to " +
+                    (r.is_send ? "receive " : "send ") + what + where +
+                    "; is that rank alive and calling the same collective?";
+  throw RingError(ErrKind::timeout, rank_, r.peer, fp_.seq, msg);
+}
+
+void Link::drain() {
+  for (auto& r : live_) wait(r.get(), "the rest of this collective");
+  live_.clear();
+}
+
+Request* Link::send_token(int peer) {
+  live_.push_back(t_->isend(peer, Channel::data, nullptr, 0));
+  ledger_.sent(coll_, peer, false, 0);
+  return live_.back().get();
+}
+
+Request* Link::recv_token(int peer) {
+  live_.push_back(t_->irecv(peer, Channel::data, nullptr, 0));
+  ledger_.received(coll_, peer, false, 0);
+  return live_.back().get();
+}
+
+void Link::fail(const RingError& e) {
+  if (aborted_) return;
+  aborted_ = true;
+  abort_reason_ = e.what();
+  // Withdraw everything still posted, so no late message lands in a buffer
+  // the caller gets back.
+  for (auto& r : live_)
+    if (r && !r->done) t_->cancel(*r);
+  live_.clear();
+  if (size_ == 1) return;
+  ControlMsg notice;
+  if (received_abort_) {
+    notice = *received_abort_;
+  } else {
+    notice.type = kAbort;
+    notice.fp = fp_;
+    notice.origin = rank_;
+    notice.kind = int32_t(e.kind);
+    notice.peer = e.peer;
+  }
+  if (right() != notice.origin) {
+    try {
+      send_control(notice);  // best effort: the ring may already be broken
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+char* Link::scratch(int which, size_t bytes) {
+  auto& s = scratch_[which];
+  if (s.size() < bytes) s.resize(bytes);
+  return s.data();
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,116 @@
+// Link: this rank's connection to the ring, as the algorithms see it.
+//
+// It wraps a Transport and adds the three things every collective needs and
+// no algorithm should repeat:
+//   * the ledger: every message is counted here, payload apart from control;
+//   * deadlines: every wait has one, and expiry names the peer waited for;
+//   * the control stream: at the start of each collective a rank sends a
+//     small header (sequence number + fingerprint of the call) to its right
+//     neighbour and checks the one from its left before any payload is
+//     received. Disagreement raises MismatchError, and any failure sends an
+//     ABORT notice to the right, which each rank forwards, so every rank that
+//     is waiting on the ring fails within one trip around it instead of
+//     hanging until its deadline.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "ledger.h"
+#include "transport.h"
+
+namespace ringcomm {
+
+struct Options {
+  double timeout_s = 300.0;         // deadline of every blocking wait
+  size_t segment_bytes = 1u << 20;  // largest payload message (the pipelining unit)
+  int window = 4;                   // receives in flight per pass (>= 2)
+};
+
+// What all ranks must agree on for one collective call.
+struct Fingerprint {
+  uint64_t seq = 0;
+  int64_t count = 0;          // total elements of the full buffer
+  int64_t segment_bytes = 0;  // ranks must cut messages alike
+  int32_t coll = 0, dtype = 0, op = 0, root = 0;
+  int32_t rank = 0;           // who sent it (not compared)
+  int32_t pad = 0;
+};
+
+std::string describe(const Fingerprint& f);
+
+class Link {
+ public:
+  Link(std::unique_ptr<Transport> t, Options opts);
+  ~Link();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int left() const { return (rank_ + size_ - 1) % size_; }
+  int right() const { return (rank_ + 1) % size_; }
+  const Options& options() const { return opts_; }
+  Options& mutable_options() { return opts_; }
+  Ledger& ledger() { return ledger_; }
+  Transport& transport() { return *t_; }
+
+  // ---- collective lifecycle (called by the Engine) ----
+  // Exchange headers with the neighbours; throws MismatchError on
+  // disagreement (after notifying the ring).
+  void begin(const Fingerprint& fp);
+  // Wait for every request posted so far in this collective; forget them.
+  // Algorithms call it before reusing memory that a send may still read.
+  void drain();
+  // After any exception escaped a collective: withdraw outstanding requests,
+  // pass an ABORT notice to the right, and mark this link as dead.
+  void fail(const RingError& e);
+  bool aborted() const { return aborted_; }
+  const std::string& abort_reason() const { return abort_reason_; }
+  uint64_t seq() const { return fp_.seq; }
+
+  // ---- payload movement (called by the algorithms) ----
+  // The returned request is owned by the Link until drain(); null when bytes == 0
+  // (nothing is sent for an empty segment, and both sides skip it alike).
+  Request* send(int peer, const void* buf, size_t bytes);
+  Request* recv(int peer, void* buf, size_t bytes);
+  // A zero-byte message (the barrier's token), counted as a payload message.
+  Request* send_token(int peer);
+  Request* recv_token(int peer);
+  // Block until r is done. `what` describes the wait for the timeout message.
+  void wait(Request* r, const char* what, int step = -1, int segment = -1);
+  // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work buffer).
+  char* scratch(int which, size_t bytes);
+
+ private:
+  struct ControlMsg;
+  void post_control_recv();
+  void handle_control(const ControlMsg& m);  // throws on ABORT
+  [[noreturn]] void throw_timeout(const Request& r, const char* what, int step, int segment);
+  void send_control(const ControlMsg& m);
+
+  std::unique_ptr<Transport> t_;
+  Options opts_;
+  int rank_, size_;
+  Ledger ledger_;
+  Fingerprint fp_;
+  Coll coll_ = Coll::barrier;
+
+  std::vector<RequestPtr> live_;  // payload requests of the current collective
+
+  // control stream from the left neighbour: one receive always posted
+  std::unique_ptr<ControlMsg> ctrl_in_;
+  RequestPtr ctrl_req_;
+  std::deque<ControlMsg> early_headers_;  // headers of later collectives that arrived early
+  // control messages to the right (kept alive until their send completes)
+  std::deque<std::pair<std::unique_ptr<ControlMsg>, RequestPtr>> ctrl_out_;
+
+  bool aborted_ = false;
+  std::string abort_reason_;
+  std::unique_ptr<ControlMsg> received_abort_;  // the notice that failed us, to forward
+
+  std::vector<char> scratch_[2];
+};
+
+}  // namespace ringcomm

@@ -1,0 +1,158 @@
+#include "mpi_transport.h"
+
+#include <mpi.h>
+#include <sched.h>
+
+#include <cstring>
+#include <thread>
+
+namespace ringcomm {
+
+namespace {
+
+// Every MPI call goes through this check: a failure becomes a RingError that
+// names the call, the rank and the peer.
+#define RC_MPI(call, peer)                                                                      \
+  do {                                                                                          \
+    int rc_ = (call);                                                                           \
+    if (rc_ != MPI_SUCCESS) throw RingError(ErrKind::transport, rank_, (peer), 0,               \
+                                            mpi_error(#call, rc_, __FILE__, __LINE__));         \
+  } while (0)
+
+std::string mpi_error(const char* call, int rc, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) std::snprintf(text, sizeof text, "error %d", rc);
+  return std::string(call) + " failed: " + std::string(text, len) + " (" + file + ":" + std::to_string(line) + ")";
+}
+
+struct MpiRequest : Request {
+  MPI_Request req = MPI_REQUEST_NULL;
+};
+
+constexpr int kTag[2] = {0x5243, 0x5244};  // data, control
+constexpr size_t kMaxMessage = size_t(1) << 30;
+
+class MpiTransport final : public Transport {
+ public:
+  explicit MpiTransport(MPI_Comm parent) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized) throw_invalid("MPI is not initialized (import mpi4py.MPI first)");
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+      throw_invalid("ringcomm needs MPI_THREAD_MULTIPLE (mpi4py's default), but MPI was initialized with "
+                    "thread level " + std::to_string(provided) +
+                    "; do not lower mpi4py.rc.thread_level before importing mpi4py.MPI");
+    rank_ = -1;
+    RC_MPI(MPI_Comm_dup(parent, &comm_), -1);
+    RC_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
+    RC_MPI(MPI_Comm_rank(comm_, &rank_), -1);
+    RC_MPI(MPI_Comm_size(comm_, &size_), -1);
+  }
+  ~MpiTransport() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+
+  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes) override {
+    auto r = make(peer, true, bytes);
+    RC_MPI(MPI_Isend(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
+    return r;
+  }
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes) override {
+    auto r = make(peer, false, bytes);
+    RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
+    return r;
+  }
+
+  // Poll with backoff: spin first (a neighbour on another core answers in
+  // microseconds), then yield the core (ranks may outnumber cores), then
+  // sleep briefly (a rank that is far behind should not cost a whole core).
+  int wait_any(Request* const* reqs, int n, Clock::time_point deadline) override {
+    const auto start = Clock::now();
+    for (long iter = 0;; ++iter) {
+      for (int i = 0; i < n; ++i) {
+        auto* r = static_cast<MpiRequest*>(reqs[i]);
+        if (!r) continue;
+        if (!r->done) {
+          int flag = 0;
+          MPI_Status st;
+          RC_MPI(MPI_Test(&r->req, &flag, &st), r->peer);
+          if (!flag) continue;
+          r->done = true;
+          if (!r->is_send) {
+            int got = 0;
+            MPI_Get_count(&st, MPI_BYTE, &got);
+            if (size_t(got) != r->bytes)
+              throw RingError(ErrKind::transport, rank_, r->peer, 0,
+                              "MPI message of " + std::to_string(got) + " bytes from rank " +
+                                  std::to_string(r->peer) + ", expected " + std::to_string(r->bytes));
+          }
+        }
+        return i;
+      }
+      if (iter < 64) continue;
+      const auto now = Clock::now();
+      if (now >= deadline) return -1;
+      if (now - start < std::chrono::milliseconds(2)) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  void cancel(Request& req) override {
+    auto& r = static_cast<MpiRequest&>(req);
+    if (r.req == MPI_REQUEST_NULL) return;
+    if (r.is_send) {  // MPI cannot reliably withdraw a send; let it finish on its own
+      MPI_Request_free(&r.req);
+      return;
+    }
+    MPI_Cancel(&r.req);
+    MPI_Wait(&r.req, MPI_STATUS_IGNORE);  // a cancelled receive completes at once
+  }
+
+ private:
+  std::unique_ptr<MpiRequest> make(int peer, bool is_send, size_t bytes) {
+    if (peer < 0 || peer >= size_) throw_invalid("peer rank out of range: " + std::to_string(peer));
+    if (bytes > kMaxMessage) throw_invalid("message larger than 1 GiB; lower the segment size");
+    auto r = std::make_unique<MpiRequest>();
+    r->peer = peer;
+    r->is_send = is_send;
+    r->bytes = bytes;
+    return r;
+  }
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = -1, size_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_mpi_transport(uintptr_t comm_handle) {
+  MPI_Comm comm;
+  static_assert(sizeof(MPI_Comm) <= sizeof(uintptr_t), "MPI_Comm must fit in a pointer-sized handle");
+  std::memcpy(&comm, &comm_handle, sizeof(MPI_Comm));
+  return std::make_unique<MpiTransport>(comm);
+}
+
+std::string mpi_library_version() {
+  char buf[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(buf, &len);
+  std::string s(buf, len);
+  auto nl = s.find_first_of("\n,");
+  if (nl != std::string::npos) s.resize(nl);
+  int major = 0, minor = 0;
+  MPI_Get_version(&major, &minor);
+  return s + " (MPI " + std::to_string(major) + "." + std::to_string(minor) + ")";
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,55 @@
+// Transport: how bytes move between two ranks. This is all an algorithm's
+// messages go through (via Link, which adds the ledger, the deadlines and the
+// control stream). A transport fills exactly these methods; it knows nothing
+// about rings or collectives.
+//
+// Matching rule (MPI's): messages from one sender on one channel are received
+// in the order they were sent, and a receive posted for `bytes` gets a
+// message of exactly `bytes` (Link guarantees both sides agree on sizes).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "common.h"
+
+namespace ringcomm {
+
+enum class Channel : int { data = 0, control = 1 };
+
+// An outstanding send or receive. Owned by whoever posted it; destroying an
+// incomplete request is only allowed after Transport::cancel.
+struct Request {
+  virtual ~Request() = default;
+  int peer = -1;
+  bool is_send = false;
+  size_t bytes = 0;
+  bool done = false;  // set by Transport::test / wait_any once complete
+};
+using RequestPtr = std::unique_ptr<Request>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Short human description, e.g. "mpi(Open MPI v5.0.11)" or "inproc".
+  virtual std::string name() const = 0;
+
+  virtual RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes) = 0;
+  virtual RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes) = 0;
+
+  // Block until at least one of reqs[0..n) is done (already-done requests
+  // count) or `deadline` passes. Returns the index of a done request, or -1 on
+  // timeout. Null entries are ignored.
+  virtual int wait_any(Request* const* reqs, int n, Clock::time_point deadline) = 0;
+
+  // Withdraw a request that will not be waited for (after an error). After
+  // this returns, the transport never touches the request's buffer again,
+  // where the transport can guarantee it (receives always; sends where the
+  // implementation allows).
+  virtual void cancel(Request& r) = 0;
+};
+
+}  // namespace ringcomm

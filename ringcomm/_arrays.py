@@ -1,0 +1,126 @@
+"""Array adapters: what the communicator needs to know about an array.
+
+Accepted, all without copying:
+  * numpy arrays (any supported dtype, C-contiguous);
+  * anything with ``__dlpack__`` on the CPU (PyTorch CPU tensors included, bfloat16 too);
+  * any other object with the buffer protocol (memoryview, bytearray, array.array).
+
+New arrays (results of reduce_scatter / all_gather without ``out``) are made
+in the input's family: a torch tensor for a torch input, else numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _dtypes
+from ._native import core
+from .errors import InvalidArgument
+
+_KDL_CPU, _KDL_CUDA_HOST = 1, 3
+
+
+@dataclass
+class Buf:
+    obj: Any          # what the user passed (returned back to them as results)
+    ptr: int
+    count: int
+    dtype: str
+    shape: tuple
+    readonly: bool
+    family: str       # "numpy" | "torch" | "other"
+    keep: Any = None  # DLPack capsule etc. that must outlive the operation
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * _dtypes.itemsize(self.dtype)
+
+    def overlaps(self, other: "Buf") -> bool:
+        if not self.nbytes or not other.nbytes:
+            return False
+        return self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes
+
+    def same_memory(self, other: "Buf") -> bool:
+        return self.ptr == other.ptr and self.nbytes == other.nbytes
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _c_contiguous(shape, strides, itemsize) -> bool:
+    """strides in elements (DLPack) or None (= contiguous)."""
+    if strides is None:
+        return True
+    expected = 1
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim != 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
+def view(x, what: str = "input") -> Buf:
+    """Describe `x` for the native layer, or raise InvalidArgument saying what is wrong."""
+    if isinstance(x, np.ndarray):
+        return _from_numpy(x, x, what)
+    if hasattr(x, "__dlpack__"):
+        return _from_dlpack(x, what)
+    try:
+        mv = memoryview(x)
+    except TypeError:
+        raise InvalidArgument(
+            f"{what}: expected a numpy array, a DLPack tensor (e.g. torch.Tensor) or a buffer, "
+            f"got {type(x).__name__}") from None
+    return _from_numpy(np.asarray(mv), x, what)
+
+
+def _from_numpy(a: np.ndarray, obj, what: str) -> Buf:
+    name = _dtypes.numpy_name(a.dtype)
+    if name is None:
+        raise InvalidArgument(f"{what}: unsupported dtype {a.dtype}; supported: {_dtypes.SUPPORTED}")
+    if not a.flags.c_contiguous:
+        raise InvalidArgument(
+            f"{what}: array is not C-contiguous (shape {a.shape}, strides {a.strides}); "
+            "pass np.ascontiguousarray(x) and copy the result back")
+    return Buf(obj, a.__array_interface__["data"][0], a.size, name, a.shape,
+               not a.flags.writeable, "numpy", a)
+
+
+def _from_dlpack(x, what: str) -> Buf:
+    family = "torch" if _is_torch(x) else "other"
+    src = x.detach() if family == "torch" and getattr(x, "requires_grad", False) else x
+    if family == "torch" and src.is_conj():
+        raise InvalidArgument(f"{what}: conjugate-view tensors are not supported")
+    try:
+        capsule = src.__dlpack__()
+    except Exception as exc:
+        raise InvalidArgument(f"{what}: could not export it through DLPack: {exc}") from exc
+    info = core.dlpack_info(capsule)
+    if info["device_type"] not in (_KDL_CPU, _KDL_CUDA_HOST):
+        raise InvalidArgument(
+            f"{what}: the array lives on DLPack device type {info['device_type']} "
+            f"(device {info['device_id']}); the host communicator takes CPU memory only")
+    name = _dtypes.DLPACK.get((info["code"], info["bits"]))
+    if name is None or info["lanes"] != 1:
+        raise InvalidArgument(
+            f"{what}: unsupported dtype (DLPack code {info['code']}, {info['bits']} bits, "
+            f"{info['lanes']} lanes); supported: {_dtypes.SUPPORTED}")
+    shape = tuple(info["shape"])
+    if not _c_contiguous(shape, info["strides"], info["bits"] // 8):
+        raise InvalidArgument(
+            f"{what}: tensor is not contiguous (shape {shape}, strides {info['strides']}); "
+            "pass x.contiguous()")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return Buf(x, info["ptr"], count, name, shape, bool(info["readonly"]), family, capsule)
+
+
+def empty_like(template: Buf, count: int):
+    """A new 1-D array of `count` elements of template's dtype, in template's family."""
+    if template.family == "torch":
+        import torch
+        return torch.empty(count, dtype=template.obj.dtype)
+    return np.empty(count, dtype=_dtypes.NUMPY[template.dtype])

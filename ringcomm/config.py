@@ -1,0 +1,71 @@
+"""Configuration: every knob, its environment variable and its default, in one place.
+
+A keyword argument to :func:`ringcomm.init` / :func:`ringcomm.run_local` wins
+over the environment, which wins over the default.
+
+=========================  ==========  =====================================================
+variable                   default     meaning
+=========================  ==========  =====================================================
+``RINGCOMM_TIMEOUT``       ``300``     seconds any blocking wait inside a collective may
+                                       take before it raises CollectiveTimeout naming the
+                                       peer it waited for (the communicator is then aborted)
+``RINGCOMM_SEGMENT_BYTES`` ``1048576`` largest message: each ring step is pipelined in
+                                       segments of at most this many bytes. Must be equal
+                                       on all ranks (checked). Suffixes K, M, G accepted.
+``RINGCOMM_WINDOW``        ``4``       receives kept in flight per ring pass (>= 2)
+``RINGCOMM_DEBUG``         unset       ``1``: log every collective call (rank, sequence
+                                       number, arguments) to stderr
+``RINGCOMM_LIBMPI``        unset       path of libmpi to load, when it is not in
+                                       <sys.prefix>/lib
+=========================  ==========  =====================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_SEGMENT_BYTES = 1 << 20
+DEFAULT_WINDOW = 4
+
+
+def parse_size(text: str | int) -> int:
+    """'64K' -> 65536, '1M' -> 1048576, '2G', or a plain integer."""
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    if mult != 1:
+        s = s[:-1]
+    try:
+        value = float(s) * mult
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (expected e.g. 4096, 64K, 1M, 2G)") from None
+    if value != int(value) or value < 0:
+        raise ValueError(f"not a whole number of bytes: {text!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    timeout: float
+    segment_bytes: int
+    window: int
+    debug: bool
+
+
+def settings(timeout: float | None = None, segment_bytes: int | str | None = None,
+             window: int | None = None) -> Settings:
+    env = os.environ
+    t = float(timeout if timeout is not None else env.get("RINGCOMM_TIMEOUT", DEFAULT_TIMEOUT))
+    seg = parse_size(segment_bytes if segment_bytes is not None
+                     else env.get("RINGCOMM_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES))
+    w = int(window if window is not None else env.get("RINGCOMM_WINDOW", DEFAULT_WINDOW))
+    if not t > 0:
+        raise ValueError(f"timeout must be positive, got {t}")
+    if not 1 <= seg <= 1 << 30:
+        raise ValueError(f"segment_bytes must be between 1 and 1G, got {seg}")
+    if w < 2:
+        raise ValueError(f"window must be at least 2, got {w}")
+    return Settings(t, seg, w, env.get("RINGCOMM_DEBUG", "") not in ("", "0"))

@@ -1,0 +1,68 @@
+"""Exceptions raised by ringcomm.
+
+Every error from a collective carries ``rank`` (the rank that raised it),
+``peer`` (the other rank involved, or None) and ``seq`` (the collective's
+sequence number on its communicator, counting from 1), so a message from any
+rank of a large job says where to look.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RingcommError", "InvalidArgument", "CollectiveTimeout", "MismatchError",
+    "CommunicatorAborted", "TransportError", "WaitTimeout",
+]
+
+
+class RingcommError(RuntimeError):
+    """Base class of every ringcomm error."""
+
+    def __init__(self, message: str, *, rank: int | None = None, peer: int | None = None,
+                 seq: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.peer = peer
+        self.seq = seq
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        return f"[rank {self.rank}] {msg}" if self.rank is not None else msg
+
+
+class InvalidArgument(RingcommError, ValueError):
+    """A call was rejected before any byte moved (dtype, shape, layout, op, root...)."""
+
+
+class CollectiveTimeout(RingcommError, TimeoutError):
+    """A blocking wait inside a collective passed its deadline. ``peer`` is the rank
+    waited for. The communicator is aborted afterwards."""
+
+
+class MismatchError(RingcommError):
+    """Ranks issued different collectives (kind, count, dtype, op, root or order).
+    Raised on every rank; the communicator is aborted afterwards."""
+
+
+class CommunicatorAborted(RingcommError):
+    """The communicator failed earlier (timeout, mismatch, transport error, or a
+    failure reported by another rank) and refuses further collectives."""
+
+
+class TransportError(RingcommError):
+    """The transport (MPI, in-process) reported a failure."""
+
+
+class WaitTimeout(RingcommError, TimeoutError):
+    """``Work.wait(timeout)`` returned before the collective completed. The
+    collective is still running; wait again or let its own deadline expire."""
+
+
+# Order matches ErrKind in csrc/common.h.
+_KINDS = [InvalidArgument, CollectiveTimeout, MismatchError, CommunicatorAborted, TransportError]
+
+
+def _from_native(kind: int, message: str, rank: int, peer: int, seq: int) -> RingcommError:
+    """Called by the native layer to build the exception for a native error."""
+    cls = _KINDS[kind] if 0 <= kind < len(_KINDS) else RingcommError
+    return cls(message, rank=None if rank < 0 else rank, peer=None if peer < 0 else peer,
+               seq=None if seq == 0 else seq)

@@ -1,0 +1,150 @@
+"""Traffic: what a collective must move (closed form) and what it did move (the ledger).
+
+``expected(collective, count, dtype, n, rank)`` is derived from the ring
+schedule on paper, independently of the native code, so comparing it with
+the ledger checks the implementation. Under the split rule (chunk c has
+count//n elements, plus one if c < count % n) rank r sends only to r+1 and
+receives only from r-1:
+
+================  ==========================  ==========================
+collective        sent to r+1 (elements)      received from r-1
+================  ==========================  ==========================
+reduce_scatter    count - c[r]                count - c[r-1]
+all_gather        count - c[r+1]              count - c[r]
+all_reduce        both of the above, summed   both of the above, summed
+broadcast         count (except root-1)       count (except root)
+barrier           0                           0
+================  ==========================  ==========================
+
+For count divisible by n this is (n-1)/n of the buffer per half, and
+2(n-1)/n for all_reduce. (For all_gather, ``count`` is the gathered total.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _dtypes
+
+__all__ = ["expected", "Expected", "Traffic", "COLLECTIVES"]
+
+COLLECTIVES = tuple(_dtypes.COLLECTIVES)
+
+
+def _chunk(count: int, n: int, c: int) -> int:
+    return count // n + (1 if c % n < count % n else 0)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """Payload bytes one rank must send and receive, per peer."""
+    sent: dict = field(default_factory=dict)
+    received: dict = field(default_factory=dict)
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(self.sent.values())
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(self.received.values())
+
+
+def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: int = 0) -> Expected:
+    """Exact payload bytes `rank` sends to / receives from each peer in one call."""
+    if collective not in _dtypes.COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
+    if not 0 <= rank < n:
+        raise ValueError(f"rank {rank} out of range for n={n}")
+    size = _dtypes.itemsize(str(np.dtype(dtype)) if dtype not in _dtypes.NUMPY else dtype)
+    if n == 1:
+        return Expected()
+    left, right = (rank - 1) % n, (rank + 1) % n
+    c = lambda i: _chunk(count, n, i)  # noqa: E731
+    if collective == "reduce_scatter":
+        out, inn = count - c(rank), count - c(rank - 1)
+    elif collective == "all_gather":
+        out, inn = count - c(rank + 1), count - c(rank)
+    elif collective == "all_reduce":
+        out = (count - c(rank)) + (count - c(rank + 1))
+        inn = (count - c(rank - 1)) + (count - c(rank))
+    elif collective == "broadcast":
+        hop = (rank - root) % n
+        out = count if hop < n - 1 else 0
+        inn = count if hop > 0 else 0
+    else:
+        out = inn = 0
+    sent = {right: out * size} if out else {}
+    received = {left: inn * size} if inn else {}
+    return Expected(sent, received)
+
+
+class Traffic:
+    """A snapshot of a communicator's ledger (``comm.traffic()``).
+
+    ``kind`` is "payload" (the user's data), "control" (ringcomm's headers and
+    abort notices) or "all".
+    """
+
+    _FIELDS = {"bytes_sent": 0, "msgs_sent": 1, "bytes_received": 2, "msgs_received": 3}
+
+    def __init__(self, table: np.ndarray, rank: int):
+        self._t = table  # [collective, peer, (payload, control), field]
+        self.rank = rank
+        self.nranks = table.shape[1]
+
+    def _get(self, fld: str, collective, peer, kind) -> int:
+        t = self._t
+        if collective is not None:
+            t = t[_dtypes.COLLECTIVES[collective]][None]
+        if peer is not None:
+            t = t[:, peer][:, None]
+        k = {"payload": [0], "control": [1], "all": [0, 1]}[kind]
+        return int(t[:, :, k, self._FIELDS[fld]].sum())
+
+    def bytes_sent(self, collective=None, peer=None, kind="payload") -> int:
+        return self._get("bytes_sent", collective, peer, kind)
+
+    def bytes_received(self, collective=None, peer=None, kind="payload") -> int:
+        return self._get("bytes_received", collective, peer, kind)
+
+    def msgs_sent(self, collective=None, peer=None, kind="payload") -> int:
+        return self._get("msgs_sent", collective, peer, kind)
+
+    def msgs_received(self, collective=None, peer=None, kind="payload") -> int:
+        return self._get("msgs_received", collective, peer, kind)
+
+    def per_peer(self, field_name="bytes_sent", collective=None, kind="payload") -> dict:
+        """{peer: value} for peers with a non-zero value."""
+        out = {}
+        for p in range(self.nranks):
+            v = self._get(field_name, collective, p, kind)
+            if v:
+                out[p] = v
+        return out
+
+    def to_dict(self) -> dict:
+        """Nested plain data: {collective: {peer: {payload|control: {field: value}}}}."""
+        d = {}
+        for name, ci in _dtypes.COLLECTIVES.items():
+            for p in range(self.nranks):
+                for ki, kname in enumerate(("payload", "control")):
+                    vals = {f: int(self._t[ci, p, ki, fi]) for f, fi in self._FIELDS.items()}
+                    if any(vals.values()):
+                        d.setdefault(name, {}).setdefault(p, {})[kname] = vals
+        return d
+
+    def __sub__(self, other: "Traffic") -> "Traffic":
+        return Traffic(self._t - other._t, self.rank)
+
+    def __str__(self) -> str:
+        lines = [f"traffic of rank {self.rank} (bytes, messages)"]
+        for name, peers in self.to_dict().items():
+            for p, kinds in peers.items():
+                for kname, v in kinds.items():
+                    lines.append(f"  {name:<15} peer {p:<3} {kname:<8} sent {v['bytes_sent']:>12} B "
+                                 f"{v['msgs_sent']:>6} msg  received {v['bytes_received']:>12} B "
+                                 f"{v['msgs_received']:>6} msg")
+        return "\n".join(lines)
