@@ -246,24 +246,21 @@ PYBIND11_MODULE(_core, m) {
         py::arg("count"), py::arg("nranks"), py::arg("elem_size"), py::arg("segment_bytes"),
         "The ring plan as plain data (for tests and teaching).");
 
+  // Raw-pointer entry points of the host reducer, for tests (bfloat16 has no
+  // buffer-protocol format, so arrays are passed as addresses).
   m.def("reduce",
-        [](int dtype, int op, py::buffer dst, py::buffer a, py::buffer b) {
+        [](int dtype, int op, uintptr_t dst, uintptr_t a, uintptr_t b, size_t count) {
           auto red = make_cpu_reducer(DType(dtype), Op(op));
-          py::buffer_info d = dst.request(true), x = a.request(), y = b.request();
-          size_t es = dtype_size(DType(dtype));
-          size_t n = size_t(d.size) * size_t(d.itemsize) / es;
-          if (size_t(x.size * x.itemsize) != n * es || size_t(y.size * y.itemsize) != n * es)
-            throw_invalid("reduce: buffers differ in size");
           py::gil_scoped_release nogil;
-          red->reduce(d.ptr, x.ptr, y.ptr, n);
+          red->reduce(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(a),
+                      reinterpret_cast<const void*>(b), count);
         },
+        py::arg("dtype"), py::arg("op"), py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"),
         "dst = a (op) b elementwise with the host reducer (for tests).");
   m.def("finalize",
-        [](int dtype, int op, py::buffer buf, int nranks) {
-          auto red = make_cpu_reducer(DType(dtype), Op(op));
-          py::buffer_info d = buf.request(true);
-          size_t n = size_t(d.size) * size_t(d.itemsize) / dtype_size(DType(dtype));
-          red->finalize(d.ptr, n, nranks);
+        [](int dtype, int op, uintptr_t buf, size_t count, int nranks) {
+          make_cpu_reducer(DType(dtype), Op(op))->finalize(reinterpret_cast<void*>(buf), count, nranks);
         },
+        py::arg("dtype"), py::arg("op"), py::arg("buf"), py::arg("count"), py::arg("nranks"),
         "Apply the op's final step (avg: divide by nranks) in place (for tests).");
 }

@@ -1,0 +1,196 @@
+"""The shared correctness suite: one set of cases, bound to every transport.
+
+Inputs are exactly predictable functions of (rank, index) and small enough
+that every partial result is exactly representable in every dtype, so the
+ring's reduction order cannot matter and results are compared for exact
+equality with a numpy reference. Never all-ones: a chunk delivered to the
+wrong place or reduced twice changes the values.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import ml_dtypes
+import numpy as np
+
+import ringcomm
+from ringcomm import traffic
+from ringcomm._dtypes import FLOATING, NUMPY
+
+DTYPES = list(NUMPY)
+OPS = ["sum", "prod", "min", "max", "avg"]
+COMBOS = [(d, o) for d in DTYPES for o in OPS if o != "avg" or d in FLOATING]
+
+
+def rank_data(dtype: str, op: str, n: int, count: int, ranks) -> np.ndarray:
+    """Inputs of the given ranks: array [len(ranks), count] of `dtype`."""
+    r = np.asarray(ranks, dtype=np.int64)[:, None]
+    i = np.arange(count, dtype=np.int64)[None, :]
+    unsigned = dtype == "uint8"
+    if op in ("sum", "avg"):
+        # |value| * n stays <= 256: partial sums are exact even in bfloat16.
+        amp = max(1, min(11, 256 // n // 2))
+        v = (r * 7 + i * 13) % (2 * amp + 1)
+        v = v if unsigned else v - amp
+    elif op == "prod":
+        # Mostly 1, sometimes 2 or -1: |product| <= 2**(n/7 + 1), exact everywhere.
+        v = np.where((r + 3 * i) % 7 == 0, 2, 1)
+        if not unsigned:
+            v = np.where((2 * r + i) % 5 == 0, -v, v)
+    else:
+        v = (r * 31 + i * 17) % 101
+        v = v if unsigned else v - 50
+    return v.astype(NUMPY[dtype])
+
+
+def reference(dtype: str, op: str, n: int, count: int) -> np.ndarray:
+    """Reduction of all ranks' inputs, computed independently in numpy."""
+    x = rank_data(dtype, op, n, count, range(n))
+    if dtype in ("int8", "uint8", "int32", "int64"):
+        wide = x.astype(np.int64)  # integer sum/prod wrap modulo 2**bits, like numpy
+        red = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
+        return red.reduce(wide, axis=0).astype(NUMPY[dtype]) if count else np.empty(0, NUMPY[dtype])
+    wide = x.astype(np.float64)  # exact: all partial results are representable
+    if op in ("sum", "avg"):
+        s = wide.sum(axis=0)
+    elif op == "prod":
+        s = wide.prod(axis=0)
+    else:
+        s = (wide.min(axis=0) if op == "min" else wide.max(axis=0))
+    s = s.astype(NUMPY[dtype])
+    if op == "avg":  # the documented rule: sum, then divide by n in the compute type
+        compute = np.dtype(np.float32) if dtype in ("float16", "bfloat16") else NUMPY[dtype]
+        s = (s.astype(compute) / compute.type(n)).astype(NUMPY[dtype])
+    return s
+
+
+_cache: dict = {}
+_cache_lock = threading.Lock()
+
+
+def cached_reference(dtype, op, n, count):
+    """In-process ranks share one reference per case instead of n copies."""
+    key = (dtype, op, n, count)
+    with _cache_lock:
+        if key not in _cache:
+            if len(_cache) > 16:
+                _cache.clear()
+            _cache[key] = reference(dtype, op, n, count)
+        return _cache[key]
+
+
+def split(count, n, r):
+    return count // n + (1 if r < count % n else 0)
+
+
+def offset(count, n, r):
+    return sum(split(count, n, q) for q in range(r))
+
+
+def compare(got, want, what: str, rank: int) -> list[str]:
+    got = np.asarray(got).reshape(-1)
+    want = np.asarray(want).reshape(-1)
+    if got.shape != want.shape:
+        return [f"rank {rank}: {what}: result has {got.size} elements, expected {want.size}"]
+    if got.dtype == ml_dtypes.bfloat16:
+        got, want = got.astype(np.float32), want.astype(np.float32)
+    bad = np.flatnonzero(got != want)
+    if not bad.size:
+        return []
+    i = int(bad[0])
+    return [f"rank {rank}: {what}: {bad.size} wrong elements, first at index {i}: "
+            f"expected {want[i]!r}, got {got[i]!r}"]
+
+
+def check_traffic(comm, before, collective, count, dtype, what, root=0) -> list[str]:
+    """The ledger delta of one call must equal traffic.expected exactly, per peer."""
+    delta = comm.traffic() - before
+    exp = traffic.expected(collective, count, dtype, comm.size, comm.rank, root=root)
+    sent = delta.per_peer("bytes_sent", collective)
+    recv = delta.per_peer("bytes_received", collective)
+    errs = []
+    if sent != exp.sent or recv != exp.received:
+        errs.append(f"rank {comm.rank}: {what}: ledger sent {sent} received {recv}, "
+                    f"expected sent {exp.sent} received {exp.received}")
+    for other in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+        if other != collective and delta.bytes_sent(other) + delta.bytes_received(other):
+            errs.append(f"rank {comm.rank}: {what}: traffic booked under {other}")
+    return errs
+
+
+def run_cases(comm, counts, combos=COMBOS, collectives=("all_reduce", "reduce_scatter", "all_gather")):
+    """Run every case on this rank; return failure messages (empty: all good)."""
+    n, r = comm.size, comm.rank
+    errs: list[str] = []
+    for count in counts:
+        for dtype, op in combos:
+            want = cached_reference(dtype, op, n, count)
+            mine = rank_data(dtype, op, n, count, [r])[0]
+            tag = f"n={n} count={count} {dtype} {op} seg={comm.segment_bytes}"
+            if "all_reduce" in collectives:
+                # in place
+                x = mine.copy()
+                before = comm.traffic()
+                comm.all_reduce(x, op)
+                errs += compare(x, want, f"all_reduce in-place {tag}", r)
+                errs += check_traffic(comm, before, "all_reduce", count, dtype, f"all_reduce {tag}")
+                # out of place: input untouched
+                x = mine.copy()
+                out = np.full(count, 99, dtype=x.dtype)
+                comm.all_reduce(x, op, out=out)
+                errs += compare(out, want, f"all_reduce out-of-place {tag}", r)
+                errs += compare(x, mine, f"all_reduce out-of-place input modified {tag}", r)
+            if "reduce_scatter" in collectives:
+                x = mine.copy()
+                before = comm.traffic()
+                got = comm.reduce_scatter(x, op)
+                lo = offset(count, n, r)
+                errs += compare(got, want[lo:lo + split(count, n, r)], f"reduce_scatter {tag}", r)
+                errs += compare(x, mine, f"reduce_scatter input modified {tag}", r)
+                errs += check_traffic(comm, before, "reduce_scatter", count, dtype, f"reduce_scatter {tag}")
+            if "all_gather" in collectives and op == "sum":
+                lo = offset(count, n, r)
+                x = mine[lo:lo + split(count, n, r)].copy()
+                full = rank_data(dtype, op, n, count, range(n))
+                gathered = np.concatenate([full[q][offset(count, n, q):offset(count, n, q) + split(count, n, q)]
+                                           for q in range(n)]) if count else mine[:0]
+                out = np.full(count, 77, dtype=x.dtype)
+                before = comm.traffic()
+                comm.all_gather(x, out=out)
+                errs += compare(out, gathered, f"all_gather {tag}", r)
+                errs += check_traffic(comm, before, "all_gather", count, dtype, f"all_gather {tag}")
+            if len(errs) > 20:
+                return errs
+    return errs
+
+
+def run_broadcasts(comm, counts, dtypes=DTYPES) -> list[str]:
+    n, r = comm.size, comm.rank
+    errs = []
+    for count in counts:
+        for dtype in dtypes:
+            for root in sorted({0, n - 1, n // 2}):
+                src = rank_data(dtype, "min", n, count, [root])[0]
+                x = src.copy() if r == root else np.zeros(count, dtype=src.dtype)
+                before = comm.traffic()
+                comm.broadcast(x, root=root)
+                tag = f"broadcast n={n} count={count} {dtype} root={root} seg={comm.segment_bytes}"
+                errs += compare(x, src, tag, r)
+                errs += check_traffic(comm, before, "broadcast", count, dtype, tag, root=root)
+    return errs
+
+
+def run_barrier(comm) -> list[str]:
+    """Barrier: nobody leaves before everybody entered (checked with a shared
+    clock for in-process ranks; for MPI just that it completes)."""
+    before = comm.traffic()
+    for _ in range(3):
+        comm.barrier()
+    d = comm.traffic() - before
+    if d.bytes_sent("barrier") or d.bytes_received("barrier"):
+        return [f"rank {comm.rank}: barrier moved payload bytes"]
+    want = 3 * max(0, comm.size - 2)
+    if d.msgs_sent("barrier") != want:
+        return [f"rank {comm.rank}: barrier sent {d.msgs_sent('barrier')} tokens, expected {want}"]
+    return []

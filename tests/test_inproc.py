@@ -1,0 +1,313 @@
+"""The shared suite on the in-process transport, plus errors, async and array types."""
+
+import array
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ringcomm
+import suite
+from ringcomm import (CollectiveTimeout, CommunicatorAborted, InvalidArgument, MismatchError,
+                      WaitTimeout)
+
+WORLD_SIZES = list(range(1, 17)) + [32, 64]
+
+
+def flat(results):
+    return [e for errs in results for e in errs]
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_small_counts_every_dtype_and_op(n):
+    errs = flat(ringcomm.run_local(n, suite.run_cases, [0, 1, max(n - 1, 0), n + 1]))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_many_segments(n):
+    # 16-byte segments: every chunk is cut into many pipelined messages.
+    errs = flat(ringcomm.run_local(n, suite.run_cases, [7 * n + 3], segment_bytes=16))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_prime_count(n):
+    # A prime above 10**5 with 64 KiB segments: uneven chunks, several segments each.
+    combos = suite.COMBOS if n <= 16 else [("float32", "sum"), ("bfloat16", "avg"), ("int8", "prod"),
+                                            ("uint8", "max"), ("float16", "min")]
+    errs = flat(ringcomm.run_local(n, suite.run_cases, [100003], combos, segment_bytes=65536))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_broadcast_and_barrier(n):
+    def body(comm):
+        errs = suite.run_broadcasts(comm, [0, 1, n + 1, 1000])
+        comm.segment_bytes = 24
+        errs += suite.run_broadcasts(comm, [7 * n + 5], dtypes=["float32", "int8", "bfloat16"])
+        return errs + suite.run_barrier(comm)
+    errs = flat(ringcomm.run_local(n, body))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_barrier_waits_for_everyone(n):
+    entered = [None] * n
+
+    def body(comm):
+        time.sleep(0.05 * comm.rank)
+        entered[comm.rank] = time.monotonic()
+        comm.barrier()
+        return time.monotonic()
+
+    left = ringcomm.run_local(n, body)
+    assert min(left) >= max(entered), "a rank left the barrier before the last one entered"
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_async_works_complete_in_order_with_correct_results(n):
+    def body(comm):
+        works, arrays = [], []
+        for k in range(6):
+            x = np.arange(1000, dtype=np.int64) * (comm.rank + 1) + k
+            arrays.append(x)
+            works.append(comm.all_reduce(x, async_op=True))
+        seqs = [w.seq for w in works]
+        for w in reversed(works):
+            w.wait()
+        assert seqs == sorted(seqs)
+        ranks_sum = n * (n + 1) // 2
+        for k, x in enumerate(arrays):
+            np.testing.assert_array_equal(x, np.arange(1000) * ranks_sum + n * k, err_msg=f"rank {comm.rank} work {k}")
+        return all(w.is_completed() for w in works)
+    assert all(ringcomm.run_local(n, body))
+
+
+# ---- bad input: rejected before any byte moves -------------------------------
+
+BAD = [
+    ("unsupported dtype", lambda c: c.all_reduce(np.zeros(4, np.complex64)), "unsupported dtype complex64"),
+    ("bool dtype", lambda c: c.all_reduce(np.zeros(4, bool)), "unsupported dtype bool"),
+    ("byte-swapped", lambda c: c.all_reduce(np.zeros(4, ">f4")), "unsupported dtype"),
+    ("non-contiguous", lambda c: c.all_reduce(np.zeros(8, np.float32)[::2]), "not C-contiguous"),
+    ("read-only in place", lambda c: c.all_reduce(np.zeros(4, np.float32).setflags(write=False)
+                                                  or _ro(np.zeros(4, np.float32))), "read-only"),
+    ("read-only out", lambda c: c.all_reduce(np.zeros(4, np.float32), out=_ro(np.zeros(4, np.float32))), "read-only"),
+    ("out wrong shape", lambda c: c.all_reduce(np.zeros(4, np.float32), out=np.zeros(5, np.float32)), "5 elements"),
+    ("out wrong dtype", lambda c: c.all_reduce(np.zeros(4, np.float32), out=np.zeros(4, np.float64)), "dtype float64"),
+    ("out overlaps", lambda c: (lambda b: c.all_reduce(b[:4], out=b[2:6]))(np.zeros(8, np.float32)), "overlaps"),
+    ("avg on ints", lambda c: c.all_reduce(np.zeros(4, np.int32), op="avg"), "avg"),
+    ("unknown op", lambda c: c.all_reduce(np.zeros(4, np.float32), op="mean"), "unknown op"),
+    ("root out of range", lambda c: c.broadcast(np.zeros(4), root=c.size), "root"),
+    ("negative root", lambda c: c.broadcast(np.zeros(4), root=-1), "root"),
+    ("rs out wrong size", lambda c: c.reduce_scatter(np.zeros(10, np.float32), out=np.zeros(10, np.float32)), "expected"),
+    ("ag wrong chunk", lambda c: c.all_gather(np.zeros(3, np.float32), out=np.zeros(10, np.float32)), "split rule"),
+    ("not an array", lambda c: c.all_reduce([1, 2, 3]), "expected a numpy array"),
+]
+
+
+def _ro(a):
+    a.setflags(write=False)
+    return a
+
+
+@pytest.mark.parametrize("name,call,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_rejected_before_any_byte_moves(name, call, message):
+    def body(comm):
+        before = comm.traffic()
+        with pytest.raises(InvalidArgument, match=message) as info:
+            call(comm)
+        after = comm.traffic()
+        moved = after.bytes_sent(kind="all") - before.bytes_sent(kind="all")
+        # the communicator is still healthy: the next collective works
+        x = np.full(4, comm.rank + 1.0)
+        comm.all_reduce(x)
+        return str(info.value), moved, x.tolist()
+    for msg, moved, x in ringcomm.run_local(2, body):
+        assert moved == 0
+        assert x == [3.0] * 4
+
+
+def test_bad_input_message_says_what_was_expected():
+    def body(comm):
+        with pytest.raises(InvalidArgument) as info:
+            comm.all_reduce(np.zeros(4, np.float32), out=np.zeros((2, 2), np.float32))
+        return str(info.value)
+    (msg,) = ringcomm.run_local(1, body)
+    assert "shape (2, 2)" in msg and "(4,)" in msg
+
+
+# ---- ranks that disagree ----------------------------------------------------
+
+# In each case one rank (the last, or the first) disagrees with the others.
+MISMATCHES = {
+    "count": lambda c: c.all_reduce(np.zeros(10 + (c.rank == 1), np.float32)),
+    "dtype": lambda c: c.all_reduce(np.zeros(10, np.float64 if c.rank == c.size - 1 else np.float32)),
+    "op": lambda c: c.all_reduce(np.zeros(10, np.float32), op="max" if c.rank == 0 else "sum"),
+    "collective": lambda c: (c.reduce_scatter(np.zeros(12, np.float32)) if c.rank == 1
+                             else c.all_reduce(np.zeros(12, np.float32))),
+    "root": lambda c: c.broadcast(np.zeros(5), root=1 if c.rank == c.size - 1 else 0),
+}
+
+
+@pytest.mark.parametrize("what", list(MISMATCHES))
+@pytest.mark.parametrize("n", [2, 4, 5])
+def test_mismatch_raises_on_every_rank_quickly(what, n):
+    def body(comm):
+        t0 = time.monotonic()
+        try:
+            MISMATCHES[what](comm)
+            comm.barrier()  # broadcast: ranks upstream of the culprit learn at their next call
+        except (MismatchError, CommunicatorAborted) as exc:
+            err = exc
+        else:
+            err = None
+        elapsed = time.monotonic() - t0
+        t1 = time.monotonic()
+        with pytest.raises(CommunicatorAborted):
+            comm.all_reduce(np.zeros(3))
+        return err, elapsed, time.monotonic() - t1
+    results = ringcomm.run_local(n, body, timeout=30)
+    for rank, (err, elapsed, again) in enumerate(results):
+        assert isinstance(err, MismatchError), f"rank {rank}: {err!r}"
+        assert elapsed < 10, f"rank {rank} took {elapsed:.1f} s to notice"
+        assert again < 1, f"rank {rank}: the call after the abort took {again:.1f} s"
+        text = str(err)
+        assert "ranks disagree" in text and "rank " in text
+    text = str(results[0][0])
+    if what == "count":
+        assert "count=10" in text and "count=11" in text
+    if what == "dtype":
+        assert "float64" in text and "float32" in text
+    if what == "op":
+        assert "op=max" in text and "op=sum" in text
+    if what == "collective":
+        assert "reduce_scatter" in text and "all_reduce" in text
+
+
+def test_all_gather_without_out_checks_counts_on_every_rank():
+    def body(comm):
+        x = np.zeros(3 if comm.rank == 0 else 2, np.float32)  # 3,2,2: the split of 7
+        y = np.zeros(1 if comm.rank == 0 else 3, np.float32)  # 1,3,3: not the split of 7 (3,2,2)
+        got = comm.all_gather(x)
+        with pytest.raises(InvalidArgument, match="split rule"):
+            comm.all_gather(y)
+        return got.size
+    assert ringcomm.run_local(3, body) == [7, 7, 7]
+
+
+# ---- timeouts and aborts ----------------------------------------------------
+
+def test_rank_that_never_joins_makes_the_others_time_out():
+    def body(comm):
+        if comm.rank == 2:
+            return None
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(np.arange(1000, dtype=np.float32))
+        except (CollectiveTimeout, CommunicatorAborted) as exc:
+            return exc, time.monotonic() - t0
+        return "completed", 0
+    results = ringcomm.run_local(3, body, timeout=1.0)
+    (e0, t0), (e1, t1) = results[0], results[1]
+    assert isinstance(e0, CollectiveTimeout), e0
+    assert e0.peer == 2 and e0.rank == 0 and "rank 2" in str(e0)
+    assert 0.9 < t0 < 10
+    assert isinstance(e1, (CollectiveTimeout, CommunicatorAborted)) and t1 < 10
+    assert "rank 2" in str(e1) or "rank 0" in str(e1)
+
+
+def test_after_a_timeout_later_calls_raise_at_once():
+    def body(comm):
+        if comm.rank == 1:
+            return None
+        with pytest.raises(CollectiveTimeout):
+            comm.barrier()
+        t0 = time.monotonic()
+        with pytest.raises(CommunicatorAborted, match="timed out"):
+            comm.all_reduce(np.zeros(4))
+        return time.monotonic() - t0
+    assert ringcomm.run_local(2, body, timeout=0.5)[0] < 0.2
+
+
+def test_abort_reaches_waiting_ranks_fast():
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.2)
+            comm.abort()
+            return None
+        t0 = time.monotonic()
+        with pytest.raises(CommunicatorAborted, match="rank 1 aborted"):
+            comm.all_reduce(np.zeros(100))
+        return time.monotonic() - t0
+    res = ringcomm.run_local(3, body, timeout=30)
+    assert res[0] < 5 and res[2] < 5
+
+
+def test_run_local_reraises_and_does_not_hang():
+    def body(comm):
+        if comm.rank == 0:
+            raise KeyError("boom")
+        comm.all_reduce(np.zeros(10))
+    t0 = time.monotonic()
+    with pytest.raises(KeyError):
+        ringcomm.run_local(3, body, timeout=30)
+    assert time.monotonic() - t0 < 5
+
+
+def test_work_wait_timeout_while_a_peer_is_late():
+    gate = threading.Event()
+
+    def body(comm):
+        if comm.rank == 1:
+            gate.wait()
+        w = comm.all_reduce(np.ones(4), async_op=True)
+        if comm.rank == 0:
+            with pytest.raises(WaitTimeout):
+                w.wait(timeout=0.2)
+            gate.set()
+        return w.wait().tolist()
+    assert ringcomm.run_local(2, body) == [[2.0] * 4] * 2
+
+
+# ---- array types: zero copy -------------------------------------------------
+
+def test_buffer_protocol_objects_in_place():
+    def body(comm):
+        a = array.array("f", [comm.rank + 1.0] * 5)
+        comm.all_reduce(a)
+        b = bytearray([comm.rank + 1] * 3)
+        comm.all_reduce(b, op="max")
+        return list(a), list(b)
+    for a, b in ringcomm.run_local(3, body):
+        assert a == [6.0] * 5 and b == [3] * 3
+
+
+def test_torch_cpu_tensors_zero_copy():
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        out = {}
+        for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8):
+            x = torch.arange(10, dtype=dt) + comm.rank
+            ptr = x.data_ptr()
+            comm.all_reduce(x)
+            assert x.data_ptr() == ptr
+            out[str(dt)] = x.tolist()
+        g = torch.nn.Parameter(torch.ones(6) * (comm.rank + 1))
+        comm.all_reduce(g.data, op="avg")
+        rs = comm.reduce_scatter(torch.arange(7, dtype=torch.float64))
+        assert isinstance(rs, torch.Tensor) and rs.dtype == torch.float64
+        with pytest.raises(InvalidArgument, match="not contiguous"):
+            comm.all_reduce(torch.zeros(4, 4).t())
+        ag = comm.all_gather(torch.full((2,), float(comm.rank)), out=torch.empty(4))
+        return out, g.data.tolist(), rs.tolist(), ag.tolist()
+    res = ringcomm.run_local(2, body)
+    for r, (out, g, rs, ag) in enumerate(res):
+        for k, v in out.items():
+            assert v == [2 * i + 1 for i in range(10)], (r, k)
+        assert g == [1.5] * 6
+        assert rs == ([0.0, 2.0, 4.0, 6.0] if r == 0 else [8.0, 10.0, 12.0])
+        assert ag == [0.0, 0.0, 1.0, 1.0]
