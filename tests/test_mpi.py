@@ -1,0 +1,123 @@
+"""The shared suite and the error paths on the MPI transport, under real Open MPI.
+
+Each test marked ``parallel`` is launched by the mpi-pytest plugin under
+``mpiexec -n N`` (it starts mpiexec itself when pytest runs serially). Every
+rank collects its failures and all ranks assert on the union, so a failure
+on any rank is reported, with its rank, by the rank that prints.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+import ringcomm
+import suite
+from ringcomm import CollectiveTimeout, CommunicatorAborted, MismatchError
+
+
+def assert_no_errors_anywhere(errs):
+    from mpi4py import MPI
+    everyone = [e for es in MPI.COMM_WORLD.allgather(errs) for e in es]
+    assert not everyone, "\n".join(everyone[:30])
+
+
+def guarded(fn, *args):
+    """Run fn; turn an exception into a failure message so every rank still
+    reaches the final allgather (an escaped exception would leave the others
+    waiting there)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        from mpi4py import MPI
+        return [f"rank {MPI.COMM_WORLD.rank}: {type(exc).__name__}: {exc}"]
+
+
+@pytest.mark.parallel([1, 2, 3, 4, 5])
+def test_suite_over_mpi():
+    def body():
+        comm = ringcomm.init()
+        n = comm.size
+        assert comm.transport == "mpi"
+        errs = suite.run_cases(comm, [0, 1, max(n - 1, 0), n + 1])
+        comm.segment_bytes = 16
+        errs += suite.run_cases(comm, [7 * n + 3])
+        comm.segment_bytes = 65536
+        errs += suite.run_cases(comm, [100003])
+        errs += suite.run_broadcasts(comm, [0, 1, n + 1, 100003], dtypes=["float32", "int8", "bfloat16"])
+        errs += suite.run_barrier(comm)
+        comm.close()
+        return errs
+    assert_no_errors_anywhere(guarded(body))
+
+
+@pytest.mark.parallel([2, 3, 5])
+def test_async_over_mpi():
+    def body():
+        comm = ringcomm.init()
+        n, errs = comm.size, []
+        xs = [np.arange(5000, dtype=np.float64) * (comm.rank + 1) + k for k in range(5)]
+        works = [comm.all_reduce(x, async_op=True) for x in xs]
+        for w in reversed(works):
+            w.wait()
+        for k, x in enumerate(xs):
+            errs += suite.compare(x, np.arange(5000) * (n * (n + 1) // 2) + n * k, f"async work {k}", comm.rank)
+        return errs
+    assert_no_errors_anywhere(guarded(body))
+
+
+@pytest.mark.parallel([2, 3, 5])
+def test_mismatch_over_mpi_raises_on_every_rank():
+    comm = ringcomm.init(timeout=30)
+    t0 = time.monotonic()
+    with pytest.raises(MismatchError, match="count=10.*count=11|count=11.*count=10"):
+        comm.all_reduce(np.zeros(10 + (comm.rank == 1), np.float32))
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(CommunicatorAborted):
+        comm.all_reduce(np.zeros(3))
+
+
+@pytest.mark.parallel([2, 3])
+def test_missing_rank_times_out_over_mpi():
+    comm = ringcomm.init(timeout=1.0)
+    last = comm.size - 1
+    if comm.rank != last:
+        t0 = time.monotonic()
+        with pytest.raises((CollectiveTimeout, CommunicatorAborted)) as info:
+            comm.all_reduce(np.ones(100))
+        assert time.monotonic() - t0 < 10
+        if comm.rank == 0:  # waited for the header of its left neighbour, the missing rank
+            assert isinstance(info.value, CollectiveTimeout)
+            assert info.value.peer == last and f"rank {last}" in str(info.value)
+        t1 = time.monotonic()
+        with pytest.raises(CommunicatorAborted):
+            comm.all_reduce(np.ones(100))
+        assert time.monotonic() - t1 < 0.5
+
+
+@pytest.mark.parallel(3)
+def test_abort_over_mpi():
+    comm = ringcomm.init(timeout=30)
+    if comm.rank == 1:
+        time.sleep(0.3)
+        comm.abort()
+    else:
+        t0 = time.monotonic()
+        with pytest.raises(CommunicatorAborted, match="rank 1 aborted"):
+            comm.all_reduce(np.ones(1000))
+        assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parallel(2)
+def test_duplicated_communicator_keeps_traffic_apart():
+    from mpi4py import MPI
+    comm = ringcomm.init()
+    # The application's own message on COMM_WORLD with a tag ringcomm might use
+    # must not be matched by ringcomm (it works on a duplicate).
+    peer = 1 - MPI.COMM_WORLD.rank
+    req = MPI.COMM_WORLD.isend(b"app", dest=peer, tag=0x5243)
+    x = np.arange(6, dtype=np.float32)
+    comm.all_reduce(x)
+    assert MPI.COMM_WORLD.recv(source=peer, tag=0x5243) == b"app"
+    req.wait()
+    np.testing.assert_array_equal(x, 2 * np.arange(6, dtype=np.float32))
