@@ -143,7 +143,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("transport", [](EngineHandle& h) { return h.get().transport_name(); })
       .def_property_readonly("closed", [](EngineHandle& h) { return !h.engine; })
       .def("submit",
-           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root) {
+           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
+              bool blocking) {
              Task t;
              t.coll = Coll(coll);
              t.in = reinterpret_cast<const void*>(in);
@@ -152,10 +153,14 @@ PYBIND11_MODULE(_core, m) {
              t.dtype = DType(dtype);
              t.op = Op(op);
              t.root = root;
-             return h.get().submit(t);
+             Engine& e = h.get();
+             if (!blocking) return e.submit(t);
+             py::gil_scoped_release nogil;
+             return e.run_sync(t);
            },
            py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
-           py::arg("op"), py::arg("root"))
+           py::arg("op"), py::arg("root"), py::arg("blocking") = false,
+           "Queue a collective (blocking=False) or run it to completion, on this thread when idle.")
       .def("traffic",
            [](EngineHandle& h) {
              auto cells = h.get().ledger().snapshot();

@@ -41,6 +41,7 @@ void chain_broadcast(Link& link, size_t count, size_t elem_size, int root, char*
 }
 
 void ring_barrier(Link& link) {
+  link.await_header();  // hop 0: the left neighbour has entered
   for (int hop = 1; hop < link.size() - 1; ++hop) {
     link.send_token(link.right());
     link.wait(link.recv_token(link.left()), "the barrier token", hop, 0);

@@ -42,39 +42,69 @@ Engine::~Engine() {
   worker_.join();
 }
 
-std::shared_ptr<Work> Engine::submit(const Task& t) {
+void Engine::validate(const Task& t) {
   if (int(t.coll) < 0 || t.coll >= Coll::kCount) throw_invalid("unknown collective code");
   if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) make_cpu_reducer(t.dtype, t.op);  // validates
   else dtype_size(t.dtype);
   if (t.coll == Coll::broadcast && (t.root < 0 || t.root >= size()))
     throw_invalid("broadcast root " + std::to_string(t.root) + " is out of range for " + std::to_string(size()) +
                   " ranks (expected 0 <= root < " + std::to_string(size()) + ")");
-  {
-    std::lock_guard<std::mutex> g(state_m_);
-    if (aborted_)
-      throw RingError(ErrKind::aborted, rank(), -1, 0, "communicator was aborted earlier: " + abort_reason_);
-  }
+  std::lock_guard<std::mutex> g(state_m_);
+  if (aborted_)
+    throw RingError(ErrKind::aborted, rank(), -1, 0, "communicator was aborted earlier: " + abort_reason_);
+}
+
+std::shared_ptr<Work> Engine::enqueue(const Task& t, bool inline_if_idle, bool* run_here) {
   auto w = std::make_shared<Work>();
+  std::lock_guard<std::mutex> g(m_);
+  w->seq_ = t.abort ? 0 : ++next_seq_;
+  if (inline_if_idle && queue_.empty() && !busy_) {
+    busy_ = true;
+    *run_here = true;
+  } else {
+    queue_.emplace_back(t, w);
+    cv_.notify_one();
+  }
+  return w;
+}
+
+std::shared_ptr<Work> Engine::submit(const Task& t) {
+  validate(t);
+  bool run_here = false;
+  Task task = t;
   {
     std::lock_guard<std::mutex> g(m_);
-    w->seq_ = ++next_seq_;
-    queue_.emplace_back(t, w);
-    queue_.back().first.opts = opts_;
+    task.opts = opts_;
   }
-  cv_.notify_one();
+  return enqueue(task, false, &run_here);
+}
+
+std::shared_ptr<Work> Engine::run_sync(const Task& t) {
+  validate(t);
+  Task task = t;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    task.opts = opts_;
+  }
+  bool run_here = false;
+  auto w = enqueue(task, true, &run_here);
+  if (run_here) {
+    execute(task, *w);
+    {
+      std::lock_guard<std::mutex> g(m_);
+      busy_ = false;
+    }
+    cv_.notify_all();  // the worker may have been handed work meanwhile
+  }
+  w->wait(-1);
   return w;
 }
 
 std::shared_ptr<Work> Engine::abort() {
-  auto w = std::make_shared<Work>();
   Task t;
   t.abort = true;
-  {
-    std::lock_guard<std::mutex> g(m_);
-    queue_.emplace_back(t, w);
-  }
-  cv_.notify_one();
-  return w;
+  bool run_here = false;
+  return enqueue(t, false, &run_here);
 }
 
 void Engine::loop() {
@@ -82,42 +112,52 @@ void Engine::loop() {
     std::pair<Task, std::shared_ptr<Work>> item;
     {
       std::unique_lock<std::mutex> lk(m_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      cv_.wait(lk, [&] { return (stop_ && !busy_) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stop requested and nothing left
       item = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
-    std::unique_ptr<RingError> err;
-    try {
-      run(item.first, item.second->seq());
-    } catch (const RingError& e) {
-      err = std::make_unique<RingError>(e);
-    } catch (const std::exception& e) {
-      err = std::make_unique<RingError>(ErrKind::transport, rank(), -1, item.second->seq(), e.what());
+    execute(item.first, *item.second);
+    {
+      std::lock_guard<std::mutex> g(m_);
+      busy_ = false;
     }
-    if (err && item.first.abort) {  // the abort itself succeeded
+    cv_.notify_all();
+  }
+}
+
+void Engine::execute(const Task& t, Work& w) {
+  std::unique_ptr<RingError> err;
+  try {
+    run(t, w.seq());
+  } catch (const RingError& e) {
+    err = std::make_unique<RingError>(e);
+  } catch (const std::exception& e) {
+    err = std::make_unique<RingError>(ErrKind::transport, rank(), -1, w.seq(), e.what());
+  }
+  if (err && t.abort) {  // the abort itself succeeded
+    link_.fail(*err);
+    std::lock_guard<std::mutex> g(state_m_);
+    if (!aborted_) {
+      aborted_ = true;
+      abort_reason_ = err->what();
+    }
+    err.reset();
+  }
+  if (err) {
+    if (err->seq == 0) err->seq = w.seq();
+    if (err->rank < 0) err->rank = rank();
+    if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
       link_.fail(*err);
       std::lock_guard<std::mutex> g(state_m_);
       if (!aborted_) {
         aborted_ = true;
         abort_reason_ = err->what();
       }
-      err.reset();
     }
-    if (err) {
-      if (err->seq == 0) err->seq = item.second->seq();
-      if (err->rank < 0) err->rank = rank();
-      if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
-        link_.fail(*err);
-        std::lock_guard<std::mutex> g(state_m_);
-        if (!aborted_) {
-          aborted_ = true;
-          abort_reason_ = err->what();
-        }
-      }
-    }
-    item.second->finish(std::move(err));
   }
+  w.finish(std::move(err));
 }
 
 void Engine::run(const Task& t, uint64_t seq) {

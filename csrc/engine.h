@@ -66,6 +66,11 @@ class Engine {
   // RingError(invalid) before anything is queued; throws RingError(aborted)
   // at once on an aborted communicator.
   std::shared_ptr<Work> submit(const Task& t);
+  // Same, then wait for completion. When nothing is queued or running, the
+  // collective runs right here on the caller's thread: a small synchronous
+  // collective then costs no thread handoff (order is unchanged: it is the
+  // only one in flight).
+  std::shared_ptr<Work> run_sync(const Task& t);
 
   // Abort on purpose (after the collectives already queued): the ring is told,
   // so peers waiting on this rank fail at once instead of at their deadline.
@@ -80,13 +85,17 @@ class Engine {
 
  private:
   void loop();
+  std::shared_ptr<Work> enqueue(const Task& t, bool inline_if_idle, bool* run_here);
+  void execute(const Task& t, Work& w);  // run and record the outcome
   void run(const Task& t, uint64_t seq);
+  void validate(const Task& t);
 
   Link link_;
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::pair<Task, std::shared_ptr<Work>>> queue_;
   bool stop_ = false;
+  bool busy_ = false;  // a collective is executing (on the worker or a caller)
   uint64_t next_seq_ = 0;
   std::mutex state_m_;  // guards the abort flag as seen by submit()
   bool aborted_ = false;

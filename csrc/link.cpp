@@ -129,9 +129,12 @@ void Link::begin(const Fingerprint& fp) {
   mine.type = kHeader;
   mine.fp = fp_;
   send_control(mine);
+  header_checked_ = false;  // checked lazily: see await_header()
+}
 
-  // The header from the left, checked before any payload from it is received:
-  // a peer with another count would otherwise send messages of other sizes.
+void Link::await_header() {
+  if (header_checked_ || size_ == 1) return;
+  header_checked_ = true;
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
   while (early_headers_.empty()) {
     Request* r = ctrl_req_.get();
@@ -164,6 +167,7 @@ Request* Link::send(int peer, const void* buf, size_t bytes) {
 
 Request* Link::recv(int peer, void* buf, size_t bytes) {
   if (bytes == 0) return nullptr;
+  await_header();
   live_.push_back(t_->irecv(peer, Channel::data, buf, bytes));
   ledger_.received(coll_, peer, false, bytes);
   return live_.back().get();
@@ -196,6 +200,7 @@ void Link::throw_timeout(const Request& r, const char* what, int step, int segme
 }
 
 void Link::drain() {
+  await_header();
   for (auto& r : live_) wait(r.get(), "the rest of this collective");
   live_.clear();
 }
@@ -207,6 +212,7 @@ Request* Link::send_token(int peer) {
 }
 
 Request* Link::recv_token(int peer) {
+  await_header();
   live_.push_back(t_->irecv(peer, Channel::data, nullptr, 0));
   ledger_.received(coll_, peer, false, 0);
   return live_.back().get();

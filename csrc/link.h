@@ -6,8 +6,12 @@
 //   * deadlines: every wait has one, and expiry names the peer waited for;
 //   * the control stream: at the start of each collective a rank sends a
 //     small header (sequence number + fingerprint of the call) to its right
-//     neighbour and checks the one from its left before any payload is
-//     received. Disagreement raises MismatchError, and any failure sends an
+//     neighbour and checks the one from its left before it posts its first
+//     receive from the left (so a peer with another count can never deliver
+//     messages of another size), and at the latest when the collective ends.
+//     Sends may leave before that check: a receiver checks first. This keeps
+//     the header off the latency path: it travels alongside the first
+//     payload. Disagreement raises MismatchError, and any failure sends an
 //     ABORT notice to the right, which each rank forwards, so every rank that
 //     is waiting on the ring fails within one trip around it instead of
 //     hanging until its deadline.
@@ -57,9 +61,11 @@ class Link {
   Transport& transport() { return *t_; }
 
   // ---- collective lifecycle (called by the Engine) ----
-  // Exchange headers with the neighbours; throws MismatchError on
-  // disagreement (after notifying the ring).
+  // Send this collective's header to the right neighbour.
   void begin(const Fingerprint& fp);
+  // Receive and check the left neighbour's header (once per collective;
+  // recv() and drain() call it). Throws MismatchError on disagreement.
+  void await_header();
   // Wait for every request posted so far in this collective; forget them.
   // Algorithms call it before reusing memory that a send may still read.
   void drain();
@@ -96,6 +102,7 @@ class Link {
   Ledger ledger_;
   Fingerprint fp_;
   Coll coll_ = Coll::barrier;
+  bool header_checked_ = true;
 
   std::vector<RequestPtr> live_;  // payload requests of the current collective
 

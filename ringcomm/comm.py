@@ -262,17 +262,16 @@ class Communicator:
         if self._settings.debug:
             print(f"ringcomm[{self._label} rank {self.rank}] {coll} count={count} "
                   f"dtype={(xb.dtype if xb else '-')} op={opc} root={root}", file=sys.stderr)
-        with self._lock:
+        native = self._engine.submit(_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0,
+                                     count, dtype, opc, root, not async_op)
+        work = Work(native, result, (xb, ob))
+        if not async_op:
+            return work.wait()
+        with self._lock:  # keep the arrays of queued collectives alive until they complete
             while self._inflight and self._inflight[0].is_completed():
                 self._inflight.popleft()
-            native = self._engine.submit(_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0,
-                                         ob.ptr if ob else 0, count, dtype, opc, root)
-            work = Work(native, result, (xb, ob))
-            if async_op:
-                self._inflight.append(work)
-        if async_op:
-            return work
-        return work.wait()
+            self._inflight.append(work)
+        return work
 
 
 # ---------------------------------------------------------------------------
