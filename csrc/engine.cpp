@@ -90,11 +90,13 @@ std::shared_ptr<Work> Engine::run_sync(const Task& t) {
   auto w = enqueue(task, true, &run_here);
   if (run_here) {
     execute(task, *w);
+    bool handed_work;
     {
       std::lock_guard<std::mutex> g(m_);
       busy_ = false;
+      handed_work = !queue_.empty() || stop_;
     }
-    cv_.notify_all();  // the worker may have been handed work meanwhile
+    if (handed_work) cv_.notify_all();  // only then: waking the worker costs a context switch
   }
   w->wait(-1);
   return w;

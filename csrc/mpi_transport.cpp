@@ -3,6 +3,7 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -29,6 +30,11 @@ std::string mpi_error(const char* call, int rc, const char* file, int line) {
 struct MpiRequest : Request {
   MPI_Request req = MPI_REQUEST_NULL;
 };
+
+static long spin_iters() {
+  static long v = getenv("RC_SPIN") ? atol(getenv("RC_SPIN")) : 64;
+  return v;
+}
 
 constexpr int kTag[2] = {0x5243, 0x5244};  // data, control
 constexpr size_t kMaxMessage = size_t(1) << 30;
@@ -98,7 +104,7 @@ class MpiTransport final : public Transport {
         }
         return i;
       }
-      if (iter < 64) continue;
+      if (iter < spin_iters()) continue;
       const auto now = Clock::now();
       if (now >= deadline) return -1;
       if (now - start < std::chrono::milliseconds(2)) {

@@ -86,8 +86,10 @@ def _from_numpy(a: np.ndarray, obj, what: str) -> Buf:
         raise InvalidArgument(
             f"{what}: array is not C-contiguous (shape {a.shape}, strides {a.strides}); "
             "pass np.ascontiguousarray(x) and copy the result back")
-    return Buf(obj, a.__array_interface__["data"][0], a.size, name, a.shape,
-               not a.flags.writeable, "numpy", a)
+    ptr = core.address(a)  # fast path; None for e.g. a read-only view numpy won't export
+    if ptr is None:
+        ptr = a.__array_interface__["data"][0]
+    return Buf(obj, ptr, a.size, name, a.shape, not a.flags.writeable, "numpy", a)
 
 
 def _from_dlpack(x, what: str) -> Buf:

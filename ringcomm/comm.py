@@ -151,7 +151,8 @@ class Communicator:
         if out is None:
             out = empty_like(xb, mine)
         ob = self._out(out, xb, mine, "reduce_scatter",
-                       why=f"rank {self.rank}'s chunk of {xb.count} elements over {self.size} ranks")
+                       why=f"rank {self.rank}'s chunk of {xb.count} elements over {self.size} ranks",
+                       in_place_at=self._chunk_offset(xb.count) * _dtypes.itemsize(xb.dtype))
         return self._submit("reduce_scatter", xb, ob, xb.count, opc, 0, ob.obj, async_op)
 
     def all_gather(self, x, *, out=None, async_op: bool = False):
@@ -173,7 +174,8 @@ class Communicator:
             raise InvalidArgument(
                 f"all_gather input has {xb.count} elements but rank {self.rank}'s chunk of out "
                 f"({total} elements over {self.size} ranks, split rule) has {mine}")
-        self._out(out, xb, total, "all_gather", why="the gathered total", outbuf=ob)
+        self._out(out, xb, total, "all_gather", why="the gathered total", outbuf=ob,
+                  in_place_at=-self._chunk_offset(total) * _dtypes.itemsize(xb.dtype))
         return self._submit("all_gather", xb, ob, total, 0, 0, ob.obj, async_op)
 
     def broadcast(self, x, root: int = 0, *, async_op: bool = False):
@@ -231,8 +233,16 @@ class Communicator:
             raise InvalidArgument(f"{what} is read-only")
         return b
 
+    def _chunk_offset(self, total: int) -> int:
+        base, extra = divmod(total, self.size)
+        return self.rank * base + min(self.rank, extra)
+
     def _out(self, out, xb: Buf, count: int, coll: str, why: str = "the input's count",
-             outbuf: Buf | None = None) -> Buf:
+             outbuf: Buf | None = None, in_place_at: int | None = None) -> Buf:
+        """Check `out`. Overlap with the input is an error except for the exact
+        in-place forms: all_reduce with out = x; reduce_scatter with out =
+        this rank's chunk of x; all_gather with x = this rank's chunk of out
+        (`in_place_at`: out.ptr - x.ptr in bytes for those)."""
         ob = outbuf if outbuf is not None else view(out, f"{coll} out")
         if ob.readonly:
             raise InvalidArgument(f"{coll} out is read-only")
@@ -240,9 +250,11 @@ class Communicator:
             raise InvalidArgument(f"{coll} out has dtype {ob.dtype}, expected the input's dtype {xb.dtype}")
         if ob.count != count:
             raise InvalidArgument(f"{coll} out has {ob.count} elements (shape {ob.shape}), expected {count} ({why})")
-        if ob.overlaps(xb) and not (coll == "all_reduce" and ob.same_memory(xb)):
+        exact = ob.same_memory(xb) if coll == "all_reduce" else ob.ptr - xb.ptr == in_place_at
+        if ob.overlaps(xb) and not exact:
             raise InvalidArgument(f"{coll} out overlaps the input; pass separate buffers"
-                                  + (" or call in place (out=None)" if coll == "all_reduce" else ""))
+                                  + (" or call in place (out=None)" if coll == "all_reduce" else
+                                     " (or use the exact in-place form: this rank's chunk)"))
         return ob
 
     def _gathered_total(self, mine: int) -> int:
@@ -262,11 +274,11 @@ class Communicator:
         if self._settings.debug:
             print(f"ringcomm[{self._label} rank {self.rank}] {coll} count={count} "
                   f"dtype={(xb.dtype if xb else '-')} op={opc} root={root}", file=sys.stderr)
-        native = self._engine.submit(_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0,
-                                     count, dtype, opc, root, not async_op)
-        work = Work(native, result, (xb, ob))
+        args = (_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0, count, dtype, opc, root)
         if not async_op:
-            return work.wait()
+            self._engine.run(*args)  # the caller's frame keeps the arrays alive
+            return result
+        work = Work(self._engine.submit(*args), result, (xb, ob))
         with self._lock:  # keep the arrays of queued collectives alive until they complete
             while self._inflight and self._inflight[0].is_completed():
                 self._inflight.popleft()

@@ -1,0 +1,96 @@
+"""The benchmark harness: pure parts, a smoke run through `ringcomm bench`, a planted error."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ringcomm import benchmark, costmodel
+from ringcomm.config import parse_size
+
+
+def test_size_parsing():
+    assert parse_size("8") == 8 and parse_size("64K") == 65536 and parse_size("4M") == 4 << 20
+    assert parse_size("1G") == 1 << 30 and parse_size("2KiB") == 2048 and parse_size(512) == 512
+    with pytest.raises(ValueError):
+        parse_size("4X")
+    assert benchmark.size_list(8, 64 << 20, 4)[:3] == [8, 32, 128]
+    assert benchmark.size_list(8, 64 << 20, 4)[-1] == 32 << 20
+    assert benchmark.size_list(1 << 20, 1 << 20, 2) == [1 << 20]
+    with pytest.raises(ValueError):
+        benchmark.size_list(0, 10, 2)
+
+
+def test_busbw_factors_are_the_nccl_tests_ones():
+    assert benchmark.bus_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert benchmark.bus_factor("reduce_scatter", 4) == pytest.approx(0.75)
+    assert benchmark.bus_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert benchmark.bus_factor("all_reduce", 1) == 0
+
+
+def test_model_fit_recovers_synthetic_parameters():
+    alpha, beta = 12e-6, 0.4e-9
+    for coll in ("all_reduce", "reduce_scatter", "all_gather"):
+        for n in (2, 4, 7):
+            sizes = np.array([8, 1024, 65536, 1 << 20, 16 << 20], float)
+            t = costmodel.Model(alpha, beta).predict(coll, n, sizes)
+            m = costmodel.fit(coll, n, sizes, t)
+            assert m.alpha == pytest.approx(alpha, rel=1e-6) and m.beta == pytest.approx(beta, rel=1e-6)
+    # noisy data still lands close, and the crossover is where the two terms meet
+    rng = np.random.default_rng(0)
+    sizes = np.geomspace(8, 64 << 20, 20)
+    t = costmodel.Model(alpha, beta).predict("all_reduce", 4, sizes) * rng.uniform(0.95, 1.05, sizes.size)
+    m = costmodel.fit("all_reduce", 4, sizes, t)
+    assert m.alpha == pytest.approx(alpha, rel=0.15) and m.beta == pytest.approx(beta, rel=0.15)
+    x = costmodel.crossover_bytes(m, "all_reduce", 4)
+    assert 6 * m.alpha == pytest.approx(1.5 * x * m.beta)
+
+
+def test_check_data_reference_is_exact():
+    for dtype in ("bfloat16", "float16", "int8", "float32"):
+        for op in ("sum", "prod", "min", "max"):
+            exp = benchmark.check_expected(dtype, op, 4, 100)
+            assert exp.dtype == benchmark._dtypes.NUMPY[dtype] and exp.size == 100
+
+
+def run_bench(*args, env=None, timeout=300):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "ringcomm.cli", "bench", *args], capture_output=True,
+                          text=True, timeout=timeout, env=e)
+
+
+def test_smoke_run_n2(tmp_path):
+    out = tmp_path / "b.json"
+    res = run_bench("-N", "2", "-b", "8", "-e", "64K", "-f", "16", "-r", "2", "--collective", "all",
+                    "--impl", "ringcomm,mpi,mpi-ring", "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.load(open(out))
+    benchmark.validate_json(doc)
+    rows = doc["rows"]
+    assert {r["impl"] for r in rows} == {"ringcomm", "mpi", "mpi-ring"}
+    assert {r["collective"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert all(r["wrong"] == 0 for r in rows)
+    ours = [r for r in rows if r["impl"] == "ringcomm"]
+    assert ours and all(r["sent_per_rank"] == r["expected_sent"] for r in ours)
+    assert "out of bounds values : 0 OK" in res.stdout
+    assert "model all_reduce: alpha" in res.stdout
+
+
+def test_planted_wrong_result_is_counted_and_fails(tmp_path):
+    out = tmp_path / "b.json"
+    res = run_bench("-N", "2", "-b", "1K", "-e", "1K", "-r", "1", "--impl", "ringcomm,corrupt",
+                    "--json", str(out), env={"RINGCOMM_BENCH_TEST_IMPLS": "1"})
+    assert res.returncode != 0
+    rows = json.load(open(out))["rows"]
+    bad = [r for r in rows if r["impl"] == "corrupt"]
+    assert bad and all(r["wrong"] == 1 for r in bad), bad
+    assert all(r["wrong"] == 0 for r in rows if r["impl"] == "ringcomm")
+    assert "FAILED" in res.stdout
+
+
+def test_json_schema_validation_rejects_incomplete_documents():
+    with pytest.raises(ValueError):
+        benchmark.validate_json({"rows": []})
