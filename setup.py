@@ -59,7 +59,7 @@ log(f"  link:    {' '.join(mpi_ldflags)}")
 sources = [
     "csrc/common.cpp", "csrc/plan.cpp", "csrc/reducer_cpu.cpp", "csrc/link.cpp",
     "csrc/inproc_transport.cpp", "csrc/mpi_transport.cpp",
-    "csrc/reduce_scatter.cpp", "csrc/all_gather.cpp", "csrc/all_reduce.cpp", "csrc/broadcast.cpp",
+    "csrc/reduce_scatter.cpp", "csrc/all_gather.cpp", "csrc/all_reduce.cpp", "csrc/broadcast.cpp", "csrc/naive.cpp",
     "csrc/engine.cpp", "csrc/bindings.cpp",
 ]
 

@@ -23,6 +23,9 @@ void ring_all_gather(Link& link, const RingPlan& plan, const char* own, char* ou
 // All-reduce = reduce-scatter, then all-gather, on the same buffer (all_reduce.cpp).
 void ring_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
 
+// Master-centric all-reduce through rank 0 (naive.cpp), for comparison.
+void naive_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
+
 // Broadcast pipelined along the ring root -> root+1 -> ... -> root-1 (broadcast.cpp).
 void chain_broadcast(Link& link, size_t count, size_t elem_size, int root, char* buf);
 

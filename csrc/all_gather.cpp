@@ -50,9 +50,15 @@ void ring_all_gather(Link& link, const RingPlan& plan, const char* own, char* ou
 
   for (int u = 0; u < units; ++u) {
     const int step = u / K, k = u % K, c = plan.ag_recv_chunk(rank, step);
+    if (k == 0) {
+      const int sent = plan.ag_send_chunk(rank, step);
+      link.trace_start(Phase::all_gather, step, link.right(), sent, plan.chunk_count(sent) * es, link.left(), c,
+                       plan.chunk_count(c) * es);
+    }
     link.wait(recv[u], "an all-gather segment", step, k);
     if (u + window < units) post_recv(u + window);
     if (step + 1 < steps) link.send(link.right(), out_at(c, k), bytes(c, k));
+    if (k == K - 1) link.trace_finish(out_at(c, 0), plan.chunk_count(c) * es);
   }
   link.drain();
 }

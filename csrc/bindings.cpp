@@ -33,8 +33,9 @@ struct EngineHandle {
   }
 };
 
-Task make_task(int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root) {
+Task make_task(int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root, int algo) {
   Task t;
+  t.algo = algo;
   t.coll = Coll(coll);
   t.in = reinterpret_cast<const void*>(in);
   t.out = reinterpret_cast<void*>(out);
@@ -146,6 +147,34 @@ PYBIND11_MODULE(_core, m) {
         return error_object(*e);
       });
 
+  py::class_<Tracer, std::shared_ptr<Tracer>>(m, "Tracer")
+      .def(py::init<bool>(), py::arg("values") = false)
+      .def("take",
+           [](Tracer& t) {
+             py::list out;
+             for (const TraceStep& s : t.take()) {
+               py::dict d;
+               d["seq"] = s.seq;
+               d["collective"] = coll_name(Coll(s.coll));
+               d["dtype"] = dtype_name(DType(s.dtype));
+               d["phase"] = s.phase;
+               d["step"] = s.step;
+               d["rank"] = s.rank;
+               d["send_peer"] = s.send_peer;
+               d["send_chunk"] = s.send_chunk;
+               d["send_bytes"] = s.send_bytes;
+               d["recv_peer"] = s.recv_peer;
+               d["recv_chunk"] = s.recv_chunk;
+               d["recv_bytes"] = s.recv_bytes;
+               d["t_start_ns"] = s.t_start_ns;
+               d["t_end_ns"] = s.t_end_ns;
+               d["values"] = py::bytes(s.values.data(), s.values.size());
+               out.append(d);
+             }
+             return out;
+           },
+           "Recorded steps so far, as dicts (and forget them).");
+
   py::class_<WorldHandle>(m, "InprocWorld");
   m.def("inproc_world", [](int n) { return WorldHandle{make_inproc_world(n)}; }, py::arg("nranks"));
 
@@ -155,14 +184,14 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("transport", [](EngineHandle& h) { return h.get().transport_name(); })
       .def_property_readonly("closed", [](EngineHandle& h) { return !h.engine; })
       .def("submit",
-           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root) {
-             return h.get().submit(make_task(coll, in, out, count, dtype, op, root));
-           },
+           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
+              int algo) { return h.get().submit(make_task(coll, in, out, count, dtype, op, root, algo)); },
            py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
-           py::arg("op"), py::arg("root"), "Queue a collective; returns its Work.")
+           py::arg("op"), py::arg("root"), py::arg("algo") = 0, "Queue a collective; returns its Work.")
       .def("run",
-           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root) {
-             Task t = make_task(coll, in, out, count, dtype, op, root);
+           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
+              int algo) {
+             Task t = make_task(coll, in, out, count, dtype, op, root, algo);
              Engine& e = h.get();
              std::shared_ptr<Work> w;
              {
@@ -172,7 +201,7 @@ PYBIND11_MODULE(_core, m) {
              if (const RingError* err = w->error()) throw *err;
            },
            py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
-           py::arg("op"), py::arg("root"),
+           py::arg("op"), py::arg("root"), py::arg("algo") = 0,
            "Run a collective to completion (on this thread when the engine is idle); raises on failure.")
       .def("traffic",
            [](EngineHandle& h) {
@@ -193,6 +222,8 @@ PYBIND11_MODULE(_core, m) {
            },
            "Ledger as uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)]")
       .def("abort", [](EngineHandle& h) { return h.get().abort(); })
+      .def("set_tracer", [](EngineHandle& h, std::shared_ptr<Tracer> t) { h.get().set_tracer(std::move(t)); },
+           py::arg("tracer").none(true))
       .def("reset_traffic", [](EngineHandle& h) { h.get().ledger().reset(); })
       .def("set_segment_bytes", [](EngineHandle& h, size_t b) { h.get().set_segment_bytes(b); })
       .def("set_timeout", [](EngineHandle& h, double s) { h.get().set_timeout(s); })

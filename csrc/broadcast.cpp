@@ -25,6 +25,9 @@ void chain_broadcast(Link& link, size_t count, size_t elem_size, int root, char*
   auto at = [&](int k) { return buf + split_offset(count, K, k) * elem_size; };
   auto bytes = [&](int k) { return split_size(count, K, k) * elem_size; };
 
+  const size_t total = count * elem_size;
+  link.trace_start(Phase::broadcast, hop, hop < n - 1 ? link.right() : -1, -1, hop < n - 1 ? total : 0,
+                   hop > 0 ? link.left() : -1, -1, hop > 0 ? total : 0);
   if (hop == 0) {
     for (int k = 0; k < K; ++k) link.send(link.right(), at(k), bytes(k));
   } else {
@@ -38,6 +41,7 @@ void chain_broadcast(Link& link, size_t count, size_t elem_size, int root, char*
     }
   }
   link.drain();
+  link.trace_finish(buf, total);
 }
 
 void ring_barrier(Link& link) {

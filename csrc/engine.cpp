@@ -46,6 +46,8 @@ void Engine::validate(const Task& t) {
   if (int(t.coll) < 0 || t.coll >= Coll::kCount) throw_invalid("unknown collective code");
   if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) make_cpu_reducer(t.dtype, t.op);  // validates
   else dtype_size(t.dtype);
+  if (t.algo != 0 && !(t.algo == 1 && t.coll == Coll::all_reduce))
+    throw_invalid("algorithm 'naive' exists for all_reduce only");
   if (t.coll == Coll::broadcast && (t.root < 0 || t.root >= size()))
     throw_invalid("broadcast root " + std::to_string(t.root) + " is out of range for " + std::to_string(size()) +
                   " ranks (expected 0 <= root < " + std::to_string(size()) + ")");
@@ -75,6 +77,7 @@ std::shared_ptr<Work> Engine::submit(const Task& t) {
   {
     std::lock_guard<std::mutex> g(m_);
     task.opts = opts_;
+    task.tracer = tracer_;
   }
   return enqueue(task, false, &run_here);
 }
@@ -85,6 +88,7 @@ std::shared_ptr<Work> Engine::run_sync(const Task& t) {
   {
     std::lock_guard<std::mutex> g(m_);
     task.opts = opts_;
+    task.tracer = tracer_;
   }
   bool run_here = false;
   auto w = enqueue(task, true, &run_here);
@@ -172,6 +176,7 @@ void Engine::run(const Task& t, uint64_t seq) {
   if (link_.aborted())
     throw RingError(ErrKind::aborted, rank(), -1, seq, "communicator was aborted earlier: " + link_.abort_reason());
   link_.mutable_options() = t.opts;
+  link_.set_tracer(t.tracer.get());
   Fingerprint fp;
   fp.seq = seq;
   if (t.coll != Coll::barrier) fp.segment_bytes = int64_t(t.opts.segment_bytes);
@@ -181,6 +186,7 @@ void Engine::run(const Task& t, uint64_t seq) {
   if (t.coll != Coll::barrier) fp.dtype = int32_t(t.dtype);
   if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) fp.op = int32_t(t.op);
   if (t.coll == Coll::broadcast) fp.root = t.root;
+  if (t.coll == Coll::all_reduce) fp.algo = t.algo;
 
   const size_t es = dtype_size(t.dtype);
   link_.begin(fp);
@@ -188,7 +194,10 @@ void Engine::run(const Task& t, uint64_t seq) {
     case Coll::all_reduce: {
       auto red = make_cpu_reducer(t.dtype, t.op);
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      ring_all_reduce(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      if (t.algo == 1)
+        naive_all_reduce(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      else
+        ring_all_reduce(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
       break;
     }
     case Coll::reduce_scatter: {
@@ -241,6 +250,11 @@ void Engine::set_timeout(double seconds) {
   if (!(seconds > 0)) throw_invalid("timeout must be positive, got " + std::to_string(seconds));
   std::lock_guard<std::mutex> g(m_);
   opts_.timeout_s = seconds;
+}
+
+void Engine::set_tracer(std::shared_ptr<Tracer> t) {
+  std::lock_guard<std::mutex> g(m_);
+  tracer_ = std::move(t);
 }
 
 Options Engine::options() {

@@ -43,6 +43,8 @@ struct Task {
   DType dtype = DType::f32;
   Op op = Op::sum;
   int root = 0;
+  int algo = 0;  // all_reduce: 0 ring, 1 naive (master-centric)
+  std::shared_ptr<Tracer> tracer;  // filled by submit(): the tracer in force, if any
   Options opts;  // filled by submit(): the options in force when it was issued
   bool abort = false;  // not a collective: abort the communicator (Engine::abort)
 };
@@ -82,6 +84,8 @@ class Engine {
   void set_segment_bytes(size_t bytes);
   void set_timeout(double seconds);
   Options options();
+  // Record a step trace of the collectives submitted from now on (null: stop).
+  void set_tracer(std::shared_ptr<Tracer> t);
 
  private:
   void loop();
@@ -101,6 +105,7 @@ class Engine {
   bool aborted_ = false;
   std::string abort_reason_;
   Options opts_;  // guarded by m_; copied into each task
+  std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
   std::thread worker_;
 };
 

@@ -43,13 +43,14 @@ std::string describe(const Fingerprint& f) {
       std::snprintf(buf, sizeof buf, "#%llu %s()", (unsigned long long)f.seq, coll_name(c));
   }
   std::string s = buf;
+  if (f.algo == 1) s += " [algorithm=naive]";
   if (c != Coll::barrier) s += " with segment_bytes=" + std::to_string(f.segment_bytes);
   return s;
 }
 
 static bool same_call(const Fingerprint& a, const Fingerprint& b) {
   return a.seq == b.seq && a.count == b.count && a.coll == b.coll && a.dtype == b.dtype &&
-         a.op == b.op && a.root == b.root && a.segment_bytes == b.segment_bytes;
+         a.op == b.op && a.root == b.root && a.segment_bytes == b.segment_bytes && a.algo == b.algo;
 }
 
 static std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
@@ -244,6 +245,35 @@ void Link::fail(const RingError& e) {
     } catch (const std::exception&) {
     }
   }
+}
+
+static int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+void Link::trace_start_impl(Phase phase, int step, int send_peer, int send_chunk, size_t send_bytes,
+                            int recv_peer, int recv_chunk, size_t recv_bytes) {
+  open_step_ = TraceStep{};
+  open_step_.seq = fp_.seq;
+  open_step_.coll = fp_.coll;
+  open_step_.dtype = fp_.dtype;
+  open_step_.phase = int32_t(phase);
+  open_step_.step = step;
+  open_step_.rank = rank_;
+  open_step_.send_peer = send_peer;
+  open_step_.send_chunk = send_chunk;
+  open_step_.send_bytes = send_bytes;
+  open_step_.recv_peer = recv_peer;
+  open_step_.recv_chunk = recv_chunk;
+  open_step_.recv_bytes = recv_bytes;
+  open_step_.t_start_ns = now_ns();
+}
+
+void Link::trace_finish_impl(const void* values, size_t bytes) {
+  open_step_.t_end_ns = now_ns();
+  if (tracer_->values() && values && bytes)
+    open_step_.values.assign(static_cast<const char*>(values), static_cast<const char*>(values) + bytes);
+  tracer_->add(std::move(open_step_));
 }
 
 char* Link::scratch(int which, size_t bytes) {

@@ -24,6 +24,7 @@
 
 #include "common.h"
 #include "ledger.h"
+#include "trace.h"
 #include "transport.h"
 
 namespace ringcomm {
@@ -41,7 +42,7 @@ struct Fingerprint {
   int64_t segment_bytes = 0;  // ranks must cut messages alike
   int32_t coll = 0, dtype = 0, op = 0, root = 0;
   int32_t rank = 0;           // who sent it (not compared)
-  int32_t pad = 0;
+  int32_t algo = 0;           // 0: ring, 1: naive (master-centric) all_reduce
 };
 
 std::string describe(const Fingerprint& f);
@@ -89,8 +90,22 @@ class Link {
   // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work buffer).
   char* scratch(int which, size_t bytes);
 
+  // ---- step trace (trace.h); no-ops unless a tracer is set ----
+  void set_tracer(Tracer* t) { tracer_ = t; }
+  void trace_start(Phase phase, int step, int send_peer, int send_chunk, size_t send_bytes, int recv_peer,
+                   int recv_chunk, size_t recv_bytes) {
+    if (tracer_) trace_start_impl(phase, step, send_peer, send_chunk, send_bytes, recv_peer, recv_chunk, recv_bytes);
+  }
+  // `values`: what this step produced (the chunk just reduced or received).
+  void trace_finish(const void* values, size_t bytes) {
+    if (tracer_) trace_finish_impl(values, bytes);
+  }
+
  private:
   struct ControlMsg;
+  void trace_start_impl(Phase phase, int step, int send_peer, int send_chunk, size_t send_bytes, int recv_peer,
+                        int recv_chunk, size_t recv_bytes);
+  void trace_finish_impl(const void* values, size_t bytes);
   void post_control_recv();
   void handle_control(const ControlMsg& m);  // throws on ABORT
   [[noreturn]] void throw_timeout(const Request& r, const char* what, int step, int segment);
@@ -118,6 +133,9 @@ class Link {
   std::unique_ptr<ControlMsg> received_abort_;  // the notice that failed us, to forward
 
   std::vector<char> scratch_[2];
+
+  Tracer* tracer_ = nullptr;
+  TraceStep open_step_;
 };
 
 }  // namespace ringcomm

@@ -73,11 +73,17 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
 
   for (int u = 0; u < units; ++u) {
     const int step = u / K, k = u % K, c = plan.rs_recv_chunk(rank, step);
+    if (k == 0) {
+      const int sent = plan.rs_send_chunk(rank, step);
+      link.trace_start(Phase::reduce_scatter, step, link.right(), sent, plan.chunk_count(sent) * es, link.left(), c,
+                       plan.chunk_count(c) * es);
+    }
     link.wait(recv[u], "a reduce-scatter segment", step, k);
     red.reduce(acc_at(c, k), in_at(c, k), arrived[u], plan.seg_count(c, k));
     if (u + window < units) post_recv(u + window);  // reuses the slot just consumed
     // What arrived at step s is what we send at step s+1 (plan.h).
     if (step + 1 < steps) link.send(link.right(), acc_at(c, k), bytes(c, k));
+    if (k == K - 1) link.trace_finish(acc_at(c, 0), plan.chunk_count(c) * es);  // the partial result it holds
   }
   link.drain();  // our sends read acc; the caller may overwrite it next
 }

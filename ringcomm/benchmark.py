@@ -60,9 +60,9 @@ def bus_factor(collective: str, n: int) -> float:
 
 
 def count_for(nbytes: int, dtype: str, n: int) -> int:
-    """Element count of the full buffer: nbytes rounded down to whole elements,
-    at least one element per rank."""
-    return max(n, nbytes // _dtypes.itemsize(dtype))
+    """Element count of the full buffer: nbytes in whole elements, at least one
+    (ranks beyond the count get empty chunks, as the split rule says)."""
+    return max(1, nbytes // _dtypes.itemsize(dtype))
 
 
 def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
@@ -595,7 +595,7 @@ def plot(rows: list[dict], n: int, path: str, title: str) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ringcomm bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-b", "--minbytes", default="8", help="smallest buffer (K/M/G suffixes; default 8)")
+    p.add_argument("-b", "--minbytes", default="4", help="smallest buffer (K/M/G suffixes; default 4)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest buffer (default 64M)")
     p.add_argument("-f", "--stepfactor", type=float, default=4, help="size multiplier (default 4)")
     p.add_argument("-n", "--iters", type=int, default=0,

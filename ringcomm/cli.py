@@ -111,10 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--dry-run", action="store_true", help="print the mpirun command, do not run it")
     p_run.add_argument("program", nargs=argparse.REMAINDER, help="program and its arguments (after --)")
     sub.add_parser("bench", help="collective benchmark (ringcomm bench --help)", add_help=False)
+    sub.add_parser("demo", help="teaching demos: ring, traffic, scaling (ringcomm demo --help)", add_help=False)
 
     if argv[:1] == ["bench"]:
         from .benchmark import cli_main
         return cli_main(argv[1:])
+    if argv[:1] == ["demo"]:
+        from .demo import main as demo_main
+        return demo_main(argv[1:])
     args = parser.parse_args(argv)
     if args.cmd == "info":
         d = info()

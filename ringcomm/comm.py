@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import logging
 import sys
 import threading
@@ -21,6 +22,9 @@ from .traffic import Traffic
 __all__ = ["Communicator", "Work", "init", "run_local"]
 
 log = logging.getLogger("ringcomm")
+
+
+_ALGORITHMS = {"ring": 0, "naive": 1}
 
 
 def _split(count: int, n: int, r: int) -> int:
@@ -81,6 +85,7 @@ class Communicator:
         self._label = label
         self._inflight: collections.deque = collections.deque()
         self._lock = threading.Lock()
+        self._trace = None  # (Trace, native Tracer) while comm.trace() is active
 
     # ---- identity -----------------------------------------------------
     @property
@@ -121,12 +126,14 @@ class Communicator:
         return f"<ringcomm.Communicator {self._label} rank {self.rank}/{self.size}>"
 
     # ---- collectives --------------------------------------------------
-    def all_reduce(self, x, op: str = "sum", *, out=None, async_op: bool = False):
+    def all_reduce(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "ring"):
         """Reduce `x` elementwise over all ranks; every rank gets the result.
 
         In place when `out` is None (returns `x`), else into `out` (same dtype
         and shape; `x` is not modified). op: sum, prod, min, max, avg (avg:
         floating dtypes only; the sum divided by the number of ranks).
+        algorithm: "ring" (reduce-scatter + all-gather), or "naive": the
+        master-centric scheme (everything to rank 0 and back), for comparison.
         """
         xb = view(x, "all_reduce input")
         opc = self._op(op, xb)
@@ -136,7 +143,9 @@ class Communicator:
             ob = self._out(out, xb, xb.count, "all_reduce")
             if ob.shape != xb.shape:
                 raise InvalidArgument(f"all_reduce out has shape {ob.shape}, expected the input's shape {xb.shape}")
-        return self._submit("all_reduce", xb, ob, xb.count, opc, 0, ob.obj, async_op)
+        if algorithm not in _ALGORITHMS:
+            raise InvalidArgument(f"unknown algorithm {algorithm!r}; expected one of {', '.join(_ALGORITHMS)}")
+        return self._submit("all_reduce", xb, ob, xb.count, opc, 0, ob.obj, async_op, _ALGORITHMS[algorithm])
 
     def reduce_scatter(self, x, op: str = "sum", *, out=None, async_op: bool = False):
         """Reduce `x` over all ranks and leave chunk `rank` of the result here.
@@ -199,6 +208,34 @@ class Communicator:
 
     def reset_traffic(self) -> None:
         self._engine.reset_traffic()
+
+    @contextlib.contextmanager
+    def trace(self, values: bool = False):
+        """Record a step trace of the collectives issued inside the block.
+
+        Yields a :class:`ringcomm.trace.Trace`, filled when the block exits
+        (after waiting for the traced collectives). ``values=True`` also keeps
+        the values each step produced (for small teaching examples). Off by
+        default and free when off.
+        """
+        from .trace import Trace
+        if self._trace is not None:
+            raise InvalidArgument("a trace is already active on this communicator")
+        t = Trace(self, values)
+        native = core.Tracer(values)
+        self._trace = (t, native)
+        self._engine.set_tracer(native)
+        try:
+            yield t
+        finally:
+            self._engine.set_tracer(None)
+            for w in list(self._inflight):
+                try:
+                    w.wait()
+                except RingcommError:
+                    pass
+            t._add(native.take())
+            self._trace = None
 
     def abort(self) -> None:
         """Fail this communicator on purpose and tell the ring: ranks waiting on
@@ -269,12 +306,12 @@ class Communicator:
         return total
 
     def _submit(self, coll: str, xb: Buf | None, ob: Buf | None, count: int, opc: int, root: int,
-                result: Any, async_op: bool):
+                result: Any, async_op: bool, algo: int = 0):
         dtype = _dtypes.DTYPES[(xb or ob).dtype] if (xb or ob) else 0
         if self._settings.debug:
             print(f"ringcomm[{self._label} rank {self.rank}] {coll} count={count} "
                   f"dtype={(xb.dtype if xb else '-')} op={opc} root={root}", file=sys.stderr)
-        args = (_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0, count, dtype, opc, root)
+        args = (_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0, count, dtype, opc, root, algo)
         if not async_op:
             self._engine.run(*args)  # the caller's frame keeps the arrays alive
             return result

@@ -58,19 +58,24 @@ class Model:
         return float("inf") if self.beta == 0 else 1.0 / self.beta
 
 
-def fit(collective: str, n: int, nbytes, seconds) -> Model:
+def fit(collective: str, n, nbytes, seconds) -> Model:
     """Least-squares fit of alpha and beta (both >= 0) to measured times.
 
-    Residuals are relative (each row divided by its time), so microsecond
-    latencies and 100 ms transfers weigh alike.
+    `n` is one world size or one per measurement (then sizes may be fixed and
+    n vary, as in ``ringcomm demo scaling``). Residuals are relative (each row
+    divided by its time), so microsecond latencies and 100 ms transfers weigh
+    alike.
     """
     b = np.asarray(nbytes, dtype=float)
     t = np.asarray(seconds, dtype=float)
-    if b.shape != t.shape or b.size < 2:
-        raise ValueError("fit needs at least two (size, time) points")
-    if n == 1:
+    ns = np.broadcast_to(np.asarray(n), t.shape)
+    b = np.broadcast_to(b, t.shape)
+    if t.size < 2:
+        raise ValueError("fit needs at least two measurements")
+    if np.all(ns == 1):
         return Model(0.0, 0.0)
-    a = np.stack([np.full_like(b, steps(collective, n)), volume_factor(collective, n) * b], axis=1)
+    a = np.stack([np.array([steps(collective, int(k)) for k in ns], float),
+                  np.array([volume_factor(collective, int(k)) for k in ns]) * b], axis=1)
     w = 1.0 / t
     sol, *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
     alpha, beta = float(sol[0]), float(sol[1])

@@ -52,8 +52,13 @@ class Expected:
         return sum(self.received.values())
 
 
-def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: int = 0) -> Expected:
-    """Exact payload bytes `rank` sends to / receives from each peer in one call."""
+def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: int = 0,
+             algorithm: str = "ring") -> Expected:
+    """Exact payload bytes `rank` sends to / receives from each peer in one call.
+
+    algorithm="naive" (all_reduce only): the master-centric scheme, where rank 0
+    receives and sends the whole buffer once per other rank.
+    """
     if collective not in _dtypes.COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
     if not 0 <= rank < n:
@@ -61,6 +66,18 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     size = _dtypes.itemsize(str(np.dtype(dtype)) if dtype not in _dtypes.NUMPY else dtype)
     if n == 1:
         return Expected()
+    if algorithm == "naive":
+        if collective != "all_reduce":
+            raise ValueError("algorithm 'naive' exists for all_reduce only")
+        nbytes = count * size
+        if not nbytes:
+            return Expected()
+        if rank == 0:
+            peers = {p: nbytes for p in range(1, n)}
+            return Expected(dict(peers), dict(peers))
+        return Expected({0: nbytes}, {0: nbytes})
+    if algorithm != "ring":
+        raise ValueError(f"unknown algorithm {algorithm!r}")
     left, right = (rank - 1) % n, (rank + 1) % n
     c = lambda i: _chunk(count, n, i)  # noqa: E731
     if collective == "reduce_scatter":
