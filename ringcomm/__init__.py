@@ -22,3 +22,6 @@ __all__ = [
     "RingcommError", "InvalidArgument", "CollectiveTimeout", "MismatchError",
     "CommunicatorAborted", "TransportError", "WaitTimeout", "__version__",
 ]
+from .bucketer import GradBucketer, broadcast_parameters, check_consistency  # noqa: E402
+
+__all__ += ["GradBucketer", "broadcast_parameters", "check_consistency"]

@@ -1,0 +1,775 @@
+"""Bucketed gradient synchronisation for custom trainers (a DDP-style reducer).
+
+    bucketer = ringcomm.GradBucketer(params, comm, bucket_cap_mb=25)
+    grads = bucketer.grad_views()          # per-parameter arrays, views into the buckets
+    for step in ...:
+        bucketer.zero_grad()
+        for i in reversed(range(len(params))):     # backward produces gradients last-to-first
+            grads[i] += ...                        # write the gradient into its view
+            bucketer.mark_ready(i)                 # launches a bucket's all_reduce when it is full
+        bucketer.finalize()                        # waits; grads now hold the average over ranks
+        grads = bucketer.grad_views()              # (changes once, after the first finalize)
+
+How it works, and why:
+
+* Gradients are grouped into *buckets*: one flat buffer per bucket, one
+  all_reduce per bucket. Few large messages amortise the per-collective latency;
+  many small ones let communication start while backward is still running. The
+  cap (``bucket_cap_mb``) trades the two; the first bucket is small
+  (``first_bucket_mb``) so the first all_reduce starts as early as possible.
+* Buckets are filled in *reverse* parameter order (the order backward produces
+  gradients), split by dtype and device (one all_reduce has one dtype), and are
+  launched strictly in bucket order, so every rank issues the same sequence of
+  collectives (ringcomm requires that; a disagreement is a MismatchError).
+* After the first synchronised iteration the buckets are rebuilt once in the
+  order ``mark_ready`` was actually called; rank 0's order is broadcast so all
+  ranks build the same buckets.
+* Every bucket carries one extra *status* element after the gradients. It is 0
+  when a bucket is launched because all its gradients were ready, and 1 when
+  finalize() had to launch it with never-ready (unused) gradients zero-filled.
+  Because finalize() launches the incomplete buckets too, every rank issues the
+  same all_reduces in every case, and after they complete every rank reads the
+  same reduced status: if any is nonzero, all ranks exchange a small ready
+  bitmap and raise the same error naming the parameters and ranks (or, with
+  ``find_unused=True``, accept the zero-filled contribution). Unused parameters
+  therefore never hang and cost nothing in the common case.
+* Averaging: float32/float64 buckets use ``op="avg"`` (sum, then one division);
+  float16/bfloat16 buckets are scaled by 1/N in float32 *before* a ``sum``
+  (rounded once), so the sum of N large half-precision gradients cannot
+  overflow. Integer buckets can only be summed (``average=False``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import _dtypes
+from .errors import InvalidArgument, RingcommError
+
+__all__ = [
+    "GradBucketer", "broadcast_parameters", "check_consistency", "ConsistencyReport",
+    "BucketerError", "UnusedParametersError", "RegistrationMismatchError", "DivergenceError",
+    "merge_chrome_traces",
+]
+
+MB = 1 << 20
+
+
+class BucketerError(RingcommError):
+    """Base class of the errors raised by the gradient bucketer."""
+
+
+class UnusedParametersError(BucketerError):
+    """Some parameters never became ready in a synchronised iteration (raised on every rank).
+
+    ``unused`` maps each such parameter index to the list of ranks where it was unused.
+    """
+
+    def __init__(self, message: str, unused: dict[int, list[int]], **kw):
+        super().__init__(message, **kw)
+        self.unused = unused
+
+
+class RegistrationMismatchError(BucketerError):
+    """Ranks registered different parameters (count, shapes, dtypes, order) or bucket settings."""
+
+
+class DivergenceError(BucketerError):
+    """check_consistency found ranks whose parameter values differ. ``report`` has the details."""
+
+    def __init__(self, message: str, report: "ConsistencyReport", **kw):
+        super().__init__(message, **kw)
+        self.report = report
+
+
+# ---------------------------------------------------------------------------
+# Array families. A parameter (or gradient) is a numpy array or a torch tensor;
+# buckets are allocated in the parameter's family so grad views are of the same
+# kind as the parameters (torch can then use them as param.grad).
+
+@dataclass(frozen=True)
+class _Spec:
+    family: str      # "numpy" | "torch"
+    shape: tuple
+    dtype: str       # ringcomm dtype name
+    device: str      # "cpu" (the host communicator takes host memory only)
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _dtypes.itemsize(self.dtype)
+
+    def describe(self) -> str:
+        return f"{self.shape} {self.dtype}" + ("" if self.device == "cpu" else f" on {self.device}")
+
+
+def _torch_dtypes() -> dict:
+    import torch
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+            torch.float64: "float64", torch.int8: "int8", torch.uint8: "uint8",
+            torch.int32: "int32", torch.int64: "int64"}
+
+
+def _family(x) -> str:
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    return type(x).__module__.split(".")[0]
+
+
+def _describe(p, what: str) -> _Spec:
+    fam = _family(p)
+    if fam == "numpy":
+        name = _dtypes.numpy_name(p.dtype)
+        if name is None:
+            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {_dtypes.SUPPORTED}")
+        return _Spec("numpy", tuple(p.shape), name, "cpu", int(p.size))
+    if fam == "torch":
+        name = _torch_dtypes().get(p.dtype)
+        if name is None:
+            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {_dtypes.SUPPORTED}")
+        if p.device.type != "cpu":
+            raise InvalidArgument(
+                f"{what} lives on {p.device}; ringcomm's communicator takes host memory only "
+                "(CUDA buckets are not supported yet)")
+        return _Spec("torch", tuple(p.shape), name, "cpu", int(p.numel()))
+    if fam == "cupy":
+        raise InvalidArgument(f"{what} is a cupy (device) array; ringcomm's communicator takes host "
+                              "memory only (device buckets are not supported yet)")
+    raise InvalidArgument(f"{what}: expected a numpy array or a torch tensor, got {type(p).__name__}")
+
+
+def _alloc(spec_key: tuple, count: int):
+    family, dtype, device = spec_key
+    if family == "torch":
+        import torch
+        inv = {v: k for k, v in _torch_dtypes().items()}
+        return torch.zeros(count, dtype=inv[dtype], device=device)
+    return np.zeros(count, dtype=_dtypes.NUMPY[dtype])
+
+
+def _slice(flat, off: int, numel: int, shape: tuple):
+    part = flat[off:off + numel]
+    return part.view(shape) if _family(flat) == "torch" else part.reshape(shape)
+
+
+def _copy(dst, src) -> None:
+    if _family(dst) == "torch":
+        import torch
+        with torch.no_grad():
+            dst.copy_(src if _family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
+    else:
+        dst[...] = np.asarray(src).reshape(dst.shape) if _family(src) == "numpy" else _to_numpy(src)
+
+
+def _add(dst, src) -> None:
+    if _family(dst) == "torch":
+        import torch
+        with torch.no_grad():
+            dst.add_(src if _family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
+    else:
+        dst += np.asarray(src).reshape(dst.shape) if _family(src) == "numpy" else _to_numpy(src)
+
+
+def _zero(x) -> None:
+    if _family(x) == "torch":
+        x.zero_()
+    else:
+        x[...] = 0
+
+
+def _scale_half(flat, factor: float) -> None:
+    """flat *= factor for a float16/bfloat16 buffer, computed in float32 and
+    rounded once (multiplying by a half-precision 1/N would add a bias of up to
+    0.4% for bfloat16)."""
+    if _family(flat) == "torch":
+        flat.mul_(factor)  # torch computes half ops in float32 with the double scalar
+    else:
+        flat[...] = flat.astype(np.float32) * np.float32(factor)
+
+
+def _item(x) -> float:
+    return float(x.item()) if _family(x) == "torch" else float(x)
+
+
+def _to_numpy(x) -> np.ndarray:
+    """A host numpy array with x's bytes (torch bfloat16 comes back as ml_dtypes.bfloat16)."""
+    if _family(x) == "numpy":
+        return x
+    t = x.detach().contiguous().reshape(-1)
+    name = _torch_dtypes()[t.dtype]
+    import torch
+    return t.view(torch.uint8).numpy().view(_dtypes.NUMPY[name])
+
+
+def _bytes_of(x) -> np.ndarray:
+    a = np.ascontiguousarray(_to_numpy(x)).reshape(-1)
+    return a.view(np.uint8)
+
+
+def _hash64(*parts: bytes) -> int:
+    h = hashlib.blake2b(digest_size=8)
+    for p in parts:
+        h.update(p)
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def _label(i: int, names: Sequence[str] | None) -> str:
+    return f"{i} ({names[i]!r})" if names is not None else str(i)
+
+
+def _gather_rows(comm, row: np.ndarray) -> np.ndarray:
+    """all_gather one equal-length int64 row per rank -> array of shape (size, len(row))."""
+    row = np.ascontiguousarray(row, dtype=np.int64)
+    out = np.empty(row.size * comm.size, dtype=np.int64)
+    if row.size:
+        comm.all_gather(row, out=out)
+    return out.reshape(comm.size, row.size)
+
+
+# ---------------------------------------------------------------------------
+@dataclass
+class _Bucket:
+    index: int
+    key: tuple                  # (family, dtype, device)
+    params: list                # parameter indices, in layout order
+    offsets: list               # element offset of each parameter in flat
+    count: int                  # gradient elements (flat has one more: the status slot)
+    flat: Any = None
+    pending: int = 0            # parameters not yet ready in this iteration
+    work: Any = None
+    launch_t: float = 0.0
+    complete_t: float | None = None
+    status: int = 0             # status slot value at launch (1: launched with unused gradients)
+
+
+@dataclass(frozen=True)
+class BucketInfo:
+    """Read-only description of one bucket (``GradBucketer.buckets``)."""
+    index: int
+    params: tuple
+    dtype: str
+    device: str
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _dtypes.itemsize(self.dtype)
+
+
+class GradBucketer:
+    """Bucketed, overlapped gradient all_reduce for a fixed list of parameters.
+
+    Collective: every rank constructs it with the same parameters (shapes,
+    dtypes, order) and settings; a disagreement raises
+    RegistrationMismatchError on every rank (checked with one small all_gather).
+
+    Args:
+        params: numpy arrays or torch CPU tensors (only shape, dtype and device
+            are used; gradients live in the bucketer's buffers).
+        comm: a ringcomm Communicator.
+        bucket_cap_mb: a bucket is closed once it holds at least this many MiB
+            (a parameter larger than the cap gets a bucket of its own; 0 gives
+            one bucket per parameter).
+        first_bucket_mb: the cap of the first bucket of each dtype/device, small
+            so the first all_reduce starts early in backward.
+        names: optional parameter names, used in error messages.
+        average: average (True) or sum (False) over ranks. Integer parameters
+            need ``average=False``.
+        find_unused: False: a parameter that never became ready in a
+            synchronised iteration makes finalize() raise UnusedParametersError
+            on every rank. True: its gradient is zero-filled and reduced.
+        rebuild_buckets: rebuild the buckets once after the first synchronised
+            iteration, in the order mark_ready() was called on rank 0.
+        timeline: record launch/complete/bytes of every bucket all_reduce
+            (see ``timeline()`` and ``export_chrome_trace()``).
+    """
+
+    def __init__(self, params: Iterable, comm, *, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
+                 names: Sequence[str] | None = None, average: bool = True, find_unused: bool = False,
+                 rebuild_buckets: bool = True, timeline: bool = True, timeline_max_events: int = 100_000):
+        params = list(params)
+        self._comm = comm
+        self._n = comm.size
+        self._names = list(names) if names is not None else None
+        if self._names is not None and len(self._names) != len(params):
+            raise InvalidArgument(f"names has {len(self._names)} entries for {len(params)} parameters")
+        self._specs = [_describe(p, f"parameter {_label(i, self._names)}") for i, p in enumerate(params)]
+        if bucket_cap_mb < 0 or first_bucket_mb < 0:
+            raise InvalidArgument("bucket_cap_mb and first_bucket_mb must be >= 0")
+        self._cap = int(bucket_cap_mb * MB)
+        self._first_cap = int(first_bucket_mb * MB)
+        self._average = bool(average)
+        self.find_unused = bool(find_unused)
+        if self._average:
+            bad = [i for i, s in enumerate(self._specs) if s.dtype not in _dtypes.FLOATING]
+            if bad:
+                raise InvalidArgument(
+                    f"average=True needs floating parameters; parameter {_label(bad[0], self._names)} is "
+                    f"{self._specs[bad[0]].dtype} (pass average=False to sum)")
+        self._rebuild_pending = bool(rebuild_buckets)
+        self._record_timeline = bool(timeline)
+        self._events: collections.deque = collections.deque(maxlen=timeline_max_events)
+
+        self._check_registration()  # collective: before any bucket collective
+
+        P = len(self._specs)
+        self._ready = np.zeros(P, dtype=bool)       # marked in this synchronised iteration
+        self._used = np.zeros(P, dtype=bool)        # has a local contribution since the last sync
+        self._owned: dict[int, Any] = {}            # copy-in arrays to copy the result back into
+        self._observed: list[int] = []              # mark_ready order of the first synced iteration
+        self._sync = True
+        self._next_launch = 0
+        self._next_complete = 0
+        self._iteration = 0                         # synchronised iterations finalized so far
+        self.layout_version = 0
+        self.last_unused: dict[int, list[int]] = {}
+        self._build(list(reversed(range(P))))
+
+    # ---- public API ---------------------------------------------------
+    @property
+    def comm(self):
+        return self._comm
+
+    @property
+    def num_params(self) -> int:
+        return len(self._specs)
+
+    @property
+    def buckets(self) -> list[BucketInfo]:
+        """The current bucket layout, in launch order."""
+        return [BucketInfo(b.index, tuple(b.params), b.key[1], b.key[2], b.count) for b in self._buckets]
+
+    @property
+    def iteration(self) -> int:
+        """Number of synchronised iterations finalized so far."""
+        return self._iteration
+
+    def grad_views(self) -> list:
+        """Per-parameter gradient arrays (parameter order), views into the bucket
+        buffers: write gradients into them (zero copy). The list changes once,
+        when the buckets are rebuilt at the end of the first finalize() (the old
+        arrays still hold that iteration's averaged values); fetch it again after
+        finalize() (cheap: a cached list)."""
+        return list(self._views)
+
+    def zero_grad(self) -> None:
+        """Zero every gradient (the whole bucket buffers)."""
+        for b in self._buckets:
+            _zero(b.flat)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Within this context mark_ready() only records local contributions and
+        finalize() communicates nothing: gradients accumulate locally (write
+        them with ``+=`` into the views, or pass them to mark_ready(), which then
+        adds). The next synchronised iteration reduces the accumulated sums."""
+        prev, self._sync = self._sync, False
+        try:
+            yield self
+        finally:
+            self._sync = prev
+
+    def mark_ready(self, i: int, grad=None) -> None:
+        """Declare parameter `i`'s gradient final for this iteration.
+
+        With `grad`, it is first copied into the bucket (added, if parameter i
+        already has a contribution since the last synchronisation, i.e. under
+        no_sync), and finalize() copies the reduced result back into `grad`.
+        When this completes a bucket, and all buckets before it were launched,
+        its all_reduce (and that of any complete buckets after it) starts.
+        """
+        i = int(i)
+        if not 0 <= i < len(self._specs):
+            raise InvalidArgument(f"mark_ready: parameter index {i} out of range (0..{len(self._specs) - 1})")
+        if grad is not None:
+            (_add if self._used[i] else _copy)(self._views[i], grad)
+            self._owned[i] = grad
+        if not self._sync:
+            self._used[i] = True
+            return
+        if self._ready[i]:
+            raise BucketerError(f"parameter {_label(i, self._names)} was marked ready twice in one iteration",
+                                rank=self._comm.rank)
+        self._ready[i] = True
+        self._used[i] = True
+        if self._rebuild_pending:
+            self._observed.append(i)
+        b = self._buckets[self._param_bucket[i]]
+        b.pending -= 1
+        if b.pending == 0:
+            while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].pending == 0:
+                self._launch(self._buckets[self._next_launch], status=0)
+                self._next_launch += 1
+        self._poll()
+
+    def finalize(self) -> list:
+        """End the iteration: launch what is left, wait for every bucket, and
+        leave the reduced (averaged) gradients in the views. Returns grad_views().
+
+        Under no_sync() it only ends the local iteration (no communication).
+        Raises UnusedParametersError on every rank if some parameter never
+        became ready on some rank (unless find_unused=True).
+        """
+        if not self._sync:
+            return self.grad_views()
+        t0 = time.perf_counter()
+        rank = self._comm.rank
+        # Launch the buckets not launched yet, in order. Never-ready parameters
+        # with no contribution since the last sync are unused here: zero-fill
+        # them and flag the bucket, so the decision below is collective.
+        for b in self._buckets[self._next_launch:]:
+            missing = False
+            for i in b.params:
+                if not self._ready[i] and not self._used[i]:
+                    _zero(self._views[i])
+                    missing = True
+            self._launch(b, status=1 if missing else 0)
+        self._next_launch = len(self._buckets)
+        try:
+            for b in self._buckets:
+                b.work.wait()
+                if b.complete_t is None:
+                    b.complete_t = time.perf_counter()
+        finally:
+            self._record_iteration(t0)
+        # Every rank sees the same reduced status slots, so takes the same branch.
+        anyone_missing = any(_item(b.flat[b.count]) != 0 for b in self._buckets)
+        self.last_unused = {}
+        error = None
+        if anyone_missing:
+            local = (self._ready | self._used).astype(np.int64)
+            used = _gather_rows(self._comm, local)           # (ranks, params)
+            self.last_unused = {int(i): [int(r) for r in np.flatnonzero(used[:, i] == 0)]
+                                for i in np.flatnonzero((used == 0).any(axis=0))}
+            if not self.find_unused:
+                error = self._unused_message(self.last_unused)
+        owned, self._owned = self._owned, {}
+        self._ready[:] = False
+        self._used[:] = False
+        for b in self._buckets:
+            b.pending = len(b.params)
+            b.work = None
+        self._next_launch = self._next_complete = 0
+        if error is not None:
+            self._observed = []  # record again in the next (successful) iteration
+            raise UnusedParametersError(error, dict(self.last_unused), rank=rank)
+        for i, g in owned.items():
+            if _family(g) == "torch" or getattr(g, "flags", None) is None or g.flags.writeable:
+                _copy(g, self._views[i])
+        self._iteration += 1
+        if self._rebuild_pending:
+            self._rebuild()
+        return self.grad_views()
+
+    def sync(self, grads: Sequence | None = None) -> list:
+        """Convenience for trainers without overlap: mark every parameter ready
+        (copying `grads` in if given) in reverse order, then finalize()."""
+        for i in reversed(range(len(self._specs))):
+            self.mark_ready(i, None if grads is None else grads[i])
+        return self.finalize()
+
+    # ---- timeline -----------------------------------------------------
+    def timeline(self) -> list[dict]:
+        """Recorded bucket all_reduces: dicts with iteration, bucket, launch and
+        complete (time.perf_counter() seconds), bytes, dtype, params, status;
+        plus one ``kind="finalize"`` entry per iteration (start, end of finalize).
+
+        "launch" is when the all_reduce was submitted. "complete" is when the
+        bucketer first *observed* it complete: at a later mark_ready() poll or
+        when finalize() waited on it, so it is an upper bound of the true
+        completion time, tight for the buckets finalize() waits on.
+        """
+        return list(self._events)
+
+    def chrome_trace(self) -> dict:
+        """The timeline as a Chrome trace (``{"traceEvents": [...]}``; opens in
+        Perfetto / chrome://tracing). pid is the rank; timestamps are
+        perf_counter microseconds (CLOCK_MONOTONIC, comparable across processes
+        of one host)."""
+        rank = self._comm.rank
+        ev = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
+              {"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "trainer (finalize)"}},
+              {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "bucket all_reduce"}}]
+        for e in self._events:
+            if e["kind"] == "finalize":
+                ev.append({"name": f"finalize it{e['iteration']}", "ph": "X", "pid": rank, "tid": 0,
+                           "ts": e["start"] * 1e6, "dur": (e["end"] - e["start"]) * 1e6,
+                           "args": {"iteration": e["iteration"]}})
+            else:
+                ev.append({"name": f"bucket {e['bucket']}", "ph": "X", "pid": rank, "tid": 1,
+                           "ts": e["launch"] * 1e6, "dur": (e["complete"] - e["launch"]) * 1e6,
+                           "args": {k: e[k] for k in ("iteration", "bytes", "dtype", "params", "status")}})
+        return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Write chrome_trace() as JSON to `path` (one file per rank; see merge_chrome_traces)."""
+        with open(path, "w") as f:
+            json.dump(self.chrome_trace(), f)
+
+    # ---- internals ----------------------------------------------------
+    def _settings_row(self) -> list[int]:
+        return [self._cap, self._first_cap, int(self._average), int(self.find_unused), int(self._rebuild_pending)]
+
+    def _check_registration(self) -> None:
+        """One all_gather of a fixed-size summary; on a mismatch, two more small
+        collectives find the first differing parameter (all ranks see the same
+        gathered data, so all take the same path and raise the same error)."""
+        per = [_hash64(repr((s.shape, s.dtype, s.device)).encode()) for s in self._specs]
+        sig = _hash64(np.array(per, dtype=np.int64).tobytes())
+        row = [len(self._specs), sum(s.numel for s in self._specs), sig] + self._settings_row()
+        rows = _gather_rows(self._comm, np.array(row))
+        if (rows == rows[0]).all():
+            return
+        n = self._comm.size
+        lines = []
+        if not (rows[:, 3:] == rows[0, 3:]).all():
+            lines.append("bucket settings differ: " + "; ".join(
+                f"rank {r}: bucket_cap={rows[r, 3]} B, first_bucket={rows[r, 4]} B, average={bool(rows[r, 5])}, "
+                f"find_unused={bool(rows[r, 6])}, rebuild_buckets={bool(rows[r, 7])}" for r in range(n)))
+        if not (rows[:, :3] == rows[0, :3]).all():
+            lines.append("parameters differ: " + "; ".join(
+                f"rank {r}: {rows[r, 0]} parameters, {rows[r, 1]} elements" for r in range(n)))
+            m = int(rows[:, 0].min())
+            hashes = _gather_rows(self._comm, np.array(per[:m], dtype=np.int64))
+            diff = np.flatnonzero((hashes != hashes[0]).any(axis=0))
+            if diff.size:
+                j = int(diff[0])
+                s = self._specs[j]
+                dims = list(s.shape)[:8]
+                desc = [_dtypes.DTYPES[s.dtype], len(s.shape)] + dims + [-1] * (8 - len(dims))
+                d = _gather_rows(self._comm, np.array(desc))
+                names = {v: k for k, v in _dtypes.DTYPES.items()}
+                lines.append(f"first difference at parameter {_label(j, self._names)}: " + ", ".join(
+                    f"rank {r} has {tuple(int(x) for x in d[r, 2:2 + min(int(d[r, 1]), 8)])} "
+                    f"{names[int(d[r, 0])]}" for r in range(n)))
+            else:
+                lines.append(f"the first {m} parameters agree; "
+                             + ", ".join(f"rank {r} registers {rows[r, 0] - m} more" for r in range(n)
+                                         if rows[r, 0] > m))
+        raise RegistrationMismatchError(
+            "GradBucketer: ranks registered different parameters or settings (every rank must pass the "
+            "same parameters, shapes, dtypes and order, and the same bucket settings). " + " ".join(lines),
+            rank=self._comm.rank)
+
+    def _assign(self, order: Sequence[int]) -> list[tuple[tuple, list[int]]]:
+        """Bucket assignment for parameters becoming ready in `order`: fill one
+        open bucket per (family, dtype, device), close it once it reaches its cap
+        (the first per key: first_cap). Buckets are launched in the order they
+        are expected to complete (position of their last parameter in `order`)."""
+        open_: dict[tuple, list] = {}
+        firsts: set = set()
+        closed = []
+        for i in order:
+            s = self._specs[i]
+            key = (s.family, s.dtype, s.device)
+            cur = open_.setdefault(key, [[], 0])
+            cur[0].append(i)
+            cur[1] += s.nbytes
+            if cur[1] >= (self._cap if key in firsts else self._first_cap):
+                closed.append((key, cur[0]))
+                firsts.add(key)
+                del open_[key]
+        closed += [(k, v[0]) for k, v in open_.items()]
+        pos = {i: k for k, i in enumerate(order)}
+        closed.sort(key=lambda kv: pos[kv[1][-1]])
+        return closed
+
+    def _build(self, order: Sequence[int]) -> None:
+        old_views = getattr(self, "_views", None)
+        layout = self._assign(order)
+        self._buckets = []
+        self._param_bucket = np.empty(len(self._specs), dtype=np.int64)
+        self._views = [None] * len(self._specs)
+        for bi, (key, idx) in enumerate(layout):
+            offs, off = [], 0
+            for i in idx:
+                offs.append(off)
+                off += self._specs[i].numel
+            b = _Bucket(bi, key, list(idx), offs, off, flat=_alloc(key, off + 1), pending=len(idx))
+            for i, o in zip(idx, offs):
+                self._param_bucket[i] = bi
+                self._views[i] = _slice(b.flat, o, self._specs[i].numel, self._specs[i].shape)
+                if old_views is not None:
+                    _copy(self._views[i], old_views[i])
+            self._buckets.append(b)
+
+    def _rebuild(self) -> None:
+        """Once, after the first successful synchronised iteration: adopt rank 0's
+        observed ready order (parameters never marked go last, in the default
+        order) so the buckets fill in the order backward really produces them."""
+        self._rebuild_pending = False
+        seen = set(self._observed)
+        order = self._observed + [i for i in reversed(range(len(self._specs))) if i not in seen]
+        arr = np.array(order, dtype=np.int64)
+        self._comm.broadcast(arr, root=0)
+        self._observed = []
+        order = [int(i) for i in arr]
+        if [(k, v) for k, v in self._assign(order)] == [(b.key, b.params) for b in self._buckets]:
+            return
+        self._build(order)
+        self.layout_version += 1
+
+    def _launch(self, b: _Bucket, status: int) -> None:
+        # A half-precision bucket is pre-divided so the sum cannot overflow;
+        # float32/float64 use "avg" (one division after an exact-as-possible sum).
+        op = "sum"
+        if self._average and self._n > 1:
+            if b.key[1] in ("float16", "bfloat16"):
+                _scale_half(b.flat[:b.count], 1.0 / self._n)
+            else:
+                op = "avg"
+        b.flat[b.count] = status
+        b.launch_t = time.perf_counter()
+        b.complete_t = None
+        b.status = status
+        b.work = self._comm.all_reduce(b.flat, op=op, async_op=True)
+
+    def _poll(self) -> None:
+        """Timestamp completions observed so far (buckets complete in launch order)."""
+        now = None
+        while self._next_complete < self._next_launch:
+            b = self._buckets[self._next_complete]
+            if not b.work.is_completed():
+                break
+            now = now or time.perf_counter()
+            b.complete_t = now
+            self._next_complete += 1
+
+    def _record_iteration(self, t0: float) -> None:
+        if not self._record_timeline:
+            return
+        it = self._iteration
+        for b in self._buckets:
+            if b.work is None:
+                continue
+            self._events.append({
+                "kind": "bucket", "iteration": it, "bucket": b.index, "launch": b.launch_t,
+                "complete": b.complete_t if b.complete_t is not None else time.perf_counter(),
+                "bytes": (b.count + 1) * _dtypes.itemsize(b.key[1]), "dtype": b.key[1],
+                "params": len(b.params), "status": b.status})
+        self._events.append({"kind": "finalize", "iteration": it, "start": t0, "end": time.perf_counter()})
+
+    def _unused_message(self, unused: dict[int, list[int]]) -> str:
+        n = self._comm.size
+        items = []
+        for i, ranks in sorted(unused.items()):
+            where = "all ranks" if len(ranks) == n else "rank" + ("s " if len(ranks) > 1 else " ") + \
+                ", ".join(map(str, ranks))
+            items.append(f"parameter {_label(i, self._names)} on {where}")
+        shown = "; ".join(items[:20]) + (f"; ... ({len(items)} in all)" if len(items) > 20 else "")
+        return ("GradBucketer.finalize: some parameters never became ready (no gradient) in this iteration: "
+                f"{shown}. Every parameter must receive a gradient on every rank in a synchronised "
+                "iteration; pass find_unused=True (find_unused_parameters=True for the torch wrapper) to "
+                "zero-fill and reduce them instead. The gradients of this iteration are invalid.")
+
+
+# ---------------------------------------------------------------------------
+def broadcast_parameters(params: Iterable, comm, root: int = 0) -> None:
+    """Overwrite every rank's parameters (numpy arrays or torch tensors) with
+    rank `root`'s, in place: for the start of training. Collective. Parameters
+    are packed into one buffer per dtype, so it costs one broadcast per dtype."""
+    params = list(params)
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        s = _describe(p, f"parameter {i}")
+        groups.setdefault((s.family, s.dtype, s.device), []).append(i)
+    for key in sorted(groups, key=repr):  # same order on every rank
+        idx = groups[key]
+        if key[0] == "torch":
+            import torch
+            with torch.no_grad():
+                flat = torch.cat([params[i].detach().reshape(-1) for i in idx]) if idx else None
+                comm.broadcast(flat, root=root)
+                off = 0
+                for i in idx:
+                    p = params[i]
+                    p.copy_(flat[off:off + p.numel()].view(p.shape))
+                    off += p.numel()
+        else:
+            flat = np.concatenate([np.asarray(params[i]).reshape(-1) for i in idx])
+            comm.broadcast(flat, root=root)
+            off = 0
+            for i in idx:
+                p = params[i]
+                p[...] = flat[off:off + p.size].reshape(p.shape)
+                off += p.size
+
+
+@dataclass
+class ConsistencyReport:
+    """Result of check_consistency (identical on every rank)."""
+    ok: bool
+    hashes: list                               # per rank: hash of all parameter values
+    diverged_ranks: list = field(default_factory=list)
+    params_by_rank: dict = field(default_factory=dict)   # diverged rank -> differing parameter indices
+    message: str = ""
+
+
+def check_consistency(params: Iterable, comm, *, names: Sequence[str] | None = None,
+                      raise_on_divergence: bool = True) -> ConsistencyReport:
+    """Cheap cross-rank check that every rank holds bitwise-identical parameter
+    values. Collective: one all_gather of two int64 per rank (a hash of every
+    parameter's bytes, shape and dtype); only when they differ, a second
+    all_gather of one hash per parameter names the differing parameters.
+
+    The reference is the majority value (ties: the value of the lowest rank);
+    ranks with another value are reported as diverged. Raises DivergenceError
+    on every rank when some diverged (unless raise_on_divergence=False).
+    """
+    params = list(params)
+    per = []
+    for i, p in enumerate(params):
+        s = _describe(p, f"parameter {i}")
+        per.append(_hash64(repr((s.shape, s.dtype)).encode(), _bytes_of(p).data))
+    per_arr = np.array(per, dtype=np.int64)
+    rows = _gather_rows(comm, np.array([len(params), _hash64(per_arr.tobytes())]))
+    keys = [tuple(r) for r in rows.tolist()]
+    if len(set(keys)) == 1:
+        return ConsistencyReport(True, [k[1] for k in keys])
+    counts = collections.Counter(keys)
+    best = max(counts.values())
+    ref = next(k for k in keys if counts[k] == best)  # lowest rank among the most common values
+    diverged = [r for r, k in enumerate(keys) if k != ref]
+    by_rank: dict[int, list[int]] = {}
+    if len(set(k[0] for k in keys)) == 1:
+        hashes = _gather_rows(comm, per_arr)
+        ref_rank = keys.index(ref)
+        for r in diverged:
+            by_rank[r] = [int(i) for i in np.flatnonzero(hashes[r] != hashes[ref_rank])]
+    parts = []
+    for r in diverged:
+        if r in by_rank:
+            ps = ", ".join(_label(i, names) for i in by_rank[r][:10])
+            more = f" ... ({len(by_rank[r])} in all)" if len(by_rank[r]) > 10 else ""
+            parts.append(f"rank {r} (parameters {ps}{more})")
+        else:
+            parts.append(f"rank {r} ({keys[r][0]} parameters, expected {ref[0]})")
+    msg = (f"parameters diverged across ranks: {'; '.join(parts)} differ from the majority "
+           f"(rank {keys.index(ref)}'s values, shared by {best} of {comm.size} ranks)")
+    report = ConsistencyReport(False, [k[1] for k in keys], diverged, by_rank, msg)
+    if raise_on_divergence:
+        raise DivergenceError(msg, report, rank=comm.rank)
+    return report
+
+
+def merge_chrome_traces(traces: Iterable, path: str | None = None) -> dict:
+    """Merge per-rank Chrome traces (dicts or file paths) into one; write it to `path` if given."""
+    events = []
+    for t in traces:
+        if isinstance(t, str):
+            with open(t) as f:
+                t = json.load(f)
+        events += t["traceEvents"]
+    merged = {"traceEvents": events, "displayTimeUnit": "ms"}
+    if path is not None:
+        with open(path, "w") as f:
+            json.dump(merged, f)
+    return merged
