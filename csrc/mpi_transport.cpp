@@ -30,7 +30,7 @@ struct MpiRequest : Request {
   MPI_Request req = MPI_REQUEST_NULL;
 };
 
-constexpr long kSpinPolls = 64;  // polls before yielding (measured: 0..10^8 made no difference here)
+constexpr long kMinPolls = 64;  // polls before the clock is consulted at all
 constexpr int kTag[2] = {0x5243, 0x5244};  // data, control
 constexpr size_t kMaxMessage = size_t(1) << 30;
 
@@ -52,6 +52,18 @@ class MpiTransport final : public Transport {
     RC_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
     RC_MPI(MPI_Comm_rank(comm_, &rank_), -1);
     RC_MPI(MPI_Comm_size(comm_, &size_), -1);
+    // Busy-poll only when every rank on this node has a core of its own:
+    // then a yield (a syscall and a trip through the scheduler) costs more than
+    // the message. When ranks outnumber cores, spinning steals the core the
+    // peer needs, so yield at once.
+    MPI_Comm node;
+    RC_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), -1);
+    int local = 1;
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    cpu_set_t cpus;
+    long cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    spin_ = local <= cores ? std::chrono::microseconds(50) : std::chrono::microseconds(0);
   }
   ~MpiTransport() override {
     int finalized = 0;
@@ -99,9 +111,10 @@ class MpiTransport final : public Transport {
         }
         return i;
       }
-      if (iter < kSpinPolls) continue;
+      if (iter < kMinPolls) continue;
       const auto now = Clock::now();
       if (now >= deadline) return -1;
+      if (now - start < spin_) continue;
       if (now - start < std::chrono::milliseconds(2)) {
         sched_yield();
       } else {
@@ -133,6 +146,7 @@ class MpiTransport final : public Transport {
   }
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = -1, size_ = 0;
+  Clock::duration spin_{0};  // how long a wait busy-polls before yielding
 };
 
 }  // namespace
