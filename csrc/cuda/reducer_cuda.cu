@@ -1,0 +1,190 @@
+// Elementwise reduction kernels for every (dtype, op) of the host side.
+//
+// dst[i] = a[i] (op) b[i]. Each thread handles 16 bytes at a time (one uint4
+// load from a, one from b, one store) when all three pointers are 16-byte
+// aligned, which is what reaches the memory bandwidth; the remainder (and
+// misaligned buffers) go through a scalar loop. Half types are widened to
+// float, combined and rounded once (round-to-nearest-even), exactly as the
+// host reducer does, so host and device give bit-identical results. Integer
+// sum and prod wrap modulo 2^bits (computed unsigned). avg = sum, then one
+// division by nranks in the compute type (finalize).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "checks.h"
+#include "reducer_cuda.h"
+
+namespace ringcomm {
+namespace {
+
+template <class T>
+struct Plain {
+  using S = T;
+  using C = T;
+  __device__ static C load(S x) { return x; }
+  __device__ static S store(C x) { return x; }
+};
+struct Half {
+  using S = __half;
+  using C = float;
+  __device__ static C load(S x) { return __half2float(x); }
+  __device__ static S store(C x) { return __float2half_rn(x); }
+};
+struct BF16 {
+  using S = __nv_bfloat16;
+  using C = float;
+  __device__ static C load(S x) { return __bfloat162float(x); }
+  __device__ static S store(C x) { return __float2bfloat16_rn(x); }
+};
+
+template <class C, bool = std::is_integral<C>::value>
+struct WideOf { using type = C; };
+template <class C>
+struct WideOf<C, true> { using type = typename std::make_unsigned<C>::type; };
+
+struct Sum {
+  template <class C>
+  __device__ static C apply(C a, C b) { using W = typename WideOf<C>::type; return C(W(a) + W(b)); }
+};
+struct Prod {
+  template <class C>
+  __device__ static C apply(C a, C b) { using W = typename WideOf<C>::type; return C(W(a) * W(b)); }
+};
+struct Min {
+  template <class C>
+  __device__ static C apply(C a, C b) { return b < a ? b : a; }
+};
+struct Max {
+  template <class C>
+  __device__ static C apply(C a, C b) { return a < b ? b : a; }
+};
+
+template <class E, class F>
+__device__ __forceinline__ typename E::S combine(typename E::S x, typename E::S y) {
+  return E::store(F::apply(E::load(x), E::load(y)));
+}
+
+// Vectorized part: 16-byte words; i indexes words.
+template <class E, class F>
+__global__ void reduce_vec(uint4* __restrict__ dst, const uint4* a, const uint4* b, size_t words) {
+  using S = typename E::S;
+  constexpr int kPer = sizeof(uint4) / sizeof(S);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
+    uint4 va = a[i], vb = b[i], vo;
+    const S* pa = reinterpret_cast<const S*>(&va);
+    const S* pb = reinterpret_cast<const S*>(&vb);
+    S* po = reinterpret_cast<S*>(&vo);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) po[k] = combine<E, F>(pa[k], pb[k]);
+    dst[i] = vo;
+  }
+}
+
+// Scalar part: the tail after the vectorized words, or everything if misaligned.
+template <class E, class F>
+__global__ void reduce_scalar(typename E::S* dst, const typename E::S* a, const typename E::S* b, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = combine<E, F>(a[i], b[i]);
+}
+
+template <class E>
+__global__ void divide(typename E::S* buf, size_t n, int nranks) {
+  using C = typename E::C;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    buf[i] = E::store(E::load(buf[i]) / C(nranks));
+}
+
+constexpr int kThreads = 512;
+
+unsigned blocks_for(size_t items) {
+  size_t b = (items + kThreads - 1) / kThreads;
+  return unsigned(b == 0 ? 1 : (b > 65535 ? 65535 : b));  // grid-stride loops cover the rest
+}
+
+template <class E, class F>
+void launch(void* dst, const void* a, const void* b, size_t n, cudaStream_t s) {
+  using S = typename E::S;
+  constexpr size_t kPer = sizeof(uint4) / sizeof(S);
+  const bool aligned = (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(a) |
+                        reinterpret_cast<uintptr_t>(b)) % sizeof(uint4) == 0;
+  size_t words = aligned ? n / kPer : 0;
+  if (words) {
+    reduce_vec<E, F><<<blocks_for(words), kThreads, 0, s>>>(
+        static_cast<uint4*>(dst), static_cast<const uint4*>(a), static_cast<const uint4*>(b), words);
+    RC_CUDA(cudaGetLastError());
+  }
+  size_t done = words * kPer;
+  if (done < n) {
+    reduce_scalar<E, F><<<blocks_for(n - done), kThreads, 0, s>>>(
+        static_cast<S*>(dst) + done, static_cast<const S*>(a) + done, static_cast<const S*>(b) + done, n - done);
+    RC_CUDA(cudaGetLastError());
+  }
+}
+
+template <class E>
+void launch_op(Op op, void* dst, const void* a, const void* b, size_t n, cudaStream_t s) {
+  switch (op) {
+    case Op::sum: case Op::avg: launch<E, Sum>(dst, a, b, n, s); break;
+    case Op::prod: launch<E, Prod>(dst, a, b, n, s); break;
+    case Op::min: launch<E, Min>(dst, a, b, n, s); break;
+    case Op::max: launch<E, Max>(dst, a, b, n, s); break;
+    default: throw_invalid("unknown op");
+  }
+}
+
+template <class E>
+void launch_divide(void* buf, size_t n, int nranks, cudaStream_t s) {
+  divide<E><<<blocks_for(n), kThreads, 0, s>>>(static_cast<typename E::S*>(buf), n, nranks);
+  RC_CUDA(cudaGetLastError());
+}
+
+class CudaReducer final : public Reducer {
+ public:
+  CudaReducer(DType d, Op op, cudaStream_t s) : dtype_(d), op_(op), stream_(s) {}
+
+  void reduce(void* dst, const void* a, const void* b, size_t n) const override {
+    if (!n) return;
+    switch (dtype_) {
+      case DType::f16: launch_op<Half>(op_, dst, a, b, n, stream_); break;
+      case DType::bf16: launch_op<BF16>(op_, dst, a, b, n, stream_); break;
+      case DType::f32: launch_op<Plain<float>>(op_, dst, a, b, n, stream_); break;
+      case DType::f64: launch_op<Plain<double>>(op_, dst, a, b, n, stream_); break;
+      case DType::i8: launch_op<Plain<int8_t>>(op_, dst, a, b, n, stream_); break;
+      case DType::u8: launch_op<Plain<uint8_t>>(op_, dst, a, b, n, stream_); break;
+      case DType::i32: launch_op<Plain<int32_t>>(op_, dst, a, b, n, stream_); break;
+      case DType::i64: launch_op<Plain<int64_t>>(op_, dst, a, b, n, stream_); break;
+      default: throw_invalid("unknown dtype");
+    }
+  }
+
+  void finalize(void* buf, size_t n, int nranks) const override {
+    if (op_ != Op::avg || !n) return;
+    switch (dtype_) {
+      case DType::f16: launch_divide<Half>(buf, n, nranks, stream_); break;
+      case DType::bf16: launch_divide<BF16>(buf, n, nranks, stream_); break;
+      case DType::f32: launch_divide<Plain<float>>(buf, n, nranks, stream_); break;
+      case DType::f64: launch_divide<Plain<double>>(buf, n, nranks, stream_); break;
+      default: break;  // avg on integers is rejected at construction
+    }
+  }
+
+ private:
+  DType dtype_;
+  Op op_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Reducer> make_cuda_reducer(DType dtype, Op op, cudaStream_t stream) {
+  if (int(op) < 0 || op >= Op::kCount) throw_invalid("unknown op code " + std::to_string(int(op)));
+  if (op == Op::avg && !dtype_is_floating(dtype))
+    throw_invalid(std::string("op 'avg' needs a floating dtype, got ") + dtype_name(dtype));
+  dtype_size(dtype);  // validates the code
+  return std::make_unique<CudaReducer>(dtype, op, stream);
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,136 @@
+"""GPU side of ringcomm: what is built, what the machine has, and the device
+reduction kernels (ringcomm._cuda).
+
+Status of the GPU path: the reduction kernels (every dtype and op of the host
+side, 16-byte vectorized, bit-identical to the host reducer) are built and
+callable on cupy arrays (or any ``__cuda_array_interface__`` array). The NCCL
+and in-process device transports that run the ring on the GPU are not there
+yet (see README, "GPU"). Importing this module never needs a GPU, a driver or
+libnccl: everything degrades to ``available() == False`` with a reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+
+from . import _dtypes
+from .errors import InvalidArgument
+
+__all__ = ["built", "device_count", "available", "status", "reduce", "finalize"]
+
+
+def _preload_nccl() -> None:
+    """Load libnccl.so.2 from the nvidia-nccl-cuXX wheel (or $NCCL_HOME) so the
+    extension's dependency resolves wherever it was installed."""
+    roots = [os.environ["NCCL_HOME"]] if os.environ.get("NCCL_HOME") else []
+    roots += [os.path.join(p, "nvidia", "nccl") for p in sys.path]
+    for root in roots:
+        for lib in glob.glob(os.path.join(root, "lib", "libnccl.so*")):
+            try:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                return
+            except OSError:
+                continue
+
+
+_preload_nccl()
+try:
+    from . import _cuda  # noqa: E402
+    _why_not = ""
+except ImportError as exc:  # not built (no nvcc/NCCL at build time) or libnccl missing
+    _cuda = None
+    _why_not = str(exc)
+
+
+def built() -> bool:
+    """True when ringcomm._cuda was compiled and loads."""
+    return _cuda is not None
+
+
+def device_count() -> int:
+    return _cuda.device_count() if _cuda is not None else 0
+
+
+def available() -> bool:
+    """True when the kernels can run: extension built and at least one GPU."""
+    return device_count() > 0
+
+
+def status() -> str:
+    """One line for `ringcomm info` and skip messages."""
+    if _cuda is None:
+        return f"not built ({_why_not})" if _why_not else "not built"
+    n = _cuda.device_count()
+    rt = _cuda.runtime_version()
+    nccl = _cuda.nccl_version()
+    where = f"{n} device(s)" if n else f"no usable device: {_cuda.device_error() or 'none found'}"
+    return f"built (CUDA runtime {rt // 1000}.{rt % 1000 // 10}, NCCL {nccl}); {where}"
+
+
+def _device_array(x, what: str):
+    """(ptr, count, dtype name) of a C-contiguous CUDA array, via __cuda_array_interface__."""
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None:
+        raise InvalidArgument(f"{what}: expected a CUDA array (cupy, or anything with __cuda_array_interface__), "
+                              f"got {type(x).__name__}")
+    import numpy as np
+    try:
+        dt = np.dtype(cai["typestr"]) if cai["typestr"] != "<V2" else None
+    except TypeError:
+        dt = None
+    name = _dtypes.numpy_name(dt) if dt is not None else None
+    if name is None and getattr(x, "dtype", None) is not None:
+        name = _dtypes.numpy_name(x.dtype)
+    if name is None:
+        raise InvalidArgument(f"{what}: unsupported dtype {cai['typestr']}; supported: {_dtypes.SUPPORTED}")
+    shape = tuple(cai["shape"])
+    count = 1
+    for s in shape:
+        count *= s
+    strides = cai.get("strides")
+    if strides is not None:
+        expected, item = [], _dtypes.itemsize(name)
+        acc = item
+        for s in reversed(shape):
+            expected.insert(0, acc)
+            acc *= s
+        if any(st != e for st, e, d in zip(strides, expected, shape) if d != 1):
+            raise InvalidArgument(f"{what}: array is not C-contiguous (shape {shape}, strides {strides})")
+    ptr, readonly = cai["data"]
+    return ptr, count, name, readonly
+
+
+def _stream_ptr(stream) -> int:
+    if stream is None:
+        try:
+            import cupy
+            return cupy.cuda.get_current_stream().ptr
+        except ImportError:
+            return 0
+    return int(getattr(stream, "ptr", stream))
+
+
+def reduce(dst, a, b, op: str = "sum", stream=None) -> None:
+    """Enqueue ``dst = a (op) b`` elementwise on `stream` (default: cupy's current stream)."""
+    if _cuda is None:
+        raise InvalidArgument(f"ringcomm._cuda is {status()}")
+    d, x, y = (_device_array(v, w) for v, w in ((dst, "dst"), (a, "a"), (b, "b")))
+    if d[3]:
+        raise InvalidArgument("dst is read-only")
+    if not (d[1] == x[1] == y[1]) or not (d[2] == x[2] == y[2]):
+        raise InvalidArgument(f"dst, a and b must have the same count and dtype, got "
+                              f"{[(v[1], v[2]) for v in (d, x, y)]}")
+    if op not in _dtypes.OPS:
+        raise InvalidArgument(f"unknown op {op!r}")
+    _cuda.reduce(_dtypes.DTYPES[d[2]], _dtypes.OPS[op], d[0], x[0], y[0], d[1], _stream_ptr(stream))
+
+
+def finalize(buf, op: str, nranks: int, stream=None) -> None:
+    """Enqueue the op's final step on `buf` (avg: divide by nranks)."""
+    if _cuda is None:
+        raise InvalidArgument(f"ringcomm._cuda is {status()}")
+    p, n, name, ro = _device_array(buf, "buf")
+    _cuda.finalize(_dtypes.DTYPES[name], _dtypes.OPS[op], p, n, int(nranks), _stream_ptr(stream))
