@@ -107,6 +107,9 @@ std::shared_ptr<Work> Engine::run_sync(const Task& t) {
 }
 
 std::shared_ptr<Work> Engine::abort() {
+  // Interrupt a collective that is waiting now (it fails, and fail() tells the
+  // ring), then queue the abort itself for when nothing runs.
+  link_.transport().interrupt();
   Task t;
   t.abort = true;
   bool run_here = false;

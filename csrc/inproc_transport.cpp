@@ -141,9 +141,16 @@ class InprocTransport final : public Transport {
           return i;
         }
       }
+      if (interrupted()) return kInterrupted;
       if (Clock::now() >= deadline) return -1;
       w.cv.wait_until(lk, deadline);
     }
+  }
+
+  void wake() override {
+    Waker& w = *w_->wakers[rank_];
+    std::lock_guard<std::mutex> g(w.m);
+    w.cv.notify_all();
   }
 
   void cancel(Request& req) override {

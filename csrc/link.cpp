@@ -139,24 +139,42 @@ void Link::await_header() {
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
   while (early_headers_.empty()) {
     Request* r = ctrl_req_.get();
-    if (t_->wait_any(&r, 1, Clock::now() + timeout) < 0) throw_timeout(*ctrl_req_, "its header", -1, -1);
+    int got = t_->wait_any(&r, 1, Clock::now() + timeout);
+    if (got == kInterrupted) throw_interrupted(*ctrl_req_);
+    if (got < 0) throw_timeout(*ctrl_req_, "its header", -1, -1);
     ControlMsg m = *ctrl_in_;
     post_control_recv();
     handle_control(m);
   }
   ControlMsg theirs = early_headers_.front();
   early_headers_.pop_front();
-  if (!same_call(fp_, theirs.fp)) {
-    ControlMsg notice;
-    notice.type = kAbort;
-    notice.fp = fp_;
-    notice.other = theirs.fp;
-    notice.origin = rank_;
-    notice.kind = int32_t(ErrKind::mismatch);
-    notice.peer = left();
-    received_abort_ = std::make_unique<ControlMsg>(notice);  // fail() forwards it
-    throw RingError(ErrKind::mismatch, rank_, left(), fp_.seq, mismatch_text(fp_, theirs.fp));
-  }
+  check_call(theirs.fp, left());
+}
+
+void Link::check_call(const Fingerprint& theirs, int peer) {
+  if (same_call(fp_, theirs)) return;
+  ControlMsg notice;
+  notice.type = kAbort;
+  notice.fp = fp_;
+  notice.other = theirs;
+  notice.origin = rank_;
+  notice.kind = int32_t(ErrKind::mismatch);
+  notice.peer = peer;
+  received_abort_ = std::make_unique<ControlMsg>(notice);  // fail() forwards it
+  throw RingError(ErrKind::mismatch, rank_, peer, fp_.seq, mismatch_text(fp_, theirs));
+}
+
+void Link::send_fingerprint(int peer) {
+  live_.push_back(t_->isend(peer, Channel::data, &fp_, sizeof(Fingerprint)));
+  ledger_.sent(coll_, peer, true, sizeof(Fingerprint));
+}
+
+void Link::expect_fingerprint(int peer) {
+  Fingerprint theirs;
+  live_.push_back(t_->irecv(peer, Channel::data, &theirs, sizeof(Fingerprint)));
+  ledger_.received(coll_, peer, true, sizeof(Fingerprint));
+  wait(live_.back().get(), "its call's fingerprint");
+  check_call(theirs, peer);
 }
 
 Request* Link::send(int peer, const void* buf, size_t bytes) {
@@ -181,6 +199,7 @@ void Link::wait(Request* r, const char* what, int step, int segment) {
     Request* reqs[2] = {r, ctrl_req_.get()};
     int i = t_->wait_any(reqs, 2, Clock::now() + timeout);
     if (i == 0) return;
+    if (i == kInterrupted) throw_interrupted(*r);
     if (i < 0) throw_timeout(*r, what, step, segment);
     ControlMsg m = *ctrl_in_;  // the left neighbour said something: header of a later call, or ABORT
     post_control_recv();
@@ -198,6 +217,12 @@ void Link::throw_timeout(const Request& r, const char* what, int step, int segme
                     (r.is_send ? "receive " : "send ") + what + where +
                     "; is that rank alive and calling the same collective?";
   throw RingError(ErrKind::timeout, rank_, r.peer, fp_.seq, msg);
+}
+
+void Link::throw_interrupted(const Request& r) {
+  throw RingError(ErrKind::aborted, rank_, r.peer, fp_.seq,
+                  "rank " + std::to_string(rank_) + " aborted the communicator while " + describe(fp_) +
+                      " waited for rank " + std::to_string(r.peer));
 }
 
 void Link::drain() {

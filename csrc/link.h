@@ -82,6 +82,12 @@ class Link {
   // (nothing is sent for an empty segment, and both sides skip it alike).
   Request* send(int peer, const void* buf, size_t bytes);
   Request* recv(int peer, void* buf, size_t bytes);
+  // For algorithms that receive from ranks other than the left neighbour (the
+  // master-centric one): before receiving payload from `peer`, get its
+  // fingerprint (a fixed-size message, so a peer with another count cannot
+  // overrun anything) and check it; the peer sends it first. Control bytes.
+  void send_fingerprint(int peer);
+  void expect_fingerprint(int peer);
   // A zero-byte message (the barrier's token), counted as a payload message.
   Request* send_token(int peer);
   Request* recv_token(int peer);
@@ -109,6 +115,8 @@ class Link {
   void post_control_recv();
   void handle_control(const ControlMsg& m);  // throws on ABORT
   [[noreturn]] void throw_timeout(const Request& r, const char* what, int step, int segment);
+  [[noreturn]] void throw_interrupted(const Request& r);
+  void check_call(const Fingerprint& theirs, int peer);  // throws MismatchError
   void send_control(const ControlMsg& m);
 
   std::unique_ptr<Transport> t_;

@@ -112,6 +112,7 @@ class MpiTransport final : public Transport {
         return i;
       }
       if (iter < kMinPolls) continue;
+      if (interrupted()) return kInterrupted;
       const auto now = Clock::now();
       if (now >= deadline) return -1;
       if (now - start < spin_) continue;
@@ -131,7 +132,15 @@ class MpiTransport final : public Transport {
       return;
     }
     MPI_Cancel(&r.req);
-    MPI_Wait(&r.req, MPI_STATUS_IGNORE);  // a cancelled receive completes at once
+    // A cancelled receive completes at once, unless it already matched a
+    // message still arriving; never wait for that longer than a second.
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    int flag = 0;
+    while (!flag && Clock::now() < until) {
+      MPI_Test(&r.req, &flag, MPI_STATUS_IGNORE);
+      if (!flag) sched_yield();
+    }
+    if (!flag) MPI_Request_free(&r.req);
   }
 
  private:

@@ -8,6 +8,7 @@
 // message of exactly `bytes` (Link guarantees both sides agree on sizes).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -17,6 +18,9 @@
 namespace ringcomm {
 
 enum class Channel : int { data = 0, control = 1 };
+
+// wait_any's answer when interrupt() was called.
+constexpr int kInterrupted = -2;
 
 // An outstanding send or receive. Owned by whoever posted it; destroying an
 // incomplete request is only allowed after Transport::cancel.
@@ -41,15 +45,30 @@ class Transport {
   virtual RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes) = 0;
 
   // Block until at least one of reqs[0..n) is done (already-done requests
-  // count) or `deadline` passes. Returns the index of a done request, or -1 on
-  // timeout. Null entries are ignored.
+  // count) or `deadline` passes. Returns the index of a done request, -1 on
+  // timeout, kInterrupted once interrupt() was called. Null entries are ignored.
   virtual int wait_any(Request* const* reqs, int n, Clock::time_point deadline) = 0;
+
+  // Make every current and future wait_any return kInterrupted (thread-safe:
+  // called by Engine::abort from any thread, while a collective may be waiting).
+  void interrupt() {
+    interrupted_.store(true, std::memory_order_release);
+    wake();
+  }
+  bool interrupted() const { return interrupted_.load(std::memory_order_acquire); }
 
   // Withdraw a request that will not be waited for (after an error). After
   // this returns, the transport never touches the request's buffer again,
   // where the transport can guarantee it (receives always; sends where the
   // implementation allows).
   virtual void cancel(Request& r) = 0;
+
+ protected:
+  // Wake waits blocked in wait_any so they notice interrupt() (polling transports need nothing).
+  virtual void wake() {}
+
+ private:
+  std::atomic<bool> interrupted_{false};
 };
 
 }  // namespace ringcomm

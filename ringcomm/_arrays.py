@@ -98,7 +98,13 @@ def _from_dlpack(x, what: str) -> Buf:
     if family == "torch" and src.is_conj():
         raise InvalidArgument(f"{what}: conjugate-view tensors are not supported")
     try:
-        capsule = src.__dlpack__()
+        # DLPack 1.0 first: its capsule carries the read-only flag.
+        capsule = src.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer that predates DLPack 1.0
+        try:
+            capsule = src.__dlpack__()
+        except Exception as exc:
+            raise InvalidArgument(f"{what}: could not export it through DLPack: {exc}") from exc
     except Exception as exc:
         raise InvalidArgument(f"{what}: could not export it through DLPack: {exc}") from exc
     info = core.dlpack_info(capsule)

@@ -307,7 +307,7 @@ class GradBucketer:
         self._cap = int(bucket_cap_mb * MB)
         self._first_cap = int(first_bucket_mb * MB)
         self._average = bool(average)
-        self.find_unused = bool(find_unused)
+        self._find_unused = bool(find_unused)  # read-only: checked across ranks at construction
         if self._average:
             bad = [i for i, s in enumerate(self._specs) if s.dtype not in _dtypes.FLOATING]
             if bad:
@@ -334,6 +334,12 @@ class GradBucketer:
         self._build(list(reversed(range(P))))
 
     # ---- public API ---------------------------------------------------
+    @property
+    def find_unused(self) -> bool:
+        """Fixed at construction (and checked equal on every rank then): ranks
+        that decided differently would issue different collectives."""
+        return self._find_unused
+
     @property
     def comm(self):
         return self._comm
@@ -449,7 +455,7 @@ class GradBucketer:
             used = _gather_rows(self._comm, local)           # (ranks, params)
             self.last_unused = {int(i): [int(r) for r in np.flatnonzero(used[:, i] == 0)]
                                 for i in np.flatnonzero((used == 0).any(axis=0))}
-            if not self.find_unused:
+            if not self._find_unused:
                 error = self._unused_message(self.last_unused)
         owned, self._owned = self._owned, {}
         self._ready[:] = False
@@ -516,7 +522,7 @@ class GradBucketer:
 
     # ---- internals ----------------------------------------------------
     def _settings_row(self) -> list[int]:
-        return [self._cap, self._first_cap, int(self._average), int(self.find_unused), int(self._rebuild_pending)]
+        return [self._cap, self._first_cap, int(self._average), int(self._find_unused), int(self._rebuild_pending)]
 
     def _check_registration(self) -> None:
         """One all_gather of a fixed-size summary; on a mismatch, two more small

@@ -311,3 +311,32 @@ def test_torch_cpu_tensors_zero_copy():
         assert g == [1.5] * 6
         assert rs == ([0.0, 2.0, 4.0, 6.0] if r == 0 else [8.0, 10.0, 12.0])
         assert ag == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_abort_interrupts_a_collective_that_is_waiting():
+    # A watchdog on another thread aborts while the collective waits for a
+    # rank that never comes: it fails at once, not at its deadline.
+    def body(comm):
+        if comm.rank == 1:
+            return None
+        timer = threading.Timer(0.3, comm.abort)
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(CommunicatorAborted, match="aborted"):
+            comm.all_reduce(np.ones(10))
+        timer.join()
+        return time.monotonic() - t0
+    res = ringcomm.run_local(3, body, timeout=30)
+    assert res[0] < 5 and res[2] < 5, res
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_naive_all_reduce_count_mismatch_is_a_mismatch_not_an_overrun(n):
+    def body(comm):
+        try:
+            comm.all_reduce(np.ones(1000 + 1000 * (comm.rank == 1)), algorithm="naive")
+        except MismatchError as exc:
+            return str(exc)
+        return "completed"
+    for rank, msg in enumerate(ringcomm.run_local(n, body, timeout=30)):
+        assert "count=1000" in msg and "count=2000" in msg, f"rank {rank}: {msg}"

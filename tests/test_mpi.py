@@ -121,3 +121,32 @@ def test_duplicated_communicator_keeps_traffic_apart():
     assert MPI.COMM_WORLD.recv(source=peer, tag=0x5243) == b"app"
     req.wait()
     np.testing.assert_array_equal(x, 2 * np.arange(6, dtype=np.float32))
+
+
+@pytest.mark.parallel([3, 4])
+def test_naive_mismatch_over_mpi_is_detected_before_any_oversized_receive():
+    # Rank 0 receives from every rank in the master-centric algorithm; a peer
+    # with a larger count must be caught by its fingerprint, not overrun a buffer.
+    comm = ringcomm.init(timeout=30)
+    t0 = time.monotonic()
+    with pytest.raises(MismatchError, match="count=1000.*count=2000|count=2000.*count=1000"):
+        comm.all_reduce(np.ones(1000 + 1000 * (comm.rank == 1)), algorithm="naive")
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parallel(3)
+def test_abort_from_a_watchdog_thread_over_mpi():
+    import threading
+    comm = ringcomm.init(timeout=30)
+    if comm.rank == 1:
+        time.sleep(1.0)  # joins late: the others must already have given up
+        with pytest.raises(CommunicatorAborted):
+            comm.all_reduce(np.ones(10))
+        return
+    timer = threading.Timer(0.3, comm.abort)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(CommunicatorAborted):
+        comm.all_reduce(np.ones(10))
+    timer.join()
+    assert time.monotonic() - t0 < 5
