@@ -24,12 +24,16 @@ py::object error_object(const RingError& e) {
 }
 
 // Owns an Engine; close() stops it deterministically (before MPI_Finalize).
+// Shared, so that a collective running on another thread when close() is
+// called keeps the engine alive until it returns (the last owner destroys it).
 struct EngineHandle {
-  std::unique_ptr<Engine> engine;
+  std::shared_ptr<Engine> engine;
   std::shared_ptr<InprocWorld> world;  // keeps an in-process world alive
-  Engine& get() {
-    if (!engine) throw_invalid("communicator is closed");
-    return *engine;
+  Engine& get() { return *shared(); }
+  std::shared_ptr<Engine> shared() {
+    std::shared_ptr<Engine> e = engine;
+    if (!e) throw_invalid("communicator is closed");
+    return e;
   }
 };
 
@@ -192,11 +196,12 @@ PYBIND11_MODULE(_core, m) {
            [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
               int algo) {
              Task t = make_task(coll, in, out, count, dtype, op, root, algo);
-             Engine& e = h.get();
+             std::shared_ptr<Engine> e = h.shared();
              std::shared_ptr<Work> w;
              {
                py::gil_scoped_release nogil;
-               w = e.run_sync(t);
+               w = e->run_sync(t);
+               e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
              }
              if (const RingError* err = w->error()) throw *err;
            },
@@ -233,9 +238,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("abort_reason", [](EngineHandle& h) { return h.get().abort_reason(); })
       .def("close",
            [](EngineHandle& h) {
-             std::unique_ptr<Engine> e = std::move(h.engine);
+             std::shared_ptr<Engine> e = std::move(h.engine);
              py::gil_scoped_release nogil;
-             e.reset();  // drains queued work, joins the worker
+             e.reset();  // drains queued work and joins the worker, unless a collective still runs
            },
            "Finish queued collectives and stop the worker thread.");
 
@@ -245,7 +250,7 @@ PYBIND11_MODULE(_core, m) {
           auto h = std::make_unique<EngineHandle>();
           {
             py::gil_scoped_release nogil;  // MPI_Comm_dup is collective
-            h->engine = std::make_unique<Engine>(make_mpi_transport(comm_handle), o);
+            h->engine = std::make_shared<Engine>(make_mpi_transport(comm_handle), o);
           }
           return h;
         },
@@ -255,7 +260,7 @@ PYBIND11_MODULE(_core, m) {
         [](const WorldHandle& world, int rank, double timeout, size_t segment_bytes, int window) {
           Options o = make_options(timeout, segment_bytes, window);
           auto h = std::make_unique<EngineHandle>();
-          h->engine = std::make_unique<Engine>(make_inproc_transport(world.world, rank), o);
+          h->engine = std::make_shared<Engine>(make_inproc_transport(world.world, rank), o);
           h->world = world.world;
           return h;
         },

@@ -340,3 +340,20 @@ def test_naive_all_reduce_count_mismatch_is_a_mismatch_not_an_overrun(n):
         return "completed"
     for rank, msg in enumerate(ringcomm.run_local(n, body, timeout=30)):
         assert "count=1000" in msg and "count=2000" in msg, f"rank {rank}: {msg}"
+
+
+def test_close_from_another_thread_while_a_collective_runs():
+    # The running collective keeps the engine alive; close() does not pull it
+    # out from under it, and later calls say the communicator is closed.
+    def body(comm):
+        if comm.rank == 1:
+            return None
+        closer = threading.Timer(0.2, comm.close)
+        closer.start()
+        with pytest.raises(CollectiveTimeout):
+            comm.all_reduce(np.ones(10))
+        closer.join()
+        with pytest.raises(InvalidArgument, match="closed"):
+            comm.all_reduce(np.ones(10))
+        return True
+    assert ringcomm.run_local(2, body, timeout=1.0)[0] is True
