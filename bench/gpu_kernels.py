@@ -16,6 +16,16 @@ import ringcomm.cuda as rcuda
 from ringcomm.config import parse_size
 
 
+class View:
+    """A typed __cuda_array_interface__ over a raw cupy byte buffer (cupy has no bfloat16)."""
+
+    def __init__(self, raw, n, dtype):
+        np_dtype = rcuda._dtypes.NUMPY[dtype]
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": np_dtype.str, "data": (raw.data.ptr, False),
+                                         "version": 3, "strides": None}
+        self.dtype = np_dtype
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bytes", default="256M")
@@ -33,12 +43,7 @@ def main() -> int:
         n = nbytes // np.dtype(rcuda._dtypes.NUMPY[dtype]).itemsize
         raw = [cupy.ones(nbytes, cupy.uint8) for _ in range(3)]
 
-        class View:
-            def __init__(self, r):
-                self.__cuda_array_interface__ = {"shape": (n,), "typestr": rcuda._dtypes.NUMPY[dtype].str,
-                                                 "data": (r.data.ptr, False), "version": 3, "strides": None}
-                self.dtype = rcuda._dtypes.NUMPY[dtype]
-        d, a, b = (View(r) for r in raw)
+        d, a, b = (View(r, n, dtype) for r in raw)
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         red, cpy = [], []
         for _ in range(args.reps):

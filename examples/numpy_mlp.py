@@ -133,7 +133,7 @@ def main():
     summed, _ = train(comm, x, y, LR, average=False)
     single_big = train_single(x, y, LR * n)
     d2, d3, d4 = max_diff(summed_small, avg), max_diff(summed, avg), max_diff(summed, single_big)
-    out(f"\n[2] sum instead of average:")
+    out("\n[2] sum instead of average:")
     out(f"    sum, lr={LR / n:g}  vs  average, lr={LR:g}:   max |param difference| = {d2:.2e}")
     out(f"    sum, lr={LR:g}  vs  average, lr={LR:g}:   max |param difference| = {d3:.2e}")
     out(f"    sum, lr={LR:g}  vs  1 process, lr={LR * n:g}:  max |param difference| = {d4:.2e}")

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -421,7 +421,7 @@ class Bench:
             for impl, c, *_ in cases.values():
                 for _ in range(self.args.warmup):
                     impl.run(c)
-                est = max(est, self.w.allreduce(_timeit(lambda: impl.run(c)), op=_mpi_max()))
+                est = max(est, self.w.allreduce(_timeit(lambda impl=impl, c=c: impl.run(c)), op=_mpi_max()))
             iters = self.args.iters or max(1, min(1000, int(self.args.target_ms * 1e-3 / max(est, 1e-7))))
             samples = {name: [] for name in cases}
             names = list(cases)
@@ -435,7 +435,7 @@ class Bench:
                         impl.run(c)
                     t = (time.perf_counter() - t0) / iters
                     samples[name].append(self.w.allreduce(t, op=_mpi_max()))
-            for name, (impl, c, wrong, sent, expected) in cases.items():
+            for name, (_, _, wrong, sent, expected) in cases.items():
                 s = summarize(samples[name])
                 results[(name, inplace)] = dict(s, wrong=wrong, sent=sent, expected=expected, iters=iters)
         return count, results

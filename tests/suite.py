@@ -14,7 +14,6 @@ import threading
 import ml_dtypes
 import numpy as np
 
-import ringcomm
 from ringcomm import traffic
 from ringcomm._dtypes import FLOATING, NUMPY
 

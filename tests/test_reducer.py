@@ -1,6 +1,5 @@
 """Host reducers (csrc/reducer_cpu.cpp) against numpy, element by element."""
 
-import ml_dtypes
 import numpy as np
 import pytest
 
