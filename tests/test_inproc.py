@@ -357,3 +357,26 @@ def test_close_from_another_thread_while_a_collective_runs():
             comm.all_reduce(np.ones(10))
         return True
     assert ringcomm.run_local(2, body, timeout=1.0)[0] is True
+
+
+def test_dlpack_read_only_flag_is_honoured():
+    # A DLPack 1.0 producer marks read-only memory: usable as an input,
+    # refused where ringcomm would write.
+    class Producer:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kwargs):
+            return self.a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    def body(comm):
+        ro = np.arange(6, dtype=np.float32) + comm.rank
+        ro.setflags(write=False)
+        got = comm.reduce_scatter(Producer(ro))           # read only: fine
+        with pytest.raises(InvalidArgument, match="read-only"):
+            comm.all_reduce(Producer(ro))                 # in place would write: refused
+        return np.asarray(got).tolist()
+    assert ringcomm.run_local(2, body) == [[1.0, 3.0, 5.0], [7.0, 9.0, 11.0]]
