@@ -144,7 +144,7 @@ else:
             # or preloaded by ringcomm.cuda.
             extra_link_args=["-l:libcudart_static.a", "-ldl", "-lrt", "-l:libnccl.so.2",
                              "-Wl,-rpath,$ORIGIN/../nvidia/nccl/lib"],
-            depends=glob.glob("csrc/cuda/*.h") + glob.glob("csrc/cuda/*.cu"),
+            depends=glob.glob("csrc/cuda/*.h") + glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/*.h"),
         )
         cuda_ext.cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))
         cuda_ext.nvcc = nvcc

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "engine.h"
+#include "py_errors.h"
 #include "inproc_transport.h"
 #include "mpi_transport.h"
 #include "plan.h"
@@ -18,10 +19,6 @@ using namespace ringcomm;
 
 namespace {
 
-py::object error_object(const RingError& e) {
-  return py::module_::import("ringcomm.errors")
-      .attr("_from_native")(int(e.kind), e.what(), e.rank, e.peer, e.seq);
-}
 
 // Owns an Engine; close() stops it deterministically (before MPI_Finalize).
 // Shared, so that a collective running on another thread when close() is
@@ -131,14 +128,7 @@ py::dict dlpack_info(py::capsule cap) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ringcomm native core (private; use the ringcomm package)";
 
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const RingError& e) {
-      py::object err = error_object(e);
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
-    }
-  });
+  register_error_translator();
 
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def("wait", &Work::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>(),

@@ -3,12 +3,12 @@
 // are widened to float, combined, and rounded back (round-to-nearest-even, as
 // numpy and ml_dtypes do), so each ring step rounds exactly once.
 //
-// Integer sum and prod wrap modulo 2^bits like numpy: they are computed in the
-// unsigned type of the same width, because signed overflow is undefined in C++.
+// The ops themselves (integer wrap-around included) are in reduce_ops.h.
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
+#include "reduce_ops.h"
 #include "reducer.h"
 
 #if !defined(__FLT16_MANT_DIG__)
@@ -61,30 +61,11 @@ struct BFloat16 {
   }
 };
 
-// ---- ops on the compute type ----------------------------------------------
-template <class C, bool = std::is_integral_v<C>>
-struct WideOf { using type = C; };
-template <class C>
-struct WideOf<C, true> { using type = std::make_unsigned_t<C>; };
-template <class C>
-using Wide = typename WideOf<C>::type;  // integers wrap in their unsigned type
-
-struct Sum {
-  template <class C>
-  static RC_INLINE C apply(C a, C b) { return C(Wide<C>(a) + Wide<C>(b)); }
-};
-struct Prod {
-  template <class C>
-  static RC_INLINE C apply(C a, C b) { return C(Wide<C>(a) * Wide<C>(b)); }
-};
-struct Min {
-  template <class C>
-  static RC_INLINE C apply(C a, C b) { return b < a ? b : a; }
-};
-struct Max {
-  template <class C>
-  static RC_INLINE C apply(C a, C b) { return a < b ? b : a; }
-};
+// ---- ops: reduce_ops.h (shared with the device kernels) --------------------
+using ops::Max;
+using ops::Min;
+using ops::Prod;
+using ops::Sum;
 
 template <class E, class F>
 RC_INLINE void loop(void* dst, const void* a, const void* b, size_t n) {

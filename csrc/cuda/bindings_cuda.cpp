@@ -6,28 +6,16 @@
 #include <nccl.h>
 #include <pybind11/pybind11.h>
 
+#include "../py_errors.h"
 #include "checks.h"
 #include "reducer_cuda.h"
 
 namespace py = pybind11;
 using namespace ringcomm;
 
-namespace {
-py::object error_object(const RingError& e) {
-  return py::module_::import("ringcomm.errors").attr("_from_native")(int(e.kind), e.what(), e.rank, e.peer, e.seq);
-}
-}  // namespace
-
 PYBIND11_MODULE(_cuda, m) {
   m.doc() = "ringcomm device core (private; use ringcomm.cuda)";
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const RingError& e) {
-      py::object err = error_object(e);
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
-    }
-  });
+  register_error_translator();
 
   m.def("device_count", [] {
     int n = 0;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../reduce_ops.h"
 #include "checks.h"
 #include "reducer_cuda.h"
 
@@ -40,27 +41,10 @@ struct BF16 {
   __device__ static S store(C x) { return __float2bfloat16_rn(x); }
 };
 
-template <class C, bool = std::is_integral<C>::value>
-struct WideOf { using type = C; };
-template <class C>
-struct WideOf<C, true> { using type = typename std::make_unsigned<C>::type; };
-
-struct Sum {
-  template <class C>
-  __device__ static C apply(C a, C b) { using W = typename WideOf<C>::type; return C(W(a) + W(b)); }
-};
-struct Prod {
-  template <class C>
-  __device__ static C apply(C a, C b) { using W = typename WideOf<C>::type; return C(W(a) * W(b)); }
-};
-struct Min {
-  template <class C>
-  __device__ static C apply(C a, C b) { return b < a ? b : a; }
-};
-struct Max {
-  template <class C>
-  __device__ static C apply(C a, C b) { return a < b ? b : a; }
-};
+using ops::Max;  // reduce_ops.h: the same definitions as the host reducer
+using ops::Min;
+using ops::Prod;
+using ops::Sum;
 
 template <class E, class F>
 __device__ __forceinline__ typename E::S combine(typename E::S x, typename E::S y) {
