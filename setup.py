@@ -68,7 +68,7 @@ sources = [
     "csrc/common.cpp", "csrc/plan.cpp", "csrc/reducer_cpu.cpp", "csrc/link.cpp",
     "csrc/inproc_transport.cpp", "csrc/mpi_transport.cpp",
     "csrc/reduce_scatter.cpp", "csrc/all_gather.cpp", "csrc/all_reduce.cpp", "csrc/broadcast.cpp", "csrc/naive.cpp",
-    "csrc/engine.cpp", "csrc/bindings.cpp",
+    "csrc/engine.cpp", "csrc/stream_emu.cpp", "csrc/bindings.cpp",
 ]
 
 core = Pybind11Extension(
@@ -134,16 +134,18 @@ else:
         log(f"CUDA: building ringcomm._cuda with {nvcc} (CUDA at {home}), NCCL from {nccl[0]}")
         cuda_ext = Pybind11Extension(
             "ringcomm._cuda",
-            ["csrc/cuda/bindings_cuda.cpp", "csrc/common.cpp"],
+            # The engine is compiled into this module too (one source, two
+            # modules): ringcomm._core stays free of any CUDA dependency.
+            [s for s in sources if s != "csrc/bindings.cpp"] + sorted(glob.glob("csrc/cuda/*.cpp")),
             cxx_std=17,
             include_dirs=[os.path.join(home, "include"), nccl[0]],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O3", "-fno-math-errno", *mpi_cflags],
             library_dirs=[os.path.join(home, "lib64"), nccl[1]],
             # cudart statically: importing needs no driver; NCCL from its wheel,
             # found at run time next to the package ($ORIGIN/../nvidia/nccl/lib)
             # or preloaded by ringcomm.cuda.
             extra_link_args=["-l:libcudart_static.a", "-ldl", "-lrt", "-l:libnccl.so.2",
-                             "-Wl,-rpath,$ORIGIN/../nvidia/nccl/lib"],
+                             "-Wl,-rpath,$ORIGIN/../nvidia/nccl/lib", *mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../.."],
             depends=glob.glob("csrc/cuda/*.h") + glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/*.h"),
         )
         cuda_ext.cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))

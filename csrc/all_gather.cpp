@@ -15,7 +15,6 @@
 // Each rank sends n-1 chunks: (n-1)/n of the full buffer. Segments are
 // pipelined as in reduce_scatter.cpp.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "algorithms.h"
@@ -27,7 +26,7 @@ void ring_all_gather(Link& link, const RingPlan& plan, const char* own, char* ou
   const size_t es = plan.elem_size();
   char* own_place = out + plan.chunk_begin(rank) * es;
   if (n == 1) {
-    if (own != own_place) std::memcpy(own_place, own, plan.chunk_count(rank) * es);
+    link.copy(own_place, own, plan.chunk_count(rank) * es);
     return;
   }
   const int K = plan.segments(), steps = n - 1, units = steps * K;
@@ -38,13 +37,13 @@ void ring_all_gather(Link& link, const RingPlan& plan, const char* own, char* ou
 
   // Step 0 sends our own chunk.
   for (int k = 0; k < K; ++k)
-    link.send(link.right(), own + (plan.seg_begin(rank, k) - plan.chunk_begin(rank)) * es, bytes(rank, k));
-  if (own != own_place) std::memcpy(own_place, own, plan.chunk_count(rank) * es);  // overlaps the sends
+    link.send(link.right(), own + (plan.seg_begin(rank, k) - plan.chunk_begin(rank)) * es, bytes(rank, k), k);
+  link.copy(own_place, own, plan.chunk_count(rank) * es);  // overlaps the sends
 
   std::vector<Request*> recv(units, nullptr);
   auto post_recv = [&](int u) {
     const int c = plan.ag_recv_chunk(rank, u / K), k = u % K;
-    recv[u] = link.recv(link.left(), out_at(c, k), bytes(c, k));
+    recv[u] = link.recv(link.left(), out_at(c, k), bytes(c, k), u);
   };
   for (int u = 0; u < std::min(window, units); ++u) post_recv(u);
 
@@ -57,7 +56,7 @@ void ring_all_gather(Link& link, const RingPlan& plan, const char* own, char* ou
     }
     link.wait(recv[u], "an all-gather segment", step, k);
     if (u + window < units) post_recv(u + window);
-    if (step + 1 < steps) link.send(link.right(), out_at(c, k), bytes(c, k));
+    if (step + 1 < steps) link.send(link.right(), out_at(c, k), bytes(c, k), u + K);
     if (k == K - 1) link.trace_finish(out_at(c, 0), plan.chunk_count(c) * es);
   }
   link.drain();

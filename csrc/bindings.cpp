@@ -7,62 +7,17 @@
 
 #include <cstring>
 
-#include "engine.h"
-#include "py_errors.h"
-#include "inproc_transport.h"
+#include "bind_engine.h"
 #include "mpi_transport.h"
 #include "plan.h"
 #include "reducer.h"
+#include "stream_emu.h"
 
 namespace py = pybind11;
 using namespace ringcomm;
+using namespace ringcomm::bind;
 
 namespace {
-
-
-// Owns an Engine; close() stops it deterministically (before MPI_Finalize).
-// Shared, so that a collective running on another thread when close() is
-// called keeps the engine alive until it returns (the last owner destroys it).
-struct EngineHandle {
-  std::shared_ptr<Engine> engine;
-  std::shared_ptr<InprocWorld> world;  // keeps an in-process world alive
-  Engine& get() { return *shared(); }
-  std::shared_ptr<Engine> shared() {
-    std::shared_ptr<Engine> e = engine;
-    if (!e) throw_invalid("communicator is closed");
-    return e;
-  }
-};
-
-Task make_task(int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root, int algo) {
-  Task t;
-  t.algo = algo;
-  t.coll = Coll(coll);
-  t.in = reinterpret_cast<const void*>(in);
-  t.out = reinterpret_cast<void*>(out);
-  t.count = count;
-  t.dtype = DType(dtype);
-  t.op = Op(op);
-  t.root = root;
-  return t;
-}
-
-// The in-process world, opaque to Python.
-struct WorldHandle {
-  std::shared_ptr<InprocWorld> world;
-};
-
-Options make_options(double timeout, size_t segment_bytes, int window) {
-  Options o;
-  o.timeout_s = timeout;
-  o.segment_bytes = segment_bytes;
-  o.window = window;
-  if (!(timeout > 0)) throw_invalid("timeout must be positive");
-  if (segment_bytes == 0 || segment_bytes > (size_t(1) << 30))
-    throw_invalid("segment_bytes must be between 1 and 2**30");
-  if (window < 2) throw_invalid("window must be at least 2");
-  return o;
-}
 
 // ---- DLPack (the ABI is fixed by the standard; only what we read) -------
 struct DLDevice { int32_t device_type, device_id; };
@@ -129,110 +84,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "ringcomm native core (private; use the ringcomm package)";
 
   register_error_translator();
-
-  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
-      .def("wait", &Work::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>(),
-           "Block (GIL released) until complete or timeout; True when complete.")
-      .def("is_completed", &Work::is_completed)
-      .def_property_readonly("seq", &Work::seq)
-      .def("error", [](Work& w) -> py::object {
-        const RingError* e = w.error();
-        if (!e) return py::none();
-        return error_object(*e);
-      });
-
-  py::class_<Tracer, std::shared_ptr<Tracer>>(m, "Tracer")
-      .def(py::init<bool>(), py::arg("values") = false)
-      .def("take",
-           [](Tracer& t) {
-             py::list out;
-             for (const TraceStep& s : t.take()) {
-               py::dict d;
-               d["seq"] = s.seq;
-               d["collective"] = coll_name(Coll(s.coll));
-               d["dtype"] = dtype_name(DType(s.dtype));
-               d["phase"] = s.phase;
-               d["step"] = s.step;
-               d["rank"] = s.rank;
-               d["send_peer"] = s.send_peer;
-               d["send_chunk"] = s.send_chunk;
-               d["send_bytes"] = s.send_bytes;
-               d["recv_peer"] = s.recv_peer;
-               d["recv_chunk"] = s.recv_chunk;
-               d["recv_bytes"] = s.recv_bytes;
-               d["t_start_ns"] = s.t_start_ns;
-               d["t_end_ns"] = s.t_end_ns;
-               d["values"] = py::bytes(s.values.data(), s.values.size());
-               out.append(d);
-             }
-             return out;
-           },
-           "Recorded steps so far, as dicts (and forget them).");
-
-  py::class_<WorldHandle>(m, "InprocWorld");
-  m.def("inproc_world", [](int n) { return WorldHandle{make_inproc_world(n)}; }, py::arg("nranks"));
-
-  py::class_<EngineHandle>(m, "Engine")
-      .def_property_readonly("rank", [](EngineHandle& h) { return h.get().rank(); })
-      .def_property_readonly("size", [](EngineHandle& h) { return h.get().size(); })
-      .def_property_readonly("transport", [](EngineHandle& h) { return h.get().transport_name(); })
-      .def_property_readonly("closed", [](EngineHandle& h) { return !h.engine; })
-      .def("submit",
-           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
-              int algo) { return h.get().submit(make_task(coll, in, out, count, dtype, op, root, algo)); },
-           py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
-           py::arg("op"), py::arg("root"), py::arg("algo") = 0, "Queue a collective; returns its Work.")
-      .def("run",
-           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
-              int algo) {
-             Task t = make_task(coll, in, out, count, dtype, op, root, algo);
-             std::shared_ptr<Engine> e = h.shared();
-             std::shared_ptr<Work> w;
-             {
-               py::gil_scoped_release nogil;
-               w = e->run_sync(t);
-               e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
-             }
-             if (const RingError* err = w->error()) throw *err;
-           },
-           py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
-           py::arg("op"), py::arg("root"), py::arg("algo") = 0,
-           "Run a collective to completion (on this thread when the engine is idle); raises on failure.")
-      .def("traffic",
-           [](EngineHandle& h) {
-             auto cells = h.get().ledger().snapshot();
-             const int n = h.get().size();
-             py::array_t<uint64_t> a({int(Coll::kCount), n, 2, 4});
-             auto v = a.mutable_unchecked<4>();
-             for (int c = 0; c < int(Coll::kCount); ++c)
-               for (int p = 0; p < n; ++p)
-                 for (int k = 0; k < 2; ++k) {
-                   const Counters& x = cells[(size_t(c) * n + p) * 2 + k];
-                   v(c, p, k, 0) = x.bytes_sent;
-                   v(c, p, k, 1) = x.msgs_sent;
-                   v(c, p, k, 2) = x.bytes_recv;
-                   v(c, p, k, 3) = x.msgs_recv;
-                 }
-             return a;
-           },
-           "Ledger as uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)]")
-      .def("abort", [](EngineHandle& h) { return h.get().abort(); })
-      .def("set_tracer", [](EngineHandle& h, std::shared_ptr<Tracer> t) { h.get().set_tracer(std::move(t)); },
-           py::arg("tracer").none(true))
-      .def("reset_traffic", [](EngineHandle& h) { h.get().ledger().reset(); })
-      .def("set_segment_bytes", [](EngineHandle& h, size_t b) { h.get().set_segment_bytes(b); })
-      .def("set_timeout", [](EngineHandle& h, double s) { h.get().set_timeout(s); })
-      .def_property_readonly("segment_bytes", [](EngineHandle& h) { return h.get().options().segment_bytes; })
-      .def_property_readonly("timeout", [](EngineHandle& h) { return h.get().options().timeout_s; })
-      .def_property_readonly("aborted", [](EngineHandle& h) { return h.get().aborted(); })
-      .def_property_readonly("abort_reason", [](EngineHandle& h) { return h.get().abort_reason(); })
-      .def("close",
-           [](EngineHandle& h) {
-             std::shared_ptr<Engine> e = std::move(h.engine);
-             py::gil_scoped_release nogil;
-             e.reset();  // drains queued work and joins the worker, unless a collective still runs
-           },
-           "Finish queued collectives and stop the worker thread.");
+  bind::bind_engine(m);
 
   m.def("mpi_engine",
         [](uintptr_t comm_handle, double timeout, size_t segment_bytes, int window) {
@@ -247,14 +99,18 @@ PYBIND11_MODULE(_core, m) {
         py::arg("comm_handle"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"));
 
   m.def("inproc_engine",
-        [](const WorldHandle& world, int rank, double timeout, size_t segment_bytes, int window) {
+        [](const WorldHandle& world, int rank, double timeout, size_t segment_bytes, int window, bool emulate_device,
+           double jitter_us) {
           Options o = make_options(timeout, segment_bytes, window);
           auto h = std::make_unique<EngineHandle>();
-          h->engine = std::make_shared<Engine>(make_inproc_transport(world.world, rank), o);
+          std::shared_ptr<Device> dev = emulate_device ? make_emulated_device(rank, jitter_us) : nullptr;
+          h->engine = std::make_shared<Engine>(make_inproc_transport(world.world, rank, dev), o);
           h->world = world.world;
           return h;
         },
-        py::arg("world"), py::arg("rank"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"));
+        py::arg("world"), py::arg("rank"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"),
+        py::arg("emulate_device") = false, py::arg("jitter_us") = 0.0,
+        "An in-process rank; with emulate_device, its payload path is the emulated device (stream_emu.h).");
 
   // Address of a C-contiguous buffer (numpy arrays included), or None when
   // the object cannot export one cheaply; ~10x faster than __array_interface__.

@@ -29,15 +29,15 @@ void chain_broadcast(Link& link, size_t count, size_t elem_size, int root, char*
   link.trace_start(Phase::broadcast, hop, hop < n - 1 ? link.right() : -1, -1, hop < n - 1 ? total : 0,
                    hop > 0 ? link.left() : -1, -1, hop > 0 ? total : 0);
   if (hop == 0) {
-    for (int k = 0; k < K; ++k) link.send(link.right(), at(k), bytes(k));
+    for (int k = 0; k < K; ++k) link.send(link.right(), at(k), bytes(k), k);
   } else {
     const int window = std::max(2, link.options().window);
     std::vector<Request*> recv(K, nullptr);
-    for (int k = 0; k < std::min(window, K); ++k) recv[k] = link.recv(link.left(), at(k), bytes(k));
+    for (int k = 0; k < std::min(window, K); ++k) recv[k] = link.recv(link.left(), at(k), bytes(k), k);
     for (int k = 0; k < K; ++k) {
       link.wait(recv[k], "a broadcast segment", hop - 1, k);
-      if (k + window < K) recv[k + window] = link.recv(link.left(), at(k + window), bytes(k + window));
-      if (hop < n - 1) link.send(link.right(), at(k), bytes(k));
+      if (k + window < K) recv[k + window] = link.recv(link.left(), at(k + window), bytes(k + window), k + window);
+      if (hop < n - 1) link.send(link.right(), at(k), bytes(k), k);
     }
   }
   link.drain();

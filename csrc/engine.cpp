@@ -23,6 +23,11 @@ const RingError* Work::error() {
   return err_.get();
 }
 
+EventPtr Work::done_event() {
+  std::lock_guard<std::mutex> g(m_);
+  return done_event_;
+}
+
 void Work::finish(std::unique_ptr<RingError> err) {
   std::lock_guard<std::mutex> g(m_);
   err_ = std::move(err);
@@ -48,6 +53,8 @@ void Engine::validate(const Task& t) {
   else dtype_size(t.dtype);
   if (t.algo != 0 && !(t.algo == 1 && t.coll == Coll::all_reduce))
     throw_invalid("algorithm 'naive' exists for all_reduce only");
+  if (t.algo == 1 && link_.device())
+    throw_invalid("algorithm 'naive' runs on host communicators only (it is a teaching baseline)");
   if (t.coll == Coll::broadcast && (t.root < 0 || t.root >= size()))
     throw_invalid("broadcast root " + std::to_string(t.root) + " is out of range for " + std::to_string(size()) +
                   " ranks (expected 0 <= root < " + std::to_string(size()) + ")");
@@ -139,7 +146,7 @@ void Engine::loop() {
 void Engine::execute(const Task& t, Work& w) {
   std::unique_ptr<RingError> err;
   try {
-    run(t, w.seq());
+    run(t, w);
   } catch (const RingError& e) {
     err = std::make_unique<RingError>(e);
   } catch (const std::exception& e) {
@@ -169,7 +176,14 @@ void Engine::execute(const Task& t, Work& w) {
   w.finish(std::move(err));
 }
 
-void Engine::run(const Task& t, uint64_t seq) {
+// Host: the reducer runs here. Device: it enqueues kernels on the device.
+static std::unique_ptr<Reducer> make_reducer(Device* dev, DType dtype, Op op) {
+  return dev ? dev->reducer(dtype, op) : make_cpu_reducer(dtype, op);
+}
+
+void Engine::run(const Task& t, Work& w) {
+  const uint64_t seq = w.seq();
+  Device* dev = link_.device();
   if (t.abort) {
     if (!link_.aborted())
       throw RingError(ErrKind::aborted, rank(), -1, link_.seq(),
@@ -193,9 +207,10 @@ void Engine::run(const Task& t, uint64_t seq) {
 
   const size_t es = dtype_size(t.dtype);
   link_.begin(fp);
+  if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
   switch (t.coll) {
     case Coll::all_reduce: {
-      auto red = make_cpu_reducer(t.dtype, t.op);
+      auto red = make_reducer(dev, t.dtype, t.op);
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       if (t.algo == 1)
         naive_all_reduce(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
@@ -204,7 +219,7 @@ void Engine::run(const Task& t, uint64_t seq) {
       break;
     }
     case Coll::reduce_scatter: {
-      auto red = make_cpu_reducer(t.dtype, t.op);
+      auto red = make_reducer(dev, t.dtype, t.op);
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       // Partial sums of the chunks this rank passes on need a home that is
       // neither the caller's input (never written) nor its chunk-sized output.
@@ -228,6 +243,11 @@ void Engine::run(const Task& t, uint64_t seq) {
       throw_invalid("unknown collective");
   }
   link_.drain();
+  if (dev) {
+    std::lock_guard<std::mutex> g(w.m_);
+    w.done_event_ = dev->record();
+    w.device_ = link_.transport().device();
+  }
 }
 
 bool Engine::aborted() {

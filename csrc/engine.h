@@ -24,6 +24,11 @@ class Work {
   // After completion: null on success, else the failure.
   const RingError* error();
   uint64_t seq() const { return seq_; }
+  // Device collectives: once complete (on the host: everything is enqueued),
+  // the point on the communicator's device after which the result is ready,
+  // and that device. Null for host collectives and failed ones.
+  EventPtr done_event();
+  std::shared_ptr<Device> device() const { return device_; }
 
  private:
   friend class Engine;
@@ -33,6 +38,8 @@ class Work {
   bool done_ = false;
   std::unique_ptr<RingError> err_;
   uint64_t seq_ = 0;
+  EventPtr done_event_;
+  std::shared_ptr<Device> device_;
 };
 
 struct Task {
@@ -44,6 +51,9 @@ struct Task {
   Op op = Op::sum;
   int root = 0;
   int algo = 0;  // all_reduce: 0 ring, 1 naive (master-centric)
+  // Device communicators: the collective starts after this point (the
+  // caller's stream at the time of the call; device.h). May be null.
+  EventPtr after;
   std::shared_ptr<Tracer> tracer;  // filled by submit(): the tracer in force, if any
   Options opts;  // filled by submit(): the options in force when it was issued
   bool abort = false;  // not a collective: abort the communicator (Engine::abort)
@@ -57,6 +67,8 @@ class Engine {
   int rank() const { return link_.rank(); }
   int size() const { return link_.size(); }
   std::string transport_name() { return link_.transport().name(); }
+  // Null for host memory; else the device every collective's payload lives on.
+  std::shared_ptr<Device> device() { return link_.transport().device(); }
 
   // Buffers per collective (`count` is always the full buffer's length):
   //   all_reduce     in: count elements, out: count elements (may be in)
@@ -91,7 +103,7 @@ class Engine {
   void loop();
   std::shared_ptr<Work> enqueue(const Task& t, bool inline_if_idle, bool* run_here);
   void execute(const Task& t, Work& w);  // run and record the outcome
-  void run(const Task& t, uint64_t seq);
+  void run(const Task& t, Work& w);
   void validate(const Task& t);
 
   Link link_;

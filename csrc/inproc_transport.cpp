@@ -20,14 +20,29 @@ struct Waker {
 
 struct InprocRequest;
 
+// A device message (payload between ranks that have a Device): matching
+// happens on the host, the copy on the receiver's device. Shared by both
+// requests, so either may go away first.
+//   sender:   `ready` = point after the work that produced the data (isend);
+//   receiver: waits for `ready`, enqueues the copy, records `consumed`, sets `copied`;
+//   sender:   waits (on its device) for `consumed` before anything that
+//             may overwrite its buffer: its request is done once `copied`.
+struct DeviceHandoff {
+  const void* src = nullptr;
+  EventPtr ready, consumed;
+  std::atomic<bool> copied{false};
+  Waker* sender = nullptr;
+};
+
 // A message waiting for its receive: small ones own a copy of their bytes
 // (their send request is already complete and may be gone); large ones point
-// at the sender's request and buffer.
+// at the sender's request and buffer; device ones carry the handoff.
 struct Message {
-  InprocRequest* sender = nullptr;  // null for an eager message
+  InprocRequest* sender = nullptr;  // null for an eager or device message
   const void* src = nullptr;
   size_t bytes = 0;
   std::unique_ptr<char[]> copy;
+  std::shared_ptr<DeviceHandoff> handoff;
 };
 
 // Unmatched sends and receives of one (sender, receiver, channel).
@@ -41,8 +56,9 @@ struct InprocRequest : Request {
   void* dst = nullptr;  // recv: where the message goes
   Waker* owner = nullptr;
   Queue* queue = nullptr;
-  std::atomic<bool> complete{false};
+  std::atomic<bool> complete{false};  // host: transfer done; device recv: matched
   std::atomic<bool> size_error{false};
+  std::shared_ptr<DeviceHandoff> handoff;  // device messages only
 };
 
 void finish(InprocRequest* r) {
@@ -52,9 +68,12 @@ void finish(InprocRequest* r) {
 }
 
 // Called with the queue's lock held: move the message, complete both sides.
+// A device message is only paired here; its receiver enqueues the copy.
 void match(const Message& msg, InprocRequest* recv) {
   if (msg.bytes != recv->bytes) {
     recv->size_error = true;
+  } else if (msg.handoff) {
+    recv->handoff = msg.handoff;
   } else if (msg.bytes) {
     std::memcpy(recv->dst, msg.src, msg.bytes);
   }
@@ -83,17 +102,28 @@ std::shared_ptr<InprocWorld> make_inproc_world(int nranks) {
 namespace {
 class InprocTransport final : public Transport {
  public:
-  InprocTransport(std::shared_ptr<InprocWorld> w, int rank) : w_(std::move(w)), rank_(rank) {}
+  InprocTransport(std::shared_ptr<InprocWorld> w, int rank, std::shared_ptr<Device> dev)
+      : w_(std::move(w)), rank_(rank), dev_(std::move(dev)) {}
   int rank() const override { return rank_; }
   int size() const override { return w_->n; }
-  std::string name() const override { return "inproc"; }
+  std::string name() const override { return dev_ ? "inproc(" + dev_->name() + ")" : "inproc"; }
+  std::shared_ptr<Device> device() const override { return dev_; }
 
-  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes) override {
+  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int /*unit*/) override {
     auto r = make(peer, true, bytes, w_->queue(rank_, peer, ch));
     Message msg;
     msg.src = buf;
     msg.bytes = bytes;
     msg.sender = r.get();
+    if (on_device(ch, bytes)) {
+      // Paired on the host, copied by the receiver on its device (see DeviceHandoff).
+      r->handoff = std::make_shared<DeviceHandoff>();
+      r->handoff->src = buf;
+      r->handoff->ready = dev_->record();
+      r->handoff->sender = r->owner;
+      msg.handoff = r->handoff;
+      msg.sender = nullptr;
+    }
     Queue* q = r->queue;
     std::lock_guard<std::mutex> g(q->m);
     if (!q->recvs.empty()) {
@@ -101,7 +131,7 @@ class InprocTransport final : public Transport {
       q->recvs.pop_front();
       match(msg, peer_recv);
     } else {
-      if (bytes <= kEagerBytes) {  // buffered: the sender may reuse its buffer now
+      if (bytes <= kEagerBytes && !msg.handoff) {  // buffered: the sender may reuse its buffer now
         msg.copy.reset(new char[bytes ? bytes : 1]);
         if (bytes) std::memcpy(msg.copy.get(), buf, bytes);
         msg.src = msg.copy.get();
@@ -113,7 +143,7 @@ class InprocTransport final : public Transport {
     return r;
   }
 
-  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes) override {
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/) override {
     auto r = make(peer, false, bytes, w_->queue(peer, rank_, ch));
     r->dst = buf;
     Queue* q = r->queue;
@@ -133,11 +163,24 @@ class InprocTransport final : public Transport {
     for (;;) {
       for (int i = 0; i < n; ++i) {
         auto* r = static_cast<InprocRequest*>(reqs[i]);
-        if (r && (r->done || r->complete.load(std::memory_order_acquire))) {
+        if (!r) continue;
+        if (r->done) return i;
+        if (r->is_send && r->handoff) {  // device send: done once the receiver enqueued its copy
+          if (!r->handoff->copied.load(std::memory_order_acquire)) continue;
+          lk.unlock();  // device calls and the peer's waker lock: never under ours
+          dev_->wait(r->handoff->consumed);  // later writes to the buffer wait for the copy
           r->done = true;
+          return i;
+        }
+        if (r->complete.load(std::memory_order_acquire)) {
           if (r->size_error)
             throw RingError(ErrKind::transport, rank_, r->peer, 0,
                             "in-process message of unexpected size from rank " + std::to_string(r->peer));
+          if (r->handoff) {
+            lk.unlock();
+            receive_on_device(*r);
+          }
+          r->done = true;
           return i;
         }
       }
@@ -158,7 +201,7 @@ class InprocTransport final : public Transport {
     std::lock_guard<std::mutex> g(r.queue->m);
     if (r.is_send) {
       for (auto it = r.queue->sends.begin(); it != r.queue->sends.end(); ++it)
-        if (it->sender == &r) {
+        if (it->sender == &r || (r.handoff && it->handoff == r.handoff)) {
           r.queue->sends.erase(it);
           break;
         }
@@ -182,14 +225,31 @@ class InprocTransport final : public Transport {
     r->queue = q;
     return r;
   }
+  bool on_device(Channel ch, size_t bytes) const { return dev_ && ch == Channel::data && bytes > 0; }
+
+  // The receiving half of a device message, on the receiver's thread (so its
+  // device work stays in program order): copy once the data is ready, then
+  // tell the sender when its buffer is free.
+  void receive_on_device(InprocRequest& r) {
+    DeviceHandoff& h = *r.handoff;
+    dev_->wait(h.ready);
+    dev_->copy(r.dst, h.src, r.bytes);
+    h.consumed = dev_->record();
+    std::lock_guard<std::mutex> g(h.sender->m);
+    h.copied.store(true, std::memory_order_release);
+    h.sender->cv.notify_all();
+  }
+
   std::shared_ptr<InprocWorld> w_;
   int rank_;
+  std::shared_ptr<Device> dev_;
 };
 }  // namespace
 
-std::unique_ptr<Transport> make_inproc_transport(std::shared_ptr<InprocWorld> world, int rank) {
+std::unique_ptr<Transport> make_inproc_transport(std::shared_ptr<InprocWorld> world, int rank,
+                                                 std::shared_ptr<Device> device) {
   if (rank < 0 || rank >= world->n) throw_invalid("in-process rank out of range: " + std::to_string(rank));
-  return std::make_unique<InprocTransport>(std::move(world), rank);
+  return std::make_unique<InprocTransport>(std::move(world), rank, std::move(device));
 }
 
 }  // namespace ringcomm

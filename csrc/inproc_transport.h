@@ -5,6 +5,11 @@
 // request completes when that copy is done: rendezvous, no staging buffer);
 // a small one (control messages, tokens) is copied at send time, so the
 // send completes at once (eager).
+//
+// With a Device per rank (device.h: GPUs, or their CPU emulation), payload is
+// paired on the host as above but copied on the receiver's device, ordered
+// with events after the sender's producing work; the sender's later work
+// waits for the copy. No host thread ever waits for a device.
 #pragma once
 
 #include <memory>
@@ -16,6 +21,7 @@ namespace ringcomm {
 class InprocWorld;  // shared state of one group of in-process ranks
 
 std::shared_ptr<InprocWorld> make_inproc_world(int nranks);
-std::unique_ptr<Transport> make_inproc_transport(std::shared_ptr<InprocWorld> world, int rank);
+std::unique_ptr<Transport> make_inproc_transport(std::shared_ptr<InprocWorld> world, int rank,
+                                                 std::shared_ptr<Device> device = nullptr);
 
 }  // namespace ringcomm

@@ -60,7 +60,7 @@ static std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
 }
 
 Link::Link(std::unique_ptr<Transport> t, Options opts)
-    : t_(std::move(t)), opts_(opts), rank_(t_->rank()), size_(t_->size()), ledger_(t_->size()) {
+    : t_(std::move(t)), device_(t_->device()), opts_(opts), rank_(t_->rank()), size_(t_->size()), ledger_(t_->size()) {
   ctrl_in_ = std::make_unique<ControlMsg>();
   if (size_ > 1) post_control_recv();
 }
@@ -177,17 +177,17 @@ void Link::expect_fingerprint(int peer) {
   check_call(theirs, peer);
 }
 
-Request* Link::send(int peer, const void* buf, size_t bytes) {
+Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
-  live_.push_back(t_->isend(peer, Channel::data, buf, bytes));
+  live_.push_back(t_->isend(peer, Channel::data, buf, bytes, unit));
   ledger_.sent(coll_, peer, false, bytes);
   return live_.back().get();
 }
 
-Request* Link::recv(int peer, void* buf, size_t bytes) {
+Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
   await_header();
-  live_.push_back(t_->irecv(peer, Channel::data, buf, bytes));
+  live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit));
   ledger_.received(coll_, peer, false, bytes);
   return live_.back().get();
 }
@@ -296,12 +296,21 @@ void Link::trace_start_impl(Phase phase, int step, int send_peer, int send_chunk
 
 void Link::trace_finish_impl(const void* values, size_t bytes) {
   open_step_.t_end_ns = now_ns();
-  if (tracer_->values() && values && bytes)
+  if (tracer_->values() && values && bytes && !device_)  // device memory: not readable here
     open_step_.values.assign(static_cast<const char*>(values), static_cast<const char*>(values) + bytes);
   tracer_->add(std::move(open_step_));
 }
 
+void Link::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  if (device_)
+    device_->copy(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
+}
+
 char* Link::scratch(int which, size_t bytes) {
+  if (device_) return device_->scratch(which, bytes);
   auto& s = scratch_[which];
   if (s.size() < bytes) s.resize(bytes);
   return s.data();

@@ -80,8 +80,13 @@ class Link {
   // ---- payload movement (called by the algorithms) ----
   // The returned request is owned by the Link until drain(); null when bytes == 0
   // (nothing is sent for an empty segment, and both sides skip it alike).
-  Request* send(int peer, const void* buf, size_t bytes);
-  Request* recv(int peer, void* buf, size_t bytes);
+  // `unit`: the algorithm's (step, segment) index of this message (transport.h).
+  Request* send(int peer, const void* buf, size_t bytes, int unit = -1);
+  Request* recv(int peer, void* buf, size_t bytes, int unit = -1);
+  // Copy within this rank's memory: memcpy on the host, enqueued on a Device.
+  void copy(void* dst, const void* src, size_t bytes);
+  // Null for host memory; else where payload lives and work is ordered (device.h).
+  Device* device() const { return device_.get(); }
   // For algorithms that receive from ranks other than the left neighbour (the
   // master-centric one): before receiving payload from `peer`, get its
   // fingerprint (a fixed-size message, so a peer with another count cannot
@@ -93,7 +98,8 @@ class Link {
   Request* recv_token(int peer);
   // Block until r is done. `what` describes the wait for the timeout message.
   void wait(Request* r, const char* what, int step = -1, int segment = -1);
-  // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work buffer).
+  // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work
+  // buffer), in the memory the payload lives in (the Device's, if any).
   char* scratch(int which, size_t bytes);
 
   // ---- step trace (trace.h); no-ops unless a tracer is set ----
@@ -120,6 +126,7 @@ class Link {
   void send_control(const ControlMsg& m);
 
   std::unique_ptr<Transport> t_;
+  std::shared_ptr<Device> device_;  // t_->device(): null for host memory
   Options opts_;
   int rank_, size_;
   Ledger ledger_;

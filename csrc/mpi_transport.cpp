@@ -74,12 +74,12 @@ class MpiTransport final : public Transport {
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
 
-  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes) override {
+  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int /*unit*/) override {
     auto r = make(peer, true, bytes);
     RC_MPI(MPI_Isend(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
     return r;
   }
-  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes) override {
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/) override {
     auto r = make(peer, false, bytes);
     RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
     return r;

@@ -23,7 +23,6 @@
 // s+1, while later segments are still on the wire; `window` receives are
 // kept in flight, so reduction overlaps transfer.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "algorithms.h"
@@ -35,7 +34,7 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
   const int n = plan.nranks(), rank = link.rank();
   const size_t es = plan.elem_size();
   if (n == 1) {  // the single chunk is the whole buffer, already "reduced"
-    if (own != in) std::memcpy(own, in, plan.count() * es);
+    link.copy(own, in, plan.count() * es);
     return;
   }
   const int K = plan.segments(), steps = n - 1, units = steps * K;
@@ -63,12 +62,12 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
       dst = slots + size_t(u % window) * slot_bytes;
     }
     arrived[u] = dst;
-    recv[u] = link.recv(link.left(), dst, bytes(c, k));
+    recv[u] = link.recv(link.left(), dst, bytes(c, k), u);
   };
 
   // Step 0 sends our own contribution, straight from the input.
   const int first = plan.rs_send_chunk(rank, 0);
-  for (int k = 0; k < K; ++k) link.send(link.right(), in_at(first, k), bytes(first, k));
+  for (int k = 0; k < K; ++k) link.send(link.right(), in_at(first, k), bytes(first, k), k);
   for (int u = 0; u < std::min(window, units); ++u) post_recv(u);
 
   for (int u = 0; u < units; ++u) {
@@ -82,7 +81,7 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
     red.reduce(acc_at(c, k), in_at(c, k), arrived[u], plan.seg_count(c, k));
     if (u + window < units) post_recv(u + window);  // reuses the slot just consumed
     // What arrived at step s is what we send at step s+1 (plan.h).
-    if (step + 1 < steps) link.send(link.right(), acc_at(c, k), bytes(c, k));
+    if (step + 1 < steps) link.send(link.right(), acc_at(c, k), bytes(c, k), u + K);
     if (k == K - 1) link.trace_finish(acc_at(c, 0), plan.chunk_count(c) * es);  // the partial result it holds
   }
   link.drain();  // our sends read acc; the caller may overwrite it next

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common.h"
+#include "device.h"
 
 namespace ringcomm {
 
@@ -41,8 +42,19 @@ class Transport {
   // Short human description, e.g. "mpi(Open MPI v5.0.11)" or "inproc".
   virtual std::string name() const = 0;
 
-  virtual RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes) = 0;
-  virtual RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes) = 0;
+  // `unit`: which (step, segment) of the algorithm the message belongs to
+  // (-1: none). A rank's send and receive of one unit are matched, on its two
+  // neighbours, by their sends and receives of the same unit. Host transports
+  // ignore it; NCCL must issue each unit's send and receive together in one
+  // group (nccl_transport.cpp), and this is how it knows which belong together.
+  virtual RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int unit = -1) = 0;
+  virtual RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int unit = -1) = 0;
+
+  // Where payload (Channel::data) lives and is ordered: null for host memory
+  // (requests complete on the host), else the rank's Device (device.h):
+  // a request is then "done" once its transfer is ordered on that device.
+  // Control messages are always host memory.
+  virtual std::shared_ptr<Device> device() const { return nullptr; }
 
   // Block until at least one of reqs[0..n) is done (already-done requests
   // count) or `deadline` passes. Returns the index of a done request, -1 on

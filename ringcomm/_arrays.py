@@ -3,10 +3,18 @@
 Accepted, all without copying:
   * numpy arrays (any supported dtype, C-contiguous);
   * anything with ``__dlpack__`` on the CPU (PyTorch CPU tensors included, bfloat16 too);
-  * any other object with the buffer protocol (memoryview, bytearray, array.array).
+  * any other object with the buffer protocol (memoryview, bytearray, array.array);
+  * GPU arrays (for communicators whose payload lives on a GPU): PyTorch CUDA
+    tensors, cupy arrays, anything with ``__cuda_array_interface__``.
+
+A GPU array also says on which GPU it lives and which stream its producer
+uses (``Buf.stream()``: the caller's current stream of its library, read at
+the time of the call), so a collective can be ordered after the work queued
+there (see comm.py).
 
 New arrays (results of reduce_scatter / all_gather without ``out``) are made
-in the input's family: a torch tensor for a torch input, else numpy.
+in the input's family and on its device: a torch tensor for a torch input, a
+cupy array for a cupy input, else numpy.
 """
 
 from __future__ import annotations
@@ -31,8 +39,17 @@ class Buf:
     dtype: str
     shape: tuple
     readonly: bool
-    family: str       # "numpy" | "torch" | "other"
+    family: str       # "numpy" | "torch" | "cupy" | "other"
     keep: Any = None  # DLPack capsule etc. that must outlive the operation
+    device: int | None = None  # GPU ordinal; None: host memory
+    stream_fn: Any = None      # GPU arrays: () -> the caller's current stream handle
+
+    def stream(self) -> int:
+        return self.stream_fn() if self.stream_fn is not None else 0
+
+    @property
+    def where(self) -> str:
+        return "host memory" if self.device is None else f"cuda:{self.device}"
 
     @property
     def nbytes(self) -> int:
@@ -67,6 +84,10 @@ def view(x, what: str = "input") -> Buf:
     """Describe `x` for the native layer, or raise InvalidArgument saying what is wrong."""
     if isinstance(x, np.ndarray):
         return _from_numpy(x, x, what)
+    if _is_torch(x) and getattr(x, "is_cuda", False):
+        return _from_torch_cuda(x, what)
+    if hasattr(x, "__cuda_array_interface__"):
+        return _from_cai(x, what)
     if hasattr(x, "__dlpack__"):
         return _from_dlpack(x, what)
     try:
@@ -126,9 +147,92 @@ def _from_dlpack(x, what: str) -> Buf:
     return Buf(x, info["ptr"], count, name, shape, bool(info["readonly"]), family, capsule)
 
 
+_TORCH_NAMES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64",
+                "int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64"}
+
+
+def _from_torch_cuda(x, what: str) -> Buf:
+    # Read directly (zero copy) rather than through __dlpack__, whose stream
+    # handshake would synchronize streams behind our back: ordering is done
+    # explicitly, after torch's current stream (comm.py).
+    import torch
+    name = str(x.dtype).replace("torch.", "")
+    if name not in _TORCH_NAMES:
+        raise InvalidArgument(f"{what}: unsupported dtype {x.dtype}; supported: {_dtypes.SUPPORTED}")
+    if not x.is_contiguous():
+        raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
+                              "pass x.contiguous()")
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    src = x.detach()
+    return Buf(x, src.data_ptr(), src.numel(), name, tuple(x.shape), False, "torch", src, device=dev,
+               stream_fn=lambda: torch.cuda.current_stream(dev).cuda_stream)
+
+
+def _from_cai(x, what: str) -> Buf:
+    cai = x.__cuda_array_interface__
+    family = "cupy" if type(x).__module__.split(".")[0] == "cupy" else "other"
+    name = None
+    try:
+        name = _dtypes.numpy_name(np.dtype(cai["typestr"]))
+    except TypeError:
+        pass
+    if name is None and getattr(x, "dtype", None) is not None:
+        try:
+            name = _dtypes.numpy_name(x.dtype)
+        except TypeError:
+            name = None
+    if name is None:
+        raise InvalidArgument(f"{what}: unsupported dtype {cai['typestr']}; supported: {_dtypes.SUPPORTED}")
+    shape = tuple(cai["shape"])
+    item = _dtypes.itemsize(name)
+    strides = cai.get("strides")
+    if strides is not None and not _c_contiguous(shape, [st // item for st in strides], item):
+        raise InvalidArgument(f"{what}: array is not C-contiguous (shape {shape}, strides {strides}); "
+                              "pass cupy.ascontiguousarray(x)")
+    ptr, readonly = cai["data"]
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if family == "cupy":
+        import cupy
+        dev = int(x.device.id)
+        stream_fn = lambda: cupy.cuda.get_current_stream().ptr  # noqa: E731
+    else:
+        from . import cuda
+        dev = cuda.pointer_device(ptr) if count else None
+        if dev is None or dev < 0:
+            raise InvalidArgument(f"{what}: __cuda_array_interface__ points at memory that is not on a GPU")
+        handle = cai.get("stream")  # v3: the producer's stream (None: no ordering needed)
+        stream_fn = lambda: 0 if handle is None else int(handle)  # noqa: E731
+    return Buf(x, ptr, count, name, shape, bool(readonly), family, x, device=dev, stream_fn=stream_fn)
+
+
 def empty_like(template: Buf, count: int):
-    """A new 1-D array of `count` elements of template's dtype, in template's family."""
+    """A new 1-D array of `count` elements of template's dtype, in template's family and on its device."""
     if template.family == "torch":
         import torch
-        return torch.empty(count, dtype=template.obj.dtype)
+        return torch.empty(count, dtype=template.obj.dtype, device=template.obj.device)
+    if template.device is not None:
+        import cupy
+        with cupy.cuda.Device(template.device):
+            return cupy.empty(count, dtype=_dtypes.NUMPY[template.dtype])
     return np.empty(count, dtype=_dtypes.NUMPY[template.dtype])
+
+
+def like(template: Buf, values: np.ndarray):
+    """`values` (a numpy array) copied into template's family and device."""
+    if template.family == "torch":
+        import torch
+        return torch.from_numpy(values).to(template.obj.device)
+    if template.device is not None:
+        import cupy
+        with cupy.cuda.Device(template.device):
+            return cupy.asarray(values)
+    return values
+
+
+def to_numpy(x) -> np.ndarray:
+    """Host copy of an array made by like()/empty_like() (waits for its producer)."""
+    if _is_torch(x):
+        return x.cpu().numpy()
+    if hasattr(x, "get") and hasattr(x, "__cuda_array_interface__"):
+        return x.get()
+    return np.asarray(x)

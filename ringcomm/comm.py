@@ -8,13 +8,14 @@ import contextlib
 import logging
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
 import numpy as np
 
 from . import _dtypes, config
-from ._arrays import Buf, empty_like, view
+from ._arrays import Buf, empty_like, like, to_numpy, view
 from ._native import core
 from .errors import CommunicatorAborted, InvalidArgument, RingcommError, WaitTimeout
 from .traffic import Traffic
@@ -36,12 +37,18 @@ class Work:
 
     Collectives of one communicator complete in the order they were issued.
     The arrays involved are kept alive until the collective completes.
+
+    On a GPU communicator (as torch.distributed with NCCL): ``wait()`` makes the
+    caller's *current stream* wait for the result and returns without blocking
+    the host on the GPU; ``synchronize()`` blocks the host until the result is
+    there. Work queued on that stream after ``wait()`` sees the result.
     """
 
-    def __init__(self, native, result, keep):
+    def __init__(self, native, result, keep, stream_fn=None):
         self._native = native
         self._result = result
         self._keep = keep
+        self._stream_fn = stream_fn  # GPU arrays: () -> the caller's current stream
 
     @property
     def seq(self) -> int:
@@ -61,14 +68,38 @@ class Work:
         if not self._native.wait(-1.0 if timeout is None else float(timeout)):
             raise WaitTimeout(f"collective #{self.seq} still running after {timeout} s", seq=self.seq)
         err = self._native.error()
-        self._keep = None
         if err is not None:
+            self._keep = None
             raise err
+        if self._native.on_device:
+            # Ordered on the caller's current stream; the arrays must live until
+            # the device is done with them, so they stay referenced here.
+            self._native.wait_stream(self._stream_fn() if self._stream_fn else 0)
+        else:
+            self._keep = None
         return self._result
+
+    def synchronize(self, timeout: float | None = None):
+        """wait(), then block the host until the result is ready (a no-op
+        beyond wait() for host collectives). Returns the result array."""
+        start = time.monotonic()
+        result = self.wait(timeout)
+        left = -1.0 if timeout is None else max(0.0, float(timeout) - (time.monotonic() - start))
+        if not self._native.synchronize(left):
+            raise WaitTimeout(f"collective #{self.seq} still running on the device after {timeout} s "
+                              "(a peer that never joined? see Communicator.abort)", seq=self.seq)
+        self._keep = None
+        return result
 
     def result(self):
         """Alias of wait() without a timeout."""
         return self.wait()
+
+    def _done_with_arrays(self) -> bool:
+        """Nothing (host or device) will touch this collective's arrays any more."""
+        if not self._native.is_completed():
+            return False
+        return not self._native.on_device or self._native.synchronize(0.0)
 
 
 class Communicator:
@@ -98,8 +129,20 @@ class Communicator:
 
     @property
     def transport(self) -> str:
-        """'mpi' or 'inproc'."""
+        """'mpi', 'inproc', 'inproc(cuda:0)', 'nccl(cuda:0)', 'inproc(emulated:0)'."""
         return self._engine.transport
+
+    @property
+    def device(self) -> str | None:
+        """Where this communicator's payload lives: None (host memory),
+        'cuda:K' (GPU K), or 'emulated:r' (host memory through the emulated
+        device queue: the GPU path's ordering, tested on a CPU)."""
+        return self._engine.device
+
+    @property
+    def _gpu(self) -> int | None:
+        d = self._engine.device
+        return int(d.split(":")[1]) if d and d.startswith("cuda:") else None
 
     @property
     def segment_bytes(self) -> int:
@@ -135,7 +178,7 @@ class Communicator:
         algorithm: "ring" (reduce-scatter + all-gather), or "naive": the
         master-centric scheme (everything to rank 0 and back), for comparison.
         """
-        xb = view(x, "all_reduce input")
+        xb = self._view(x, "all_reduce input")
         opc = self._op(op, xb)
         if out is None:
             ob = self._writable(xb, "all_reduce input (in place; pass out= for a read-only input)")
@@ -154,7 +197,7 @@ class Communicator:
         len(x)//n elements, plus one if r < len(x) % n. Returns a new 1-D array
         (same family as `x`) unless `out` is given. `x` is not modified.
         """
-        xb = view(x, "reduce_scatter input")
+        xb = self._view(x, "reduce_scatter input")
         opc = self._op(op, xb)
         mine = _split(xb.count, self.size, self.rank)
         if out is None:
@@ -172,11 +215,11 @@ class Communicator:
         exchange their counts (one extra small collective; all ranks must then
         call without `out`).
         """
-        xb = view(x, "all_gather input")
+        xb = self._view(x, "all_gather input")
         if out is None:
-            total = self._gathered_total(xb.count)
+            total = self._gathered_total(xb)
             out = empty_like(xb, total)
-        ob = view(out, "all_gather out")
+        ob = self._view(out, "all_gather out")
         total = ob.count
         mine = _split(total, self.size, self.rank)
         if xb.count != mine:
@@ -189,7 +232,7 @@ class Communicator:
 
     def broadcast(self, x, root: int = 0, *, async_op: bool = False):
         """Copy `x` from rank `root` to every rank, in place. Returns `x`."""
-        xb = view(x, "broadcast buffer")
+        xb = self._view(x, "broadcast buffer")
         root = int(root)
         if not 0 <= root < self.size:
             raise InvalidArgument(f"broadcast root {root} is out of range (expected 0 <= root < {self.size})")
@@ -222,7 +265,7 @@ class Communicator:
         if self._trace is not None:
             raise InvalidArgument("a trace is already active on this communicator")
         t = Trace(self, values)
-        native = core.Tracer(values)
+        native = self._engine.make_tracer(values)
         self._trace = (t, native)
         self._engine.set_tracer(native)
         try:
@@ -264,6 +307,22 @@ class Communicator:
                                   "(use 'sum' and divide, or convert to a floating type)")
         return _dtypes.OPS[op]
 
+    def _view(self, x, what: str) -> Buf:
+        """view(x), plus: the array lives where this communicator's payload does."""
+        b = view(x, what)
+        gpu = self._gpu
+        if gpu is None and b.device is not None:
+            raise InvalidArgument(
+                f"{what} is on cuda:{b.device}, but this communicator moves host memory; for GPU arrays use "
+                "ringcomm.init(device='cuda') or run_local(..., device='cuda')")
+        if gpu is not None and b.device is None and b.count:
+            raise InvalidArgument(
+                f"{what} is in host memory, but this communicator's payload lives on cuda:{gpu} "
+                "(move it there: cupy.asarray(x) or tensor.cuda())")
+        if gpu is not None and b.device is not None and b.device != gpu:
+            raise InvalidArgument(f"{what} is on cuda:{b.device}, but this communicator is on cuda:{gpu}")
+        return b
+
     @staticmethod
     def _writable(b: Buf, what: str) -> Buf:
         if b.readonly:
@@ -280,7 +339,7 @@ class Communicator:
         in-place forms: all_reduce with out = x; reduce_scatter with out =
         this rank's chunk of x; all_gather with x = this rank's chunk of out
         (`in_place_at`: out.ptr - x.ptr in bytes for those)."""
-        ob = outbuf if outbuf is not None else view(out, f"{coll} out")
+        ob = outbuf if outbuf is not None else self._view(out, f"{coll} out")
         if ob.readonly:
             raise InvalidArgument(f"{coll} out is read-only")
         if ob.dtype != xb.dtype:
@@ -294,9 +353,12 @@ class Communicator:
                                      " (or use the exact in-place form: this rank's chunk)"))
         return ob
 
-    def _gathered_total(self, mine: int) -> int:
-        counts = np.empty(self.size, dtype=np.int64)
-        self.all_gather(np.array([mine], dtype=np.int64), out=counts)
+    def _gathered_total(self, xb: Buf) -> int:
+        # The counts travel like the payload (on a GPU communicator: GPU arrays of x's family).
+        template = Buf(xb.obj, 0, 0, "int64", (), False, xb.family, device=xb.device)
+        counts_dev = empty_like(template, self.size)
+        self.all_gather(like(template, np.array([xb.count], dtype=np.int64)), out=counts_dev)
+        counts = to_numpy(counts_dev)
         total = int(counts.sum())
         want = [_split(total, self.size, r) for r in range(self.size)]
         if counts.tolist() != want:
@@ -311,16 +373,29 @@ class Communicator:
         if self._settings.debug:
             print(f"ringcomm[{self._label} rank {self.rank}] {coll} count={count} "
                   f"dtype={(xb.dtype if xb else '-')} op={opc} root={root}", file=sys.stderr)
-        args = (_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0, count, dtype, opc, root, algo)
+        lead = xb or ob
+        stream_fn = lead.stream_fn if lead is not None else None
+        # GPU arrays: ordered after the work queued so far on the caller's current stream.
+        stream = stream_fn() if stream_fn is not None else 0
+        args = (_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0, count, dtype, opc, root, algo,
+                stream)
         if not async_op:
-            self._engine.run(*args)  # the caller's frame keeps the arrays alive
-            return result
-        work = Work(self._engine.submit(*args), result, (xb, ob))
+            if self._engine.device is None:
+                self._engine.run(*args)  # the caller's frame keeps the arrays alive
+                return result
+            # On a device it returns once enqueued: keep the arrays alive until the device is done.
+            work = Work(self._engine.submit(*args), result, (xb, ob), stream_fn)
+            self._track(work)
+            return work.wait()
+        work = Work(self._engine.submit(*args), result, (xb, ob), stream_fn)
+        self._track(work)
+        return work
+
+    def _track(self, work: Work) -> None:
         with self._lock:  # keep the arrays of queued collectives alive until they complete
-            while self._inflight and self._inflight[0].is_completed():
+            while self._inflight and self._inflight[0]._done_with_arrays():
                 self._inflight.popleft()
             self._inflight.append(work)
-        return work
 
 
 # ---------------------------------------------------------------------------
@@ -337,30 +412,86 @@ def _close_mpi_comms() -> None:
             pass
 
 
-def init(mpi_comm=None, *, timeout: float | None = None, segment_bytes: int | str | None = None,
-         window: int | None = None) -> Communicator:
+def _local_rank(comm) -> int:
+    """This process's index among the ranks of `comm` on the same node."""
+    from mpi4py import MPI
+    return comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+
+
+def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | None = None,
+         segment_bytes: int | str | None = None, window: int | None = None) -> Communicator:
     """A communicator over MPI (COMM_WORLD unless `mpi_comm` is given).
 
     Collective over the MPI communicator: every rank must call it. ringcomm
     duplicates the communicator, so its messages never mix with yours.
     Requires MPI_THREAD_MULTIPLE (mpi4py's default).
+
+    device: None (default) moves host memory with MPI point-to-point.
+    "cuda" (GPU = this process's rank on its node, modulo the GPUs there) or a
+    GPU ordinal: payload on that GPU, moved with NCCL point-to-point
+    (ncclSend/ncclRecv) and reduced by ringcomm's kernels; control messages
+    still go through MPI. Arrays must then be GPU arrays on that GPU.
     """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     s = config.settings(timeout, segment_bytes, window)
-    engine = core.mpi_engine(MPI._handleof(comm), s.timeout, s.segment_bytes, s.window)
-    c = Communicator(engine, s, "mpi")
+    if device is None:
+        engine = core.mpi_engine(MPI._handleof(comm), s.timeout, s.segment_bytes, s.window)
+        label = "mpi"
+    else:
+        from . import cuda
+        cuda.require()
+        if device == "cuda":
+            gpu = _local_rank(comm) % cuda.device_count()
+        elif isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda:")):
+            gpu = int(str(device).split(":")[-1])
+        else:
+            raise InvalidArgument(f"device must be None, 'cuda', 'cuda:K' or a GPU ordinal, got {device!r}")
+        if not 0 <= gpu < cuda.device_count():
+            raise InvalidArgument(f"GPU {gpu} does not exist here ({cuda.device_count()} GPU(s))")
+        engine = cuda._cuda.nccl_engine(MPI._handleof(comm), gpu, s.timeout, s.segment_bytes, s.window)
+        label = "nccl"
+    c = Communicator(engine, s, label)
     if not _mpi_comms:
         atexit.register(_close_mpi_comms)
     _mpi_comms.add(c)
     return c
 
 
+def _local_engines(n: int, s: config.Settings, device, jitter_us: float) -> list:
+    if device is None or device == "emulated":
+        world = core.inproc_world(n)
+        return [core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window, device == "emulated",
+                                   float(jitter_us)) for r in range(n)]
+    from . import cuda
+    cuda.require()
+    count = cuda.device_count()
+    if device == "cuda":
+        gpus = [r % count for r in range(n)]
+    elif isinstance(device, (list, tuple)) and len(device) == n:
+        gpus = [int(g) for g in device]
+    else:
+        raise InvalidArgument(f"device must be None, 'emulated', 'cuda' or a list of {n} GPU ordinals, "
+                              f"got {device!r}")
+    bad = [g for g in gpus if not 0 <= g < count]
+    if bad:
+        raise InvalidArgument(f"GPU(s) {bad} do not exist here ({count} GPU(s))")
+    return cuda._cuda.inproc_engines(gpus, s.timeout, s.segment_bytes, s.window)
+
+
 def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
-              segment_bytes: int | str | None = None, window: int | None = None, **kwargs) -> list:
+              segment_bytes: int | str | None = None, window: int | None = None,
+              device: str | list | None = None, jitter_us: float = 0.0, **kwargs) -> list:
     """Run ``fn(comm, *args, **kwargs)`` on `n` in-process ranks (one thread
     each) and return their results in rank order.
+
+    device: None (host memory); "cuda": payload on GPUs, rank r on GPU
+    r % (number of GPUs), so the whole ring runs on a single GPU too; a list
+    of n GPU ordinals; "emulated": host memory, but every copy and reduction
+    goes through a per-rank queue run by its own thread, as on a GPU stream
+    (stream_emu.h), with a random delay of up to `jitter_us` before each
+    operation: the GPU path's ordering, checked on a CPU.
 
     If any rank raises, its communicator is aborted (so the others fail fast
     instead of waiting for their deadline) and the lowest rank's exception is
@@ -370,9 +501,8 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
         raise InvalidArgument(f"run_local needs at least one rank, got {n}")
     n = int(n)
     s = config.settings(timeout, segment_bytes, window)
-    world = core.inproc_world(n)
-    comms = [Communicator(core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window), s, "inproc")
-             for r in range(n)]
+    label = "inproc" if device is None else f"inproc({device if isinstance(device, str) else 'cuda'})"
+    comms = [Communicator(e, s, label) for e in _local_engines(n, s, device, jitter_us)]
     results: list = [None] * n
     errors: list = [None] * n
 

@@ -1,12 +1,14 @@
 """GPU side of ringcomm: what is built, what the machine has, and the device
 reduction kernels (ringcomm._cuda).
 
-Status of the GPU path: the reduction kernels (every dtype and op of the host
-side, 16-byte vectorized, bit-identical to the host reducer) are built and
-callable on cupy arrays (or any ``__cuda_array_interface__`` array). The NCCL
-and in-process device transports that run the ring on the GPU are not there
-yet (see README, "GPU"). Importing this module never needs a GPU, a driver or
-libnccl: everything degrades to ``available() == False`` with a reason.
+The GPU path: ``ringcomm.init(device="cuda")`` (NCCL point-to-point between
+processes, one GPU each) and ``ringcomm.run_local(n, fn, device="cuda")``
+(in-process ranks on one or more GPUs) run the same ring algorithms with
+their payload on the GPU and the reduction kernels of csrc/cuda. This module
+also exposes those kernels directly (``reduce``, ``finalize``; every dtype and
+op of the host side, 16-byte vectorized, bit-identical to the host reducer).
+Importing it never needs a GPU, a driver or libnccl: everything degrades to
+``available() == False`` with a reason.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from . import _dtypes
 from .errors import InvalidArgument
 
-__all__ = ["built", "device_count", "available", "status", "reduce", "finalize"]
+__all__ = ["built", "device_count", "available", "status", "reduce", "finalize", "pointer_device", "require"]
 
 
 def _preload_nccl() -> None:
@@ -48,6 +50,20 @@ except ImportError as exc:  # not built (no nvcc/NCCL at build time) or libnccl 
 def built() -> bool:
     """True when ringcomm._cuda was compiled and loads."""
     return _cuda is not None
+
+
+def pointer_device(ptr: int) -> int:
+    """GPU that owns the device memory at `ptr`, or -1 (host memory, or no CUDA)."""
+    return _cuda.pointer_device(int(ptr)) if _cuda is not None and device_count() else -1
+
+
+def require() -> None:
+    """Raise InvalidArgument saying why, unless the device path can run here."""
+    if _cuda is None:
+        raise InvalidArgument(f"ringcomm._cuda is {status()}: the GPU path needs it "
+                              "(build with nvcc and the nvidia-nccl wheel installed; see README, 'GPU')")
+    if not device_count():
+        raise InvalidArgument(f"no usable GPU: {status()}")
 
 
 def device_count() -> int:

@@ -1,21 +1,171 @@
-// pybind11 bindings of ringcomm._cuda: the device side that exists so far
-// (the reduction kernels), plus what `ringcomm info` and the tests need to
-// know about the machine. Importing this module needs neither a GPU nor a
-// driver: cudart is linked statically and queried lazily.
+// pybind11 bindings of ringcomm._cuda: engines whose payload lives on GPUs
+// (in-process ranks on one or more GPUs, NCCL across processes), NCCL's own
+// collectives as a baseline, the reduction kernels, and what `ringcomm info`
+// and the tests need to know about the machine. Importing this module needs
+// neither a GPU nor a driver: cudart is linked statically and queried lazily.
 #include <cuda_runtime.h>
+#include <mpi.h>
 #include <nccl.h>
 #include <pybind11/pybind11.h>
 
-#include "../py_errors.h"
+#include <cstring>
+
+#include "../bind_engine.h"
+#include "../inproc_transport.h"
 #include "checks.h"
+#include "device_cuda.h"
+#include "nccl_transport.h"
 #include "reducer_cuda.h"
 
 namespace py = pybind11;
 using namespace ringcomm;
+using namespace ringcomm::bind;
+
+namespace {
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::i8: return ncclInt8;
+    case DType::u8: return ncclUint8;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    default: throw_invalid("unknown dtype");
+  }
+}
+
+ncclRedOp_t nccl_op(Op op) {
+  switch (op) {
+    case Op::sum: return ncclSum;
+    case Op::prod: return ncclProd;
+    case Op::min: return ncclMin;
+    case Op::max: return ncclMax;
+    case Op::avg: return ncclAvg;
+    default: throw_invalid("unknown op");
+  }
+}
+
+// NCCL's own collectives on a communicator of their own: the baseline the
+// benchmark compares the ring against (never used by ringcomm's engines).
+class NcclBaseline {
+ public:
+  NcclBaseline(uintptr_t comm_handle, int gpu) : gpu_(gpu) {
+    MPI_Comm comm;
+    std::memcpy(&comm, &comm_handle, sizeof(MPI_Comm));
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    ncclUniqueId id;
+    if (rank == 0) RC_NCCL(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm);
+    RC_CUDA(cudaSetDevice(gpu));
+    RC_NCCL(ncclCommInitRank(&comm_, size, id, rank));
+  }
+  ~NcclBaseline() { close(); }
+  void close() {
+    if (!comm_) return;
+    cudaSetDevice(gpu_);
+    ncclCommFinalize(comm_);
+    ncclCommDestroy(comm_);
+    comm_ = nullptr;
+  }
+  ncclComm_t get() {
+    if (!comm_) throw_invalid("NCCL baseline communicator is closed");
+    RC_CUDA(cudaSetDevice(gpu_));
+    return comm_;
+  }
+
+ private:
+  int gpu_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
 
 PYBIND11_MODULE(_cuda, m) {
   m.doc() = "ringcomm device core (private; use ringcomm.cuda)";
   register_error_translator();
+  bind_engine(m);
+
+  m.def("inproc_engines",
+        [](const std::vector<int>& gpus, double timeout, size_t segment_bytes, int window) {
+          Options o = make_options(timeout, segment_bytes, window);
+          const int n = int(gpus.size());
+          auto world = make_inproc_world(n);
+          // Direct copies between different GPUs where the hardware allows
+          // (else CUDA stages them through the host).
+          for (int a : gpus)
+            for (int b : gpus) {
+              int ok = 0;
+              if (a != b && cudaDeviceCanAccessPeer(&ok, a, b) == cudaSuccess && ok) {
+                cudaSetDevice(a);
+                cudaDeviceEnablePeerAccess(b, 0);
+              }
+              cudaGetLastError();  // "already enabled" is fine
+            }
+          std::vector<std::unique_ptr<EngineHandle>> out;
+          for (int r = 0; r < n; ++r) {
+            auto h = std::make_unique<EngineHandle>();
+            h->engine = std::make_shared<Engine>(
+                make_inproc_transport(world, r, std::make_shared<CudaDevice>(gpus[size_t(r)])), o);
+            h->world = world;
+            out.push_back(std::move(h));
+          }
+          return out;
+        },
+        py::arg("gpus"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"),
+        "In-process ranks, rank r on GPU gpus[r] (several ranks may share a GPU).");
+
+  m.def("nccl_engine",
+        [](uintptr_t comm_handle, int gpu, double timeout, size_t segment_bytes, int window) {
+          Options o = make_options(timeout, segment_bytes, window);
+          auto h = std::make_unique<EngineHandle>();
+          py::gil_scoped_release nogil;  // collective over the MPI communicator
+          h->engine = std::make_shared<Engine>(make_nccl_transport(comm_handle, gpu), o);
+          return h;
+        },
+        py::arg("comm_handle"), py::arg("gpu"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"),
+        "This process's rank of a ring over NCCL point-to-point on GPU `gpu` (collective over the MPI comm).");
+
+  py::class_<NcclBaseline>(m, "NcclBaseline")
+      .def(py::init([](uintptr_t comm_handle, int gpu) {
+             py::gil_scoped_release nogil;
+             return std::make_unique<NcclBaseline>(comm_handle, gpu);
+           }),
+           py::arg("comm_handle"), py::arg("gpu"))
+      .def("all_reduce",
+           [](NcclBaseline& b, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, uintptr_t stream) {
+             RC_NCCL(ncclAllReduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count,
+                                   nccl_type(DType(dtype)), nccl_op(Op(op)), b.get(), external_stream(stream)));
+           },
+           py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+           py::arg("stream") = 0)
+      .def("reduce_scatter",
+           [](NcclBaseline& b, uintptr_t in, uintptr_t out, size_t recvcount, int dtype, int op, uintptr_t stream) {
+             RC_NCCL(ncclReduceScatter(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), recvcount,
+                                       nccl_type(DType(dtype)), nccl_op(Op(op)), b.get(), external_stream(stream)));
+           },
+           py::arg("in_ptr"), py::arg("out_ptr"), py::arg("recvcount"), py::arg("dtype"), py::arg("op"),
+           py::arg("stream") = 0, "NCCL's equal-chunk reduce-scatter (count = recvcount * nranks).")
+      .def("all_gather",
+           [](NcclBaseline& b, uintptr_t in, uintptr_t out, size_t sendcount, int dtype, uintptr_t stream) {
+             RC_NCCL(ncclAllGather(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), sendcount,
+                                   nccl_type(DType(dtype)), b.get(), external_stream(stream)));
+           },
+           py::arg("in_ptr"), py::arg("out_ptr"), py::arg("sendcount"), py::arg("dtype"), py::arg("stream") = 0)
+      .def("close", &NcclBaseline::close);
+
+  m.def("pointer_device", [](uintptr_t ptr) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(ptr)) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+  }, py::arg("ptr"), "GPU that owns device memory at `ptr`, or -1 for host memory.");
 
   m.def("device_count", [] {
     int n = 0;

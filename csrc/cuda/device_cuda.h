@@ -1,0 +1,46 @@
+// The CUDA Device (device.h): one non-blocking stream per rank on one GPU.
+// Copies are cudaMemcpyAsync (any two device buffers: unified addressing), the
+// reductions are the kernels of reducer_cuda.cu on that stream, events are
+// cudaEvents, scratch is stream-ordered memory (cudaMallocAsync). Every call
+// first makes the rank's GPU current, since a rank's engine thread may be
+// shared with other GPUs' ranks (in-process ranks on several GPUs).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "../device.h"
+
+namespace ringcomm {
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int gpu);
+  ~CudaDevice() override;
+  std::string name() const override { return "cuda:" + std::to_string(gpu_); }
+  int gpu() const { return gpu_; }
+  cudaStream_t stream() const { return stream_; }
+
+  void copy(void* dst, const void* src, size_t bytes) override;
+  EventPtr record() override;
+  void wait(const EventPtr& e) override;
+  std::unique_ptr<Reducer> reducer(DType dtype, Op op) override;
+  char* scratch(int which, size_t bytes) override;
+  EventPtr record_external(uintptr_t stream) override;
+  void wait_external(uintptr_t stream, const EventPtr& e) override;
+
+  void make_current() const;
+
+ private:
+  int gpu_;
+  cudaStream_t stream_ = nullptr;
+  char* scratch_[2] = {nullptr, nullptr};
+  size_t scratch_bytes_[2] = {0, 0};
+};
+
+// A stream handle as Python passes it (__cuda_array_interface__ convention:
+// 0 or 1 = the legacy default stream, 2 = the per-thread default stream).
+cudaStream_t external_stream(uintptr_t handle);
+
+}  // namespace ringcomm

@@ -1,0 +1,147 @@
+#include "stream_emu.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace ringcomm {
+
+namespace {
+
+// One in-order queue and the thread that runs it.
+struct EmuQueue {
+  std::mutex m;
+  std::condition_variable work_cv, done_cv;
+  std::deque<std::function<void()>> ops;
+  uint64_t enqueued = 0, completed = 0;
+  bool stop = false;
+  double jitter_us = 0;
+
+  void push(std::function<void()> f) {
+    std::lock_guard<std::mutex> g(m);
+    ops.push_back(std::move(f));
+    ++enqueued;
+    work_cv.notify_one();
+  }
+
+  bool reached(uint64_t ticket, Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lk(m);
+    return done_cv.wait_until(lk, deadline, [&] { return completed >= ticket; });
+  }
+
+  void run() {
+    std::mt19937 rng(std::random_device{}());
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> lk(m);
+        work_cv.wait(lk, [&] { return stop || !ops.empty(); });
+        if (ops.empty()) return;  // stop requested and nothing left
+        f = std::move(ops.front());
+        ops.pop_front();
+      }
+      if (jitter_us > 0) {  // let other queues run ahead, as a busy GPU would
+        std::uniform_real_distribution<double> d(0, jitter_us);
+        std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(d(rng)));
+      }
+      f();
+      std::lock_guard<std::mutex> g(m);
+      ++completed;
+      done_cv.notify_all();
+    }
+  }
+};
+
+class EmuEvent final : public Event {
+ public:
+  EmuEvent(std::shared_ptr<EmuQueue> q, uint64_t ticket) : q_(std::move(q)), ticket_(ticket) {}
+  bool query() override { return q_->reached(ticket_, Clock::time_point::min()); }
+  bool synchronize(Clock::time_point deadline) override { return q_->reached(ticket_, deadline); }
+
+ private:
+  std::shared_ptr<EmuQueue> q_;
+  uint64_t ticket_;
+};
+
+// The host reducer, run by the queue's thread.
+class EmuReducer final : public Reducer {
+ public:
+  EmuReducer(std::shared_ptr<Reducer> cpu, std::shared_ptr<EmuQueue> q) : cpu_(std::move(cpu)), q_(std::move(q)) {}
+  void reduce(void* dst, const void* a, const void* b, size_t count) const override {
+    auto cpu = cpu_;
+    q_->push([cpu, dst, a, b, count] { cpu->reduce(dst, a, b, count); });
+  }
+  void finalize(void* buf, size_t count, int nranks) const override {
+    auto cpu = cpu_;
+    q_->push([cpu, buf, count, nranks] { cpu->finalize(buf, count, nranks); });
+  }
+
+ private:
+  std::shared_ptr<Reducer> cpu_;
+  std::shared_ptr<EmuQueue> q_;
+};
+
+class EmuDevice final : public Device {
+ public:
+  EmuDevice(int id, double jitter_us) : id_(id), q_(std::make_shared<EmuQueue>()) {
+    q_->jitter_us = jitter_us;
+    thread_ = std::thread([q = q_] { q->run(); });
+  }
+  ~EmuDevice() override {
+    {
+      std::lock_guard<std::mutex> g(q_->m);
+      q_->stop = true;
+    }
+    q_->work_cv.notify_all();
+    thread_.join();  // runs what is queued first: it may still reference user memory
+  }
+  std::string name() const override { return "emulated:" + std::to_string(id_); }
+
+  void copy(void* dst, const void* src, size_t bytes) override {
+    q_->push([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  }
+  EventPtr record() override {
+    std::lock_guard<std::mutex> g(q_->m);
+    return std::make_shared<EmuEvent>(q_, q_->enqueued);
+  }
+  void wait(const EventPtr& e) override {
+    if (!e || e->query()) return;
+    q_->push([e] { e->synchronize(Clock::time_point::max()); });
+  }
+  std::unique_ptr<Reducer> reducer(DType dtype, Op op) override {
+    return std::make_unique<EmuReducer>(std::shared_ptr<Reducer>(make_cpu_reducer(dtype, op)), q_);
+  }
+  char* scratch(int which, size_t bytes) override {
+    auto& s = scratch_[which];
+    if (s.size() < bytes) {
+      record()->synchronize(Clock::time_point::max());  // queued work may still use the old memory
+      s.resize(bytes);
+    }
+    return s.data();
+  }
+  // The caller of an emulated device is the host itself: what it wrote before
+  // the call is there already, and "make the caller wait" means block.
+  EventPtr record_external(uintptr_t) override { return nullptr; }
+  void wait_external(uintptr_t, const EventPtr& e) override {
+    if (e) e->synchronize(Clock::time_point::max());
+  }
+
+ private:
+  int id_;
+  std::shared_ptr<EmuQueue> q_;
+  std::vector<char> scratch_[2];
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> make_emulated_device(int id, double jitter_us) {
+  return std::make_shared<EmuDevice>(id, jitter_us);
+}
+
+}  // namespace ringcomm
