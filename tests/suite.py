@@ -64,6 +64,24 @@ def reference(dtype: str, op: str, n: int, count: int) -> np.ndarray:
     return s
 
 
+class HostArrays:
+    """Where the suite's arrays live: numpy (host memory). Device suites pass
+    an adapter with the same three methods (tests/test_cuda.py)."""
+    dtypes = DTYPES
+
+    @staticmethod
+    def put(a: np.ndarray):
+        return a
+
+    @staticmethod
+    def get(x) -> np.ndarray:
+        return np.asarray(x)
+
+    @staticmethod
+    def full(count, value, dtype):
+        return np.full(count, value, dtype=dtype)
+
+
 _cache: dict = {}
 _cache_lock = threading.Lock()
 
@@ -118,64 +136,70 @@ def check_traffic(comm, before, collective, count, dtype, what, root=0) -> list[
     return errs
 
 
-def run_cases(comm, counts, combos=COMBOS, collectives=("all_reduce", "reduce_scatter", "all_gather")):
+def run_cases(comm, counts, combos=COMBOS, collectives=("all_reduce", "reduce_scatter", "all_gather"),
+              arrays=HostArrays):
     """Run every case on this rank; return failure messages (empty: all good)."""
     n, r = comm.size, comm.rank
+    put, get = arrays.put, arrays.get
     errs: list[str] = []
     for count in counts:
         for dtype, op in combos:
+            if dtype not in arrays.dtypes:
+                continue
             want = cached_reference(dtype, op, n, count)
             mine = rank_data(dtype, op, n, count, [r])[0]
             tag = f"n={n} count={count} {dtype} {op} seg={comm.segment_bytes}"
             if "all_reduce" in collectives:
                 # in place
-                x = mine.copy()
+                x = put(mine.copy())
                 before = comm.traffic()
                 comm.all_reduce(x, op)
-                errs += compare(x, want, f"all_reduce in-place {tag}", r)
+                errs += compare(get(x), want, f"all_reduce in-place {tag}", r)
                 errs += check_traffic(comm, before, "all_reduce", count, dtype, f"all_reduce {tag}")
                 # out of place: input untouched
-                x = mine.copy()
-                out = np.full(count, 99, dtype=x.dtype)
+                x = put(mine.copy())
+                out = arrays.full(count, 99, mine.dtype)
                 comm.all_reduce(x, op, out=out)
-                errs += compare(out, want, f"all_reduce out-of-place {tag}", r)
-                errs += compare(x, mine, f"all_reduce out-of-place input modified {tag}", r)
+                errs += compare(get(out), want, f"all_reduce out-of-place {tag}", r)
+                errs += compare(get(x), mine, f"all_reduce out-of-place input modified {tag}", r)
             if "reduce_scatter" in collectives:
-                x = mine.copy()
+                x = put(mine.copy())
                 before = comm.traffic()
                 got = comm.reduce_scatter(x, op)
                 lo = offset(count, n, r)
-                errs += compare(got, want[lo:lo + split(count, n, r)], f"reduce_scatter {tag}", r)
-                errs += compare(x, mine, f"reduce_scatter input modified {tag}", r)
+                errs += compare(get(got), want[lo:lo + split(count, n, r)], f"reduce_scatter {tag}", r)
+                errs += compare(get(x), mine, f"reduce_scatter input modified {tag}", r)
                 errs += check_traffic(comm, before, "reduce_scatter", count, dtype, f"reduce_scatter {tag}")
             if "all_gather" in collectives and op == "sum":
                 lo = offset(count, n, r)
-                x = mine[lo:lo + split(count, n, r)].copy()
+                x = put(mine[lo:lo + split(count, n, r)].copy())
                 full = rank_data(dtype, op, n, count, range(n))
                 gathered = np.concatenate([full[q][offset(count, n, q):offset(count, n, q) + split(count, n, q)]
                                            for q in range(n)]) if count else mine[:0]
-                out = np.full(count, 77, dtype=x.dtype)
+                out = arrays.full(count, 77, mine.dtype)
                 before = comm.traffic()
                 comm.all_gather(x, out=out)
-                errs += compare(out, gathered, f"all_gather {tag}", r)
+                errs += compare(get(out), gathered, f"all_gather {tag}", r)
                 errs += check_traffic(comm, before, "all_gather", count, dtype, f"all_gather {tag}")
             if len(errs) > 20:
                 return errs
     return errs
 
 
-def run_broadcasts(comm, counts, dtypes=DTYPES) -> list[str]:
+def run_broadcasts(comm, counts, dtypes=DTYPES, arrays=HostArrays) -> list[str]:
     n, r = comm.size, comm.rank
     errs = []
     for count in counts:
         for dtype in dtypes:
+            if dtype not in arrays.dtypes:
+                continue
             for root in sorted({0, n - 1, n // 2}):
                 src = rank_data(dtype, "min", n, count, [root])[0]
-                x = src.copy() if r == root else np.zeros(count, dtype=src.dtype)
+                x = arrays.put(src.copy()) if r == root else arrays.full(count, 0, src.dtype)
                 before = comm.traffic()
                 comm.broadcast(x, root=root)
                 tag = f"broadcast n={n} count={count} {dtype} root={root} seg={comm.segment_bytes}"
-                errs += compare(x, src, tag, r)
+                errs += compare(arrays.get(x), src, tag, r)
                 errs += check_traffic(comm, before, "broadcast", count, dtype, tag, root=root)
     return errs
 

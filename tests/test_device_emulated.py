@@ -1,0 +1,137 @@
+"""The device path on a CPU: the shared suite over in-process ranks whose
+payload goes through the emulated device (csrc/stream_emu.h): every copy and
+reduction is enqueued on a per-rank queue run by its own thread, ordered only
+by events, exactly as on GPU streams. A random delay before each queued
+operation (jitter) lets queues run ahead of each other, so a missing ordering
+edge in the transport, the engine or the algorithms shows up as wrong data."""
+
+import time
+
+import numpy as np
+import pytest
+
+import ringcomm
+import suite
+from ringcomm import InvalidArgument
+
+SIZES = [1, 2, 3, 4, 5, 8]
+
+
+def flat(results):
+    return [e for errs in results for e in errs]
+
+
+def run(n, fn, *args, **kw):
+    kw.setdefault("timeout", 60)
+    return ringcomm.run_local(n, fn, *args, device="emulated", **kw)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_small_counts_every_dtype_and_op(n):
+    errs = flat(run(n, suite.run_cases, [0, 1, max(n - 1, 0), n + 1], jitter_us=20))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_many_segments_with_jitter(n):
+    # 16-byte segments: many units in flight, slots reused, sends overlapping
+    # reductions; the jitter reorders the queues' progress from run to run.
+    combos = [("float32", "sum"), ("int32", "prod"), ("float16", "avg"), ("int8", "max"), ("bfloat16", "min")]
+    errs = flat(run(n, suite.run_cases, [7 * n + 3, 61], combos, segment_bytes=16, jitter_us=200))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_prime_count(n):
+    combos = [("float32", "sum"), ("int64", "sum"), ("float64", "avg")]
+    errs = flat(run(n, suite.run_cases, [100003], combos, segment_bytes=65536, jitter_us=100))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_broadcast_and_barrier(n):
+    def body(comm):
+        comm.segment_bytes = 24
+        return (suite.run_broadcasts(comm, [0, 1, n + 1, 7 * n + 5], ["float32", "int8", "bfloat16"])
+                + suite.run_barrier(comm))
+    errs = flat(run(n, body, jitter_us=50))
+    assert not errs, "\n".join(errs[:20])
+
+
+def test_work_wait_returns_before_the_device_is_done_and_synchronize_after():
+    """The emulated device really is asynchronous: once the host has enqueued
+    the collective (Work's native wait) the queues may not have run it yet;
+    synchronize() is what guarantees the result. Without this, the suite above
+    would prove nothing about ordering."""
+    def body(comm):
+        x = np.full(64, comm.rank + 1, np.float64)
+        w = comm.all_reduce(x, async_op=True)
+        assert w._native.wait(30.0)          # everything enqueued (host side)
+        early = x.copy()                     # the device queue is still sleeping on its jitter
+        w.synchronize(timeout=30)
+        return early.tolist(), x.tolist()
+    for early, final in run(2, body, jitter_us=50_000):
+        assert final == [3.0] * 64
+        assert early != final, "the emulated queue ran synchronously: the ordering tests would be vacuous"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_async_works_complete_in_order_with_correct_results(n):
+    def body(comm):
+        xs = [np.arange(50, dtype=np.float32) * (k + 1) + comm.rank for k in range(5)]
+        works = [comm.all_reduce(x, async_op=True) for x in xs]
+        outs = [w.synchronize(timeout=60) for w in works]
+        base = np.arange(50, dtype=np.float32)
+        return all(np.array_equal(o, base * (k + 1) * n + sum(range(n))) for k, o in enumerate(outs))
+    assert all(run(n, body, jitter_us=100))
+
+
+def test_ledger_is_the_same_as_on_the_host():
+    def body(comm):
+        comm.all_reduce(np.arange(1000, dtype=np.float32))
+        t = comm.traffic()
+        return t.bytes_sent("all_reduce"), t.bytes_received("all_reduce")
+    dev = run(4, body)
+    host = ringcomm.run_local(4, body)
+    assert dev == host
+    assert dev[0] == (2 * 3 * 1000 * 4 // 4,) * 2
+
+
+def test_naive_algorithm_is_host_only():
+    def body(comm):
+        with pytest.raises(InvalidArgument, match="host communicators only"):
+            comm.all_reduce(np.ones(4), algorithm="naive")
+        comm.all_reduce(np.ones(4))  # the communicator is still usable
+        return True
+    assert all(run(2, body))
+
+
+def test_trace_records_steps_but_not_device_values():
+    def body(comm):
+        with comm.trace(values=True) as t:
+            comm.all_reduce(np.arange(12, dtype=np.int32))
+        return t.steps
+    for steps in run(3, body):
+        assert len(steps) == 2 * (3 - 1)
+        assert all(s.values is None for s in steps)  # device memory is not read by the host
+
+
+def test_device_property_and_transport_name():
+    def body(comm):
+        return comm.device, comm.transport
+    assert run(2, body) == [("emulated:0", "inproc(emulated:0)"), ("emulated:1", "inproc(emulated:1)")]
+    assert ringcomm.run_local(1, body) == [(None, "inproc")]
+
+
+def test_close_waits_for_the_queues():
+    """Closing a communicator drains its device queue before the memory the
+    queue may still use goes away (no crash, result complete)."""
+    def body(comm):
+        x = np.full(1000, comm.rank, np.float32)
+        w = comm.all_reduce(x, async_op=True)
+        w._native.wait(30.0)
+        comm.close()
+        return float(x[0])
+    t0 = time.monotonic()
+    assert run(2, body, jitter_us=2000) == [1.0, 1.0]
+    assert time.monotonic() - t0 < 30
