@@ -99,3 +99,233 @@ def test_avg_finalize_matches_host(dtype):
     rcuda.finalize(View(), "avg", 7)
     cupy.cuda.get_current_stream().synchronize()
     np.testing.assert_array_equal(cupy.asnumpy(raw), want.view(np.uint8))
+
+
+# ---------------------------------------------------------------------------
+# The ring on the GPU: the shared suite over in-process ranks on one GPU
+# (NCCL refuses two ranks on one GPU), stream semantics, bad input, NCCL.
+
+class CupyArrays:
+    """suite.py's array adapter for cupy (cupy has no bfloat16: that dtype is
+    covered by test_bfloat16_on_device below)."""
+    dtypes = [d for d in DTYPES if d != "bfloat16"]
+
+    @staticmethod
+    def put(a):
+        import cupy
+        return cupy.asarray(a)
+
+    @staticmethod
+    def get(x):
+        import cupy
+        return cupy.asnumpy(x)
+
+    @staticmethod
+    def full(count, value, dtype):
+        import cupy
+        return cupy.full(count, value, dtype=dtype)
+
+
+def flat(results):
+    return [e for errs in results for e in errs]
+
+
+def on_gpu(n, fn, *args, **kw):
+    import ringcomm
+    kw.setdefault("timeout", 60)
+    return ringcomm.run_local(n, fn, *args, device="cuda", **kw)
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_suite_on_one_gpu_every_dtype_and_op(n):
+    pytest.importorskip("cupy")
+    import suite
+    errs = flat(on_gpu(n, suite.run_cases, [0, 1, max(n - 1, 0), n + 1, 1000], arrays=CupyArrays))
+    assert not errs, "\n".join(errs[:20])
+
+
+@gpu
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_suite_on_one_gpu_many_segments_and_prime(n):
+    pytest.importorskip("cupy")
+    import suite
+    combos = [("float32", "sum"), ("int32", "prod"), ("float16", "avg"), ("int8", "max"), ("float64", "min")]
+    errs = flat(on_gpu(n, suite.run_cases, [7 * n + 3], combos, segment_bytes=16, arrays=CupyArrays))
+    errs += flat(on_gpu(n, suite.run_cases, [100003], combos, segment_bytes=65536, arrays=CupyArrays))
+    errs += flat(on_gpu(n, lambda c: suite.run_broadcasts(c, [0, 1, 7 * n + 5], ["float32", "int8"],
+                                                          arrays=CupyArrays) + suite.run_barrier(c)))
+    assert not errs, "\n".join(errs[:20])
+
+
+class Typed:
+    """A typed __cuda_array_interface__ over raw cupy bytes (cupy has no bfloat16)."""
+
+    def __init__(self, raw, dtype):
+        self.raw = raw
+        self.dtype = NUMPY[dtype]
+        self.__cuda_array_interface__ = {"shape": (raw.size // self.dtype.itemsize,), "typestr": self.dtype.str,
+                                         "data": (raw.data.ptr, False), "version": 3, "strides": None,
+                                         "stream": 1}
+
+
+@gpu
+@pytest.mark.parametrize("n", [2, 3])
+def test_bfloat16_on_device(n):
+    cupy = pytest.importorskip("cupy")
+    import suite
+
+    def body(comm):
+        errs = []
+        for op in ("sum", "prod", "min", "max", "avg"):
+            count = 1001
+            mine = suite.rank_data("bfloat16", op, n, count, [comm.rank])[0]
+            x = Typed(cupy.asarray(mine.view(np.uint8)), "bfloat16")
+            out = Typed(cupy.zeros(count * 2, cupy.uint8), "bfloat16")
+            comm.all_reduce(x, op, out=out)
+            cupy.cuda.Stream.null.synchronize()
+            got = cupy.asnumpy(out.raw).view(NUMPY["bfloat16"])
+            errs += suite.compare(got, suite.reference("bfloat16", op, n, count), f"bfloat16 {op}", comm.rank)
+        return errs
+    errs = flat(on_gpu(n, body))
+    assert not errs, "\n".join(errs)
+
+
+SPIN = r'''
+extern "C" __global__ void spin_then_fill(float* x, int n, float value, long long cycles) {
+  long long start = clock64();
+  while (clock64() - start < cycles) {}
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = value;
+}
+'''
+
+
+@gpu
+def test_stream_order_producer_collective_consumer():
+    """A slow producer kernel on the caller's stream writes the input; the
+    collective must see its values (ordered after it), and a consumer queued
+    on that stream after wait() must see the result. The host does not block
+    in wait(): it returns while the producer still spins."""
+    cupy = pytest.importorskip("cupy")
+    import time
+    kernel = cupy.RawKernel(SPIN, "spin_then_fill")
+    cycles = int(cupy.cuda.Device().attributes["ClockRate"]) * 1000 // 5  # ~200 ms
+
+    def body(comm):
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            x = cupy.zeros(1 << 20, cupy.float32)
+            kernel((64,), (256,), (x, cupy.int32(x.size), cupy.float32(comm.rank + 1), cupy.int64(cycles)))
+            t0 = time.monotonic()
+            w = comm.all_reduce(x, async_op=True)
+            w.wait()
+            returned_after = time.monotonic() - t0
+            y = x * 2  # consumer, same stream, after wait()
+            stream.synchronize()
+        return returned_after, float(y.min()), float(y.max())
+    n = 3
+    for returned_after, lo, hi in on_gpu(n, body):
+        assert lo == hi == 2 * sum(range(1, n + 1)), (lo, hi)
+        assert returned_after < 0.15, f"wait() blocked the host for {returned_after:.3f} s"
+
+
+@gpu
+def test_synchronous_call_is_ordered_on_the_current_stream():
+    cupy = pytest.importorskip("cupy")
+
+    def body(comm):
+        with cupy.cuda.Stream(non_blocking=True) as s:
+            x = cupy.arange(4096, dtype=cupy.float64) * (comm.rank + 1)
+            comm.all_reduce(x)
+            z = x + 0  # queued after the collective on the same stream
+            s.synchronize()
+        return cupy.asnumpy(z)
+    for z in on_gpu(4, body):
+        assert np.array_equal(z, np.arange(4096) * 10.0)
+
+
+@gpu
+def test_torch_cuda_tensors_when_torch_has_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+
+    def body(comm):
+        x = torch.arange(1000, dtype=torch.bfloat16, device="cuda") * 0 + (comm.rank + 1)
+        comm.all_reduce(x)
+        rs = comm.reduce_scatter(torch.arange(12, dtype=torch.float32, device="cuda"))
+        torch.cuda.current_stream().synchronize()
+        return float(x.float().min()), float(x.float().max()), rs.device.type, rs.cpu().tolist()
+    res = on_gpu(3, body)
+    for r, (lo, hi, dev, rs) in enumerate(res):
+        assert lo == hi == 6.0 and dev == "cuda"
+        assert rs == [3.0 * v for v in range(12)][4 * r:4 * r + 4]
+
+
+@gpu
+def test_bad_device_input_is_rejected_before_any_byte_moves():
+    cupy = pytest.importorskip("cupy")
+
+    def body(comm):
+        msgs = []
+        before = comm.traffic()
+        for call in (lambda: comm.all_reduce(np.ones(8, np.float32)),                               # host array
+                     lambda: comm.all_reduce(cupy.ones(8, cupy.float32), out=np.ones(8, np.float32)),  # mixed
+                     lambda: comm.all_reduce(cupy.ones((4, 4), cupy.float32)[:, 1]),                 # strided
+                     lambda: comm.all_reduce(cupy.ones(8, cupy.complex64))):                          # dtype
+            try:
+                call()
+                msgs.append(None)
+            except InvalidArgument as e:
+                msgs.append(str(e))
+        moved = (comm.traffic() - before).bytes_sent()
+        return msgs, moved
+    for msgs, moved in on_gpu(2, body):
+        assert moved == 0
+        assert "host memory" in msgs[0] and "cuda:0" in msgs[0]
+        assert "host memory" in msgs[1]
+        assert "contiguous" in msgs[2]
+        assert "dtype" in msgs[3]
+
+
+@gpu
+def test_array_on_another_gpu_is_rejected():
+    cupy = pytest.importorskip("cupy")
+    if rcuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+
+    def body(comm):
+        with cupy.cuda.Device(1 - int(comm.device.split(":")[1])):
+            x = cupy.ones(8, cupy.float32)
+        with pytest.raises(InvalidArgument, match="but this communicator is on"):
+            comm.all_reduce(x)
+        return True
+    import ringcomm
+    assert all(ringcomm.run_local(2, body, device=[0, 1]))
+
+
+@gpu
+def test_host_communicator_rejects_gpu_arrays():
+    cupy = pytest.importorskip("cupy")
+    import ringcomm
+
+    def body(comm):
+        with pytest.raises(InvalidArgument, match="moves host memory"):
+            comm.all_reduce(cupy.ones(8, cupy.float32))
+        return True
+    assert all(ringcomm.run_local(2, body))
+
+
+@gpu
+def test_nccl_transport_runs_the_suite_with_one_rank_per_gpu():
+    """NCCL point-to-point across processes, one GPU each (N = number of GPUs,
+    at most 4; N = 1 on a single-GPU machine: the engine, the stream semantics
+    and NCCL's initialisation, without payload messages)."""
+    pytest.importorskip("cupy")
+    import subprocess
+    n = min(rcuda.device_count(), 4)
+    script = os.path.join(os.path.dirname(__file__), "scripts", "nccl_suite.py")
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "run", "-n", str(n), sys.executable, script],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("OK") == n, res.stdout

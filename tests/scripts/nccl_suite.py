@@ -1,0 +1,23 @@
+"""One rank of the shared suite over the NCCL transport (run under mpirun by
+tests/test_cuda.py): cupy arrays on this rank's GPU; prints OK or the failures."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import suite  # noqa: E402
+from test_cuda import CupyArrays  # noqa: E402
+
+import ringcomm  # noqa: E402
+
+comm = ringcomm.init(device="cuda", timeout=60)
+n = comm.size
+errs = suite.run_cases(comm, [0, 1, n + 1, 1000, 100003], arrays=CupyArrays)
+comm.segment_bytes = 16
+errs += suite.run_cases(comm, [7 * n + 3], [("float32", "sum"), ("int64", "prod"), ("float16", "avg")],
+                        arrays=CupyArrays)
+errs += suite.run_broadcasts(comm, [0, 1, 7 * n + 5], ["float32", "int8"], arrays=CupyArrays)
+errs += suite.run_barrier(comm)
+print(f"rank {comm.rank} on {comm.device}: " + ("OK" if not errs else "\n".join(errs[:20])), flush=True)
+comm.close()
+sys.exit(1 if errs else 0)
