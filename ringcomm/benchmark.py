@@ -171,7 +171,7 @@ class RingcommImpl(Impl):
 
     def __init__(self, ctx):
         import ringcomm
-        self.comm = ringcomm.init()
+        self.comm = ringcomm.init(device=None if ctx.device == "host" else "cuda")
 
     def run(self, c: Case) -> None:
         if c.collective == "all_reduce":
@@ -292,6 +292,42 @@ class GlooImpl(Impl):
         self.dist.destroy_process_group()
 
 
+class NcclImpl(Impl):
+    """NCCL's own ncclAllReduce / ncclReduceScatter / ncclAllGather (--device
+    cuda), on a NCCL communicator of its own, on the same cupy buffers."""
+    name = "nccl"
+
+    def __init__(self, ctx):
+        from mpi4py import MPI
+
+        from . import cuda
+        from .comm import _local_rank
+        cuda.require()
+        w = MPI.COMM_WORLD
+        self.gpu = _local_rank(w) % cuda.device_count()
+        self.base = cuda._cuda.NcclBaseline(MPI._handleof(w), self.gpu)
+
+    def supports(self, c: Case) -> bool:
+        # NCCL's reduce-scatter and all-gather take equal chunks only.
+        return c.collective == "all_reduce" or c.count % c.n == 0
+
+    def run(self, c: Case) -> None:
+        import cupy
+        stream = cupy.cuda.get_current_stream().ptr
+        dt, op = _dtypes.DTYPES[c.dtype], _dtypes.OPS[c.op]
+        if c.collective == "all_reduce":
+            src = c.recv if c.inplace else c.send
+            self.base.all_reduce(src.data.ptr, c.recv.data.ptr, c.count, dt, op, stream)
+        elif c.collective == "reduce_scatter":
+            out = self.output_view(c)
+            self.base.reduce_scatter(c.send.data.ptr, out.data.ptr, c.count // c.n, dt, op, stream)
+        else:
+            self.base.all_gather(c.input_view().data.ptr, c.recv.data.ptr, c.count // c.n, dt, stream)
+
+    def close(self) -> None:
+        self.base.close()
+
+
 class CorruptImpl(RingcommImpl):
     """Test-only: ringcomm with one wrong element on rank 0 (checks that #wrong
     is counted and fails the run). Enabled by RINGCOMM_BENCH_TEST_IMPLS=1."""
@@ -304,7 +340,8 @@ class CorruptImpl(RingcommImpl):
             out[0] = out[0] + np.ones(1, out.dtype)[0]
 
 
-IMPLS = {"ringcomm": RingcommImpl, "mpi": MpiImpl, "mpi-ring": MpiRingImpl, "gloo": GlooImpl}
+IMPLS = {"ringcomm": RingcommImpl, "mpi": MpiImpl, "mpi-ring": MpiRingImpl, "gloo": GlooImpl, "nccl": NcclImpl}
+DEVICE_IMPLS = {"host": ("ringcomm", "mpi", "mpi-ring", "gloo", "corrupt"), "cuda": ("ringcomm", "nccl")}
 if os.environ.get("RINGCOMM_BENCH_TEST_IMPLS") == "1":
     IMPLS["corrupt"] = CorruptImpl
 
@@ -336,6 +373,23 @@ def memcpy_gbps(nbytes: int = 64 << 20, reps: int = 5) -> float:
     return nbytes / best / 1e9
 
 
+def device_copy_gbps(nbytes: int = 256 << 20, reps: int = 10) -> float:
+    """Device-to-device copy bandwidth on the current GPU: bytes copied per
+    second (best of reps, timed with CUDA events)."""
+    import cupy
+    src = cupy.ones(nbytes, cupy.uint8)
+    dst = cupy.empty_like(src)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    best = float("inf")
+    for _ in range(reps):
+        start.record()
+        cupy.copyto(dst, src)
+        end.record()
+        end.synchronize()
+        best = min(best, cupy.cuda.get_elapsed_time(start, end) * 1e-3)
+    return nbytes / best / 1e9
+
+
 def _timeit(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -346,6 +400,15 @@ class Bench:
     def __init__(self, args, comm):
         self.args, self.w = args, comm
         self.n, self.rank = comm.size, comm.rank
+        self.device = args.device
+        if self.device == "cuda":  # buffers on this rank's GPU; timings end with a stream sync
+            import cupy
+
+            from .comm import _local_rank
+            self.xp = cupy
+            cupy.cuda.Device(_local_rank(comm) % cupy.cuda.runtime.getDeviceCount()).use()
+        else:
+            self.xp = np
         self.impls = []
         for name in args.impl:
             if name == "gloo" and not torch_available():
@@ -360,19 +423,20 @@ class Bench:
         c = Case(coll, count, dtype, op, inplace, self.n, self.rank)
         dt = _dtypes.NUMPY[dtype]
         off, ln = c.chunk
+        xp = self.xp
         if coll == "all_reduce":
-            c.send, c.recv = np.empty(count, dt), np.empty(count, dt)
+            c.send, c.recv = xp.empty(count, dt), xp.empty(count, dt)
         elif coll == "reduce_scatter":
-            c.send, c.recv = np.empty(count, dt), np.empty(ln, dt)
+            c.send, c.recv = xp.empty(count, dt), xp.empty(ln, dt)
         else:
-            c.send, c.recv = np.empty(ln, dt), np.empty(count, dt)
+            c.send, c.recv = xp.empty(ln, dt), xp.empty(count, dt)
         c.send[...] = 0
         c.recv[...] = 0
         return c
 
     def fill(self, c: Case, impl: Impl):
         """Reset buffers to the check data (also before timing: same data every run)."""
-        data = check_data(c.dtype, c.op, self.rank, c.count)
+        data = self.xp.asarray(check_data(c.dtype, c.op, self.rank, c.count))
         off, ln = c.chunk
         if c.collective == "all_gather":
             c.input_view()[...] = data[off:off + ln]
@@ -392,9 +456,18 @@ class Bench:
             got = impl.output_view(c)
             if c.collective == "reduce_scatter":
                 want = want[off:off + ln]
+        got = self.host(got)
         g = got.astype(np.float64) if got.dtype == _dtypes.NUMPY["bfloat16"] else got
         w = want.astype(np.float64) if want.dtype == _dtypes.NUMPY["bfloat16"] else want
         return int(np.count_nonzero(g != w))
+
+    def host(self, a) -> np.ndarray:
+        return a if self.xp is np else self.xp.asnumpy(a)
+
+    def sync(self) -> None:
+        """Wait for the GPU work queued so far on the current stream (--device cuda)."""
+        if self.xp is not np:
+            self.xp.cuda.get_current_stream().synchronize()
 
     def measure(self, coll, nbytes, dtype, op):
         count = count_for(nbytes, dtype, self.n)
@@ -421,7 +494,9 @@ class Bench:
             for impl, c, *_ in cases.values():
                 for _ in range(self.args.warmup):
                     impl.run(c)
-                est = max(est, self.w.allreduce(_timeit(lambda impl=impl, c=c: impl.run(c)), op=_mpi_max()))
+                self.sync()
+                est = max(est, self.w.allreduce(_timeit(lambda impl=impl, c=c: (impl.run(c), self.sync())),
+                                                op=_mpi_max()))
             iters = self.args.iters or max(1, min(1000, int(self.args.target_ms * 1e-3 / max(est, 1e-7))))
             samples = {name: [] for name in cases}
             names = list(cases)
@@ -433,6 +508,7 @@ class Bench:
                     t0 = time.perf_counter()
                     for _ in range(iters):
                         impl.run(c)
+                    self.sync()
                     t = (time.perf_counter() - t0) / iters
                     samples[name].append(self.w.allreduce(t, op=_mpi_max()))
             for name, (_, _, wrong, sent, expected) in cases.items():
@@ -607,8 +683,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--op", default="sum", help="sum, prod, min, max, avg or all (default sum)")
     p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(_dtypes.DTYPES)} or all")
     p.add_argument("--collective", default="all_reduce", help="all_reduce, reduce_scatter, all_gather or all")
-    p.add_argument("--impl", default="ringcomm,mpi,mpi-ring,gloo",
-                   help="comma-separated implementations (default ringcomm,mpi,mpi-ring,gloo)")
+    p.add_argument("--impl", default=None,
+                   help="comma-separated implementations (default: ringcomm,mpi,mpi-ring,gloo on the host, "
+                        "ringcomm,nccl with --device cuda)")
+    p.add_argument("--device", default="host", choices=("host", "cuda"),
+                   help="host: numpy buffers; cuda: cupy buffers on each rank's GPU, ringcomm over NCCL "
+                        "point-to-point against NCCL's collectives (default host)")
     p.add_argument("--json", help="write every row plus machine and version info here")
     p.add_argument("--plot", help="write a PNG of busbw against size here (needs matplotlib)")
     p.add_argument("--progress", action="store_true",
@@ -624,7 +704,23 @@ def parse(argv) -> argparse.Namespace:
     args.ops = list(OPS) if args.op == "all" else args.op.split(",")
     args.dtypes = list(_dtypes.DTYPES) if args.datatype == "all" else args.datatype.split(",")
     args.collectives = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
+    if args.impl is None:
+        args.impl = "ringcomm,nccl" if args.device == "cuda" else "ringcomm,mpi,mpi-ring,gloo"
     args.impl = [s for s in args.impl.split(",") if s]
+    if args.device == "cuda":
+        from . import cuda
+        from .errors import InvalidArgument
+        try:
+            import cupy  # noqa: F401
+            cuda.require()
+        except ImportError:
+            raise SystemExit("ringcomm bench: --device cuda needs cupy (pip install 'ringcomm[cuda13]')") from None
+        except InvalidArgument as exc:
+            raise SystemExit(f"ringcomm bench: --device cuda: {exc}") from None
+    wrong_place = [m for m in args.impl if m in IMPLS and m not in DEVICE_IMPLS[args.device]]
+    if wrong_place:
+        raise SystemExit(f"ringcomm bench: {wrong_place} cannot run with --device {args.device}; "
+                         f"choose from {', '.join(DEVICE_IMPLS[args.device])}")
     for what, vals, ok in (("op", args.ops, OPS), ("dtype", args.dtypes, _dtypes.DTYPES),
                            ("collective", args.collectives, COLLECTIVES), ("impl", args.impl, IMPLS)):
         bad = [v for v in vals if v not in ok]
@@ -654,7 +750,7 @@ def run_mpi(argv=None) -> int:
     bench = Bench(args, w)
     if rank == 0:
         w.Barrier()
-        memcpy = memcpy_gbps()
+        memcpy = memcpy_gbps() if args.device == "host" else device_copy_gbps()
     else:
         w.Barrier()
         memcpy = None
@@ -663,7 +759,8 @@ def run_mpi(argv=None) -> int:
     if rank == 0 and not args.rows_only:
         print(f"# ringcomm bench: n={n}, impls {','.join(i.name for i in bench.impls)}, "
               f"{args.reps} interleaved reps, time = max over ranks, median [p10 p90]")
-        print(f"# single-core memcpy: {memcpy:.2f} GB/s (reference for %cpy = busbw / memcpy)")
+        what = "single-core memcpy" if args.device == "host" else "device-to-device copy (GPU 0)"
+        print(f"# {what}: {memcpy:.2f} GB/s (reference for %cpy = busbw / copy bandwidth)")
     all_rows: list[dict] = []
     total = len(args.collectives) * len(args.dtypes) * len(args.ops) * len(args.sizes)
     done = 0

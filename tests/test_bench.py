@@ -94,3 +94,23 @@ def test_planted_wrong_result_is_counted_and_fails(tmp_path):
 def test_json_schema_validation_rejects_incomplete_documents():
     with pytest.raises(ValueError):
         benchmark.validate_json({"rows": []})
+
+
+def test_device_choice_selects_the_implementations():
+    assert benchmark.parse([]).impl == ["ringcomm", "mpi", "mpi-ring", "gloo"]
+    with pytest.raises(SystemExit, match="cannot run with --device host"):
+        benchmark.parse(["--impl", "ringcomm,nccl"])
+    import ringcomm.cuda as rcuda
+    try:
+        import cupy  # noqa: F401
+        have_cupy = True
+    except ImportError:
+        have_cupy = False
+    if have_cupy and rcuda.available():
+        args = benchmark.parse(["--device", "cuda"])
+        assert args.impl == ["ringcomm", "nccl"]
+        with pytest.raises(SystemExit, match="cannot run with --device cuda"):
+            benchmark.parse(["--device", "cuda", "--impl", "mpi"])
+    else:  # no GPU stack: a clear refusal, not a traceback
+        with pytest.raises(SystemExit, match="--device cuda"):
+            benchmark.parse(["--device", "cuda"])

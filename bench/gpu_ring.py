@@ -1,0 +1,82 @@
+"""In-process ring all_reduce on one GPU against the time its bytes allow (GPU only).
+
+    python bench/gpu_ring.py [-n 4] [--bytes 256M] [--reps 10]
+
+N in-process ranks share one GPU (run_local(device="cuda")). The ring moves,
+summed over all ranks: 2(N-1)/N x S bytes copied per rank (N x that in all)
+and (N-1)/N x S bytes reduced per rank (a reduce reads two and writes one:
+1.5 x the memory traffic of a copy of the same size). All of it goes through
+one GPU's memory, so the bound is
+
+    t_bound = (2(N-1) S + 1.5 (N-1) S) / copy_bw
+
+with copy_bw the measured device-to-device copy bandwidth (bytes copied per
+second). Target: measured / bound <= 1.3. The time of one all_reduce is from
+a host barrier to the last rank's stream synchronize (median of --reps).
+The result is checked exactly on rank-dependent data.
+"""
+import argparse
+import sys
+import threading
+import time
+
+import numpy as np
+
+import ringcomm
+import ringcomm.cuda as rcuda
+from ringcomm.benchmark import device_copy_gbps
+from ringcomm.config import parse_size
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=4)
+    ap.add_argument("--bytes", default="256M")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--segment-bytes", default="4M")
+    args = ap.parse_args()
+    if not rcuda.available():
+        print(f"no GPU: ringcomm._cuda is {rcuda.status()}")
+        return 1
+    import cupy
+    n, nbytes = args.n, parse_size(args.bytes)
+    count = nbytes // 4
+    copy_bw = device_copy_gbps(nbytes) * 1e9
+    bound = (2 * (n - 1) * nbytes + 1.5 * (n - 1) * nbytes) / copy_bw
+    gate = threading.Barrier(n)
+    times = [[0.0] * args.reps for _ in range(n)]
+    starts = [0.0] * args.reps
+
+    def body(comm):
+        r = comm.rank
+        x = cupy.full(count, r + 1, dtype=cupy.float32)
+        comm.all_reduce(x)  # warm-up (scratch, events, kernels loaded)
+        cupy.cuda.get_current_stream().synchronize()
+        ok = bool((x == n * (n + 1) // 2).all())
+        for k in range(args.reps):
+            x.fill(r + 1)
+            cupy.cuda.get_current_stream().synchronize()
+            gate.wait()
+            if r == 0:
+                starts[k] = time.perf_counter()
+            gate.wait()
+            comm.all_reduce(x)
+            cupy.cuda.get_current_stream().synchronize()
+            times[r][k] = time.perf_counter()
+        ok = ok and bool((x == n * (n + 1) // 2).all())
+        return ok
+
+    ok = ringcomm.run_local(n, body, device="cuda", segment_bytes=args.segment_bytes, timeout=120)
+    per_rep = [max(times[r][k] for r in range(n)) - starts[k] for k in range(args.reps)]
+    med = float(np.median(per_rep))
+    print(f"# in-process ring all_reduce, N = {n} ranks on one GPU, {nbytes} B float32, "
+          f"segments {args.segment_bytes}, median of {args.reps}")
+    print(f"# device copy bandwidth {copy_bw / 1e9:.0f} GB/s; bytes-moved bound {bound * 1e3:.2f} ms")
+    print(f"measured {med * 1e3:.2f} ms [p10 {np.percentile(per_rep, 10) * 1e3:.2f}, "
+          f"p90 {np.percentile(per_rep, 90) * 1e3:.2f}]; measured / bound = {med / bound:.2f} (target <= 1.3); "
+          f"results {'exact' if all(ok) else 'WRONG'}")
+    return 0 if all(ok) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
