@@ -464,16 +464,13 @@ def _local_engines(n: int, s: config.Settings, device, jitter_us: float) -> list
         world = core.inproc_world(n)
         return [core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window, device == "emulated",
                                    float(jitter_us)) for r in range(n)]
+    if not (device == "cuda" or isinstance(device, (list, tuple)) and len(device) == n):
+        raise InvalidArgument(f"device must be None, 'emulated', 'cuda' or a list of {n} GPU ordinals, "
+                              f"got {device!r}")
     from . import cuda
     cuda.require()
     count = cuda.device_count()
-    if device == "cuda":
-        gpus = [r % count for r in range(n)]
-    elif isinstance(device, (list, tuple)) and len(device) == n:
-        gpus = [int(g) for g in device]
-    else:
-        raise InvalidArgument(f"device must be None, 'emulated', 'cuda' or a list of {n} GPU ordinals, "
-                              f"got {device!r}")
+    gpus = [r % count for r in range(n)] if device == "cuda" else [int(g) for g in device]
     bad = [g for g in gpus if not 0 <= g < count]
     if bad:
         raise InvalidArgument(f"GPU(s) {bad} do not exist here ({count} GPU(s))")

@@ -135,3 +135,29 @@ def test_close_waits_for_the_queues():
     t0 = time.monotonic()
     assert run(2, body, jitter_us=2000) == [1.0, 1.0]
     assert time.monotonic() - t0 < 30
+
+
+def test_host_memory_behind_cuda_array_interface_is_refused():
+    """An object claiming __cuda_array_interface__ whose pointer is not GPU
+    memory (here: no GPU at all, or host memory) is refused with a reason."""
+    buf = np.zeros(8, np.float32)
+
+    class Fake:
+        __cuda_array_interface__ = {"shape": (8,), "typestr": "<f4", "data": (buf.ctypes.data, False),
+                                    "version": 3, "strides": None, "stream": None}
+
+    def body(comm):
+        with pytest.raises(InvalidArgument, match="not on a GPU"):
+            comm.all_reduce(Fake())
+        return True
+    assert all(ringcomm.run_local(2, body))
+
+
+def test_gpu_communicators_without_a_gpu_fail_clearly():
+    import ringcomm.cuda as rcuda
+    if rcuda.available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(InvalidArgument, match="GPU|_cuda"):
+        ringcomm.run_local(2, lambda comm: None, device="cuda")
+    with pytest.raises(InvalidArgument, match="device must be"):
+        ringcomm.run_local(2, lambda comm: None, device="tpu")

@@ -12,7 +12,7 @@ namespace {
 class CudaEvent final : public Event {
  public:
   explicit CudaEvent(int gpu) : gpu_(gpu) {
-    RC_CUDA(cudaSetDevice(gpu));
+    RC_CUDA(cudaSetDevice(gpu));  // callers on the caller's thread hold a DeviceGuard
     RC_CUDA(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
   }
   ~CudaEvent() override { cudaEventDestroy(ev_); }  // deferred by CUDA if still pending
@@ -67,6 +67,24 @@ class CudaDeviceReducer final : public Reducer {
  private:
   const CudaDevice& d_;
   std::unique_ptr<Reducer> r_;
+};
+
+// Makes `gpu` current for a call made on the caller's thread, and restores
+// the caller's own current device afterwards (no side effect on user code).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int gpu) {
+    RC_CUDA(cudaGetDevice(&prev_));
+    if (prev_ != gpu) RC_CUDA(cudaSetDevice(gpu));
+    changed_ = prev_ != gpu;
+  }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0;
+  bool changed_ = false;
 };
 
 }  // namespace
@@ -128,7 +146,11 @@ char* CudaDevice::scratch(int which, size_t bytes) {
   return scratch_[which];
 }
 
+// These two run on the caller's thread: the legacy default stream (handle 0)
+// is the current device's, so the rank's GPU must be current, and the
+// caller's current device is restored afterwards.
 EventPtr CudaDevice::record_external(uintptr_t stream) {
+  DeviceGuard g(gpu_);
   auto e = std::make_shared<CudaEvent>(gpu_);
   RC_CUDA(cudaEventRecord(e->get(), external_stream(stream)));
   return e;
@@ -136,7 +158,7 @@ EventPtr CudaDevice::record_external(uintptr_t stream) {
 
 void CudaDevice::wait_external(uintptr_t stream, const EventPtr& e) {
   if (!e) return;
-  make_current();
+  DeviceGuard g(gpu_);
   RC_CUDA(cudaStreamWaitEvent(external_stream(stream), native(e), 0));
 }
 
