@@ -45,6 +45,16 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   worker_.join();
+  // Device work of finished collectives may still be queued (Works can hold
+  // the device past this point): let it end before the caller frees buffers,
+  // but never wait forever on a peer that is gone.
+  if (auto dev = device()) {
+    try {
+      dev->record()->synchronize(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(opts_.timeout_s)));
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 void Engine::validate(const Task& t) {
