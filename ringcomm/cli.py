@@ -83,6 +83,7 @@ def info() -> dict:
         d["nccl"] = None
     from . import cuda
     d["cuda"] = cuda.status()
+    d["transports"] = ["mpi", "inproc", "inproc(emulated)"] + (["nccl", "inproc(cuda)"] if cuda.available() else [])
     return d
 
 
