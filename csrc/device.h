@@ -21,7 +21,8 @@
 
 namespace ringcomm {
 
-// A point in one Device's queue: complete once everything enqueued before it has run.
+// A point in one of a Device's queues: complete once everything enqueued
+// there before it has run.
 class Event {
  public:
   virtual ~Event() = default;
@@ -42,6 +43,15 @@ class Device {
   // Work enqueued after this call starts only once `e` is complete (e may
   // belong to another Device of the same kind).
   virtual void wait(const EventPtr& e) = 0;
+  // The transfer queue: a second in-order queue of the same device, so that
+  // the transfer of one segment runs while the main queue reduces the one
+  // before (the ring's pipelining). Transports put incoming payload on it,
+  // ordered with events both ways: after what must precede the write (the
+  // sender's data, the receiver's last use of the buffer), and the main
+  // queue waits for it before using the data.
+  virtual void transfer_wait(const EventPtr& e) = 0;
+  virtual void transfer_copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual EventPtr transfer_record() = 0;
   // Reductions enqueued on this device (the Reducer contract of reducer.h).
   virtual std::unique_ptr<Reducer> reducer(DType dtype, Op op) = 0;
   // Reusable device memory owned by this device (slot 0: receive slots,

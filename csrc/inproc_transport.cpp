@@ -59,6 +59,7 @@ struct InprocRequest : Request {
   std::atomic<bool> complete{false};  // host: transfer done; device recv: matched
   std::atomic<bool> size_error{false};
   std::shared_ptr<DeviceHandoff> handoff;  // device messages only
+  EventPtr posted;  // device receive: the receiver's main queue when it was posted (the buffer is free after it)
 };
 
 void finish(InprocRequest* r) {
@@ -146,6 +147,7 @@ class InprocTransport final : public Transport {
   RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/) override {
     auto r = make(peer, false, bytes, w_->queue(peer, rank_, ch));
     r->dst = buf;
+    if (on_device(ch, bytes)) r->posted = dev_->record();
     Queue* q = r->queue;
     std::lock_guard<std::mutex> g(q->m);
     if (!q->sends.empty()) {
@@ -228,13 +230,19 @@ class InprocTransport final : public Transport {
   bool on_device(Channel ch, size_t bytes) const { return dev_ && ch == Channel::data && bytes > 0; }
 
   // The receiving half of a device message, on the receiver's thread (so its
-  // device work stays in program order): copy once the data is ready, then
-  // tell the sender when its buffer is free.
+  // device work stays in program order). The copy goes on the transfer queue,
+  // after the sender's data is ready and after the receiver's last use of the
+  // buffer (when the receive was posted), so it overlaps the reductions the
+  // main queue is doing meanwhile; the main queue then waits for it, and the
+  // sender learns when its buffer is free.
   void receive_on_device(InprocRequest& r) {
     DeviceHandoff& h = *r.handoff;
-    dev_->wait(h.ready);
-    dev_->copy(r.dst, h.src, r.bytes);
-    h.consumed = dev_->record();
+    dev_->transfer_wait(h.ready);
+    dev_->transfer_wait(r.posted);
+    dev_->transfer_copy(r.dst, h.src, r.bytes);
+    EventPtr copied = dev_->transfer_record();
+    dev_->wait(copied);
+    h.consumed = copied;
     std::lock_guard<std::mutex> g(h.sender->m);
     h.copied.store(true, std::memory_order_release);
     h.sender->cv.notify_all();

@@ -88,38 +88,49 @@ class EmuReducer final : public Reducer {
 
 class EmuDevice final : public Device {
  public:
-  EmuDevice(int id, double jitter_us) : id_(id), q_(std::make_shared<EmuQueue>()) {
-    q_->jitter_us = jitter_us;
+  EmuDevice(int id, double jitter_us) : id_(id), q_(std::make_shared<EmuQueue>()), x_(std::make_shared<EmuQueue>()) {
+    q_->jitter_us = x_->jitter_us = jitter_us;
     thread_ = std::thread([q = q_] { q->run(); });
+    xthread_ = std::thread([q = x_] { q->run(); });
   }
   ~EmuDevice() override {
-    {
-      std::lock_guard<std::mutex> g(q_->m);
-      q_->stop = true;
+    for (auto* q : {q_.get(), x_.get()}) {
+      std::lock_guard<std::mutex> g(q->m);
+      q->stop = true;
+      q->work_cv.notify_all();
     }
-    q_->work_cv.notify_all();
-    thread_.join();  // runs what is queued first: it may still reference user memory
+    thread_.join();  // each runs what is queued first: it may still reference user memory
+    xthread_.join();
   }
   std::string name() const override { return "emulated:" + std::to_string(id_); }
 
-  void copy(void* dst, const void* src, size_t bytes) override {
-    q_->push([dst, src, bytes] { std::memcpy(dst, src, bytes); });
-  }
-  EventPtr record() override {
-    std::lock_guard<std::mutex> g(q_->m);
-    return std::make_shared<EmuEvent>(q_, q_->enqueued);
-  }
-  void wait(const EventPtr& e) override {
-    if (!e || e->query()) return;
-    q_->push([e] { e->synchronize(Clock::time_point::max()); });
-  }
+  void copy(void* dst, const void* src, size_t bytes) override { push_copy(*q_, dst, src, bytes); }
+  EventPtr record() override { return record_on(q_); }
+  void wait(const EventPtr& e) override { wait_on(*q_, e); }
+  void transfer_wait(const EventPtr& e) override { wait_on(*x_, e); }
+  void transfer_copy(void* dst, const void* src, size_t bytes) override { push_copy(*x_, dst, src, bytes); }
+  EventPtr transfer_record() override { return record_on(x_); }
   std::unique_ptr<Reducer> reducer(DType dtype, Op op) override {
     return std::make_unique<EmuReducer>(std::shared_ptr<Reducer>(make_cpu_reducer(dtype, op)), q_);
   }
+  static void push_copy(EmuQueue& q, void* dst, const void* src, size_t bytes) {
+    q.push([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  }
+  static EventPtr record_on(const std::shared_ptr<EmuQueue>& q) {
+    std::lock_guard<std::mutex> g(q->m);
+    return std::make_shared<EmuEvent>(q, q->enqueued);
+  }
+  static void wait_on(EmuQueue& q, const EventPtr& e) {
+    if (!e || e->query()) return;
+    q.push([e] { e->synchronize(Clock::time_point::max()); });
+  }
+
   char* scratch(int which, size_t bytes) override {
     auto& s = scratch_[which];
     if (s.size() < bytes) {
-      record()->synchronize(Clock::time_point::max());  // queued work may still use the old memory
+      // Queued work (either queue) may still use the old memory.
+      record_on(q_)->synchronize(Clock::time_point::max());
+      record_on(x_)->synchronize(Clock::time_point::max());
       s.resize(bytes);
     }
     return s.data();
@@ -133,9 +144,9 @@ class EmuDevice final : public Device {
 
  private:
   int id_;
-  std::shared_ptr<EmuQueue> q_;
+  std::shared_ptr<EmuQueue> q_, x_;  // main and transfer queues
   std::vector<char> scratch_[2];
-  std::thread thread_;
+  std::thread thread_, xthread_;
 };
 
 }  // namespace

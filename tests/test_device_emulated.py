@@ -161,3 +161,20 @@ def test_gpu_communicators_without_a_gpu_fail_clearly():
         ringcomm.run_local(2, lambda comm: None, device="cuda")
     with pytest.raises(InvalidArgument, match="device must be"):
         ringcomm.run_local(2, lambda comm: None, device="tpu")
+
+
+def test_mismatch_and_abort_end_quickly_on_the_device_path():
+    from ringcomm import CommunicatorAborted, MismatchError
+
+    def body(comm):
+        x = np.zeros(100 + (comm.rank == 1), np.float32)  # rank 1 disagrees on the count
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(x)
+            return "no error", time.monotonic() - t0
+        except (MismatchError, CommunicatorAborted) as e:
+            return type(e).__name__, time.monotonic() - t0
+    t0 = time.monotonic()
+    res = run(3, body, timeout=30, jitter_us=100)
+    assert all(kind == "MismatchError" for kind, _ in res), res
+    assert time.monotonic() - t0 < 10, res

@@ -98,13 +98,16 @@ cudaStream_t external_stream(uintptr_t handle) {
 CudaDevice::CudaDevice(int gpu) : gpu_(gpu) {
   RC_CUDA(cudaSetDevice(gpu));
   RC_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  RC_CUDA(cudaStreamCreateWithFlags(&xfer_, cudaStreamNonBlocking));
 }
 
 CudaDevice::~CudaDevice() {
   cudaSetDevice(gpu_);
-  cudaStreamSynchronize(stream_);  // queued work may use the scratch memory
+  cudaStreamSynchronize(xfer_);  // queued work may use the scratch memory
+  cudaStreamSynchronize(stream_);
   for (char* p : scratch_)
     if (p) cudaFree(p);
+  cudaStreamDestroy(xfer_);
   cudaStreamDestroy(stream_);
 }
 
@@ -125,6 +128,23 @@ void CudaDevice::wait(const EventPtr& e) {
   if (!e) return;
   make_current();
   RC_CUDA(cudaStreamWaitEvent(stream_, native(e), 0));
+}
+
+void CudaDevice::transfer_wait(const EventPtr& e) {
+  if (!e) return;
+  make_current();
+  RC_CUDA(cudaStreamWaitEvent(xfer_, native(e), 0));
+}
+
+void CudaDevice::transfer_copy(void* dst, const void* src, size_t bytes) {
+  make_current();
+  RC_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, xfer_));
+}
+
+EventPtr CudaDevice::transfer_record() {
+  auto e = std::make_shared<CudaEvent>(gpu_);
+  RC_CUDA(cudaEventRecord(e->get(), xfer_));
+  return e;
 }
 
 std::unique_ptr<Reducer> CudaDevice::reducer(DType dtype, Op op) {

@@ -1,4 +1,6 @@
-// The CUDA Device (device.h): one non-blocking stream per rank on one GPU.
+// The CUDA Device (device.h): two non-blocking streams per rank on one GPU
+// (main: reductions and the collective's program order; transfer: incoming
+// payload, so that it overlaps the reductions).
 // Copies are cudaMemcpyAsync (any two device buffers: unified addressing), the
 // reductions are the kernels of reducer_cuda.cu on that stream, events are
 // cudaEvents, scratch is stream-ordered memory (cudaMallocAsync). Every call
@@ -25,6 +27,10 @@ class CudaDevice final : public Device {
   void copy(void* dst, const void* src, size_t bytes) override;
   EventPtr record() override;
   void wait(const EventPtr& e) override;
+  void transfer_wait(const EventPtr& e) override;
+  void transfer_copy(void* dst, const void* src, size_t bytes) override;
+  EventPtr transfer_record() override;
+  cudaStream_t transfer_stream() const { return xfer_; }
   std::unique_ptr<Reducer> reducer(DType dtype, Op op) override;
   char* scratch(int which, size_t bytes) override;
   EventPtr record_external(uintptr_t stream) override;
@@ -34,7 +40,7 @@ class CudaDevice final : public Device {
 
  private:
   int gpu_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr, xfer_ = nullptr;
   char* scratch_[2] = {nullptr, nullptr};
   size_t scratch_bytes_[2] = {0, 0};
 };

@@ -18,6 +18,8 @@ struct NcclRequest : Request {
   void* buf = nullptr;
   int unit = -1;
   bool issued = false;
+  EventPtr posted;  // main stream when posted: send data ready / receive buffer free
+  EventPtr after;   // transfer stream after this request's group
 };
 
 class NcclTransport final : public Transport {
@@ -39,6 +41,7 @@ class NcclTransport final : public Transport {
     if (interrupted()) {
       ncclCommAbort(comm_);  // operations may be stuck waiting for a peer that is gone
     } else {
+      cudaStreamSynchronize(dev_->transfer_stream());
       cudaStreamSynchronize(dev_->stream());
       ncclCommFinalize(comm_);
       ncclCommDestroy(comm_);
@@ -64,6 +67,7 @@ class NcclTransport final : public Transport {
     for (int i = 0; i < n; ++i)
       if (auto* r = dynamic_cast<NcclRequest*>(reqs[i])) {
         if (!r->issued) issue_through(*r);
+        if (!r->done) dev_->wait(r->after);  // main stream: reduce the data / reuse the buffer after it
         r->done = true;
         return i;
       }
@@ -91,6 +95,7 @@ class NcclTransport final : public Transport {
     r->bytes = bytes;
     r->buf = buf;
     r->unit = unit;
+    r->posted = dev_->record();
     pending_.push_back(r.get());
     return r;
   }
@@ -111,20 +116,23 @@ class NcclTransport final : public Transport {
       return a->unit < b->unit;
     });
     dev_->make_current();
+    const cudaStream_t xs = dev_->transfer_stream();
     for (size_t i = 0; i < now.size();) {
       size_t j = i + 1;
       while (j < now.size() && now[j]->unit >= 0 && now[j]->unit == now[i]->unit) ++j;
+      for (size_t k = i; k < j; ++k) dev_->transfer_wait(now[k]->posted);
       RC_NCCL(ncclGroupStart());
       for (size_t k = i; k < j; ++k) {
         NcclRequest* r = now[k];
         if (r->is_send)
-          RC_NCCL(ncclSend(r->buf, r->bytes, ncclUint8, r->peer, comm_, dev_->stream()));
+          RC_NCCL(ncclSend(r->buf, r->bytes, ncclUint8, r->peer, comm_, xs));
         else
-          RC_NCCL(ncclRecv(r->buf, r->bytes, ncclUint8, r->peer, comm_, dev_->stream()));
+          RC_NCCL(ncclRecv(r->buf, r->bytes, ncclUint8, r->peer, comm_, xs));
         r->issued = true;
-        r->done = true;
       }
       RC_NCCL(ncclGroupEnd());
+      EventPtr after = dev_->transfer_record();
+      for (size_t k = i; k < j; ++k) now[k]->after = after;
       i = j;
     }
   }
