@@ -183,6 +183,19 @@ void Engine::execute(const Task& t, Work& w) {
       }
     }
   }
+  if (err) {
+    // Device work of the failed collective may already be queued (copies,
+    // kernels, a peer's copy out of our buffer): the caller must keep its
+    // arrays until this point has passed (Python's Work does).
+    if (auto dev = device()) {
+      try {
+        std::lock_guard<std::mutex> g(w.m_);
+        w.done_event_ = dev->record();
+        w.device_ = dev;
+      } catch (const std::exception&) {
+      }
+    }
+  }
   w.finish(std::move(err));
 }
 

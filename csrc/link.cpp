@@ -248,6 +248,7 @@ void Link::fail(const RingError& e) {
   if (aborted_) return;
   aborted_ = true;
   abort_reason_ = e.what();
+  t_->on_fail();
   // Withdraw everything still posted, so no late message lands in a buffer
   // the caller gets back.
   for (auto& r : live_)

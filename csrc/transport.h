@@ -69,6 +69,11 @@ class Transport {
   }
   bool interrupted() const { return interrupted_.load(std::memory_order_acquire); }
 
+  // The collective failed and the link is being abandoned (Link::fail).
+  // Transports whose operations cannot be withdrawn one by one (NCCL) tear
+  // down here, so nothing queued on a device waits forever for a peer.
+  virtual void on_fail() {}
+
   // Withdraw a request that will not be waited for (after an error). After
   // this returns, the transport never touches the request's buffer again,
   // where the transport can guarantee it (receives always; sends where the

@@ -194,7 +194,10 @@ def _from_cai(x, what: str) -> Buf:
     if family == "cupy":
         import cupy
         dev = int(x.device.id)
-        stream_fn = lambda: cupy.cuda.get_current_stream().ptr  # noqa: E731
+
+        def stream_fn():  # cupy's current stream *of the array's device*
+            with cupy.cuda.Device(dev):
+                return cupy.cuda.get_current_stream().ptr
     else:
         from . import cuda
         dev = cuda.pointer_device(ptr) if count else None
@@ -209,7 +212,7 @@ def empty_like(template: Buf, count: int):
     """A new 1-D array of `count` elements of template's dtype, in template's family and on its device."""
     if template.family == "torch":
         import torch
-        return torch.empty(count, dtype=template.obj.dtype, device=template.obj.device)
+        return torch.empty(count, dtype=getattr(torch, template.dtype), device=template.obj.device)
     if template.device is not None:
         import cupy
         with cupy.cuda.Device(template.device):

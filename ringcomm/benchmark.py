@@ -304,7 +304,7 @@ class NcclImpl(Impl):
         from .comm import _local_rank
         cuda.require()
         w = MPI.COMM_WORLD
-        self.gpu = _local_rank(w) % cuda.device_count()
+        self.gpu = _local_rank(w)
         self.base = cuda._cuda.NcclBaseline(MPI._handleof(w), self.gpu)
 
     def supports(self, c: Case) -> bool:
@@ -406,7 +406,11 @@ class Bench:
 
             from .comm import _local_rank
             self.xp = cupy
-            cupy.cuda.Device(_local_rank(comm) % cupy.cuda.runtime.getDeviceCount()).use()
+            local, ngpu = _local_rank(comm), cupy.cuda.runtime.getDeviceCount()
+            if local >= ngpu:
+                raise SystemExit(f"ringcomm bench: --device cuda needs one GPU per rank; node rank {local} "
+                                 f"but {ngpu} GPU(s)")
+            cupy.cuda.Device(local).use()
         else:
             self.xp = np
         self.impls = []
@@ -717,6 +721,9 @@ def parse(argv) -> argparse.Namespace:
             raise SystemExit("ringcomm bench: --device cuda needs cupy (pip install 'ringcomm[cuda13]')") from None
         except InvalidArgument as exc:
             raise SystemExit(f"ringcomm bench: --device cuda: {exc}") from None
+        if "bfloat16" in args.dtypes:
+            raise SystemExit("ringcomm bench: --device cuda uses cupy buffers, and cupy has no bfloat16; "
+                             "choose other dtypes")
     wrong_place = [m for m in args.impl if m in IMPLS and m not in DEVICE_IMPLS[args.device]]
     if wrong_place:
         raise SystemExit(f"ringcomm bench: {wrong_place} cannot run with --device {args.device}; "

@@ -69,7 +69,8 @@ class Work:
             raise WaitTimeout(f"collective #{self.seq} still running after {timeout} s", seq=self.seq)
         err = self._native.error()
         if err is not None:
-            self._keep = None
+            if not self._native.on_device:  # else queued device work may still use the arrays
+                self._keep = None
             raise err
         if self._native.on_device:
             # Ordered on the caller's current stream; the arrays must live until
@@ -412,10 +413,15 @@ def _close_mpi_comms() -> None:
             pass
 
 
-def _local_rank(comm) -> int:
-    """This process's index among the ranks of `comm` on the same node."""
+def _local_rank(comm, with_size: bool = False):
+    """This process's index among the ranks of `comm` on the same node
+    (and how many they are, with `with_size`)."""
     from mpi4py import MPI
-    return comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return (node.Get_rank(), node.Get_size()) if with_size else node.Get_rank()
+    finally:
+        node.Free()
 
 
 def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | None = None,
@@ -427,8 +433,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     Requires MPI_THREAD_MULTIPLE (mpi4py's default).
 
     device: None (default) moves host memory with MPI point-to-point.
-    "cuda" (GPU = this process's rank on its node, modulo the GPUs there) or a
-    GPU ordinal: payload on that GPU, moved with NCCL point-to-point
+    "cuda" (GPU = this process's rank on its node; one GPU per rank) or a GPU
+    ordinal: payload on that GPU (made the calling thread's current device), moved with NCCL point-to-point
     (ncclSend/ncclRecv) and reduced by ringcomm's kernels; control messages
     still go through MPI. Arrays must then be GPU arrays on that GPU.
     """
@@ -443,7 +449,12 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
         from . import cuda
         cuda.require()
         if device == "cuda":
-            gpu = _local_rank(comm) % cuda.device_count()
+            local, on_node = _local_rank(comm, with_size=True)
+            if on_node > cuda.device_count():
+                raise InvalidArgument(
+                    f"{on_node} ranks on this node but {cuda.device_count()} GPU(s): NCCL needs one GPU per rank "
+                    "(for several ranks on one GPU use run_local(n, fn, device='cuda'))")
+            gpu = local
         elif isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda:")):
             gpu = int(str(device).split(":")[-1])
         else:
@@ -451,6 +462,7 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
         if not 0 <= gpu < cuda.device_count():
             raise InvalidArgument(f"GPU {gpu} does not exist here ({cuda.device_count()} GPU(s))")
         engine = cuda._cuda.nccl_engine(MPI._handleof(comm), gpu, s.timeout, s.segment_bytes, s.window)
+        cuda._cuda.set_device(gpu)  # this process's arrays belong there (cupy and torch follow it)
         label = "nccl"
     c = Communicator(engine, s, label)
     if not _mpi_comms:
@@ -485,7 +497,7 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
 
     device: None (host memory); "cuda": payload on GPUs, rank r on GPU
     r % (number of GPUs), so the whole ring runs on a single GPU too; a list
-    of n GPU ordinals; "emulated": host memory, but every copy and reduction
+    of n GPU ordinals (each rank's thread runs `fn` with its GPU current); "emulated": host memory, but every copy and reduction
     goes through a per-rank queue run by its own thread, as on a GPU stream
     (stream_emu.h), with a random delay of up to `jitter_us` before each
     operation: the GPU path's ordering, checked on a CPU.
@@ -505,6 +517,10 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
 
     def body(r: int) -> None:
         try:
+            gpu = comms[r]._gpu
+            if gpu is not None:  # the rank's thread allocates on the rank's GPU (cupy and torch follow it)
+                from . import cuda
+                cuda._cuda.set_device(gpu)
             results[r] = fn(comms[r], *args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors[r] = exc

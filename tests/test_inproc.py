@@ -380,3 +380,21 @@ def test_dlpack_read_only_flag_is_honoured():
             comm.all_reduce(Producer(ro))                 # in place would write: refused
         return np.asarray(got).tolist()
     assert ringcomm.run_local(2, body) == [[1.0, 3.0, 5.0], [7.0, 9.0, 11.0]]
+
+
+def test_all_gather_without_out_keeps_the_input_family_and_dtype():
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        mine = torch.full((comm.rank + 1,), float(comm.rank), dtype=torch.float32)
+        got = comm.all_gather(mine)  # counts 1, 2, 3: the split rule for 6 over 3 ranks needs 2, 2, 2
+        return got
+    with pytest.raises(ringcomm.InvalidArgument, match="split rule"):
+        ringcomm.run_local(3, body)
+
+    def body2(comm):
+        mine = torch.full((2,), float(comm.rank), dtype=torch.float32)
+        return comm.all_gather(mine)
+    for got in ringcomm.run_local(3, body2):
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+        assert got.tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]

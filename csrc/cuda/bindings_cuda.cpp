@@ -61,22 +61,25 @@ class NcclBaseline {
     ncclUniqueId id;
     if (rank == 0) RC_NCCL(ncclGetUniqueId(&id));
     MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm);
-    RC_CUDA(cudaSetDevice(gpu));
+    DeviceGuard g(gpu);
     RC_NCCL(ncclCommInitRank(&comm_, size, id, rank));
   }
   ~NcclBaseline() { close(); }
   void close() {
     if (!comm_) return;
+    int prev = -1;
+    cudaGetDevice(&prev);
     cudaSetDevice(gpu_);
     ncclCommFinalize(comm_);
     ncclCommDestroy(comm_);
     comm_ = nullptr;
+    if (prev >= 0) cudaSetDevice(prev);
   }
   ncclComm_t get() {
     if (!comm_) throw_invalid("NCCL baseline communicator is closed");
-    RC_CUDA(cudaSetDevice(gpu_));
     return comm_;
   }
+  int gpu() const { return gpu_; }
 
  private:
   int gpu_;
@@ -101,7 +104,7 @@ PYBIND11_MODULE(_cuda, m) {
             for (int b : gpus) {
               int ok = 0;
               if (a != b && cudaDeviceCanAccessPeer(&ok, a, b) == cudaSuccess && ok) {
-                cudaSetDevice(a);
+                DeviceGuard g(a);
                 cudaDeviceEnablePeerAccess(b, 0);
               }
               cudaGetLastError();  // "already enabled" is fine
@@ -138,6 +141,7 @@ PYBIND11_MODULE(_cuda, m) {
            py::arg("comm_handle"), py::arg("gpu"))
       .def("all_reduce",
            [](NcclBaseline& b, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, uintptr_t stream) {
+             DeviceGuard g(b.gpu());
              RC_NCCL(ncclAllReduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count,
                                    nccl_type(DType(dtype)), nccl_op(Op(op)), b.get(), external_stream(stream)));
            },
@@ -145,6 +149,7 @@ PYBIND11_MODULE(_cuda, m) {
            py::arg("stream") = 0)
       .def("reduce_scatter",
            [](NcclBaseline& b, uintptr_t in, uintptr_t out, size_t recvcount, int dtype, int op, uintptr_t stream) {
+             DeviceGuard g(b.gpu());
              RC_NCCL(ncclReduceScatter(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), recvcount,
                                        nccl_type(DType(dtype)), nccl_op(Op(op)), b.get(), external_stream(stream)));
            },
@@ -152,12 +157,15 @@ PYBIND11_MODULE(_cuda, m) {
            py::arg("stream") = 0, "NCCL's equal-chunk reduce-scatter (count = recvcount * nranks).")
       .def("all_gather",
            [](NcclBaseline& b, uintptr_t in, uintptr_t out, size_t sendcount, int dtype, uintptr_t stream) {
+             DeviceGuard g(b.gpu());
              RC_NCCL(ncclAllGather(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), sendcount,
                                    nccl_type(DType(dtype)), b.get(), external_stream(stream)));
            },
            py::arg("in_ptr"), py::arg("out_ptr"), py::arg("sendcount"), py::arg("dtype"), py::arg("stream") = 0)
       .def("close", &NcclBaseline::close);
 
+  m.def("set_device", [](int gpu) { RC_CUDA(cudaSetDevice(gpu)); }, py::arg("gpu"),
+        "Make `gpu` the calling thread's current device (what cupy and torch allocate on).");
   m.def("pointer_device", [](uintptr_t ptr) {
     cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(ptr)) != cudaSuccess) {

@@ -7,12 +7,25 @@
 
 namespace ringcomm {
 
+DeviceGuard::DeviceGuard(int gpu) {
+  RC_CUDA(cudaGetDevice(&prev_));
+  if (prev_ == gpu) {
+    prev_ = -1;  // nothing to restore
+    return;
+  }
+  RC_CUDA(cudaSetDevice(gpu));
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (prev_ >= 0) cudaSetDevice(prev_);
+}
+
 namespace {
 
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(int gpu) : gpu_(gpu) {
-    RC_CUDA(cudaSetDevice(gpu));  // callers on the caller's thread hold a DeviceGuard
+  explicit CudaEvent(int gpu) {
+    DeviceGuard g(gpu);  // an event belongs to the device current at creation
     RC_CUDA(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
   }
   ~CudaEvent() override { cudaEventDestroy(ev_); }  // deferred by CUDA if still pending
@@ -41,7 +54,6 @@ class CudaEvent final : public Event {
   }
 
  private:
-  int gpu_;
   cudaEvent_t ev_ = nullptr;
 };
 
@@ -54,38 +66,27 @@ cudaEvent_t native(const EventPtr& e) {
 // The kernels, launched with the rank's GPU current.
 class CudaDeviceReducer final : public Reducer {
  public:
-  CudaDeviceReducer(const CudaDevice& d, std::unique_ptr<Reducer> r) : d_(d), r_(std::move(r)) {}
+  CudaDeviceReducer(int gpu, std::unique_ptr<Reducer> r) : gpu_(gpu), r_(std::move(r)) {}
   void reduce(void* dst, const void* a, const void* b, size_t count) const override {
-    d_.make_current();
+    DeviceGuard g(gpu_);
     r_->reduce(dst, a, b, count);
   }
   void finalize(void* buf, size_t count, int nranks) const override {
-    d_.make_current();
+    DeviceGuard g(gpu_);
     r_->finalize(buf, count, nranks);
   }
 
  private:
-  const CudaDevice& d_;
+  int gpu_;
   std::unique_ptr<Reducer> r_;
 };
 
-// Makes `gpu` current for a call made on the caller's thread, and restores
-// the caller's own current device afterwards (no side effect on user code).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int gpu) {
-    RC_CUDA(cudaGetDevice(&prev_));
-    if (prev_ != gpu) RC_CUDA(cudaSetDevice(gpu));
-    changed_ = prev_ != gpu;
-  }
-  ~DeviceGuard() {
-    if (changed_) cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = 0;
-  bool changed_ = false;
-};
+EventPtr record_on(int gpu, cudaStream_t s) {
+  DeviceGuard g(gpu);
+  auto e = std::make_shared<CudaEvent>(gpu);
+  RC_CUDA(cudaEventRecord(e->get(), s));
+  return e;
+}
 
 }  // namespace
 
@@ -96,12 +97,14 @@ cudaStream_t external_stream(uintptr_t handle) {
 }
 
 CudaDevice::CudaDevice(int gpu) : gpu_(gpu) {
-  RC_CUDA(cudaSetDevice(gpu));
+  DeviceGuard g(gpu);
   RC_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   RC_CUDA(cudaStreamCreateWithFlags(&xfer_, cudaStreamNonBlocking));
 }
 
 CudaDevice::~CudaDevice() {
+  int prev = -1;
+  cudaGetDevice(&prev);  // no throwing here: restore by hand
   cudaSetDevice(gpu_);
   cudaStreamSynchronize(xfer_);  // queued work may use the scratch memory
   cudaStreamSynchronize(stream_);
@@ -109,57 +112,52 @@ CudaDevice::~CudaDevice() {
     if (p) cudaFree(p);
   cudaStreamDestroy(xfer_);
   cudaStreamDestroy(stream_);
+  if (prev >= 0) cudaSetDevice(prev);
 }
 
-void CudaDevice::make_current() const { RC_CUDA(cudaSetDevice(gpu_)); }
-
 void CudaDevice::copy(void* dst, const void* src, size_t bytes) {
-  make_current();
+  DeviceGuard g(gpu_);
   RC_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
 }
 
-EventPtr CudaDevice::record() {
-  auto e = std::make_shared<CudaEvent>(gpu_);
-  RC_CUDA(cudaEventRecord(e->get(), stream_));
-  return e;
-}
+EventPtr CudaDevice::record() { return record_on(gpu_, stream_); }
 
 void CudaDevice::wait(const EventPtr& e) {
   if (!e) return;
-  make_current();
+  DeviceGuard g(gpu_);
   RC_CUDA(cudaStreamWaitEvent(stream_, native(e), 0));
 }
 
 void CudaDevice::transfer_wait(const EventPtr& e) {
   if (!e) return;
-  make_current();
+  DeviceGuard g(gpu_);
   RC_CUDA(cudaStreamWaitEvent(xfer_, native(e), 0));
 }
 
 void CudaDevice::transfer_copy(void* dst, const void* src, size_t bytes) {
-  make_current();
+  DeviceGuard g(gpu_);
   RC_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, xfer_));
 }
 
-EventPtr CudaDevice::transfer_record() {
-  auto e = std::make_shared<CudaEvent>(gpu_);
-  RC_CUDA(cudaEventRecord(e->get(), xfer_));
-  return e;
-}
+EventPtr CudaDevice::transfer_record() { return record_on(gpu_, xfer_); }
 
 std::unique_ptr<Reducer> CudaDevice::reducer(DType dtype, Op op) {
-  return std::make_unique<CudaDeviceReducer>(*this, make_cuda_reducer(dtype, op, stream_));
+  return std::make_unique<CudaDeviceReducer>(gpu_, make_cuda_reducer(dtype, op, stream_));
 }
 
+// Plain cudaMalloc, not the stream-ordered allocator: a neighbour on another
+// GPU copies out of this memory (the reduce-scatter accumulator), and peer
+// access enabled with cudaDeviceEnablePeerAccess does not extend to memory
+// pools. Growth is rare (the largest collective so far), and cudaFree waits
+// for the device, so no queued work still uses the old block.
 char* CudaDevice::scratch(int which, size_t bytes) {
   if (scratch_bytes_[which] < bytes) {
-    make_current();
-    // Stream-ordered: the old block is freed after the work queued so far.
-    if (scratch_[which]) RC_CUDA(cudaFreeAsync(scratch_[which], stream_));
+    DeviceGuard g(gpu_);
+    if (scratch_[which]) RC_CUDA(cudaFree(scratch_[which]));
     scratch_[which] = nullptr;
     scratch_bytes_[which] = 0;
     void* p = nullptr;
-    RC_CUDA(cudaMallocAsync(&p, bytes, stream_));
+    RC_CUDA(cudaMalloc(&p, bytes));
     scratch_[which] = static_cast<char*>(p);
     scratch_bytes_[which] = bytes;
   }
@@ -167,14 +165,9 @@ char* CudaDevice::scratch(int which, size_t bytes) {
 }
 
 // These two run on the caller's thread: the legacy default stream (handle 0)
-// is the current device's, so the rank's GPU must be current, and the
-// caller's current device is restored afterwards.
-EventPtr CudaDevice::record_external(uintptr_t stream) {
-  DeviceGuard g(gpu_);
-  auto e = std::make_shared<CudaEvent>(gpu_);
-  RC_CUDA(cudaEventRecord(e->get(), external_stream(stream)));
-  return e;
-}
+// is the current device's, so the rank's GPU must be current (and the
+// caller's current device is restored afterwards).
+EventPtr CudaDevice::record_external(uintptr_t stream) { return record_on(gpu_, external_stream(stream)); }
 
 void CudaDevice::wait_external(uintptr_t stream, const EventPtr& e) {
   if (!e) return;

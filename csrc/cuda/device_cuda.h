@@ -36,13 +36,26 @@ class CudaDevice final : public Device {
   EventPtr record_external(uintptr_t stream) override;
   void wait_external(uintptr_t stream, const EventPtr& e) override;
 
-  void make_current() const;
 
  private:
   int gpu_;
   cudaStream_t stream_ = nullptr, xfer_ = nullptr;
   char* scratch_[2] = {nullptr, nullptr};
   size_t scratch_bytes_[2] = {0, 0};
+};
+
+// Makes `gpu` current for the duration of a scope and restores the thread's
+// previous device afterwards: ringcomm's calls never change which GPU the
+// caller's thread (or its engine thread) is on. Never throws on restore.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int gpu);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
 };
 
 // A stream handle as Python passes it (__cuda_array_interface__ convention:

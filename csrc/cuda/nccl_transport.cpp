@@ -32,20 +32,38 @@ class NcclTransport final : public Transport {
     if (host_->rank() == 0) RC_NCCL(ncclGetUniqueId(&id));
     if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm) != MPI_SUCCESS)
       throw RingError(ErrKind::transport, host_->rank(), 0, 0, "MPI_Bcast of the NCCL unique id failed");
-    dev_->make_current();
+    DeviceGuard g(gpu);
     RC_NCCL(ncclCommInitRank(&comm_, host_->size(), id, host_->rank()));
   }
 
+  // The Engine has already waited (bounded) for the device work of finished
+  // collectives. Anything still pending now waits for a peer that will not
+  // come: abort instead of finalizing, which would wait forever.
   ~NcclTransport() override {
-    dev_->make_current();
-    if (interrupted()) {
-      ncclCommAbort(comm_);  // operations may be stuck waiting for a peer that is gone
+    if (!comm_) return;
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(dev_->gpu());
+    if (interrupted() || cudaStreamQuery(dev_->transfer_stream()) != cudaSuccess ||
+        cudaStreamQuery(dev_->stream()) != cudaSuccess) {
+      ncclCommAbort(comm_);
     } else {
-      cudaStreamSynchronize(dev_->transfer_stream());
-      cudaStreamSynchronize(dev_->stream());
       ncclCommFinalize(comm_);
       ncclCommDestroy(comm_);
     }
+    cudaGetLastError();
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+
+  // Issued NCCL operations cannot be cancelled one by one; a failed link is
+  // never used again, so abort the NCCL communicator: operations stuck
+  // waiting for a peer end (with an error) instead of blocking the streams.
+  void on_fail() override {
+    if (!comm_) return;
+    DeviceGuard g(dev_->gpu());
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    pending_.clear();
   }
 
   int rank() const override { return host_->rank(); }
@@ -115,7 +133,8 @@ class NcclTransport final : public Transport {
     std::stable_sort(now.begin(), now.end(), [](const NcclRequest* a, const NcclRequest* b) {
       return a->unit < b->unit;
     });
-    dev_->make_current();
+    if (!comm_) throw RingError(ErrKind::aborted, rank(), target.peer, 0, "the NCCL communicator was aborted");
+    DeviceGuard g(dev_->gpu());
     const cudaStream_t xs = dev_->transfer_stream();
     for (size_t i = 0; i < now.size();) {
       size_t j = i + 1;

@@ -53,7 +53,7 @@ __device__ __forceinline__ typename E::S combine(typename E::S x, typename E::S 
 
 // Vectorized part: 16-byte words; i indexes words.
 template <class E, class F>
-__global__ void reduce_vec(uint4* __restrict__ dst, const uint4* a, const uint4* b, size_t words) {
+__global__ void reduce_vec(uint4* dst, const uint4* a, const uint4* b, size_t words) {  // dst may be a or b
   using S = typename E::S;
   constexpr int kPer = sizeof(uint4) / sizeof(S);
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {

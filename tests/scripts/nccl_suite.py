@@ -10,7 +10,10 @@ from test_cuda import CupyArrays  # noqa: E402
 
 import ringcomm  # noqa: E402
 
-comm = ringcomm.init(device="cuda", timeout=60)
+comm = ringcomm.init(device="cuda", timeout=60)  # also makes this rank's GPU current
+import cupy  # noqa: E402
+
+assert cupy.cuda.Device().id == int(comm.device.split(":")[1])
 n = comm.size
 errs = suite.run_cases(comm, [0, 1, n + 1, 1000, 100003], arrays=CupyArrays)
 comm.segment_bytes = 16
