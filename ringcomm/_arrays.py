@@ -5,7 +5,8 @@ Accepted, all without copying:
   * anything with ``__dlpack__`` on the CPU (PyTorch CPU tensors included, bfloat16 too);
   * any other object with the buffer protocol (memoryview, bytearray, array.array);
   * GPU arrays (for communicators whose payload lives on a GPU): PyTorch CUDA
-    tensors, cupy arrays, anything with ``__cuda_array_interface__``.
+    tensors, cupy arrays, anything with ``__cuda_array_interface__`` or a
+    CUDA DLPack capsule.
 
 A GPU array also says on which GPU it lives and which stream its producer
 uses (``Buf.stream()``: the caller's current stream of its library, read at
@@ -28,7 +29,7 @@ from . import _dtypes
 from ._native import core
 from .errors import InvalidArgument
 
-_KDL_CPU, _KDL_CUDA_HOST = 1, 3
+_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST = 1, 2, 3
 
 
 @dataclass
@@ -118,21 +119,32 @@ def _from_dlpack(x, what: str) -> Buf:
     src = x.detach() if family == "torch" and getattr(x, "requires_grad", False) else x
     if family == "torch" and src.is_conj():
         raise InvalidArgument(f"{what}: conjugate-view tensors are not supported")
+    on_cuda = False
+    try:
+        on_cuda = int(src.__dlpack_device__()[0]) == _KDL_CUDA
+    except Exception:  # noqa: BLE001 - optional in older producers
+        pass
+    # A CUDA producer orders its pending work before the stream we name; we
+    # name the legacy default stream (1), and the collective waits for it.
+    kw = {"stream": 1} if on_cuda else {}
     try:
         # DLPack 1.0 first: its capsule carries the read-only flag.
-        capsule = src.__dlpack__(max_version=(1, 0))
+        capsule = src.__dlpack__(max_version=(1, 0), **kw)
     except TypeError:  # a producer that predates DLPack 1.0
         try:
-            capsule = src.__dlpack__()
+            capsule = src.__dlpack__(**kw)
         except Exception as exc:
             raise InvalidArgument(f"{what}: could not export it through DLPack: {exc}") from exc
     except Exception as exc:
         raise InvalidArgument(f"{what}: could not export it through DLPack: {exc}") from exc
     info = core.dlpack_info(capsule)
-    if info["device_type"] not in (_KDL_CPU, _KDL_CUDA_HOST):
+    device = stream_fn = None
+    if info["device_type"] == _KDL_CUDA:
+        device, stream_fn = int(info["device_id"]), (lambda: 1)
+    elif info["device_type"] not in (_KDL_CPU, _KDL_CUDA_HOST):
         raise InvalidArgument(
             f"{what}: the array lives on DLPack device type {info['device_type']} "
-            f"(device {info['device_id']}); the host communicator takes CPU memory only")
+            f"(device {info['device_id']}); ringcomm takes CPU and CUDA memory")
     name = _dtypes.DLPACK.get((info["code"], info["bits"]))
     if name is None or info["lanes"] != 1:
         raise InvalidArgument(
@@ -144,7 +156,8 @@ def _from_dlpack(x, what: str) -> Buf:
             f"{what}: tensor is not contiguous (shape {shape}, strides {info['strides']}); "
             "pass x.contiguous()")
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    return Buf(x, info["ptr"], count, name, shape, bool(info["readonly"]), family, capsule)
+    return Buf(x, info["ptr"], count, name, shape, bool(info["readonly"]), family, capsule, device=device,
+               stream_fn=stream_fn)
 
 
 _TORCH_NAMES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64",

@@ -337,3 +337,28 @@ def test_nccl_transport_runs_the_suite_with_one_rank_per_gpu():
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("OK") == n, res.stdout
+
+
+@gpu
+def test_cuda_dlpack_producers_are_accepted():
+    """An array known only through DLPack (device type CUDA): read zero-copy,
+    ordered through the stream it is asked to export for."""
+    cupy = pytest.importorskip("cupy")
+
+    class OnlyDLPack:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    def body(comm):
+        x = cupy.arange(100, dtype=cupy.float32) + comm.rank
+        comm.all_reduce(OnlyDLPack(x))
+        cupy.cuda.Stream.null.synchronize()
+        return cupy.asnumpy(x)
+    for got in on_gpu(2, body):
+        assert np.array_equal(got, 2 * np.arange(100, dtype=np.float32) + 1)
