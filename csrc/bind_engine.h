@@ -23,7 +23,7 @@ namespace py = pybind11;
 // called keeps the engine alive until it returns (the last owner destroys it).
 struct EngineHandle {
   std::shared_ptr<Engine> engine;
-  std::shared_ptr<InprocWorld> world;  // keeps an in-process world alive
+  std::shared_ptr<InprocWorld> world, world2;  // keep in-process worlds alive
   Engine& get() { return *shared(); }
   std::shared_ptr<Engine> shared() {
     std::shared_ptr<Engine> e = engine;

@@ -100,17 +100,25 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("inproc_engine",
         [](const WorldHandle& world, int rank, double timeout, size_t segment_bytes, int window, bool emulate_device,
-           double jitter_us) {
+           double jitter_us, const WorldHandle* grouped_payload) {
           Options o = make_options(timeout, segment_bytes, window);
           auto h = std::make_unique<EngineHandle>();
+          if (grouped_payload) {
+            h->engine = std::make_shared<Engine>(
+                make_emulated_grouped_transport(world.world, grouped_payload->world, rank, jitter_us), o);
+            h->world = world.world;
+            h->world2 = grouped_payload->world;
+            return h;
+          }
           std::shared_ptr<Device> dev = emulate_device ? make_emulated_device(rank, jitter_us) : nullptr;
           h->engine = std::make_shared<Engine>(make_inproc_transport(world.world, rank, dev), o);
           h->world = world.world;
           return h;
         },
         py::arg("world"), py::arg("rank"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"),
-        py::arg("emulate_device") = false, py::arg("jitter_us") = 0.0,
-        "An in-process rank; with emulate_device, its payload path is the emulated device (stream_emu.h).");
+        py::arg("emulate_device") = false, py::arg("jitter_us") = 0.0, py::arg("grouped_payload") = nullptr,
+        "An in-process rank; with emulate_device, its payload path is the emulated device (stream_emu.h); with "
+        "grouped_payload (a second world), the emulated NCCL transport.");
 
   // Address of a C-contiguous buffer (numpy arrays included), or None when
   // the object cannot export one cheaply; ~10x faster than __array_interface__.

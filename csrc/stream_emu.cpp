@@ -1,6 +1,7 @@
 #include "stream_emu.h"
 
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -8,6 +9,9 @@
 #include <random>
 #include <thread>
 #include <vector>
+
+#include "grouped_transport.h"
+#include "inproc_transport.h"
 
 namespace ringcomm {
 
@@ -103,6 +107,7 @@ class EmuDevice final : public Device {
     xthread_.join();
   }
   std::string name() const override { return "emulated:" + std::to_string(id_); }
+  void transfer_run(std::function<void()> f) { x_->push(std::move(f)); }
 
   void copy(void* dst, const void* src, size_t bytes) override { push_copy(*q_, dst, src, bytes); }
   EventPtr record() override { return record_on(q_); }
@@ -149,10 +154,62 @@ class EmuDevice final : public Device {
   std::thread thread_, xthread_;
 };
 
+class EmuGroupedTransport final : public GroupedTransport {
+ public:
+  EmuGroupedTransport(std::unique_ptr<Transport> control, std::unique_ptr<Transport> payload, int rank,
+                      double jitter_us)
+      : GroupedTransport(std::move(control), std::make_shared<EmuDevice>(rank, jitter_us)),
+        payload_(std::move(payload)) {}
+  std::string name() const override { return "grouped(" + dev_->name() + ")"; }
+
+ protected:
+  void issue_group(const std::vector<GroupedOp*>& group) override {
+    struct Op {
+      bool is_send;
+      int peer;
+      void* buf;
+      size_t bytes;
+    };
+    std::vector<Op> ops;
+    for (GroupedOp* r : group) ops.push_back({r->is_send, r->peer, r->buf, r->bytes});
+    std::shared_ptr<Transport> t = payload_;  // the queue may outlive this transport
+    const int rank = this->rank();
+    static_cast<EmuDevice*>(dev_.get())->transfer_run([t, ops, rank] {
+      std::vector<RequestPtr> reqs;
+      for (const Op& o : ops)
+        reqs.push_back(o.is_send ? t->isend(o.peer, Channel::data, o.buf, o.bytes)
+                                 : t->irecv(o.peer, Channel::data, o.buf, o.bytes));
+      const auto deadline = Clock::now() + std::chrono::seconds(60);
+      for (auto& r : reqs) {
+        Request* p = r.get();
+        while (!p->done) {
+          if (t->wait_any(&p, 1, deadline) < 0) {
+            std::fprintf(stderr, "ringcomm: emulated NCCL group on rank %d never completed (deadlock)\n", rank);
+            for (auto& q : reqs)
+              if (!q->done) t->cancel(*q);
+            return;
+          }
+        }
+      }
+    });
+  }
+  void abort_groups() override {}
+
+ private:
+  std::shared_ptr<Transport> payload_;
+};
+
 }  // namespace
 
 std::shared_ptr<Device> make_emulated_device(int id, double jitter_us) {
   return std::make_shared<EmuDevice>(id, jitter_us);
+}
+
+std::unique_ptr<Transport> make_emulated_grouped_transport(std::shared_ptr<InprocWorld> control,
+                                                           std::shared_ptr<InprocWorld> payload, int rank,
+                                                           double jitter_us) {
+  return std::make_unique<EmuGroupedTransport>(make_inproc_transport(std::move(control), rank),
+                                               make_inproc_transport(std::move(payload), rank), rank, jitter_us);
 }
 
 }  // namespace ringcomm

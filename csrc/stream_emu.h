@@ -12,9 +12,23 @@
 #include <memory>
 
 #include "device.h"
+#include "transport.h"
 
 namespace ringcomm {
 
+class InprocWorld;
+
 std::shared_ptr<Device> make_emulated_device(int id, double jitter_us);
+
+// The NCCL transport's emulation: GroupedTransport (grouped_transport.h,
+// the very code the NCCL transport runs) over an emulated device, whose
+// groups behave as NCCL's do on a stream: a group, queued on the rank's
+// transfer queue, posts its sends and receives to `payload` (in-process, host
+// memory) and blocks that queue until all of them have matched. A grouping
+// that could deadlock on NCCL deadlocks here (reported after 60 s on stderr,
+// with the data left wrong). Control messages go through `control`.
+std::unique_ptr<Transport> make_emulated_grouped_transport(std::shared_ptr<InprocWorld> control,
+                                                           std::shared_ptr<InprocWorld> payload, int rank,
+                                                           double jitter_us);
 
 }  // namespace ringcomm

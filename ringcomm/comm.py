@@ -476,6 +476,10 @@ def _local_engines(n: int, s: config.Settings, device, jitter_us: float) -> list
         world = core.inproc_world(n)
         return [core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window, device == "emulated",
                                    float(jitter_us)) for r in range(n)]
+    if device == "emulated-nccl":
+        control, payload = core.inproc_world(n), core.inproc_world(n)
+        return [core.inproc_engine(control, r, s.timeout, s.segment_bytes, s.window, True, float(jitter_us),
+                                   payload) for r in range(n)]
     if not (device == "cuda" or isinstance(device, (list, tuple)) and len(device) == n):
         raise InvalidArgument(f"device must be None, 'emulated', 'cuda' or a list of {n} GPU ordinals, "
                               f"got {device!r}")
@@ -500,7 +504,10 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
     of n GPU ordinals (each rank's thread runs `fn` with its GPU current); "emulated": host memory, but every copy and reduction
     goes through a per-rank queue run by its own thread, as on a GPU stream
     (stream_emu.h), with a random delay of up to `jitter_us` before each
-    operation: the GPU path's ordering, checked on a CPU.
+    operation: the GPU path's ordering, checked on a CPU; "emulated-nccl":
+    the NCCL transport's grouping and ordering code over the emulated device,
+    with groups that block their queue until all their messages matched, as
+    NCCL's do.
 
     If any rank raises, its communicator is aborted (so the others fail fast
     instead of waiting for their deadline) and the lowest rank's exception is
