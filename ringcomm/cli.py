@@ -83,7 +83,8 @@ def info() -> dict:
         d["nccl"] = None
     from . import cuda
     d["cuda"] = cuda.status()
-    d["transports"] = ["mpi", "inproc", "inproc(emulated)"] + (["nccl", "inproc(cuda)"] if cuda.available() else [])
+    d["transports"] = (["mpi", "inproc", "inproc(emulated)", "emulated-nccl"]
+                       + (["nccl", "inproc(cuda)"] if cuda.available() else []))
     return d
 
 
