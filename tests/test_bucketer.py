@@ -428,3 +428,17 @@ def test_bucketer_over_mpi():
         comm.close()
         return errs
     _assert_no_errors_anywhere(_guarded(body))
+
+
+@pytest.mark.parametrize("device", ["emulated", "emulated-nccl"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+def test_bucketer_on_the_device_path(device, dtype):
+    """The same bucketed sync over the device path (asynchronous queues:
+    the bucketer's async launches and waits must still give exact results)."""
+    for cap in CAPS_MB:
+        errs = [e for es in ringcomm.run_local(3, _matches_body, dtype, cap, device=device, jitter_us=50,
+                                               segment_bytes=512) for e in es]
+        assert not errs, f"{device} cap {cap} MiB:\n" + "\n".join(errs[:20])
+    res = ringcomm.run_local(4, _unused_body, True, {1: (2,), 3: (2, 5)}, device=device, jitter_us=50)
+    for rank, ((got, unused, err), _) in enumerate(res):
+        assert err is None and unused == {2: [1, 3], 5: [3]}, f"rank {rank}: {err}"
