@@ -144,24 +144,23 @@ inline void bind_engine(py::module_& m) {
            "`stream` (the caller's, as an integer handle).")
       .def("run",
            [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
-              int algo, uintptr_t stream) {
+              int algo) {
              Task t = make_task(coll, in, out, count, dtype, op, root, algo);
              std::shared_ptr<Engine> e = h.shared();
-             std::shared_ptr<Device> dev = e->device();
-             if (dev) t.after = dev->record_external(stream);
+             // Device collectives must keep their arrays until the device is
+             // done with them, which only a Work can track: use submit().
+             if (e->device()) throw_invalid("run() is for host engines; device engines use submit()");
              std::shared_ptr<Work> w;
              {
                py::gil_scoped_release nogil;
                w = e->run_sync(t);
                e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
-               if (!w->error() && dev) dev->wait_external(stream, w->done_event());
              }
              if (const RingError* err = w->error()) throw *err;
            },
            py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
-           py::arg("op"), py::arg("root"), py::arg("algo") = 0, py::arg("stream") = 0,
-           "Run a collective (on this thread when the engine is idle); raises on failure. Device engines: "
-           "returns once it is enqueued, with `stream` made to wait for its result.")
+           py::arg("op"), py::arg("root"), py::arg("algo") = 0,
+           "Run a host collective to completion (on this thread when the engine is idle); raises on failure.")
       .def_property_readonly("device",
                              [](EngineHandle& h) -> py::object {
                                auto d = h.get().device();

@@ -113,6 +113,7 @@ class Communicator:
 
     def __init__(self, engine, settings: config.Settings, label: str):
         self._engine = engine
+        self._device = engine.device  # fixed for the communicator's life
         self._settings = settings
         self._label = label
         self._inflight: collections.deque = collections.deque()
@@ -138,11 +139,11 @@ class Communicator:
         """Where this communicator's payload lives: None (host memory),
         'cuda:K' (GPU K), or 'emulated:r' (host memory through the emulated
         device queue: the GPU path's ordering, tested on a CPU)."""
-        return self._engine.device
+        return self._device
 
     @property
     def _gpu(self) -> int | None:
-        d = self._engine.device
+        d = self._device
         return int(d.split(":")[1]) if d and d.startswith("cuda:") else None
 
     @property
@@ -376,20 +377,16 @@ class Communicator:
                   f"dtype={(xb.dtype if xb else '-')} op={opc} root={root}", file=sys.stderr)
         lead = xb or ob
         stream_fn = lead.stream_fn if lead is not None else None
+        args = (_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0, count, dtype, opc, root, algo)
+        if not async_op and self._device is None:
+            self._engine.run(*args)  # the caller's frame keeps the arrays alive
+            return result
         # GPU arrays: ordered after the work queued so far on the caller's current stream.
         stream = stream_fn() if stream_fn is not None else 0
-        args = (_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0, count, dtype, opc, root, algo,
-                stream)
-        if not async_op:
-            if self._engine.device is None:
-                self._engine.run(*args)  # the caller's frame keeps the arrays alive
-                return result
-            # On a device it returns once enqueued: keep the arrays alive until the device is done.
-            work = Work(self._engine.submit(*args), result, (xb, ob), stream_fn)
-            self._track(work)
-            return work.wait()
-        work = Work(self._engine.submit(*args), result, (xb, ob), stream_fn)
+        work = Work(self._engine.submit(*args, stream), result, (xb, ob), stream_fn)
         self._track(work)
+        if not async_op:  # on a device: returns once enqueued; the Work keeps the arrays until the device is done
+            return work.wait()
         return work
 
     def _track(self, work: Work) -> None:

@@ -52,28 +52,14 @@ ncclRedOp_t nccl_op(Op op) {
 // benchmark compares the ring against (never used by ringcomm's engines).
 class NcclBaseline {
  public:
-  NcclBaseline(uintptr_t comm_handle, int gpu) : gpu_(gpu) {
-    MPI_Comm comm;
-    std::memcpy(&comm, &comm_handle, sizeof(MPI_Comm));
-    int rank = 0, size = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    ncclUniqueId id;
-    if (rank == 0) RC_NCCL(ncclGetUniqueId(&id));
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm);
-    DeviceGuard g(gpu);
-    RC_NCCL(ncclCommInitRank(&comm_, size, id, rank));
-  }
+  NcclBaseline(uintptr_t comm_handle, int gpu) : gpu_(gpu), comm_(nccl_comm_init(comm_handle, gpu)) {}
   ~NcclBaseline() { close(); }
   void close() {
     if (!comm_) return;
-    int prev = -1;
-    cudaGetDevice(&prev);
-    cudaSetDevice(gpu_);
+    DeviceGuard g(gpu_, std::nothrow);
     ncclCommFinalize(comm_);
     ncclCommDestroy(comm_);
     comm_ = nullptr;
-    if (prev >= 0) cudaSetDevice(prev);
   }
   ncclComm_t get() {
     if (!comm_) throw_invalid("NCCL baseline communicator is closed");

@@ -16,6 +16,14 @@ DeviceGuard::DeviceGuard(int gpu) {
   RC_CUDA(cudaSetDevice(gpu));
 }
 
+DeviceGuard::DeviceGuard(int gpu, std::nothrow_t) noexcept {
+  if (cudaGetDevice(&prev_) != cudaSuccess || prev_ == gpu) {
+    prev_ = -1;
+    return;
+  }
+  cudaSetDevice(gpu);
+}
+
 DeviceGuard::~DeviceGuard() {
   if (prev_ >= 0) cudaSetDevice(prev_);
 }
@@ -103,16 +111,13 @@ CudaDevice::CudaDevice(int gpu) : gpu_(gpu) {
 }
 
 CudaDevice::~CudaDevice() {
-  int prev = -1;
-  cudaGetDevice(&prev);  // no throwing here: restore by hand
-  cudaSetDevice(gpu_);
+  DeviceGuard g(gpu_, std::nothrow);
   cudaStreamSynchronize(xfer_);  // queued work may use the scratch memory
   cudaStreamSynchronize(stream_);
   for (char* p : scratch_)
     if (p) cudaFree(p);
   cudaStreamDestroy(xfer_);
   cudaStreamDestroy(stream_);
-  if (prev >= 0) cudaSetDevice(prev);
 }
 
 void CudaDevice::copy(void* dst, const void* src, size_t bytes) {

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <new>
 
 #include "../device.h"
 
@@ -50,6 +51,8 @@ class CudaDevice final : public Device {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int gpu);
+  // For destructors: never throws (a failing runtime at exit is ignored).
+  DeviceGuard(int gpu, std::nothrow_t) noexcept;
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;

@@ -17,25 +17,16 @@ namespace {
 class NcclTransport final : public GroupedTransport {
  public:
   NcclTransport(uintptr_t comm_handle, int gpu, std::unique_ptr<Transport> host)
-      : GroupedTransport(std::move(host), std::make_shared<CudaDevice>(gpu)), cuda_(static_cast<CudaDevice*>(dev_.get())) {
-    MPI_Comm comm;
-    std::memcpy(&comm, &comm_handle, sizeof(MPI_Comm));
-    ncclUniqueId id;
-    if (host_->rank() == 0) RC_NCCL(ncclGetUniqueId(&id));
-    if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm) != MPI_SUCCESS)
-      throw RingError(ErrKind::transport, host_->rank(), 0, 0, "MPI_Bcast of the NCCL unique id failed");
-    DeviceGuard g(gpu);
-    RC_NCCL(ncclCommInitRank(&comm_, host_->size(), id, host_->rank()));
-  }
+      : GroupedTransport(std::move(host), std::make_shared<CudaDevice>(gpu)),
+        cuda_(static_cast<CudaDevice*>(dev_.get())),
+        comm_(nccl_comm_init(comm_handle, gpu)) {}
 
   // The Engine has already waited (bounded) for the device work of finished
   // collectives. Anything still pending now waits for a peer that will not
   // come: abort instead of finalizing, which would wait forever.
   ~NcclTransport() override {
     if (!comm_) return;
-    int prev = -1;
-    cudaGetDevice(&prev);
-    cudaSetDevice(cuda_->gpu());
+    DeviceGuard g(cuda_->gpu(), std::nothrow);
     if (interrupted() || cudaStreamQuery(cuda_->transfer_stream()) != cudaSuccess ||
         cudaStreamQuery(cuda_->stream()) != cudaSuccess) {
       ncclCommAbort(comm_);
@@ -44,7 +35,6 @@ class NcclTransport final : public GroupedTransport {
       ncclCommDestroy(comm_);
     }
     cudaGetLastError();
-    if (prev >= 0) cudaSetDevice(prev);
   }
 
   std::string name() const override { return "nccl(" + dev_->name() + ")"; }
@@ -79,6 +69,22 @@ class NcclTransport final : public GroupedTransport {
 };
 
 }  // namespace
+
+ncclComm_t nccl_comm_init(uintptr_t comm_handle, int gpu) {
+  MPI_Comm comm;
+  std::memcpy(&comm, &comm_handle, sizeof(MPI_Comm));
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  ncclUniqueId id;
+  if (rank == 0) RC_NCCL(ncclGetUniqueId(&id));
+  if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm) != MPI_SUCCESS)
+    throw RingError(ErrKind::transport, rank, 0, 0, "MPI_Bcast of the NCCL unique id failed");
+  DeviceGuard g(gpu);
+  ncclComm_t c = nullptr;
+  RC_NCCL(ncclCommInitRank(&c, size, id, rank));
+  return c;
+}
 
 std::unique_ptr<Transport> make_nccl_transport(uintptr_t comm_handle, int gpu) {
   return std::make_unique<NcclTransport>(comm_handle, gpu, make_mpi_transport(comm_handle));

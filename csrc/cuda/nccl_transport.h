@@ -8,6 +8,8 @@
 // rank's transfer stream, ncclGroupEnd.
 #pragma once
 
+#include <nccl.h>
+
 #include <memory>
 
 #include "../transport.h"
@@ -18,5 +20,9 @@ namespace ringcomm {
 // Collective over `comm_handle` (an MPI_Comm as an integer): rank 0 makes the
 // NCCL unique id and broadcasts it; every rank joins on GPU `gpu`.
 std::unique_ptr<Transport> make_nccl_transport(uintptr_t comm_handle, int gpu);
+
+// A NCCL communicator over the ranks of `comm_handle` on GPU `gpu` (rank 0
+// makes the unique id and broadcasts it over MPI; collective).
+ncclComm_t nccl_comm_init(uintptr_t comm_handle, int gpu);
 
 }  // namespace ringcomm
