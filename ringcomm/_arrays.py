@@ -160,17 +160,13 @@ def _from_dlpack(x, what: str) -> Buf:
                stream_fn=stream_fn)
 
 
-_TORCH_NAMES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64",
-                "int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64"}
-
-
 def _from_torch_cuda(x, what: str) -> Buf:
     # Read directly (zero copy) rather than through __dlpack__, whose stream
     # handshake would synchronize streams behind our back: ordering is done
     # explicitly, after torch's current stream (comm.py).
     import torch
     name = str(x.dtype).replace("torch.", "")
-    if name not in _TORCH_NAMES:
+    if name not in _dtypes.DTYPES:
         raise InvalidArgument(f"{what}: unsupported dtype {x.dtype}; supported: {_dtypes.SUPPORTED}")
     if not x.is_contiguous():
         raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
@@ -213,8 +209,8 @@ def _from_cai(x, what: str) -> Buf:
                 return cupy.cuda.get_current_stream().ptr
     else:
         from . import cuda
-        dev = cuda.pointer_device(ptr) if count else None
-        if dev is None or dev < 0:
+        dev = cuda.pointer_device(ptr) if count else None  # an empty array lives nowhere in particular
+        if count and dev < 0:
             raise InvalidArgument(f"{what}: __cuda_array_interface__ points at memory that is not on a GPU")
         handle = cai.get("stream")  # v3: the producer's stream (None: no ordering needed)
         stream_fn = lambda: 0 if handle is None else int(handle)  # noqa: E731

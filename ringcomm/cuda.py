@@ -87,36 +87,14 @@ def status() -> str:
 
 
 def _device_array(x, what: str):
-    """(ptr, count, dtype name) of a C-contiguous CUDA array, via __cuda_array_interface__."""
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is None:
-        raise InvalidArgument(f"{what}: expected a CUDA array (cupy, or anything with __cuda_array_interface__), "
-                              f"got {type(x).__name__}")
-    import numpy as np
-    try:
-        dt = np.dtype(cai["typestr"]) if cai["typestr"] != "<V2" else None
-    except TypeError:
-        dt = None
-    name = _dtypes.numpy_name(dt) if dt is not None else None
-    if name is None and getattr(x, "dtype", None) is not None:
-        name = _dtypes.numpy_name(x.dtype)
-    if name is None:
-        raise InvalidArgument(f"{what}: unsupported dtype {cai['typestr']}; supported: {_dtypes.SUPPORTED}")
-    shape = tuple(cai["shape"])
-    count = 1
-    for s in shape:
-        count *= s
-    strides = cai.get("strides")
-    if strides is not None:
-        expected, item = [], _dtypes.itemsize(name)
-        acc = item
-        for s in reversed(shape):
-            expected.insert(0, acc)
-            acc *= s
-        if any(st != e for st, e, d in zip(strides, expected, shape) if d != 1):
-            raise InvalidArgument(f"{what}: array is not C-contiguous (shape {shape}, strides {strides})")
-    ptr, readonly = cai["data"]
-    return ptr, count, name, readonly
+    """(ptr, count, dtype name, readonly) of a C-contiguous CUDA array (the
+    communicator's own array adapter, ringcomm._arrays)."""
+    from ._arrays import view
+    b = view(x, what)
+    if b.device is None and b.count:
+        raise InvalidArgument(f"{what}: expected a CUDA array (cupy, torch CUDA, or anything with "
+                              f"__cuda_array_interface__), got {type(x).__name__} in host memory")
+    return b.ptr, b.count, b.dtype, b.readonly
 
 
 def _stream_ptr(stream) -> int:
@@ -148,5 +126,5 @@ def finalize(buf, op: str, nranks: int, stream=None) -> None:
     """Enqueue the op's final step on `buf` (avg: divide by nranks)."""
     if _cuda is None:
         raise InvalidArgument(f"ringcomm._cuda is {status()}")
-    p, n, name, ro = _device_array(buf, "buf")
+    p, n, name, _ = _device_array(buf, "buf")
     _cuda.finalize(_dtypes.DTYPES[name], _dtypes.OPS[op], p, n, int(nranks), _stream_ptr(stream))

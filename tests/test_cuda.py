@@ -70,13 +70,7 @@ def test_kernels_match_the_host_reducer_bitwise(dtype, op, n, offset):
     da = cupy.asarray(a.view(np.uint8)).view(cupy.uint8)[offset * width:]  # offset: the scalar (misaligned) path
     db = cupy.asarray(b.view(np.uint8)).view(cupy.uint8)[offset * width:]
     dd = cupy.empty_like(da)
-
-    class View:  # a typed __cuda_array_interface__ over raw bytes (cupy has no bfloat16)
-        def __init__(self, raw):
-            self.__cuda_array_interface__ = {"shape": (n,), "typestr": NUMPY[dtype].str, "data": (raw.data.ptr, False),
-                                             "version": 3, "strides": None}
-            self.dtype = NUMPY[dtype]
-    rcuda.reduce(View(dd), View(da), View(db), op)
+    rcuda.reduce(Typed(dd, dtype), Typed(da, dtype), Typed(db, dtype), op)
     cupy.cuda.get_current_stream().synchronize()
     got = cupy.asnumpy(dd).view(NUMPY[dtype])
     bad = np.flatnonzero(np.any(got.view(np.uint8).reshape(n, width) != want.view(np.uint8).reshape(n, width), 1))
@@ -91,12 +85,7 @@ def test_avg_finalize_matches_host(dtype):
     want = x.copy()
     core.finalize(DTYPES[dtype], OPS["avg"], want.ctypes.data, want.size, 7)
     raw = cupy.asarray(x.view(np.uint8))
-
-    class View:
-        __cuda_array_interface__ = {"shape": (x.size,), "typestr": NUMPY[dtype].str, "data": (raw.data.ptr, False),
-                                    "version": 3, "strides": None}
-        dtype = NUMPY[dtype]
-    rcuda.finalize(View(), "avg", 7)
+    rcuda.finalize(Typed(raw, dtype), "avg", 7)
     cupy.cuda.get_current_stream().synchronize()
     np.testing.assert_array_equal(cupy.asnumpy(raw), want.view(np.uint8))
 
