@@ -189,6 +189,17 @@ inline void bind_engine(py::module_& m) {
            },
            "Ledger as uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)]")
       .def("abort", [](EngineHandle& h) { return h.get().abort(); })
+      .def("check_peers",
+           [](EngineHandle& h) -> py::object {
+             std::unique_ptr<RingError> e;
+             {
+               py::gil_scoped_release nogil;
+               e = h.get().check_peers();
+             }
+             if (!e) return py::none();
+             return error_object(*e);
+           },
+           "Device engines: the failure a peer reported since the last collective, else None.")
       .def("set_tracer", [](EngineHandle& h, std::shared_ptr<Tracer> t) { h.get().set_tracer(std::move(t)); },
            py::arg("tracer").none(true))
       .def("reset_traffic", [](EngineHandle& h) { h.get().ledger().reset(); })

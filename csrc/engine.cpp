@@ -273,6 +273,36 @@ void Engine::run(const Task& t, Work& w) {
   }
 }
 
+std::unique_ptr<RingError> Engine::check_peers() {
+  {
+    std::lock_guard<std::mutex> g(state_m_);
+    if (aborted_) return std::make_unique<RingError>(ErrKind::aborted, rank(), -1, 0, abort_reason_);
+  }
+  {
+    std::lock_guard<std::mutex> g(m_);
+    if (busy_ || !queue_.empty()) return nullptr;
+    busy_ = true;  // the link is ours until we hand it back
+  }
+  std::unique_ptr<RingError> err;
+  try {
+    link_.poll_control();
+  } catch (const RingError& e) {
+    err = std::make_unique<RingError>(e);
+    link_.fail(e);
+    std::lock_guard<std::mutex> g(state_m_);
+    if (!aborted_) {
+      aborted_ = true;
+      abort_reason_ = e.what();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> g(m_);
+    busy_ = false;
+  }
+  cv_.notify_all();
+  return err;
+}
+
 bool Engine::aborted() {
   std::lock_guard<std::mutex> g(state_m_);
   return aborted_;

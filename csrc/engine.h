@@ -91,6 +91,12 @@ class Engine {
   std::shared_ptr<Work> abort();
   bool aborted();
   std::string abort_reason();
+  // Device communicators: has a peer failed since the last collective? Reads
+  // the control stream when no collective is running (one that is running
+  // sees failures itself) and, on an ABORT notice, fails the link (which
+  // ends device work stuck waiting on that peer). Returns the failure, or
+  // null. Thread-safe.
+  std::unique_ptr<RingError> check_peers();
   Ledger& ledger() { return link_.ledger(); }
   // Takes effect for collectives submitted afterwards.
   void set_segment_bytes(size_t bytes);

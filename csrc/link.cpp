@@ -151,6 +151,19 @@ void Link::await_header() {
   check_call(theirs.fp, left());
 }
 
+void Link::poll_control() {
+  if (size_ == 1 || aborted_) return;
+  for (;;) {
+    Request* r = ctrl_req_.get();
+    int got = t_->wait_any(&r, 1, Clock::time_point::min());
+    if (got == kInterrupted) throw_interrupted(*ctrl_req_);
+    if (got < 0) return;  // nothing (more) has arrived
+    ControlMsg m = *ctrl_in_;
+    post_control_recv();
+    handle_control(m);
+  }
+}
+
 void Link::check_call(const Fingerprint& theirs, int peer) {
   if (same_call(fp_, theirs)) return;
   ControlMsg notice;

@@ -67,6 +67,12 @@ class Link {
   // Receive and check the left neighbour's header (once per collective;
   // recv() and drain() call it). Throws MismatchError on disagreement.
   void await_header();
+  // Between collectives: read what the left neighbour has sent on the control
+  // stream without waiting (headers of later calls are kept); throws the
+  // failure an ABORT notice reports. Device transports need it: their
+  // collectives end on the host before the device is done, so a peer's
+  // failure can arrive while only the device still waits on it.
+  void poll_control();
   // Wait for every request posted so far in this collective; forget them.
   // Algorithms call it before reusing memory that a send may still read.
   void drain();

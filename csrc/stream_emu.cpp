@@ -183,8 +183,10 @@ class EmuGroupedTransport final : public GroupedTransport {
       for (auto& r : reqs) {
         Request* p = r.get();
         while (!p->done) {
-          if (t->wait_any(&p, 1, deadline) < 0) {
-            std::fprintf(stderr, "ringcomm: emulated NCCL group on rank %d never completed (deadlock)\n", rank);
+          int got = t->wait_any(&p, 1, deadline);
+          if (got < 0) {
+            if (got != kInterrupted)
+              std::fprintf(stderr, "ringcomm: emulated NCCL group on rank %d never completed (deadlock)\n", rank);
             for (auto& q : reqs)
               if (!q->done) t->cancel(*q);
             return;
@@ -193,7 +195,7 @@ class EmuGroupedTransport final : public GroupedTransport {
       }
     });
   }
-  void abort_groups() override {}
+  void abort_groups() override { payload_->interrupt(); }  // stuck groups end (their data is left as is)
 
  private:
   std::shared_ptr<Transport> payload_;

@@ -44,11 +44,13 @@ class Work:
     there. Work queued on that stream after ``wait()`` sees the result.
     """
 
-    def __init__(self, native, result, keep, stream_fn=None):
+    def __init__(self, native, result, keep, stream_fn=None, engine=None, host_is_stream=False):
         self._native = native
         self._result = result
         self._keep = keep
         self._stream_fn = stream_fn  # GPU arrays: () -> the caller's current stream
+        self._engine = engine        # device collectives: to hear of a peer's failure while waiting
+        self._host_is_stream = host_is_stream  # emulated device: "make the caller wait" means block
 
     @property
     def seq(self) -> int:
@@ -72,12 +74,14 @@ class Work:
             if not self._native.on_device:  # else queued device work may still use the arrays
                 self._keep = None
             raise err
-        if self._native.on_device:
+        if not self._native.on_device:
+            self._keep = None
+        elif self._host_is_stream:
+            self._device_done(None if timeout is None else float(timeout))
+        else:
             # Ordered on the caller's current stream; the arrays must live until
             # the device is done with them, so they stay referenced here.
             self._native.wait_stream(self._stream_fn() if self._stream_fn else 0)
-        else:
-            self._keep = None
         return self._result
 
     def synchronize(self, timeout: float | None = None):
@@ -85,12 +89,26 @@ class Work:
         beyond wait() for host collectives). Returns the result array."""
         start = time.monotonic()
         result = self.wait(timeout)
-        left = -1.0 if timeout is None else max(0.0, float(timeout) - (time.monotonic() - start))
-        if not self._native.synchronize(left):
-            raise WaitTimeout(f"collective #{self.seq} still running on the device after {timeout} s "
-                              "(a peer that never joined? see Communicator.abort)", seq=self.seq)
-        self._keep = None
+        if self._native.on_device:
+            self._device_done(None if timeout is None else max(0.0, float(timeout) - (time.monotonic() - start)))
         return result
+
+    def _device_done(self, timeout: float | None) -> None:
+        """Block until the device has finished this collective. A collective
+        ends on the host once enqueued, so a peer that fails afterwards is
+        only heard of here: its ABORT notice fails this communicator (which
+        ends the device work stuck on that peer) and is raised."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        step = 0.001
+        while not self._native.synchronize(step):
+            err = self._engine.check_peers() if self._engine is not None else None
+            if err is not None:
+                raise err
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"collective #{self.seq} still running on the device after {timeout} s "
+                                  "(a peer that never joined? see Communicator.abort)", seq=self.seq)
+            step = min(0.05, step * 2)
+        self._keep = None
 
     def result(self):
         """Alias of wait() without a timeout."""
@@ -383,7 +401,8 @@ class Communicator:
             return result
         # GPU arrays: ordered after the work queued so far on the caller's current stream.
         stream = stream_fn() if stream_fn is not None else 0
-        work = Work(self._engine.submit(*args, stream), result, (xb, ob), stream_fn)
+        work = Work(self._engine.submit(*args, stream), result, (xb, ob), stream_fn, self._engine,
+                    bool(self._device and self._device.startswith("emulated")))
         self._track(work)
         if not async_op:  # on a device: returns once enqueued; the Work keeps the arrays until the device is done
             return work.wait()

@@ -164,7 +164,8 @@ def test_gpu_communicators_without_a_gpu_fail_clearly():
         ringcomm.run_local(2, lambda comm: None, device="tpu")
 
 
-def test_mismatch_and_abort_end_quickly_on_the_device_path():
+@pytest.mark.parametrize("device", ["emulated", "emulated-nccl"])
+def test_mismatch_and_abort_end_quickly_on_the_device_path(device):
     from ringcomm import CommunicatorAborted, MismatchError
 
     def body(comm):
@@ -176,7 +177,7 @@ def test_mismatch_and_abort_end_quickly_on_the_device_path():
         except (MismatchError, CommunicatorAborted) as e:
             return type(e).__name__, time.monotonic() - t0
     t0 = time.monotonic()
-    res = run(3, body, timeout=30, jitter_us=100)
+    res = run(3, body, timeout=30, jitter_us=100, device=device)
     assert all(kind == "MismatchError" for kind, _ in res), res
     assert time.monotonic() - t0 < 10, res
 
