@@ -68,7 +68,7 @@ sources = [
     "csrc/common.cpp", "csrc/plan.cpp", "csrc/reducer_cpu.cpp", "csrc/link.cpp",
     "csrc/inproc_transport.cpp", "csrc/mpi_transport.cpp",
     "csrc/reduce_scatter.cpp", "csrc/all_gather.cpp", "csrc/all_reduce.cpp", "csrc/broadcast.cpp", "csrc/naive.cpp",
-    "csrc/engine.cpp", "csrc/stream_emu.cpp", "csrc/grouped_transport.cpp", "csrc/bindings.cpp",
+    "csrc/engine.cpp", "csrc/quarantine.cpp", "csrc/flight.cpp", "csrc/stream_emu.cpp", "csrc/grouped_transport.cpp", "csrc/bindings.cpp",
 ]
 
 core = Pybind11Extension(

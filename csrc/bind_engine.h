@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "inproc_transport.h"
 #include "py_errors.h"
+#include "quarantine.h"
 
 namespace ringcomm {
 namespace bind {
@@ -45,6 +46,101 @@ inline Task make_task(int coll, uintptr_t in, uintptr_t out, size_t count, int d
   return t;
 }
 
+// Ctrl-C while a collective waits with the GIL released: Python's C signal
+// handler only sets a flag, which PyErr_CheckSignals() turns into the
+// KeyboardInterrupt (running the Python-level handler). Waits poll this
+// every 100 ms (Link::wait_for, Engine::wait_interruptible); the exception
+// is kept and raised once the collective has failed and the ring was told.
+// Only the main thread runs Python signal handlers, so other threads get no
+// check at all.
+struct SignalCheck {
+  bool fired = false;
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  std::function<bool()> fn;
+  SignalCheck() {
+    fn = [this] {
+      if (fired) return true;
+      py::gil_scoped_acquire g;
+      if (PyErr_CheckSignals() == 0) return false;
+      PyErr_Fetch(&type, &value, &tb);
+      fired = true;
+      return true;
+    };
+  }
+  ~SignalCheck() {  // never raised (it cannot happen, but leak nothing)
+    if (type || value || tb) {
+      py::gil_scoped_acquire g;
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(tb);
+    }
+  }
+  // With the GIL held: raise the kept exception.
+  [[noreturn]] void raise() {
+    PyErr_Restore(type, value, tb);
+    type = value = tb = nullptr;
+    throw py::error_already_set();
+  }
+};
+
+// Python's main thread (threading.main_thread().ident, set at import by
+// ringcomm._native): the only one that runs signal handlers.
+inline unsigned long& main_thread_ident() {
+  static unsigned long ident = PyThread_get_thread_ident();
+  return ident;
+}
+inline bool on_main_thread() { return PyThread_get_thread_ident() == main_thread_ident(); }
+
+// A failed collective's error as a Python exception; with `hold` (requests
+// that outlived it may still use the caller's arrays) attached as `_hold`,
+// for ringcomm.comm to keep those arrays alive.
+inline py::object failure_object(const RingError& e, std::shared_ptr<Hold> hold) {
+  py::object err = error_object(e);
+  if (hold && hold->pending.load() > 0) err.attr("_hold") = py::cast(hold);
+  return err;
+}
+
+[[noreturn]] inline void raise_object(py::object err) {
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+  throw py::error_already_set();
+}
+
+inline py::list flight_list(const std::vector<FlightRecord>& recs) {
+  static const char* states[] = {"queued", "running", "done", "failed"};
+  static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter"};
+  static const char* algos[] = {"ring", "naive"};
+  py::list out;
+  for (const FlightRecord& r : recs) {
+    py::dict d;
+    d["seq"] = r.seq;
+    d["collective"] = coll_name(Coll(r.coll));
+    d["count"] = r.count;
+    const bool has_dtype = Coll(r.coll) != Coll::barrier;
+    d["dtype"] = has_dtype ? py::object(py::str(dtype_name(DType(r.dtype)))) : py::object(py::none());
+    const bool has_op = Coll(r.coll) == Coll::all_reduce || Coll(r.coll) == Coll::reduce_scatter;
+    d["op"] = has_op ? py::object(py::str(op_name(Op(r.op)))) : py::object(py::none());
+    d["root"] = Coll(r.coll) == Coll::broadcast ? py::object(py::int_(r.root)) : py::object(py::none());
+    d["algorithm"] = Coll(r.coll) == Coll::all_reduce && r.algo >= 0 && r.algo < 2 ? algos[r.algo] : "ring";
+    d["state"] = states[int(r.state)];
+    d["t_issue"] = double(r.t_issue_ns) * 1e-9;
+    d["t_start"] = r.t_start_ns ? py::object(py::float_(double(r.t_start_ns) * 1e-9)) : py::object(py::none());
+    d["t_end"] = r.t_end_ns ? py::object(py::float_(double(r.t_end_ns) * 1e-9)) : py::object(py::none());
+    d["phase"] = r.phase >= 0 && r.phase < 5 ? py::object(py::str(phases[r.phase])) : py::object(py::none());
+    d["step"] = r.step >= 0 ? py::object(py::int_(r.step)) : py::object(py::none());
+    d["segment"] = r.segment >= 0 ? py::object(py::int_(r.segment)) : py::object(py::none());
+    const bool waiting = r.waiting != 0 && r.peer >= 0;
+    d["waiting_for"] = waiting ? py::object(py::int_(r.peer)) : py::object(py::none());
+    d["waiting_to"] = waiting ? py::object(py::str(r.waiting == 1 ? "receive" : "send")) : py::object(py::none());
+    d["waiting_what"] = waiting ? py::object(py::str(r.what)) : py::object(py::none());
+    d["waiting_since"] = waiting ? py::object(py::float_(double(r.wait_since_ns) * 1e-9)) : py::object(py::none());
+    d["bytes_sent"] = r.bytes_sent;
+    d["bytes_received"] = r.bytes_received;
+    d["error"] = r.error.empty() ? py::object(py::none()) : py::object(py::str(r.error));
+    out.append(d);
+  }
+  return out;
+}
+
 // The in-process world, opaque to Python.
 struct WorldHandle {
   std::shared_ptr<InprocWorld> world;
@@ -65,9 +161,42 @@ inline Options make_options(double timeout, size_t segment_bytes, int window) {
 
 // Registers Work, Tracer, InprocWorld, Engine and inproc_world() in `m`.
 inline void bind_engine(py::module_& m) {
+  m.def("set_main_thread", [](unsigned long ident) { main_thread_ident() = ident; }, py::arg("ident"));
+  m.def("quarantined", [] { return Quarantine::instance().reap(); },
+        "Requests of failed collectives still in flight (after releasing those that completed).");
+  m.def("quarantine_drain", [](double seconds) { return Quarantine::instance().drain(seconds); },
+        py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
+        "Release completed quarantined requests until none is left or `seconds` pass; returns how many remain.");
+  m.def("leak", [](py::object o) { o.inc_ref(); },
+        "Keep `o` alive until the process ends (arrays a request still in flight may use at exit).");
+  py::class_<Hold, std::shared_ptr<Hold>>(m, "Hold", py::module_local())
+      .def_property_readonly("pending", [](Hold& h) { return h.pending.load(); },
+                             "Quarantined requests of a failed collective that may still use its caller's arrays.");
+
   py::class_<Work, std::shared_ptr<Work>>(m, "Work", py::module_local())
-      .def("wait", &Work::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>(),
-           "Block (GIL released) until complete or timeout; True when complete.")
+      .def("wait",
+           [](Work& w, double timeout, EngineHandle* h) {
+             // On the main thread, with the engine: interruptible (Ctrl-C
+             // aborts the communicator, then raises KeyboardInterrupt).
+             if (!h || !h->engine || !on_main_thread()) {
+               py::gil_scoped_release nogil;
+               return w.wait(timeout);
+             }
+             std::shared_ptr<Engine> e = h->engine;
+             SignalCheck check;
+             bool fired = false, done;
+             {
+               py::gil_scoped_release nogil;
+               done = e->wait_interruptible(w, timeout, check.fn, &fired);
+               e.reset();
+             }
+             if (fired) check.raise();
+             return done;
+           },
+           py::arg("timeout") = -1.0, py::arg("engine") = nullptr,
+           "Block (GIL released) until complete or timeout; True when complete. With `engine`, on the main "
+           "thread: Ctrl-C aborts that communicator and raises KeyboardInterrupt.")
+      .def("hold", &Work::hold, "After a failure: the Hold on the caller's arrays, or None.")
       .def("is_completed", &Work::is_completed)
       .def_property_readonly("on_device", [](Work& w) { return bool(w.device()); })
       .def("synchronize",
@@ -151,12 +280,20 @@ inline void bind_engine(py::module_& m) {
              // done with them, which only a Work can track: use submit().
              if (e->device()) throw_invalid("run() is for host engines; device engines use submit()");
              std::shared_ptr<Work> w;
-             {
+             if (on_main_thread()) {
+               SignalCheck check;
+               {
+                 py::gil_scoped_release nogil;
+                 w = e->run_sync(t, &check.fn);
+                 e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
+               }
+               if (check.fired) check.raise();  // the communicator is aborted and the ring told
+             } else {
                py::gil_scoped_release nogil;
                w = e->run_sync(t);
-               e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
+               e.reset();
              }
-             if (const RingError* err = w->error()) throw *err;
+             if (const RingError* err = w->error()) raise_object(failure_object(*err, w->hold()));
            },
            py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
            py::arg("op"), py::arg("root"), py::arg("algo") = 0,
@@ -189,6 +326,22 @@ inline void bind_engine(py::module_& m) {
            },
            "Ledger as uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)]")
       .def("abort", [](EngineHandle& h) { return h.get().abort(); })
+      .def("flight_record", [](EngineHandle& h) { return flight_list(h.get().flight_record()); },
+           "The last K collectives, oldest first, as dicts (see ringcomm.Communicator.flight_record).")
+      .def("flight_summary", [](EngineHandle& h) { return h.get().flight_summary(); })
+      .def("set_flight_records", [](EngineHandle& h, size_t k) { h.get().set_flight_records(k); })
+      .def("set_peers",
+           [](EngineHandle& h, std::vector<EngineHandle*> peers) {
+             // In-process: a timeout names what the peer it waited for is doing.
+             std::vector<std::weak_ptr<Engine>> ws;
+             for (EngineHandle* p : peers) ws.push_back(p ? p->engine : nullptr);
+             h.get().set_peer_state([ws](int r) -> std::string {
+               if (r < 0 || size_t(r) >= ws.size()) return "";
+               if (auto e = ws[size_t(r)].lock()) return e->flight_summary();
+               return "its communicator is closed";
+             });
+           },
+           "In-process worlds: the engines of every rank, in rank order.")
       .def("check_peers",
            [](EngineHandle& h) -> py::object {
              std::unique_ptr<RingError> e;

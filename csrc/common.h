@@ -33,8 +33,13 @@ struct RingError : std::runtime_error {
   int rank;
   int peer;       // -1 when no single peer is involved
   uint64_t seq;   // sequence number of the collective on this communicator (0: none)
+  // Where the failure began: the rank that detected it and what it was (a
+  // rank that heard of it through the ring raises `aborted`, but keeps the
+  // origin's rank and kind here). -1 / kind itself when this rank is the origin.
+  int origin = -1;
+  ErrKind cause;
   RingError(ErrKind k, int rank_, int peer_, uint64_t seq_, const std::string& msg)
-      : std::runtime_error(msg), kind(k), rank(rank_), peer(peer_), seq(seq_) {}
+      : std::runtime_error(msg), kind(k), rank(rank_), peer(peer_), seq(seq_), cause(k) {}
 };
 
 [[noreturn]] void throw_invalid(const std::string& msg);

@@ -28,6 +28,11 @@ EventPtr Work::done_event() {
   return done_event_;
 }
 
+std::shared_ptr<Hold> Work::hold() {
+  std::lock_guard<std::mutex> g(m_);
+  return hold_;
+}
+
 void Work::finish(std::unique_ptr<RingError> err) {
   std::lock_guard<std::mutex> g(m_);
   err_ = std::move(err);
@@ -35,8 +40,8 @@ void Work::finish(std::unique_ptr<RingError> err) {
   cv_.notify_all();
 }
 
-Engine::Engine(std::unique_ptr<Transport> transport, Options opts)
-    : link_(std::move(transport), opts), opts_(opts), worker_([this] { loop(); }) {}
+Engine::Engine(std::unique_ptr<Transport> transport, Options opts, size_t flight_records)
+    : link_(std::move(transport), opts), recorder_(flight_records), opts_(opts), worker_([this] { loop(); }) {}
 
 Engine::~Engine() {
   {
@@ -69,14 +74,30 @@ void Engine::validate(const Task& t) {
     throw_invalid("broadcast root " + std::to_string(t.root) + " is out of range for " + std::to_string(size()) +
                   " ranks (expected 0 <= root < " + std::to_string(size()) + ")");
   std::lock_guard<std::mutex> g(state_m_);
-  if (aborted_)
-    throw RingError(ErrKind::aborted, rank(), -1, 0, "communicator was aborted earlier: " + abort_reason_);
+  if (aborted_) {
+    RingError e(ErrKind::aborted, rank(), -1, 0, "communicator was aborted earlier: " + abort_reason_);
+    e.origin = abort_origin_;
+    e.cause = abort_cause_;
+    throw e;
+  }
 }
 
 std::shared_ptr<Work> Engine::enqueue(const Task& t, bool inline_if_idle, bool* run_here) {
   auto w = std::make_shared<Work>();
   std::lock_guard<std::mutex> g(m_);
   w->seq_ = t.abort ? 0 : ++next_seq_;
+  if (!t.abort) {
+    FlightRecord r;
+    r.seq = w->seq_;
+    r.coll = int32_t(t.coll);
+    r.count = int64_t(t.count);
+    r.dtype = int32_t(t.dtype);
+    r.op = int32_t(t.op);
+    r.root = t.root;
+    r.algo = t.algo;
+    r.t_issue_ns = wall_ns();
+    recorder_.issued(r);
+  }
   if (inline_if_idle && queue_.empty() && !busy_) {
     busy_ = true;
     *run_here = true;
@@ -99,9 +120,10 @@ std::shared_ptr<Work> Engine::submit(const Task& t) {
   return enqueue(task, false, &run_here);
 }
 
-std::shared_ptr<Work> Engine::run_sync(const Task& t) {
+std::shared_ptr<Work> Engine::run_sync(const Task& t, const std::function<bool()>* interrupted) {
   validate(t);
   Task task = t;
+  task.interrupted = interrupted;
   {
     std::lock_guard<std::mutex> g(m_);
     task.opts = opts_;
@@ -118,9 +140,32 @@ std::shared_ptr<Work> Engine::run_sync(const Task& t) {
       handed_work = !queue_.empty() || stop_;
     }
     if (handed_work) cv_.notify_all();  // only then: waking the worker costs a context switch
+  } else if (interrupted) {
+    bool fired = false;
+    wait_interruptible(*w, -1, *interrupted, &fired);
+    return w;
   }
   w->wait(-1);
   return w;
+}
+
+bool Engine::wait_interruptible(Work& w, double timeout_s, const std::function<bool()>& interrupted, bool* fired) {
+  const auto start = Clock::now();
+  for (;;) {
+    double slice = 0.1;
+    if (timeout_s >= 0) {
+      const double left = timeout_s - std::chrono::duration<double>(Clock::now() - start).count();
+      if (left <= 0) return w.is_completed();
+      slice = std::min(slice, left);
+    }
+    if (w.wait(slice)) return true;
+    if (interrupted()) {
+      *fired = true;
+      abort();  // the waiting collective fails at once and tells the ring
+      w.wait(std::min(opts_.timeout_s, 5.0));
+      return false;
+    }
+  }
 }
 
 std::shared_ptr<Work> Engine::abort() {
@@ -155,6 +200,8 @@ void Engine::loop() {
 
 void Engine::execute(const Task& t, Work& w) {
   std::unique_ptr<RingError> err;
+  if (!t.abort) recorder_.started(w.seq());
+  link_.set_interrupt_check(t.interrupted);
   try {
     run(t, w);
   } catch (const RingError& e) {
@@ -168,22 +215,36 @@ void Engine::execute(const Task& t, Work& w) {
     if (!aborted_) {
       aborted_ = true;
       abort_reason_ = err->what();
+      abort_origin_ = rank();
+      abort_cause_ = ErrKind::aborted;
     }
     err.reset();
   }
+  link_.set_interrupt_check(nullptr);
   if (err) {
     if (err->seq == 0) err->seq = w.seq();
     if (err->rank < 0) err->rank = rank();
+    if (err->origin < 0) err->origin = err->rank;
     if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
       link_.fail(*err);
       std::lock_guard<std::mutex> g(state_m_);
       if (!aborted_) {
         aborted_ = true;
         abort_reason_ = err->what();
+        abort_origin_ = err->origin;
+        abort_cause_ = err->cause;
       }
     }
   }
+  if (!t.abort) {
+    std::string text = err ? std::string(err->what()) : std::string();
+    recorder_.ended(w.seq(), link_.progress(), err ? &text : nullptr);
+  }
   if (err) {
+    if (auto h = link_.hold()) {  // requests that outlived it may still use the caller's arrays
+      std::lock_guard<std::mutex> g(w.m_);
+      w.hold_ = h;
+    }
     // Device work of the failed collective may already be queued (copies,
     // kernels, a peer's copy out of our buffer): the caller must keep its
     // arrays until this point has passed (Python's Work does).
@@ -215,6 +276,7 @@ void Engine::run(const Task& t, Work& w) {
   }
   if (link_.aborted())
     throw RingError(ErrKind::aborted, rank(), -1, seq, "communicator was aborted earlier: " + link_.abort_reason());
+  Quarantine::instance().reap();  // one atomic load unless an earlier failure left requests behind
   link_.mutable_options() = t.opts;
   link_.set_tracer(t.tracer.get());
   Fingerprint fp;
@@ -293,6 +355,8 @@ std::unique_ptr<RingError> Engine::check_peers() {
     if (!aborted_) {
       aborted_ = true;
       abort_reason_ = e.what();
+      abort_origin_ = e.origin;
+      abort_cause_ = e.cause;
     }
   }
   {

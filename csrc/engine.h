@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -29,6 +30,9 @@ class Work {
   // and that device. Null for host collectives and failed ones.
   EventPtr done_event();
   std::shared_ptr<Device> device() const { return device_; }
+  // A failed collective whose requests could not all be withdrawn: its claim
+  // on the caller's arrays (quarantine.h). Null when nothing outlived it.
+  std::shared_ptr<Hold> hold();
 
  private:
   friend class Engine;
@@ -40,6 +44,7 @@ class Work {
   uint64_t seq_ = 0;
   EventPtr done_event_;
   std::shared_ptr<Device> device_;
+  std::shared_ptr<Hold> hold_;
 };
 
 struct Task {
@@ -57,11 +62,12 @@ struct Task {
   std::shared_ptr<Tracer> tracer;  // filled by submit(): the tracer in force, if any
   Options opts;  // filled by submit(): the options in force when it was issued
   bool abort = false;  // not a collective: abort the communicator (Engine::abort)
+  const std::function<bool()>* interrupted = nullptr;  // run_sync on the caller's thread: Ctrl-C check
 };
 
 class Engine {
  public:
-  Engine(std::unique_ptr<Transport> transport, Options opts);
+  Engine(std::unique_ptr<Transport> transport, Options opts, size_t flight_records = 256);
   ~Engine();  // finishes queued work, then stops the worker
 
   int rank() const { return link_.rank(); }
@@ -83,8 +89,14 @@ class Engine {
   // Same, then wait for completion. When nothing is queued or running, the
   // collective runs right here on the caller's thread: a small synchronous
   // collective then costs no thread handoff (order is unchanged: it is the
-  // only one in flight).
-  std::shared_ptr<Work> run_sync(const Task& t);
+  // only one in flight). `interrupted` (may be null) is polled every 100 ms
+  // while it waits; when it returns true the collective fails, the
+  // communicator is aborted and the ring told (Ctrl-C).
+  std::shared_ptr<Work> run_sync(const Task& t, const std::function<bool()>* interrupted = nullptr);
+  // Wait for `w` like Work::wait, polling `interrupted` every 100 ms; on
+  // true, abort the communicator, wait (bounded) for `w` to end, and return
+  // false. Returns true once `w` is complete.
+  bool wait_interruptible(Work& w, double timeout_s, const std::function<bool()>& interrupted, bool* fired);
 
   // Abort on purpose (after the collectives already queued): the ring is told,
   // so peers waiting on this rank fail at once instead of at their deadline.
@@ -104,6 +116,13 @@ class Engine {
   Options options();
   // Record a step trace of the collectives submitted from now on (null: stop).
   void set_tracer(std::shared_ptr<Tracer> t);
+  // The last K collectives (flight.h), oldest first.
+  std::vector<FlightRecord> flight_record() { return recorder_.snapshot(link_.progress()); }
+  // One line about what this rank is doing (for a peer's timeout message).
+  std::string flight_summary() { return recorder_.summary(link_.progress()); }
+  void set_flight_records(size_t k) { recorder_.set_capacity(k); }
+  // In-process worlds: how to ask another rank of the world for its flight_summary().
+  void set_peer_state(std::function<std::string(int)> f) { link_.set_peer_state(std::move(f)); }
 
  private:
   void loop();
@@ -113,6 +132,7 @@ class Engine {
   void validate(const Task& t);
 
   Link link_;
+  FlightRecorder recorder_;
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::pair<Task, std::shared_ptr<Work>>> queue_;
@@ -122,6 +142,8 @@ class Engine {
   std::mutex state_m_;  // guards the abort flag as seen by submit()
   bool aborted_ = false;
   std::string abort_reason_;
+  int abort_origin_ = -1;
+  ErrKind abort_cause_ = ErrKind::aborted;
   Options opts_;  // guarded by m_; copied into each task
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
   std::thread worker_;

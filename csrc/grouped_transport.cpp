@@ -38,13 +38,21 @@ int GroupedTransport::wait_any(Request* const* reqs, int n, Clock::time_point de
   return host_->wait_any(reqs, n, deadline);
 }
 
-void GroupedTransport::cancel(Request& req) {
+bool GroupedTransport::cancel(Request& req) {
   if (auto* r = dynamic_cast<GroupedOp*>(&req)) {
-    // Not issued: forget it. Issued: it cannot be withdrawn (on_fail ends it).
+    // Not issued: forget it. Issued: it cannot be withdrawn one by one, but
+    // on_fail() (called first by Link::fail) aborted the device
+    // communicator, which ends it; the Engine keeps the arrays until the
+    // device work queued so far has passed.
     pending_.erase(std::remove(pending_.begin(), pending_.end(), r), pending_.end());
-    return;
+    return true;
   }
-  host_->cancel(req);
+  return host_->cancel(req);
+}
+
+bool GroupedTransport::test(Request& req) {
+  if (dynamic_cast<GroupedOp*>(&req)) return true;  // see cancel()
+  return host_->test(req);
 }
 
 void GroupedTransport::on_fail() {

@@ -51,7 +51,8 @@ class GroupedTransport : public Transport {
   RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int unit) override;
   RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int unit) override;
   int wait_any(Request* const* reqs, int n, Clock::time_point deadline) override;
-  void cancel(Request& req) override;
+  bool cancel(Request& req) override;
+  bool test(Request& req) override;
   void on_fail() override;
 
  protected:

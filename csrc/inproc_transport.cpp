@@ -198,7 +198,17 @@ class InprocTransport final : public Transport {
     w.cv.notify_all();
   }
 
-  void cancel(Request& req) override {
+  // In-process matching copies under the queue's lock, so an unmatched
+  // request is withdrawn exactly and a matched one is already complete: the
+  // buffer is never touched after this returns. (A device message's copy is
+  // enqueued by the receiver on its own device; the Engine keeps the arrays
+  // until queued device work has passed.)
+  bool test(Request& req) override {
+    auto& r = static_cast<InprocRequest&>(req);
+    return r.done || r.complete.load(std::memory_order_acquire) || !queued(r);
+  }
+
+  bool cancel(Request& req) override {
     auto& r = static_cast<InprocRequest&>(req);
     std::lock_guard<std::mutex> g(r.queue->m);
     if (r.is_send) {
@@ -214,9 +224,21 @@ class InprocTransport final : public Transport {
           break;
         }
     }
+    return true;
   }
 
  private:
+  bool queued(InprocRequest& r) {
+    std::lock_guard<std::mutex> g(r.queue->m);
+    if (r.is_send) {
+      for (const Message& m : r.queue->sends)
+        if (m.sender == &r || (r.handoff && m.handoff == r.handoff)) return true;
+      return false;
+    }
+    for (InprocRequest* q : r.queue->recvs)
+      if (q == &r) return true;
+    return false;
+  }
   std::unique_ptr<InprocRequest> make(int peer, bool is_send, size_t bytes, Queue* q) {
     if (peer < 0 || peer >= w_->n) throw_invalid("peer rank out of range: " + std::to_string(peer));
     auto r = std::make_unique<InprocRequest>();

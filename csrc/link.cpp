@@ -8,6 +8,9 @@ namespace ringcomm {
 namespace {
 constexpr uint32_t kMagic = 0x52434d31;  // "RCM1"
 enum : uint32_t { kHeader = 1, kAbort = 2 };
+constexpr int kUserInterrupt = -3;  // wait_for(): the interrupt check said stop
+// How often a blocked wait polls the interrupt check (Ctrl-C is seen within this).
+constexpr auto kInterruptSlice = std::chrono::milliseconds(100);
 }  // namespace
 
 // Every control message has this one fixed size, so the always-posted
@@ -20,7 +23,7 @@ struct Link::ControlMsg {
   int32_t origin = -1; // abort: the rank that detected the failure
   int32_t kind = 0;    // abort: ErrKind
   int32_t peer = -1;   // abort: the peer involved (for a timeout: the one waited for)
-  int32_t pad = 0;
+  int32_t interrupted = 0;  // abort: `origin` was interrupted (Ctrl-C), not aborted by a call
 };
 
 std::string describe(const Fingerprint& f) {
@@ -59,18 +62,40 @@ static std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
          " (every rank must issue the same collectives, in the same order, with the same count, dtype, op and root)";
 }
 
-Link::Link(std::unique_ptr<Transport> t, Options opts)
+Link::Link(std::shared_ptr<Transport> t, Options opts)
     : t_(std::move(t)), device_(t_->device()), opts_(opts), rank_(t_->rank()), size_(t_->size()), ledger_(t_->size()) {
-  ctrl_in_ = std::make_unique<ControlMsg>();
+  ctrl_in_ = std::make_shared<ControlMsg>();
   if (size_ > 1) post_control_recv();
 }
 
+// Whatever the transport cannot withdraw outlives the Link in the quarantine.
 Link::~Link() {
   for (auto& r : live_)
-    if (r && !r->done) t_->cancel(*r);
-  if (ctrl_req_ && !ctrl_req_->done) t_->cancel(*ctrl_req_);
+    if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), true);
+  if (ctrl_req_ && !ctrl_req_->done && !t_->cancel(*ctrl_req_)) quarantine(std::move(ctrl_req_), false);
   for (auto& p : ctrl_out_)
-    if (p.second && !p.second->done) t_->cancel(*p.second);
+    if (p.second && !p.second->done && !t_->test(*p.second) && !t_->cancel(*p.second))
+      quarantine(std::move(p.second), false);
+}
+
+void Link::quarantine(RequestPtr r, bool payload) {
+  // The request may point into any memory the Link handed the transport:
+  // keep all of it (it is small next to the payload, and only failures pay).
+  struct Kept {
+    std::shared_ptr<Memory> mem;
+    std::shared_ptr<ControlMsg> in;
+    std::vector<std::shared_ptr<ControlMsg>> out;
+  };
+  auto kept = std::make_shared<Kept>();
+  kept->mem = mem_;
+  kept->in = ctrl_in_;
+  for (auto& p : ctrl_out_) kept->out.push_back(p.first);
+  std::shared_ptr<Hold> hold;
+  if (payload) {  // payload requests may use the caller's arrays
+    if (!hold_) hold_ = std::make_shared<Hold>();
+    hold = hold_;
+  }
+  Quarantine::instance().add(t_, std::move(r), std::move(kept), std::move(hold));
 }
 
 void Link::post_control_recv() {
@@ -81,10 +106,10 @@ void Link::send_control(const ControlMsg& m) {
   // Reap control sends that have completed (they are tiny and complete eagerly).
   while (!ctrl_out_.empty()) {
     Request* r = ctrl_out_.front().second.get();
-    if (!r->done && t_->wait_any(&r, 1, Clock::time_point::min()) < 0) break;
+    if (!r->done && !t_->test(*r)) break;
     ctrl_out_.pop_front();
   }
-  auto msg = std::make_unique<ControlMsg>(m);
+  auto msg = std::make_shared<ControlMsg>(m);
   RequestPtr req = t_->isend(right(), Channel::control, msg.get(), sizeof(ControlMsg));
   ledger_.sent(Coll(m.fp.coll), right(), true, sizeof(ControlMsg));
   ctrl_out_.emplace_back(std::move(msg), std::move(req));
@@ -96,6 +121,7 @@ void Link::handle_control(const ControlMsg& m) {
                     "corrupt control message from rank " + std::to_string(left()));
   ledger_.received(Coll(m.fp.coll), left(), true, sizeof(ControlMsg));
   if (m.type == kHeader) {
+    left_seq_ = m.fp.seq;
     early_headers_.push_back(m);
     return;
   }
@@ -108,14 +134,19 @@ void Link::handle_control(const ControlMsg& m) {
   } else if (kind == ErrKind::timeout) {
     why = "rank " + std::to_string(m.origin) + " timed out in " + describe(m.fp) + " waiting for rank " +
           std::to_string(m.peer);
+  } else if (kind == ErrKind::aborted && m.interrupted) {
+    why = "rank " + std::to_string(m.origin) + " was interrupted (KeyboardInterrupt) in " + describe(m.fp);
   } else if (kind == ErrKind::aborted) {
     why = "rank " + std::to_string(m.origin) + " aborted the communicator (its last collective was " +
           describe(m.fp) + ")";
   } else {
     why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp);
   }
-  throw RingError(kind == ErrKind::mismatch ? ErrKind::mismatch : ErrKind::aborted, rank_, m.origin, fp_.seq,
-                  why + " (reported to rank " + std::to_string(rank_) + " through the ring)");
+  RingError e(kind == ErrKind::mismatch ? ErrKind::mismatch : ErrKind::aborted, rank_, m.origin, fp_.seq,
+              why + " (reported to rank " + std::to_string(rank_) + " through the ring)");
+  e.origin = m.origin;
+  e.cause = kind;
+  throw e;
 }
 
 void Link::begin(const Fingerprint& fp) {
@@ -124,7 +155,11 @@ void Link::begin(const Fingerprint& fp) {
   fp_.rank = rank_;
   coll_ = Coll(fp.coll);
   live_.clear();
+  progress_.reset();
   if (size_ == 1) return;
+  // A failure the ring reported while this rank was away (a straggler):
+  // raise it now, before anything is posted.
+  poll_control();
 
   ControlMsg mine;
   mine.type = kHeader;
@@ -139,9 +174,15 @@ void Link::await_header() {
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
   while (early_headers_.empty()) {
     Request* r = ctrl_req_.get();
-    int got = t_->wait_any(&r, 1, Clock::now() + timeout);
+    progress_.peer.store(left(), std::memory_order_relaxed);
+    progress_.waiting.store(1, std::memory_order_relaxed);
+    progress_.what.store("its header", std::memory_order_relaxed);
+    progress_.wait_since_ns.store(wall_ns(), std::memory_order_relaxed);
+    int got = wait_for(&r, 1, Clock::now() + timeout);
     if (got == kInterrupted) throw_interrupted(*ctrl_req_);
+    if (got == kUserInterrupt) throw_user_interrupt(*ctrl_req_);
     if (got < 0) throw_timeout(*ctrl_req_, "its header", -1, -1);
+    progress_.waiting.store(0, std::memory_order_relaxed);
     ControlMsg m = *ctrl_in_;
     post_control_recv();
     handle_control(m);
@@ -153,11 +194,9 @@ void Link::await_header() {
 
 void Link::poll_control() {
   if (size_ == 1 || aborted_) return;
-  for (;;) {
-    Request* r = ctrl_req_.get();
-    int got = t_->wait_any(&r, 1, Clock::time_point::min());
-    if (got == kInterrupted) throw_interrupted(*ctrl_req_);
-    if (got < 0) return;  // nothing (more) has arrived
+  if (t_->interrupted()) throw_interrupted(*ctrl_req_);
+  // One test per message: cheap enough for the start of every collective.
+  while (t_->test(*ctrl_req_)) {
     ControlMsg m = *ctrl_in_;
     post_control_recv();
     handle_control(m);
@@ -177,17 +216,21 @@ void Link::check_call(const Fingerprint& theirs, int peer) {
   throw RingError(ErrKind::mismatch, rank_, peer, fp_.seq, mismatch_text(fp_, theirs));
 }
 
+// Fingerprints travel from and to Link memory (never the stack), which a
+// quarantined request keeps alive if the collective fails meanwhile.
 void Link::send_fingerprint(int peer) {
-  live_.push_back(t_->isend(peer, Channel::data, &fp_, sizeof(Fingerprint)));
+  mem_->fp_out = fp_;
+  live_.push_back(t_->isend(peer, Channel::data, &mem_->fp_out, sizeof(Fingerprint)));
+  live_.back()->counted = true;  // control bytes: not payload progress
   ledger_.sent(coll_, peer, true, sizeof(Fingerprint));
 }
 
 void Link::expect_fingerprint(int peer) {
-  Fingerprint theirs;
-  live_.push_back(t_->irecv(peer, Channel::data, &theirs, sizeof(Fingerprint)));
+  live_.push_back(t_->irecv(peer, Channel::data, &mem_->fp_in, sizeof(Fingerprint)));
+  live_.back()->counted = true;
   ledger_.received(coll_, peer, true, sizeof(Fingerprint));
   wait(live_.back().get(), "its call's fingerprint");
-  check_call(theirs, peer);
+  check_call(mem_->fp_in, peer);
 }
 
 Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
@@ -205,19 +248,59 @@ Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
   return live_.back().get();
 }
 
+void Link::counted(const Request& r) {
+  if (r.counted) return;
+  const_cast<Request&>(r).counted = true;
+  (r.is_send ? progress_.bytes_sent : progress_.bytes_received).fetch_add(r.bytes, std::memory_order_relaxed);
+}
+
+int Link::wait_for(Request* const* reqs, int n, Clock::time_point deadline) {
+  if (!interrupt_check_) return t_->wait_any(reqs, n, deadline);
+  for (;;) {
+    const auto slice = std::min(deadline, Clock::now() + kInterruptSlice);
+    int i = t_->wait_any(reqs, n, slice);
+    if (i != -1 || Clock::now() >= deadline) return i;
+    if ((*interrupt_check_)()) return kUserInterrupt;
+  }
+}
+
 void Link::wait(Request* r, const char* what, int step, int segment) {
-  if (!r || r->done) return;
+  if (!r) return;
+  if (r->done) return counted(*r);
+  progress_.step.store(step, std::memory_order_relaxed);
+  progress_.segment.store(segment, std::memory_order_relaxed);
+  progress_.peer.store(r->peer, std::memory_order_relaxed);
+  progress_.waiting.store(r->is_send ? 2 : 1, std::memory_order_relaxed);
+  progress_.what.store(what, std::memory_order_relaxed);
+  progress_.wait_since_ns.store(wall_ns(), std::memory_order_relaxed);
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
   for (;;) {
     Request* reqs[2] = {r, ctrl_req_.get()};
-    int i = t_->wait_any(reqs, 2, Clock::now() + timeout);
-    if (i == 0) return;
+    int i = wait_for(reqs, 2, Clock::now() + timeout);
+    if (i == 0) break;
     if (i == kInterrupted) throw_interrupted(*r);
+    if (i == kUserInterrupt) throw_user_interrupt(*r);
     if (i < 0) throw_timeout(*r, what, step, segment);
     ControlMsg m = *ctrl_in_;  // the left neighbour said something: header of a later call, or ABORT
     post_control_recv();
     handle_control(m);
   }
+  progress_.waiting.store(0, std::memory_order_relaxed);
+  counted(*r);
+}
+
+std::string Link::peer_note(int peer) {
+  if (peer_state_) {
+    std::string s = peer_state_(peer);
+    if (!s.empty()) return " Rank " + std::to_string(peer) + ": " + s + ".";
+  }
+  if (peer == left() && fp_.seq) {  // what its control stream has told us
+    if (left_seq_ >= fp_.seq) return " Rank " + std::to_string(peer) + " has started this call (its header arrived).";
+    if (left_seq_ == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
+    return " The newest call rank " + std::to_string(peer) + " has announced is #" + std::to_string(left_seq_) +
+           ": it has not reached #" + std::to_string(fp_.seq) + ".";
+  }
+  return "";
 }
 
 void Link::throw_timeout(const Request& r, const char* what, int step, int segment) {
@@ -228,13 +311,20 @@ void Link::throw_timeout(const Request& r, const char* what, int step, int segme
   std::string msg = "timed out after " + std::string(secs) + " s in " + describe(fp_) + ": rank " +
                     std::to_string(rank_) + " waited for rank " + std::to_string(r.peer) + " to " +
                     (r.is_send ? "receive " : "send ") + what + where +
-                    "; is that rank alive and calling the same collective?";
+                    "; is that rank alive and calling the same collective?" + peer_note(r.peer);
   throw RingError(ErrKind::timeout, rank_, r.peer, fp_.seq, msg);
 }
 
 void Link::throw_interrupted(const Request& r) {
   throw RingError(ErrKind::aborted, rank_, r.peer, fp_.seq,
                   "rank " + std::to_string(rank_) + " aborted the communicator while " + describe(fp_) +
+                      " waited for rank " + std::to_string(r.peer));
+}
+
+void Link::throw_user_interrupt(const Request& r) {
+  user_interrupted_ = true;
+  throw RingError(ErrKind::aborted, rank_, r.peer, fp_.seq,
+                  "rank " + std::to_string(rank_) + " was interrupted (KeyboardInterrupt) while " + describe(fp_) +
                       " waited for rank " + std::to_string(r.peer));
 }
 
@@ -263,9 +353,10 @@ void Link::fail(const RingError& e) {
   abort_reason_ = e.what();
   t_->on_fail();
   // Withdraw everything still posted, so no late message lands in a buffer
-  // the caller gets back.
+  // the caller gets back; what cannot be withdrawn keeps its memory in the
+  // quarantine (and holds the caller's arrays: hold()).
   for (auto& r : live_)
-    if (r && !r->done) t_->cancel(*r);
+    if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), true);
   live_.clear();
   if (size_ == 1) return;
   ControlMsg notice;
@@ -277,6 +368,7 @@ void Link::fail(const RingError& e) {
     notice.origin = rank_;
     notice.kind = int32_t(e.kind);
     notice.peer = e.peer;
+    notice.interrupted = user_interrupted_ ? 1 : 0;
   }
   if (right() != notice.origin) {
     try {
@@ -325,7 +417,7 @@ void Link::copy(void* dst, const void* src, size_t bytes) {
 
 char* Link::scratch(int which, size_t bytes) {
   if (device_) return device_->scratch(which, bytes);
-  auto& s = scratch_[which];
+  auto& s = mem_->scratch[which];
   if (s.size() < bytes) s.resize(bytes);
   return s.data();
 }

@@ -18,12 +18,15 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common.h"
+#include "flight.h"
 #include "ledger.h"
+#include "quarantine.h"
 #include "trace.h"
 #include "transport.h"
 
@@ -49,7 +52,7 @@ std::string describe(const Fingerprint& f);
 
 class Link {
  public:
-  Link(std::unique_ptr<Transport> t, Options opts);
+  Link(std::shared_ptr<Transport> t, Options opts);
   ~Link();
 
   int rank() const { return rank_; }
@@ -76,9 +79,14 @@ class Link {
   // Wait for every request posted so far in this collective; forget them.
   // Algorithms call it before reusing memory that a send may still read.
   void drain();
-  // After any exception escaped a collective: withdraw outstanding requests,
-  // pass an ABORT notice to the right, and mark this link as dead.
+  // After any exception escaped a collective: withdraw outstanding requests
+  // (those that cannot be withdrawn go to the quarantine with the memory
+  // they may touch), pass an ABORT notice to the right, and mark this link
+  // as dead.
   void fail(const RingError& e);
+  // After fail(): the claim on the failed collective's caller arrays (null
+  // when no request that may touch them outlived it).
+  std::shared_ptr<Hold> hold() const { return hold_; }
   bool aborted() const { return aborted_; }
   const std::string& abort_reason() const { return abort_reason_; }
   uint64_t seq() const { return fp_.seq; }
@@ -104,6 +112,15 @@ class Link {
   Request* recv_token(int peer);
   // Block until r is done. `what` describes the wait for the timeout message.
   void wait(Request* r, const char* what, int step = -1, int segment = -1);
+  // Polled every 100 ms while a wait blocks (null: never). Returning true
+  // fails the collective as interrupted (Ctrl-C: the bindings check Python's
+  // signals here), which aborts the link and tells the ring.
+  void set_interrupt_check(const std::function<bool()>* check) { interrupt_check_ = check; }
+  // Where the running collective is (flight.h).
+  const Progress& progress() const { return progress_; }
+  // Says what a peer is doing, for timeout messages (in-process worlds can
+  // tell; null elsewhere).
+  void set_peer_state(std::function<std::string(int)> f) { peer_state_ = std::move(f); }
   // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work
   // buffer), in the memory the payload lives in (the Device's, if any).
   char* scratch(int which, size_t bytes);
@@ -112,6 +129,7 @@ class Link {
   void set_tracer(Tracer* t) { tracer_ = t; }
   void trace_start(Phase phase, int step, int send_peer, int send_chunk, size_t send_bytes, int recv_peer,
                    int recv_chunk, size_t recv_bytes) {
+    progress_.phase.store(int32_t(phase), std::memory_order_relaxed);
     if (tracer_) trace_start_impl(phase, step, send_peer, send_chunk, send_bytes, recv_peer, recv_chunk, recv_bytes);
   }
   // `values`: what this step produced (the chunk just reduced or received).
@@ -126,12 +144,19 @@ class Link {
   void trace_finish_impl(const void* values, size_t bytes);
   void post_control_recv();
   void handle_control(const ControlMsg& m);  // throws on ABORT
+  // Block on reqs until one is done or `deadline`, in slices that poll the
+  // interrupt check. Returns wait_any's answer.
+  int wait_for(Request* const* reqs, int n, Clock::time_point deadline);
+  void counted(const Request& r);  // a payload request completed: progress
+  void quarantine(RequestPtr r, bool payload);
+  std::string peer_note(int peer);
   [[noreturn]] void throw_timeout(const Request& r, const char* what, int step, int segment);
   [[noreturn]] void throw_interrupted(const Request& r);
+  [[noreturn]] void throw_user_interrupt(const Request& r);
   void check_call(const Fingerprint& theirs, int peer);  // throws MismatchError
   void send_control(const ControlMsg& m);
 
-  std::unique_ptr<Transport> t_;
+  std::shared_ptr<Transport> t_;
   std::shared_ptr<Device> device_;  // t_->device(): null for host memory
   Options opts_;
   int rank_, size_;
@@ -143,17 +168,30 @@ class Link {
   std::vector<RequestPtr> live_;  // payload requests of the current collective
 
   // control stream from the left neighbour: one receive always posted
-  std::unique_ptr<ControlMsg> ctrl_in_;
+  std::shared_ptr<ControlMsg> ctrl_in_;
   RequestPtr ctrl_req_;
   std::deque<ControlMsg> early_headers_;  // headers of later collectives that arrived early
+  uint64_t left_seq_ = 0;  // the newest call the left neighbour has announced
   // control messages to the right (kept alive until their send completes)
-  std::deque<std::pair<std::unique_ptr<ControlMsg>, RequestPtr>> ctrl_out_;
+  std::deque<std::pair<std::shared_ptr<ControlMsg>, RequestPtr>> ctrl_out_;
 
   bool aborted_ = false;
+  bool user_interrupted_ = false;
   std::string abort_reason_;
   std::unique_ptr<ControlMsg> received_abort_;  // the notice that failed us, to forward
 
-  std::vector<char> scratch_[2];
+  // Memory the transport may be given (scratch, fingerprints): shared, so a
+  // quarantined request can keep it alive after the Link is gone.
+  struct Memory {
+    std::vector<char> scratch[2];
+    Fingerprint fp_out, fp_in;
+  };
+  std::shared_ptr<Memory> mem_ = std::make_shared<Memory>();
+  std::shared_ptr<Hold> hold_;
+
+  const std::function<bool()>* interrupt_check_ = nullptr;
+  std::function<std::string(int)> peer_state_;
+  Progress progress_;
 
   Tracer* tracer_ = nullptr;
   TraceStep open_step_;

@@ -124,23 +124,39 @@ class MpiTransport final : public Transport {
     }
   }
 
-  void cancel(Request& req) override {
+  bool cancel(Request& req) override {
     auto& r = static_cast<MpiRequest&>(req);
-    if (r.req == MPI_REQUEST_NULL) return;
-    if (r.is_send) {  // MPI cannot reliably withdraw a send; let it finish on its own
-      MPI_Request_free(&r.req);
-      return;
-    }
+    if (r.req == MPI_REQUEST_NULL || test(r)) return true;
+    // A send cannot be withdrawn (MPI 4 deprecates MPI_Cancel for sends and
+    // Open MPI's ob1 ignores it): once posted, the library reads the buffer
+    // whenever the receiver asks for the data, however late. The caller
+    // quarantines it with its memory.
+    if (r.is_send) return false;
     MPI_Cancel(&r.req);
     // A cancelled receive completes at once, unless it already matched a
-    // message still arriving; never wait for that longer than a second.
-    const auto until = Clock::now() + std::chrono::seconds(1);
-    int flag = 0;
-    while (!flag && Clock::now() < until) {
-      MPI_Test(&r.req, &flag, MPI_STATUS_IGNORE);
-      if (!flag) sched_yield();
+    // message still arriving; progress it briefly, then leave it to the
+    // quarantine (never free a request MPI may still write through).
+    const auto until = Clock::now() + std::chrono::milliseconds(100);
+    while (Clock::now() < until) {
+      if (test(r)) return true;
+      sched_yield();
     }
-    if (!flag) MPI_Request_free(&r.req);
+    return false;
+  }
+
+  bool test(Request& req) override {
+    auto& r = static_cast<MpiRequest&>(req);
+    if (r.req == MPI_REQUEST_NULL) return true;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return false;  // MPI is gone: the request can never be freed
+    int flag = 0;
+    if (MPI_Test(&r.req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      // An error completes the request as far as the buffer is concerned
+      // only if MPI released it; otherwise keep it.
+      return r.req == MPI_REQUEST_NULL;
+    }
+    return flag != 0;
   }
 
  private:

@@ -10,7 +10,7 @@ namespace ringcomm {
 
 inline pybind11::object error_object(const RingError& e) {
   return pybind11::module_::import("ringcomm.errors")
-      .attr("_from_native")(int(e.kind), e.what(), e.rank, e.peer, e.seq);
+      .attr("_from_native")(int(e.kind), e.what(), e.rank, e.peer, e.seq, e.origin, int(e.cause));
 }
 
 inline void register_error_translator() {

@@ -24,13 +24,15 @@ enum class Channel : int { data = 0, control = 1 };
 constexpr int kInterrupted = -2;
 
 // An outstanding send or receive. Owned by whoever posted it; destroying an
-// incomplete request is only allowed after Transport::cancel.
+// incomplete request is only allowed once Transport::cancel returned true or
+// Transport::test reports it done.
 struct Request {
   virtual ~Request() = default;
   int peer = -1;
   bool is_send = false;
   size_t bytes = 0;
-  bool done = false;  // set by Transport::test / wait_any once complete
+  bool done = false;  // set by Transport::wait_any once complete
+  bool counted = false;  // its bytes are in the Link's progress (flight.h)
 };
 using RequestPtr = std::unique_ptr<Request>;
 
@@ -74,11 +76,17 @@ class Transport {
   // down here, so nothing queued on a device waits forever for a peer.
   virtual void on_fail() {}
 
-  // Withdraw a request that will not be waited for (after an error). After
-  // this returns, the transport never touches the request's buffer again,
-  // where the transport can guarantee it (receives always; sends where the
-  // implementation allows).
-  virtual void cancel(Request& r) = 0;
+  // Withdraw a request that will not be waited for (after an error).
+  // Returns true when the transport will never touch the request's buffer
+  // again (it completed, or was withdrawn); false when it may still read or
+  // write it (an MPI send cannot be withdrawn; a receive that already matched
+  // a message still arriving): the caller must then keep the request and its
+  // memory alive until test() says it is done (quarantine.h).
+  virtual bool cancel(Request& r) = 0;
+  // Has `r` completed? Never blocks and never throws: for requests whose
+  // collective has already failed (the quarantine), where only "is the
+  // memory free yet" matters.
+  virtual bool test(Request& r) = 0;
 
  protected:
   // Wake waits blocked in wait_any so they notice interrupt() (polling transports need nothing).

@@ -11,14 +11,14 @@ transports, with an exact traffic ledger.
 """
 
 from . import traffic
-from .comm import Communicator, Work, init, run_local
+from .comm import Communicator, Work, init, quarantined, run_local
 from .errors import (CollectiveTimeout, CommunicatorAborted, InvalidArgument, MismatchError,
                      RingcommError, TransportError, WaitTimeout)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "run_local", "Communicator", "Work", "traffic",
+    "init", "run_local", "Communicator", "Work", "traffic", "quarantined",
     "RingcommError", "InvalidArgument", "CollectiveTimeout", "MismatchError",
     "CommunicatorAborted", "TransportError", "WaitTimeout", "__version__",
 ]

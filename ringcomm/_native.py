@@ -39,3 +39,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 core = _core
+
+import threading as _threading  # noqa: E402
+
+core.set_main_thread(_threading.main_thread().ident)  # Ctrl-C is only seen there

@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("program", nargs=argparse.REMAINDER, help="program and its arguments (after --)")
     sub.add_parser("bench", help="collective benchmark (ringcomm bench --help)", add_help=False)
     sub.add_parser("demo", help="teaching demos: ring, traffic, scaling (ringcomm demo --help)", add_help=False)
+    p_an = sub.add_parser("analyze", help="explain flight-record dumps (RINGCOMM_DUMP_ON_ERROR=DIR)")
+    p_an.add_argument("dir", help="the directory the ranks dumped into")
+    p_an.add_argument("--json", action="store_true", help="print the dumps' last records as JSON instead")
 
     if argv[:1] == ["bench"]:
         from .benchmark import cli_main
@@ -126,6 +129,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for k, v in d.items():
                 print(f"{k:<11} {', '.join(v) if isinstance(v, list) else v}")
+        return 0
+    if args.cmd == "analyze":
+        from . import flight
+        if not os.path.isdir(args.dir):
+            print(f"ringcomm analyze: {args.dir} is not a directory", file=sys.stderr)
+            return 2
+        if args.json:
+            groups = flight.load(args.dir)
+            print(json.dumps({name: {r: d["records"][-3:] for r, d in ranks.items()}
+                              for name, ranks in groups.items()}, indent=1))
+        else:
+            print(flight.analyze(args.dir))
         return 0
     if args.cmd == "run":
         program = args.program[1:] if args.program[:1] == ["--"] else args.program

@@ -5,7 +5,9 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -20,9 +22,72 @@ from ._native import core
 from .errors import CommunicatorAborted, InvalidArgument, RingcommError, WaitTimeout
 from .traffic import Traffic
 
-__all__ = ["Communicator", "Work", "init", "run_local"]
+__all__ = ["Communicator", "Work", "init", "run_local", "quarantined"]
 
 log = logging.getLogger("ringcomm")
+
+
+# ---------------------------------------------------------------------------
+# Failures and memory. A failed collective may leave point-to-point requests
+# in flight that the transport cannot withdraw (an MPI send is read whenever
+# its receiver finally asks, however late). The native quarantine keeps them
+# and the engine's own buffers; the caller's arrays of that collective are
+# kept here, referenced, until the native Hold says no request uses them any
+# more, so neither a late send reads freed memory nor a late receive writes it.
+_held: list = []  # [(native Hold, arrays)]
+_held_lock = threading.Lock()
+
+
+def _hold_arrays(exc: BaseException, arrays) -> None:
+    hold = getattr(exc, "_hold", None)
+    if hold is not None:
+        del exc._hold
+        if hold.pending:
+            with _held_lock:
+                _held.append((hold, arrays))
+
+
+def _reap_held() -> int:
+    with _held_lock:
+        _held[:] = [(h, a) for h, a in _held if h.pending]
+        return len(_held)
+
+
+def _natives() -> list:
+    mods = [core]
+    cuda = sys.modules.get("ringcomm.cuda")
+    if cuda is not None and getattr(cuda, "_cuda", None) is not None:
+        mods.append(cuda._cuda)
+    return mods
+
+
+def quarantined() -> int:
+    """Point-to-point requests of failed collectives still in flight in this
+    process (those that completed are released first). Their memory, the
+    caller's arrays included, stays alive until they complete; 0 in a healthy
+    process."""
+    n = sum(m.quarantined() for m in _natives())
+    _reap_held()
+    return n
+
+
+def _at_exit() -> None:
+    # Runs before mpi4py finalizes MPI (its hook runs after every atexit
+    # handler and after module teardown).
+    _close_mpi_comms()
+    left = sum(m.quarantine_drain(0.2) for m in _natives())
+    _reap_held()
+    if left:
+        # Still in flight: MPI_Finalize may progress them (a straggler's
+        # receive arriving at last). Their arrays must outlive module teardown:
+        # keep them until the process ends.
+        with _held_lock:
+            for _, arrays in _held:
+                core.leak(arrays)
+            _held.clear()
+
+
+atexit.register(_at_exit)
 
 
 _ALGORITHMS = {"ring": 0, "naive": 1}
@@ -44,13 +109,14 @@ class Work:
     there. Work queued on that stream after ``wait()`` sees the result.
     """
 
-    def __init__(self, native, result, keep, stream_fn=None, engine=None, host_is_stream=False):
+    def __init__(self, native, result, keep, stream_fn=None, engine=None, host_is_stream=False, comm=None):
         self._native = native
         self._result = result
         self._keep = keep
         self._stream_fn = stream_fn  # GPU arrays: () -> the caller's current stream
-        self._engine = engine        # device collectives: to hear of a peer's failure while waiting
+        self._engine = engine        # Ctrl-C aborts it; device collectives: hear of a peer's failure while waiting
         self._host_is_stream = host_is_stream  # emulated device: "make the caller wait" means block
+        self._comm = comm
 
     @property
     def seq(self) -> int:
@@ -65,12 +131,19 @@ class Work:
         """Block until the collective completes and return its result array.
 
         Raises the collective's error if it failed, or WaitTimeout if `timeout`
-        seconds pass first (the collective keeps running).
+        seconds pass first (the collective keeps running). Ctrl-C (on the
+        main thread) aborts the communicator, telling the other ranks, and
+        raises KeyboardInterrupt.
         """
-        if not self._native.wait(-1.0 if timeout is None else float(timeout)):
+        if not self._native.wait(-1.0 if timeout is None else float(timeout), self._engine):
             raise WaitTimeout(f"collective #{self.seq} still running after {timeout} s", seq=self.seq)
         err = self._native.error()
         if err is not None:
+            hold = self._native.hold()
+            if hold is not None and hold.pending:
+                err._hold = hold
+            if self._comm is not None:
+                self._comm._failed(err, self._keep)
             if not self._native.on_device:  # else queued device work may still use the arrays
                 self._keep = None
             raise err
@@ -137,6 +210,11 @@ class Communicator:
         self._inflight: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._trace = None  # (Trace, native Tracer) while comm.trace() is active
+        self._index = 0  # which communicator of its kind in this process (names its dumps)
+        self._dumped = False
+        self._final_record: list | None = None  # the flight record at close()
+        if settings.flight_records != 256:
+            engine.set_flight_records(settings.flight_records)
 
     # ---- identity -----------------------------------------------------
     @property
@@ -306,11 +384,35 @@ class Communicator:
         if not self._engine.closed and not self._engine.aborted:
             self._engine.abort().wait()
 
+    def flight_record(self) -> list[dict]:
+        """The last collectives of this communicator, oldest first
+        (``RINGCOMM_FLIGHT_RECORDER``, default 256), one dict each: ``seq``,
+        ``collective``, ``count``, ``dtype``, ``op``, ``root``, ``algorithm``,
+        ``state`` (queued, running, done, failed), wall-clock ``t_issue``,
+        ``t_start``, ``t_end`` (seconds since the epoch), where it is or
+        stopped (``phase``, ``step``, ``segment``, ``waiting_for``: the peer,
+        ``waiting_to``: "receive" or "send", ``waiting_what``,
+        ``waiting_since``), payload ``bytes_sent`` / ``bytes_received`` so
+        far, ``error`` and ``rank``. Safe to call from any thread, also while
+        a collective runs; after close(), the record at closing."""
+        from .flight import records_with_rank
+        if self._engine.closed:
+            return list(self._final_record or [])
+        return records_with_rank(self._engine.flight_record(), self.rank)
+
     def close(self) -> None:
-        """Finish queued collectives and release the communicator."""
+        """Finish queued collectives and release the communicator. Requests a
+        failed collective left in flight stay in the quarantine (with their
+        memory) until they complete: closing never frees memory MPI may
+        still use."""
         if not self._engine.closed:
+            try:
+                self._final_record = self.flight_record()
+            except RingcommError:
+                pass
             self._engine.close()
         self._inflight.clear()
+        quarantined()  # release what has completed meanwhile
 
     def __enter__(self):
         return self
@@ -319,6 +421,19 @@ class Communicator:
         self.close()
 
     # ---- internals ----------------------------------------------------
+    def _failed(self, exc: BaseException, arrays) -> None:
+        """A collective of this communicator raised `exc`: keep the arrays a
+        request still in flight may use, and dump the flight record once."""
+        _hold_arrays(exc, arrays)
+        if self._settings.dump_dir and not self._dumped:
+            self._dumped = True
+            try:
+                from .flight import dump
+                dump(self._settings.dump_dir, rank=self.rank, size=self.size, label=self._label.split("(")[0],
+                     index=self._index, records=self.flight_record(), error=exc)
+            except OSError as e:
+                log.warning("ringcomm: could not write the flight record to %s: %s", self._settings.dump_dir, e)
+
     def _op(self, op: str, xb: Buf) -> int:
         if op not in _dtypes.OPS:
             raise InvalidArgument(f"unknown op {op!r}; expected one of {', '.join(_dtypes.OPS)}")
@@ -397,12 +512,16 @@ class Communicator:
         stream_fn = lead.stream_fn if lead is not None else None
         args = (_dtypes.COLLECTIVES[coll], xb.ptr if xb else 0, ob.ptr if ob else 0, count, dtype, opc, root, algo)
         if not async_op and self._device is None:
-            self._engine.run(*args)  # the caller's frame keeps the arrays alive
+            try:
+                self._engine.run(*args)  # the caller's frame keeps the arrays alive while it runs
+            except RingcommError as exc:
+                self._failed(exc, (xb, ob))
+                raise
             return result
         # GPU arrays: ordered after the work queued so far on the caller's current stream.
         stream = stream_fn() if stream_fn is not None else 0
         work = Work(self._engine.submit(*args, stream), result, (xb, ob), stream_fn, self._engine,
-                    bool(self._device and self._device.startswith("emulated")))
+                    bool(self._device and self._device.startswith("emulated")), self)
         self._track(work)
         if not async_op:  # on a device: returns once enqueued; the Work keeps the arrays until the device is done
             return work.wait()
@@ -417,6 +536,8 @@ class Communicator:
 
 # ---------------------------------------------------------------------------
 _mpi_comms: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+_mpi_index = itertools.count(1)    # communicators made by init() in this process (same order on every rank)
+_local_index = itertools.count(1)  # worlds made by run_local()
 
 
 def _close_mpi_comms() -> None:
@@ -481,8 +602,7 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
         cuda._cuda.set_device(gpu)  # this process's arrays belong there (cupy and torch follow it)
         label = "nccl"
     c = Communicator(engine, s, label)
-    if not _mpi_comms:
-        atexit.register(_close_mpi_comms)
+    c._index = next(_mpi_index)
     _mpi_comms.add(c)
     return c
 
@@ -527,14 +647,24 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
 
     If any rank raises, its communicator is aborted (so the others fail fast
     instead of waiting for their deadline) and the lowest rank's exception is
-    re-raised after every thread has finished.
+    re-raised after every thread has finished, with ``flight_records``
+    attached: {rank: that rank's Communicator.flight_record()}. Ctrl-C (a
+    KeyboardInterrupt in the calling thread, e.g. a notebook's interrupt)
+    aborts every rank and is re-raised once the rank threads have ended
+    (bounded: threads still running user code after 5 s are left behind as
+    daemons).
     """
     if int(n) < 1:
         raise InvalidArgument(f"run_local needs at least one rank, got {n}")
     n = int(n)
     s = config.settings(timeout, segment_bytes, window)
     label = "inproc" if device is None else f"inproc({device if isinstance(device, str) else 'cuda'})"
-    comms = [Communicator(e, s, label) for e in _local_engines(n, s, device, jitter_us)]
+    engines = _local_engines(n, s, device, jitter_us)
+    comms = [Communicator(e, s, label) for e in engines]
+    index = next(_local_index)
+    for c in comms:
+        c._index = index
+        c._engine.set_peers(engines)  # a timeout message then says what the awaited rank is doing
     results: list = [None] * n
     errors: list = [None] * n
 
@@ -552,17 +682,33 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
             except RingcommError:
                 pass
 
-    threads = [threading.Thread(target=body, args=(r,), name=f"ringcomm-rank-{r}") for r in range(n)]
+    threads = [threading.Thread(target=body, args=(r,), name=f"ringcomm-rank-{r}", daemon=True)
+               for r in range(n)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            while t.is_alive():  # join() with a timeout: the main thread stays responsive to Ctrl-C
+                t.join(0.1)
+    except BaseException:  # KeyboardInterrupt: stop every rank, then re-raise
+        for c in comms:
+            with contextlib.suppress(RingcommError):
+                if not c._engine.closed and not c._engine.aborted:
+                    c._engine.abort()  # no wait: each rank's collective fails at once
+        deadline = time.monotonic() + 5.0
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if not any(t.is_alive() for t in threads):
+            for c in comms:
+                c.close()
+        raise
+    records = {r: c.flight_record() for r, c in enumerate(comms)}
     for c in comms:
         c.close()
-    for exc in errors:
-        if exc is not None and not isinstance(exc, CommunicatorAborted):
-            raise exc
-    for exc in errors:
-        if exc is not None:
-            raise exc
+    first = next((e for e in errors if e is not None and not isinstance(e, CommunicatorAborted)), None)
+    first = first or next((e for e in errors if e is not None), None)
+    if first is not None:
+        with contextlib.suppress(AttributeError, TypeError):
+            first.flight_records = records
+        raise first
     return results

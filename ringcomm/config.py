@@ -15,6 +15,11 @@ variable                   default     meaning
 ``RINGCOMM_WINDOW``        ``4``       receives kept in flight per ring pass (>= 2)
 ``RINGCOMM_DEBUG``         unset       ``1``: log every collective call (rank, sequence
                                        number, arguments) to stderr
+``RINGCOMM_FLIGHT_RECORDER`` ``256``   collectives each communicator's flight recorder
+                                       keeps (``0``: off); ``Communicator.flight_record()``
+``RINGCOMM_DUMP_ON_ERROR`` unset       a directory: on its first error each communicator
+                                       writes its flight record there as JSON (one file per
+                                       rank); ``ringcomm analyze DIR`` explains them
 ``RINGCOMM_LIBMPI``        unset       path of libmpi to load, when it is not in
                                        <sys.prefix>/lib
 =========================  ==========  =====================================================
@@ -53,6 +58,8 @@ class Settings:
     segment_bytes: int
     window: int
     debug: bool
+    flight_records: int = 256
+    dump_dir: str | None = None
 
 
 def settings(timeout: float | None = None, segment_bytes: int | str | None = None,
@@ -68,4 +75,8 @@ def settings(timeout: float | None = None, segment_bytes: int | str | None = Non
         raise ValueError(f"segment_bytes must be between 1 and 1G, got {seg}")
     if w < 2:
         raise ValueError(f"window must be at least 2, got {w}")
-    return Settings(t, seg, w, env.get("RINGCOMM_DEBUG", "") not in ("", "0"))
+    k = int(env.get("RINGCOMM_FLIGHT_RECORDER", 256))
+    if k < 0:
+        raise ValueError(f"RINGCOMM_FLIGHT_RECORDER must be >= 0, got {k}")
+    return Settings(t, seg, w, env.get("RINGCOMM_DEBUG", "") not in ("", "0"), k,
+                    env.get("RINGCOMM_DUMP_ON_ERROR") or None)

@@ -42,6 +42,8 @@ _preload_nccl()
 try:
     from . import _cuda  # noqa: E402
     _why_not = ""
+    import threading as _threading
+    _cuda.set_main_thread(_threading.main_thread().ident)  # Ctrl-C is only seen there
 except ImportError as exc:  # not built (no nvcc/NCCL at build time) or libnccl missing
     _cuda = None
     _why_not = str(exc)

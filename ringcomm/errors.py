@@ -3,7 +3,10 @@
 Every error from a collective carries ``rank`` (the rank that raised it),
 ``peer`` (the other rank involved, or None) and ``seq`` (the collective's
 sequence number on its communicator, counting from 1), so a message from any
-rank of a large job says where to look.
+rank of a large job says where to look. ``origin`` and ``cause`` say where the
+failure began: the rank that detected it and what it was ("timeout",
+"mismatch", "aborted", "transport", "invalid"); a rank that only heard of it
+through the ring raises CommunicatorAborted with the origin's rank and cause.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ class RingcommError(RuntimeError):
     """Base class of every ringcomm error."""
 
     def __init__(self, message: str, *, rank: int | None = None, peer: int | None = None,
-                 seq: int | None = None):
+                 seq: int | None = None, origin: int | None = None, cause: str | None = None):
         super().__init__(message)
         self.rank = rank
         self.peer = peer
         self.seq = seq
+        self.origin = origin
+        self.cause = cause
 
     def __str__(self) -> str:
         msg = super().__str__()
@@ -61,8 +66,13 @@ class WaitTimeout(RingcommError, TimeoutError):
 _KINDS = [InvalidArgument, CollectiveTimeout, MismatchError, CommunicatorAborted, TransportError]
 
 
-def _from_native(kind: int, message: str, rank: int, peer: int, seq: int) -> RingcommError:
+_CAUSES = ["invalid", "timeout", "mismatch", "aborted", "transport"]
+
+
+def _from_native(kind: int, message: str, rank: int, peer: int, seq: int, origin: int = -1,
+                 cause: int = -1) -> RingcommError:
     """Called by the native layer to build the exception for a native error."""
     cls = _KINDS[kind] if 0 <= kind < len(_KINDS) else RingcommError
     return cls(message, rank=None if rank < 0 else rank, peer=None if peer < 0 else peer,
-               seq=None if seq == 0 else seq)
+               seq=None if seq == 0 else seq, origin=None if origin < 0 else origin,
+               cause=_CAUSES[cause] if 0 <= cause < len(_CAUSES) else None)
