@@ -161,16 +161,17 @@ bool Engine::wait_interruptible(Work& w, double timeout_s, const std::function<b
     if (w.wait(slice)) return true;
     if (interrupted()) {
       *fired = true;
-      abort();  // the waiting collective fails at once and tells the ring
+      abort(true);  // the waiting collective fails at once and tells the ring
       w.wait(std::min(opts_.timeout_s, 5.0));
       return false;
     }
   }
 }
 
-std::shared_ptr<Work> Engine::abort() {
+std::shared_ptr<Work> Engine::abort(bool by_interrupt) {
   // Interrupt a collective that is waiting now (it fails, and fail() tells the
   // ring), then queue the abort itself for when nothing runs.
+  if (by_interrupt) link_.mark_user_interrupt();
   link_.transport().interrupt();
   Task t;
   t.abort = true;

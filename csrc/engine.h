@@ -100,7 +100,8 @@ class Engine {
 
   // Abort on purpose (after the collectives already queued): the ring is told,
   // so peers waiting on this rank fail at once instead of at their deadline.
-  std::shared_ptr<Work> abort();
+  // `by_interrupt`: a user interrupt (Ctrl-C) is the reason; the ring is told so.
+  std::shared_ptr<Work> abort(bool by_interrupt = false);
   bool aborted();
   std::string abort_reason();
   // Device communicators: has a peer failed since the last collective? Reads

@@ -6,18 +6,50 @@
 
 namespace ringcomm {
 
+void FlightRecorder::set_capacity(size_t k) {
+  std::lock_guard<std::mutex> g(m_);
+  std::vector<FlightRecord> keep;
+  for (size_t i = used_ > k ? used_ - k : 0; i < used_; ++i) keep.push_back(records_[(first_ + i) % records_.size()]);
+  capacity_ = k;
+  records_ = std::move(keep);
+  first_ = 0;
+  used_ = records_.size();
+}
+
 void FlightRecorder::issued(const FlightRecord& r) {
   if (capacity_ == 0) return;
   std::lock_guard<std::mutex> g(m_);
-  while (records_.size() >= capacity_) records_.pop_front();
-  records_.push_back(r);
+  if (records_.size() < capacity_) {  // still filling (first_ is 0 then)
+    records_.push_back(r);
+    used_ = records_.size();
+    return;
+  }
+  // Full: overwrite the oldest slot in place (its strings keep their capacity).
+  FlightRecord& slot = records_[first_];
+  first_ = (first_ + 1) % records_.size();
+  std::string what = std::move(slot.what), error = std::move(slot.error);
+  slot = FlightRecord{};
+  slot.seq = r.seq;
+  slot.coll = r.coll;
+  slot.dtype = r.dtype;
+  slot.op = r.op;
+  slot.root = r.root;
+  slot.algo = r.algo;
+  slot.count = r.count;
+  slot.t_issue_ns = r.t_issue_ns;
+  slot.what = std::move(what);
+  slot.what.clear();
+  slot.error = std::move(error);
+  slot.error.clear();
 }
 
 FlightRecord* FlightRecorder::find(uint64_t seq) {
   // Records are in sequence order; the one asked for is almost always the
   // newest or next to it.
-  for (auto it = records_.rbegin(); it != records_.rend(); ++it)
-    if (it->seq == seq) return &*it;
+  for (size_t i = used_; i-- > 0;) {
+    FlightRecord& r = records_[(first_ + i) % records_.size()];
+    if (r.seq == seq) return &r;
+  }
   return nullptr;
 }
 
@@ -39,7 +71,9 @@ void FlightRecorder::fill(FlightRecord& r, const Progress& p) {
   r.waiting = p.waiting.load(std::memory_order_relaxed);
   const char* w = p.what.load(std::memory_order_relaxed);
   r.what = w ? w : "";
-  r.wait_since_ns = p.wait_since_ns.load(std::memory_order_relaxed);
+  // Waits are stamped on the steady clock (cheap); report them in wall time.
+  const Clock::time_point since{Clock::duration(p.wait_since.load(std::memory_order_relaxed))};
+  r.wait_since_ns = wall_ns() - std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count();
   r.bytes_sent = p.bytes_sent.load(std::memory_order_relaxed);
   r.bytes_received = p.bytes_received.load(std::memory_order_relaxed);
 }
@@ -60,7 +94,9 @@ void FlightRecorder::ended(uint64_t seq, const Progress& p, const std::string* e
 
 std::vector<FlightRecord> FlightRecorder::snapshot(const Progress& p) {
   std::lock_guard<std::mutex> g(m_);
-  std::vector<FlightRecord> out(records_.begin(), records_.end());
+  std::vector<FlightRecord> out;
+  out.reserve(used_);
+  for (size_t i = 0; i < used_; ++i) out.push_back(records_[(first_ + i) % records_.size()]);
   for (FlightRecord& r : out)
     if (r.state == FlightState::running) fill(r, p);
   return out;

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
+
 namespace ringcomm {
 
 enum class FlightState : int32_t { queued = 0, running, done, failed };
@@ -28,7 +30,7 @@ struct Progress {
   std::atomic<int32_t> phase{-1}, step{-1}, segment{-1}, peer{-1};
   std::atomic<int32_t> waiting{0};  // 0: not waiting; 1: for a message from `peer`; 2: for `peer` to take ours
   std::atomic<const char*> what{nullptr};  // static text: what is awaited
-  std::atomic<int64_t> wait_since_ns{0};
+  std::atomic<Clock::rep> wait_since{0};  // steady clock (cheap; converted to wall time when read)
   std::atomic<uint64_t> bytes_sent{0}, bytes_received{0};  // payload of completed requests
   void reset() {
     phase.store(-1, std::memory_order_relaxed);
@@ -67,11 +69,7 @@ class FlightRecorder {
  public:
   explicit FlightRecorder(size_t capacity) : capacity_(capacity) {}
   size_t capacity() const { return capacity_; }
-  void set_capacity(size_t k) {
-    std::lock_guard<std::mutex> g(m_);
-    capacity_ = k;
-    while (records_.size() > capacity_) records_.pop_front();
-  }
+  void set_capacity(size_t k);
   void issued(const FlightRecord& r);  // state queued, t_issue set by the caller
   void started(uint64_t seq);
   void ended(uint64_t seq, const Progress& p, const std::string* error);
@@ -85,7 +83,10 @@ class FlightRecorder {
   static void fill(FlightRecord& r, const Progress& p);
   size_t capacity_;
   std::mutex m_;
-  std::deque<FlightRecord> records_;
+  // A ring of `capacity_` slots reused in place (no allocation per call once
+  // warm): records_[(first_ + i) % size] is the i-th oldest of `used_`.
+  std::vector<FlightRecord> records_;
+  size_t first_ = 0, used_ = 0;
 };
 
 }  // namespace ringcomm

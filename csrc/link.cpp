@@ -64,15 +64,17 @@ static std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
 
 Link::Link(std::shared_ptr<Transport> t, Options opts)
     : t_(std::move(t)), device_(t_->device()), opts_(opts), rank_(t_->rank()), size_(t_->size()), ledger_(t_->size()) {
-  ctrl_in_ = std::make_shared<ControlMsg>();
-  if (size_ > 1) post_control_recv();
+  for (auto& in : ctrl_in_) in = std::make_shared<ControlMsg>();
+  if (size_ > 1) post_control_recv(0);
+  if (size_ > 2) post_control_recv(1);
 }
 
 // Whatever the transport cannot withdraw outlives the Link in the quarantine.
 Link::~Link() {
   for (auto& r : live_)
     if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), true);
-  if (ctrl_req_ && !ctrl_req_->done && !t_->cancel(*ctrl_req_)) quarantine(std::move(ctrl_req_), false);
+  for (auto& r : ctrl_req_)
+    if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), false);
   for (auto& p : ctrl_out_)
     if (p.second && !p.second->done && !t_->test(*p.second) && !t_->cancel(*p.second))
       quarantine(std::move(p.second), false);
@@ -83,12 +85,13 @@ void Link::quarantine(RequestPtr r, bool payload) {
   // keep all of it (it is small next to the payload, and only failures pay).
   struct Kept {
     std::shared_ptr<Memory> mem;
-    std::shared_ptr<ControlMsg> in;
+    std::shared_ptr<ControlMsg> in[2];
     std::vector<std::shared_ptr<ControlMsg>> out;
   };
   auto kept = std::make_shared<Kept>();
   kept->mem = mem_;
-  kept->in = ctrl_in_;
+  kept->in[0] = ctrl_in_[0];
+  kept->in[1] = ctrl_in_[1];
   for (auto& p : ctrl_out_) kept->out.push_back(p.first);
   std::shared_ptr<Hold> hold;
   if (payload) {  // payload requests may use the caller's arrays
@@ -98,11 +101,17 @@ void Link::quarantine(RequestPtr r, bool payload) {
   Quarantine::instance().add(t_, std::move(r), std::move(kept), std::move(hold));
 }
 
-void Link::post_control_recv() {
-  ctrl_req_ = t_->irecv(left(), Channel::control, ctrl_in_.get(), sizeof(ControlMsg));
+void Link::post_control_recv(int side) {
+  ctrl_req_[side] = t_->irecv(side ? right() : left(), Channel::control, ctrl_in_[side].get(), sizeof(ControlMsg));
 }
 
-void Link::send_control(const ControlMsg& m) {
+void Link::take_control(int side) {
+  ControlMsg m = *ctrl_in_[side];
+  post_control_recv(side);
+  handle_control(m, side);
+}
+
+void Link::send_control(const ControlMsg& m, int peer) {
   // Reap control sends that have completed (they are tiny and complete eagerly).
   while (!ctrl_out_.empty()) {
     Request* r = ctrl_out_.front().second.get();
@@ -110,16 +119,17 @@ void Link::send_control(const ControlMsg& m) {
     ctrl_out_.pop_front();
   }
   auto msg = std::make_shared<ControlMsg>(m);
-  RequestPtr req = t_->isend(right(), Channel::control, msg.get(), sizeof(ControlMsg));
-  ledger_.sent(Coll(m.fp.coll), right(), true, sizeof(ControlMsg));
+  RequestPtr req = t_->isend(peer, Channel::control, msg.get(), sizeof(ControlMsg));
+  ledger_.sent(Coll(m.fp.coll), peer, true, sizeof(ControlMsg));
   ctrl_out_.emplace_back(std::move(msg), std::move(req));
 }
 
-void Link::handle_control(const ControlMsg& m) {
+void Link::handle_control(const ControlMsg& m, int side) {
+  const int from = side ? right() : left();
   if (m.magic != kMagic)
-    throw RingError(ErrKind::transport, rank_, left(), fp_.seq,
-                    "corrupt control message from rank " + std::to_string(left()));
-  ledger_.received(Coll(m.fp.coll), left(), true, sizeof(ControlMsg));
+    throw RingError(ErrKind::transport, rank_, from, fp_.seq,
+                    "corrupt control message from rank " + std::to_string(from));
+  ledger_.received(Coll(m.fp.coll), from, true, sizeof(ControlMsg));
   if (m.type == kHeader) {
     left_seq_ = m.fp.seq;
     early_headers_.push_back(m);
@@ -127,6 +137,7 @@ void Link::handle_control(const ControlMsg& m) {
   }
   // An ABORT notice travelling around the ring: fail with the origin's reason.
   received_abort_ = std::make_unique<ControlMsg>(m);
+  abort_from_ = from;
   std::string why;
   ErrKind kind = ErrKind(m.kind);
   if (kind == ErrKind::mismatch) {
@@ -158,13 +169,16 @@ void Link::begin(const Fingerprint& fp) {
   progress_.reset();
   if (size_ == 1) return;
   // A failure the ring reported while this rank was away (a straggler):
-  // raise it now, before anything is posted.
-  poll_control();
+  // raise it now, before anything is posted. Only after a pause: polling
+  // costs an MPI progress call, and a rank issuing back to back hears of a
+  // failure within its next wait anyway.
+  const auto now = Clock::now();
+  if (now - last_end_ > std::chrono::milliseconds(1)) poll_control();
 
   ControlMsg mine;
   mine.type = kHeader;
   mine.fp = fp_;
-  send_control(mine);
+  send_control(mine, right());
   header_checked_ = false;  // checked lazily: see await_header()
 }
 
@@ -173,19 +187,18 @@ void Link::await_header() {
   header_checked_ = true;
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
   while (early_headers_.empty()) {
-    Request* r = ctrl_req_.get();
+    Request* r[2] = {ctrl_req_[0].get(), ctrl_req_[1].get()};
     progress_.peer.store(left(), std::memory_order_relaxed);
     progress_.waiting.store(1, std::memory_order_relaxed);
     progress_.what.store("its header", std::memory_order_relaxed);
-    progress_.wait_since_ns.store(wall_ns(), std::memory_order_relaxed);
-    int got = wait_for(&r, 1, Clock::now() + timeout);
-    if (got == kInterrupted) throw_interrupted(*ctrl_req_);
-    if (got == kUserInterrupt) throw_user_interrupt(*ctrl_req_);
-    if (got < 0) throw_timeout(*ctrl_req_, "its header", -1, -1);
+    const auto now = Clock::now();
+    progress_.wait_since.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+    int got = wait_for(r, 2, now, now + timeout);
+    if (got == kInterrupted) throw_interrupted(*ctrl_req_[0]);
+    if (got == kUserInterrupt) throw_user_interrupt(*ctrl_req_[0]);
+    if (got < 0) throw_timeout(*ctrl_req_[0], "its header", -1, -1);
     progress_.waiting.store(0, std::memory_order_relaxed);
-    ControlMsg m = *ctrl_in_;
-    post_control_recv();
-    handle_control(m);
+    take_control(got);
   }
   ControlMsg theirs = early_headers_.front();
   early_headers_.pop_front();
@@ -194,13 +207,10 @@ void Link::await_header() {
 
 void Link::poll_control() {
   if (size_ == 1 || aborted_) return;
-  if (t_->interrupted()) throw_interrupted(*ctrl_req_);
-  // One test per message: cheap enough for the start of every collective.
-  while (t_->test(*ctrl_req_)) {
-    ControlMsg m = *ctrl_in_;
-    post_control_recv();
-    handle_control(m);
-  }
+  if (t_->interrupted()) throw_interrupted(*ctrl_req_[0]);
+  // One test per message and side: cheap enough for the start of a collective.
+  for (int side = 0; side < (size_ > 2 ? 2 : 1); ++side)
+    while (t_->test(*ctrl_req_[side])) take_control(side);
 }
 
 void Link::check_call(const Fingerprint& theirs, int peer) {
@@ -251,15 +261,18 @@ Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
 void Link::counted(const Request& r) {
   if (r.counted) return;
   const_cast<Request&>(r).counted = true;
-  (r.is_send ? progress_.bytes_sent : progress_.bytes_received).fetch_add(r.bytes, std::memory_order_relaxed);
+  // Only this thread writes: a plain read-modify-write, no locked instruction.
+  auto& c = r.is_send ? progress_.bytes_sent : progress_.bytes_received;
+  c.store(c.load(std::memory_order_relaxed) + r.bytes, std::memory_order_relaxed);
 }
 
-int Link::wait_for(Request* const* reqs, int n, Clock::time_point deadline) {
+int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::time_point deadline) {
   if (!interrupt_check_) return t_->wait_any(reqs, n, deadline);
   for (;;) {
-    const auto slice = std::min(deadline, Clock::now() + kInterruptSlice);
-    int i = t_->wait_any(reqs, n, slice);
-    if (i != -1 || Clock::now() >= deadline) return i;
+    int i = t_->wait_any(reqs, n, std::min(deadline, now + kInterruptSlice));
+    if (i != -1) return i;
+    now = Clock::now();
+    if (now >= deadline) return i;
     if ((*interrupt_check_)()) return kUserInterrupt;
   }
 }
@@ -267,23 +280,23 @@ int Link::wait_for(Request* const* reqs, int n, Clock::time_point deadline) {
 void Link::wait(Request* r, const char* what, int step, int segment) {
   if (!r) return;
   if (r->done) return counted(*r);
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
+  auto now = Clock::now();
   progress_.step.store(step, std::memory_order_relaxed);
   progress_.segment.store(segment, std::memory_order_relaxed);
   progress_.peer.store(r->peer, std::memory_order_relaxed);
   progress_.waiting.store(r->is_send ? 2 : 1, std::memory_order_relaxed);
   progress_.what.store(what, std::memory_order_relaxed);
-  progress_.wait_since_ns.store(wall_ns(), std::memory_order_relaxed);
-  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
+  progress_.wait_since.store(now.time_since_epoch().count(), std::memory_order_relaxed);
   for (;;) {
-    Request* reqs[2] = {r, ctrl_req_.get()};
-    int i = wait_for(reqs, 2, Clock::now() + timeout);
+    Request* reqs[3] = {r, ctrl_req_[0].get(), ctrl_req_[1].get()};
+    int i = wait_for(reqs, 3, now, now + timeout);
+    now = Clock::now();
     if (i == 0) break;
     if (i == kInterrupted) throw_interrupted(*r);
     if (i == kUserInterrupt) throw_user_interrupt(*r);
     if (i < 0) throw_timeout(*r, what, step, segment);
-    ControlMsg m = *ctrl_in_;  // the left neighbour said something: header of a later call, or ABORT
-    post_control_recv();
-    handle_control(m);
+    take_control(i - 1);  // a neighbour said something: header of a later call, or ABORT
   }
   progress_.waiting.store(0, std::memory_order_relaxed);
   counted(*r);
@@ -317,8 +330,9 @@ void Link::throw_timeout(const Request& r, const char* what, int step, int segme
 
 void Link::throw_interrupted(const Request& r) {
   throw RingError(ErrKind::aborted, rank_, r.peer, fp_.seq,
-                  "rank " + std::to_string(rank_) + " aborted the communicator while " + describe(fp_) +
-                      " waited for rank " + std::to_string(r.peer));
+                  "rank " + std::to_string(rank_) +
+                      (user_interrupted_ ? " was interrupted (KeyboardInterrupt) while " : " aborted the communicator while ") +
+                      describe(fp_) + " waited for rank " + std::to_string(r.peer));
 }
 
 void Link::throw_user_interrupt(const Request& r) {
@@ -332,6 +346,7 @@ void Link::drain() {
   await_header();
   for (auto& r : live_) wait(r.get(), "the rest of this collective");
   live_.clear();
+  last_end_ = Clock::now();
 }
 
 Request* Link::send_token(int peer) {
@@ -370,9 +385,14 @@ void Link::fail(const RingError& e) {
     notice.peer = e.peer;
     notice.interrupted = user_interrupted_ ? 1 : 0;
   }
-  if (right() != notice.origin) {
+  // Both ways round the ring (each rank forwards away from where it heard
+  // it), so one rank that is away (asleep, computing, a straggler) cannot
+  // hold the news back from the ranks beyond it: every waiting rank hears
+  // within one trip.
+  for (int peer : {right(), left()}) {
+    if (peer == notice.origin || peer == abort_from_ || (peer == left() && size_ == 2)) continue;
     try {
-      send_control(notice);  // best effort: the ring may already be broken
+      send_control(notice, peer);  // best effort: the ring may already be broken
     } catch (const std::exception&) {
     }
   }

@@ -12,11 +12,17 @@
 //     Sends may leave before that check: a receiver checks first. This keeps
 //     the header off the latency path: it travels alongside the first
 //     payload. Disagreement raises MismatchError, and any failure sends an
-//     ABORT notice to the right, which each rank forwards, so every rank that
-//     is waiting on the ring fails within one trip around it instead of
-//     hanging until its deadline.
+//     ABORT notice to both neighbours, which each rank forwards onwards, so
+//     every rank that is waiting on the ring fails within one trip around it
+//     instead of hanging until its deadline, even when one rank is away.
+//   * failure hygiene: requests a failed collective cannot withdraw go to
+//     the quarantine (quarantine.h) with the memory they may touch; a
+//     failure the ring reported while this rank was away is raised when it
+//     next calls, before it posts anything; waits poll an interrupt check
+//     (Ctrl-C) and publish where they are (Progress, for the flight recorder).
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -88,6 +94,8 @@ class Link {
   // when no request that may touch them outlived it).
   std::shared_ptr<Hold> hold() const { return hold_; }
   bool aborted() const { return aborted_; }
+  // The coming abort is a user interrupt (Ctrl-C): the ring is told so. Any thread.
+  void mark_user_interrupt() { user_interrupted_.store(true); }
   const std::string& abort_reason() const { return abort_reason_; }
   uint64_t seq() const { return fp_.seq; }
 
@@ -142,11 +150,12 @@ class Link {
   void trace_start_impl(Phase phase, int step, int send_peer, int send_chunk, size_t send_bytes, int recv_peer,
                         int recv_chunk, size_t recv_bytes);
   void trace_finish_impl(const void* values, size_t bytes);
-  void post_control_recv();
-  void handle_control(const ControlMsg& m);  // throws on ABORT
+  void post_control_recv(int side);  // side 0: from the left neighbour, 1: from the right
+  void take_control(int side);       // a control message arrived on `side`: repost, then handle it
+  void handle_control(const ControlMsg& m, int side);  // throws on ABORT
   // Block on reqs until one is done or `deadline`, in slices that poll the
   // interrupt check. Returns wait_any's answer.
-  int wait_for(Request* const* reqs, int n, Clock::time_point deadline);
+  int wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::time_point deadline);
   void counted(const Request& r);  // a payload request completed: progress
   void quarantine(RequestPtr r, bool payload);
   std::string peer_note(int peer);
@@ -154,7 +163,7 @@ class Link {
   [[noreturn]] void throw_interrupted(const Request& r);
   [[noreturn]] void throw_user_interrupt(const Request& r);
   void check_call(const Fingerprint& theirs, int peer);  // throws MismatchError
-  void send_control(const ControlMsg& m);
+  void send_control(const ControlMsg& m, int peer);
 
   std::shared_ptr<Transport> t_;
   std::shared_ptr<Device> device_;  // t_->device(): null for host memory
@@ -167,18 +176,22 @@ class Link {
 
   std::vector<RequestPtr> live_;  // payload requests of the current collective
 
-  // control stream from the left neighbour: one receive always posted
-  std::shared_ptr<ControlMsg> ctrl_in_;
-  RequestPtr ctrl_req_;
+  // Control streams: one receive always posted from the left neighbour
+  // (headers and ABORT notices) and, with more than two ranks, one from the
+  // right (ABORT notices travelling the other way round).
+  std::shared_ptr<ControlMsg> ctrl_in_[2];
+  RequestPtr ctrl_req_[2];
   std::deque<ControlMsg> early_headers_;  // headers of later collectives that arrived early
   uint64_t left_seq_ = 0;  // the newest call the left neighbour has announced
+  Clock::time_point last_end_{};  // when the last collective drained
   // control messages to the right (kept alive until their send completes)
   std::deque<std::pair<std::shared_ptr<ControlMsg>, RequestPtr>> ctrl_out_;
 
   bool aborted_ = false;
-  bool user_interrupted_ = false;
+  std::atomic<bool> user_interrupted_{false};  // Ctrl-C, on this thread or via Engine::abort
   std::string abort_reason_;
   std::unique_ptr<ControlMsg> received_abort_;  // the notice that failed us, to forward
+  int abort_from_ = -1;  // the neighbour it came from (not told again)
 
   // Memory the transport may be given (scratch, fingerprints): shared, so a
   // quarantined request can keep it alive after the Link is gone.

@@ -650,9 +650,9 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
     re-raised after every thread has finished, with ``flight_records``
     attached: {rank: that rank's Communicator.flight_record()}. Ctrl-C (a
     KeyboardInterrupt in the calling thread, e.g. a notebook's interrupt)
-    aborts every rank and is re-raised once the rank threads have ended
-    (bounded: threads still running user code after 5 s are left behind as
-    daemons).
+    aborts every rank and is re-raised within a fraction of a second (rank
+    threads still busy in their own code are left behind as daemons; their
+    next collective raises CommunicatorAborted).
     """
     if int(n) < 1:
         raise InvalidArgument(f"run_local needs at least one rank, got {n}")
@@ -695,11 +695,14 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
             with contextlib.suppress(RingcommError):
                 if not c._engine.closed and not c._engine.aborted:
                     c._engine.abort()  # no wait: each rank's collective fails at once
-        deadline = time.monotonic() + 5.0
+        # Ranks waiting in a collective end at once; a rank busy in its own
+        # code is not waited for (Ctrl-C must return promptly): its thread is
+        # a daemon, and its next collective raises CommunicatorAborted.
+        deadline = time.monotonic() + 0.15
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        if not any(t.is_alive() for t in threads):
-            for c in comms:
+        for c, t in zip(comms, threads):
+            if not t.is_alive():
                 c.close()
         raise
     records = {r: c.flight_record() for r, c in enumerate(comms)}

@@ -131,7 +131,7 @@ def _analyze_one(name: str, dumps: dict[int, dict]) -> str:
         latest = max((r for r in ranks if at[r]), key=lambda r: at[r]["t_issue"])
         if at[latest]["t_issue"] > min(failed_end):
             behind = [latest]
-            late_note = (f" and issued it only at {rel(at[latest]['t_issue'])}, "
+            late_note = (f"; it issued {'#' + str(newest)} only at {rel(at[latest]['t_issue'])}, "
                          f"{at[latest]['t_issue'] - min(failed_end):.2f} s after the first rank had given up on it")
     # Ranks without a dump that others were waiting for are suspects too.
     waited = {x["waiting_for"] for x in at.values() if x and x.get("waiting_for") is not None}
@@ -144,9 +144,9 @@ def _analyze_one(name: str, dumps: dict[int, dict]) -> str:
                 who.append(f"rank {r} (no dump: killed, hung, or still running)")
                 continue
             prev = last[r] if at[r] is None else rec_of(r, newest - 1)
-            seen = (f"its last collective {_call(prev)} {prev['state']} at {rel(prev['t_end'] or prev['t_issue'])}"
+            seen = (f"its previous collective {_call(prev)} {prev['state']} at {rel(prev['t_end'] or prev['t_issue'])}"
                     if prev else "it recorded nothing before")
-            who.append(f"rank {r} ({seen}{late_note if at[r] else ', and it never issued ' + call.split(' ')[0]})")
+            who.append(f"rank {r} ({seen}{late_note if at[r] else '; it never issued ' + call.split(' ')[0]})")
         parts.append(f"Behind: {'; '.join(who)}. The call in question is {call}, first issued at +0.00 s.")
     else:
         parts.append(f"Every rank that wrote a dump reached {call}; nobody is behind.")

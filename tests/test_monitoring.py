@@ -31,11 +31,13 @@ def parse_profile(path):
     return out
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5])
-def test_ledger_equals_open_mpi_monitoring(n, tmp_path):
+@pytest.mark.parametrize("n,btl", [(2, None), (3, None), (4, None), (5, None),
+                                   (2, "tcp,self"), (4, "tcp,self")])  # TCP: the transport between machines
+def test_ledger_equals_open_mpi_monitoring(n, btl, tmp_path):
     count, iters = 1200 * n, 3  # divisible by n
     prefix = str(tmp_path / "prof")
     cmd = [sys.executable, "-m", "ringcomm.cli", "run", "-n", str(n),
+           *(["--mca", "btl", btl] if btl else []),
            "--mca", "pml_monitoring_enable", "2",
            "--mca", "pml_monitoring_enable_output", "3",
            "--mca", "pml_monitoring_filename", prefix,

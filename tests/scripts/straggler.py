@@ -21,7 +21,6 @@ usage: straggler.py VARIANT [LATE_S] [COUNT] [CALL] [TIMEOUT_S]
 
 import gc
 import json
-import os
 import sys
 import time
 
@@ -60,7 +59,12 @@ def main() -> None:
             out["wrong"] = i
             break
         out["calls_ok"] += 1
-    # The arrays of the failed call are gone; churn the heap so freed memory is reused.
+    # The failed call's array is given back to the program: it reuses it at
+    # once (a sentinel it checks at the end: no late message may land in it).
+    # Everything else is dropped and the heap churned, so memory a late send
+    # could read from is reused too.
+    reused = x
+    reused[:] = -1.0
     del x
     gc.collect()
     junk = [np.full(count, 7, dtype=np.float32) for _ in range(8)]
@@ -90,10 +94,9 @@ def main() -> None:
         t0 = time.monotonic()
         comm.close()
         out["close_s"] = time.monotonic() - t0
+    out["reused_intact"] = bool(np.all(reused == -1.0))
     out["pending_at_exit"] = ringcomm.quarantined()
     print("RESULT " + json.dumps(out), flush=True)
-    sys.stdout.flush()
-    os.environ.get("STRAGGLER_NO_EXIT")  # keep the interpreter's normal exit path
 
 
 if __name__ == "__main__":

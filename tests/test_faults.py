@@ -1,0 +1,326 @@
+"""The fault matrix: what each fault produces, on which ranks, within what time.
+
+Every case runs real processes under real Open MPI (or in-process ranks),
+bounded in time, and prints its measured figures (pytest -s shows them):
+
+* a straggler that arrives after the others timed out, while they wait, make
+  further calls, close, or have exited: no signal anywhere, exit code 0, the
+  straggler raises CommunicatorAborted (with the original cause and rank)
+  within 1 s of arriving, and no late message lands in an array the program
+  reused;
+* Ctrl-C (SIGINT) during a waiting collective, sync and async, over MPI and
+  in-process: KeyboardInterrupt within 0.5 s, the peers fail within one trip;
+* a rank killed with SIGKILL mid-collective: the job ends within 10 s;
+* Open MPI's TCP path (the transport between machines): correctness suite
+  and the monitoring cross-check of the ledger;
+* a soak of 10^4 mixed collectives: RSS, threads and file descriptors flat;
+* the flight recorder's dumps of a real straggler, and ``ringcomm analyze``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import ringcomm
+from ringcomm import CollectiveTimeout, CommunicatorAborted
+
+HERE = os.path.dirname(__file__)
+SCRIPTS = os.path.join(HERE, "scripts")
+RUN = [sys.executable, "-m", "ringcomm.cli", "run"]
+
+
+def results(stdout: str) -> dict:
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[7:])
+            out[d["rank"]] = d
+    return out
+
+
+def mpirun(n, script, *args, mca=(), timeout=120, env=None):
+    extra = [x for k, v in mca for x in ("--mca", k, v)]
+    cmd = RUN + ["-n", str(n)] + extra + ["--", sys.executable, os.path.join(SCRIPTS, script), *map(str, args)]
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return res, time.monotonic() - t0
+
+
+def assert_clean_exit(res):
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, f"exit code {res.returncode}\n{text[-4000:]}"
+    for bad in ("signal", "Segmentation", "core dumped", "Traceback"):
+        assert bad not in text, f"{bad!r} in the job's output:\n{text[-4000:]}"
+
+
+# ---------------------------------------------------------------- stragglers
+@pytest.mark.parametrize("variant,count", [("wait", 64 * 1024), ("next", 64 * 1024), ("close", 64 * 1024),
+                                           ("exit", 64 * 1024), ("exit", 3 << 20)])
+def test_straggler_after_the_others_timed_out(variant, count):
+    # N = 3, timeout 2 s, the last rank sleeps 4 s before its 6th call; 3 Mi
+    # float32 (12 MiB, 4 segments per chunk) leaves several rendezvous sends
+    # in flight when the others give up.
+    late, timeout = 4.0, 2.0
+    res, wall = mpirun(3, "straggler.py", variant, late, count, 5, timeout, timeout=120)
+    assert_clean_exit(res)
+    r = results(res.stdout)
+    assert sorted(r) == [0, 1, 2], res.stdout + res.stderr
+    for rank in (0, 1):
+        d = r[rank]
+        assert d["calls_ok"] == 5 and "wrong" not in d
+        assert d["error"] in ("CollectiveTimeout", "CommunicatorAborted"), d
+        assert d["error_after_s"] < timeout + 1.0, d
+        assert d["reused_intact"], f"rank {rank}: a late message landed in a reused array"
+    assert r[0]["error"] == "CollectiveTimeout" and r[0]["peer"] == 2
+    assert "has not reached #6" in r[0]["message"]  # the peer's last known state
+    s = r[2]
+    assert s["calls_ok"] == 5
+    assert s["error"] == "CommunicatorAborted" and s["origin"] in (0, 1), s
+    assert "timed out" in s["message"], s  # the original cause travels with it
+    assert s["error_after_s"] < 1.0, s
+    assert s["reused_intact"]
+    if variant == "next":
+        for rank in (0, 1):
+            assert r[rank]["next_calls"] > 10 and r[rank]["next_max_s"] < 0.5, r[rank]
+    if variant == "close":
+        assert max(r[k]["close_s"] for k in r) < 2.0
+    print(f"\nstraggler/{variant}/{count * 4 >> 10} KiB: job {wall:.1f} s; timeouts after "
+          f"{r[0]['error_after_s']:.2f} / {r[1]['error_after_s']:.2f} s; straggler raised "
+          f"{s['error_after_s'] * 1e3:.1f} ms after arriving; quarantined at exit "
+          f"{[r[k]['pending_at_exit'] for k in range(3)]}")
+
+
+def test_straggler_dumps_and_analyze(tmp_path):
+    env = dict(os.environ, RINGCOMM_DUMP_ON_ERROR=str(tmp_path))
+    res, _ = mpirun(3, "straggler.py", "wait", 3.0, 64 * 1024, 5, 1.5, env=env)
+    assert_clean_exit(res)
+    files = sorted(os.listdir(tmp_path))
+    assert files == ["mpi-1-rank0.json", "mpi-1-rank1.json", "mpi-1-rank2.json"], files
+    doc = json.load(open(tmp_path / "mpi-1-rank0.json"))
+    last = doc["records"][-1]
+    assert last["seq"] == 6 and last["state"] == "failed" and last["waiting_for"] == 2
+    assert last["waiting_to"] == "receive" and last["waiting_what"] == "its header"
+    assert [x["state"] for x in doc["records"][:5]] == ["done"] * 5
+    text = subprocess.run([sys.executable, "-m", "ringcomm.cli", "analyze", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60).stdout
+    print("\n" + text)
+    assert "Behind: rank 2" in text and "#6 all_reduce" in text
+    assert "after the first rank had given up" in text
+    assert "rank 0: issued at" in text and "waiting for rank 2 to send its header" in text
+
+
+# ---------------------------------------------------------------- Ctrl-C
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sigint_during_a_waiting_collective_over_mpi(mode):
+    # 3 ranks, timeout 60 s; rank 1 joins 4 s late; rank 0 gets SIGINT 0.5 s
+    # into its wait. It must raise KeyboardInterrupt within 0.5 s; rank 2
+    # (waiting on the ring) must fail within one trip, not after 60 s.
+    cmd = RUN + ["-n", "3", "--", sys.executable, os.path.join(SCRIPTS, "interrupt.py"), mode, "4"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, pids = [], {}
+    try:
+        t_end = time.monotonic() + 60
+        while len(pids) < 3 and time.monotonic() < t_end:
+            line = p.stdout.readline()
+            lines.append(line)
+            if line.startswith("PID "):
+                _, rank, pid = line.split()
+                pids[int(rank)] = int(pid)
+        assert len(pids) == 3, "".join(lines)
+        time.sleep(0.5)
+        t_sig = time.monotonic()
+        os.kill(pids[0], signal.SIGINT)
+        rest, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out = "".join(lines) + rest
+    r = results(out)
+    assert sorted(r) == [0, 1, 2], out
+    assert r[0]["outcome"] == "KeyboardInterrupt", r[0]
+    delay = r[0]["raised_at"] - t_sig
+    assert delay < 0.5, f"KeyboardInterrupt {delay:.3f} s after SIGINT"
+    assert r[2]["outcome"] == "CommunicatorAborted" and r[2]["origin"] == 0, r[2]
+    assert "interrupted" in r[2]["message"]
+    peer_delay = r[2]["raised_at"] - t_sig
+    assert peer_delay < 1.0, f"rank 2 failed {peer_delay:.3f} s after the SIGINT"
+    assert r[1]["outcome"] == "CommunicatorAborted" and r[1]["waited_s"] < 1.0, r[1]
+    assert p.returncode == 0, out
+    print(f"\nSIGINT/{mode} over MPI: KeyboardInterrupt {delay * 1e3:.0f} ms after the signal; rank 2 failed "
+          f"{peer_delay * 1e3:.0f} ms after it; the late rank 1 {r[1]['waited_s'] * 1e3:.1f} ms after calling")
+
+
+def test_sigint_during_run_local():
+    # A notebook's "interrupt kernel": SIGINT to the process while run_local
+    # waits for ranks stuck in a collective (one rank never joins).
+    code = textwrap.dedent("""
+        import json, os, signal, threading, time
+        import numpy as np, ringcomm
+        def fn(comm):
+            if comm.rank == 2:
+                time.sleep(30)
+            comm.all_reduce(np.ones(1000))
+        t_sig = []
+        def send():
+            time.sleep(0.5)
+            t_sig.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=send, daemon=True).start()
+        try:
+            ringcomm.run_local(3, fn, timeout=60)
+            print("RESULT " + json.dumps({"rank": 0, "outcome": "returned"}))
+        except KeyboardInterrupt:
+            print("RESULT " + json.dumps({"rank": 0, "outcome": "KeyboardInterrupt",
+                                          "delay": time.monotonic() - t_sig[0]}), flush=True)
+    """)
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    wall = time.monotonic() - t0
+    r = results(res.stdout)
+    assert r and r[0]["outcome"] == "KeyboardInterrupt", res.stdout + res.stderr
+    assert r[0]["delay"] < 0.5, r
+    assert res.returncode == 0, res.stderr
+    print(f"\nSIGINT/run_local: KeyboardInterrupt {r[0]['delay'] * 1e3:.0f} ms after the signal; "
+          f"process done in {wall:.1f} s (a rank thread asleep in user code is left behind as a daemon)")
+
+
+def test_abort_wakes_in_process_peers_within_a_trip():
+    # The in-process counterpart of the Ctrl-C path: a rank that fails while
+    # the others wait aborts its communicator and the ring is told.
+    def fn(comm):
+        if comm.rank == 1:
+            time.sleep(0.2)
+            raise KeyboardInterrupt  # what Ctrl-C raises in a rank's code
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(np.ones(100))
+        except CommunicatorAborted as exc:
+            return time.monotonic() - t0, exc.origin
+    with pytest.raises(KeyboardInterrupt):
+        ringcomm.run_local(3, fn, timeout=60)
+
+
+# ---------------------------------------------------------------- SIGKILL
+def test_rank_killed_mid_collective_ends_the_job():
+    cmd = RUN + ["-n", "3", "--", sys.executable, os.path.join(SCRIPTS, "kill_rank.py")]
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    t_kill = next((float(line.split()[1]) for line in res.stdout.splitlines() if line.startswith("KILL ")), None)
+    assert t_kill is not None, res.stdout + res.stderr
+    ended = time.monotonic()
+    assert res.returncode != 0  # the job failed (mpirun reports the killed rank)
+    assert ended - t_kill < 10.0, f"the job ended {ended - t_kill:.1f} s after the kill"
+    print(f"\nSIGKILL mid-collective: job ended {ended - t_kill:.2f} s after the kill "
+          f"(mpirun exit code {res.returncode}; whole run {ended - t0:.1f} s)")
+
+
+# ---------------------------------------------------------------- TCP
+TCP = [("btl", "tcp,self")]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_suite_over_open_mpi_tcp(n):
+    res, wall = mpirun(n, "mpi_suite.py", mca=TCP, timeout=600)
+    assert_clean_exit(res)
+    r = results(res.stdout)
+    assert sorted(r) == list(range(n)), res.stdout + res.stderr
+    errs = [e for d in r.values() for e in d["errors"]]
+    assert not errs, "\n".join(errs[:30])
+    assert all(d["cases"] > 0 for d in r.values())
+    print(f"\nsuite over TCP, n={n}: {r[0]['cases']} sizes x every collective, dtype and op, {wall:.1f} s")
+
+
+# ---------------------------------------------------------------- soak
+def test_soak_over_mpi():
+    res, wall = mpirun(3, "soak.py", 10000, timeout=600)
+    assert_clean_exit(res)
+    r = results(res.stdout)
+    assert sorted(r) == [0, 1, 2]
+    for rank, d in r.items():
+        assert d["bad"] == 0, d
+        growth = (d["rss_kib"][1] - d["rss_kib"][0]) / 1024
+        assert growth < 5.0, f"rank {rank}: RSS grew {growth:.1f} MiB over {d['calls']} collectives"
+        assert d["threads"][1] == d["threads"][0], d
+        assert d["fds"][1] == d["fds"][0], d
+    print(f"\nsoak over MPI: 3 ranks x 10^4 mixed collectives in {wall:.1f} s; RSS KiB (after warm-up, end) "
+          f"{[r[k]['rss_kib'] for k in range(3)]}; threads {r[0]['threads']}; fds {r[0]['fds']}")
+
+
+def test_soak_in_process():
+    res = subprocess.run([sys.executable, os.path.join(SCRIPTS, "soak.py"), "2500", "local", "4"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    d = results(res.stdout)[0]
+    assert d["bad"] == 0
+    growth = (d["rss_kib"][1] - d["rss_kib"][0]) / 1024
+    assert growth < 5.0, f"RSS grew {growth:.1f} MiB: {d}"
+    assert d["threads"][1] == d["threads"][0] and d["fds"][1] == d["fds"][0], d
+    print(f"\nsoak in process: {d['calls']} collectives; RSS KiB {d['rss_kib']}; threads {d['threads']}; "
+          f"fds {d['fds']}")
+
+
+# ---------------------------------------------------------------- in-process failures
+def test_in_process_timeout_names_what_the_peer_is_doing():
+    def fn(comm):
+        comm.all_reduce(np.ones(10))
+        if comm.rank == 2:
+            time.sleep(1.0)
+            return None
+        comm.all_reduce(np.ones(10))
+    with pytest.raises(CollectiveTimeout) as info:
+        ringcomm.run_local(3, fn, timeout=0.3)
+    msg = str(info.value)
+    assert "Rank 2: its latest collective #1 all_reduce finished" in msg and "has not issued #2" in msg, msg
+    recs = info.value.flight_records
+    assert sorted(recs) == [0, 1, 2]
+    assert recs[0][-1]["state"] == "failed" and recs[0][-1]["waiting_for"] == 2
+    assert recs[2][-1]["seq"] == 1 and recs[2][-1]["state"] == "done"
+    assert ringcomm.quarantined() == 0  # in-process requests are always withdrawn exactly
+
+
+def test_flight_record_fields_and_capacity(monkeypatch):
+    monkeypatch.setenv("RINGCOMM_FLIGHT_RECORDER", "4")
+
+    def fn(comm):
+        for k in range(6):
+            comm.all_reduce(np.arange(1000, dtype=np.float32) + k, op="max")
+        comm.broadcast(np.zeros(5, np.int32), root=1)
+        comm.barrier()
+        return comm.flight_record()
+    recs = ringcomm.run_local(2, fn)
+    for rank, rs in enumerate(recs):
+        # The last 4 of 8 collectives; the running barrier is the last.
+        assert [r["seq"] for r in rs] == [5, 6, 7, 8]
+        assert [r["collective"] for r in rs] == ["all_reduce", "all_reduce", "broadcast", "barrier"]
+        a = rs[0]
+        assert (a["count"], a["dtype"], a["op"], a["algorithm"], a["state"]) == (1000, "float32", "max", "ring",
+                                                                                  "done")
+        assert a["t_issue"] <= a["t_start"] <= a["t_end"] and abs(a["t_end"] - time.time()) < 60
+        assert a["bytes_sent"] == a["bytes_received"] == 2 * 500 * 4  # ring: 2(N-1)/N of 4000 B
+        assert rs[2]["root"] == 1 and rs[2]["op"] is None and rs[0]["rank"] == rank
+
+
+def test_flight_record_shows_a_running_collective():
+    import threading
+
+    def fn(comm):
+        if comm.rank == 1:
+            time.sleep(0.6)
+            comm.all_reduce(np.ones(10))
+            return None
+        w = comm.all_reduce(np.ones(10), async_op=True)
+        time.sleep(0.3)
+        running = comm.flight_record()[-1]
+        w.wait()
+        return running
+    r = ringcomm.run_local(2, fn)[0]
+    assert r["state"] == "running" and r["waiting_for"] == 1 and r["waiting_to"] == "receive"
+    assert r["waiting_what"] == "its header" and time.time() - r["waiting_since"] > 0.2
+    assert threading.active_count() >= 1
