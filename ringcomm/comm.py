@@ -7,7 +7,6 @@ import collections
 import contextlib
 import itertools
 import logging
-import os
 import sys
 import threading
 import time

@@ -116,6 +116,16 @@ def test_straggler_dumps_and_analyze(tmp_path):
     assert "rank 0: issued at" in text and "waiting for rank 2 to send its header" in text
 
 
+def test_analyze_the_documented_example():
+    # The dumps in docs/ (a real straggler run) and the paragraph the README shows.
+    example = os.path.join(os.path.dirname(HERE), "docs", "flight_record_example")
+    text = subprocess.run([sys.executable, "-m", "ringcomm.cli", "analyze", example],
+                          capture_output=True, text=True, timeout=60).stdout
+    readme = open(os.path.join(os.path.dirname(HERE), "README.md")).read()
+    assert text.strip().startswith("Communicator mpi#1, 3 rank(s)")
+    assert " ".join(text.split()) in " ".join(readme.split()), "README's analyze example is stale"
+
+
 # ---------------------------------------------------------------- Ctrl-C
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_sigint_during_a_waiting_collective_over_mpi(mode):
