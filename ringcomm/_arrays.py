@@ -85,8 +85,11 @@ def view(x, what: str = "input") -> Buf:
     """Describe `x` for the native layer, or raise InvalidArgument saying what is wrong."""
     if isinstance(x, np.ndarray):
         return _from_numpy(x, x, what)
-    if _is_torch(x) and getattr(x, "is_cuda", False):
-        return _from_torch_cuda(x, what)
+    if _is_torch(x):
+        if getattr(x, "is_cuda", False):
+            return _from_torch_cuda(x, what)
+        if getattr(x, "device", None) is not None and x.device.type == "cpu":
+            return _from_torch_cpu(x, what)
     if hasattr(x, "__cuda_array_interface__"):
         return _from_cai(x, what)
     if hasattr(x, "__dlpack__"):
@@ -158,6 +161,35 @@ def _from_dlpack(x, what: str) -> Buf:
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     return Buf(x, info["ptr"], count, name, shape, bool(info["readonly"]), family, capsule, device=device,
                stream_fn=stream_fn)
+
+
+_TORCH_DTYPES: dict = {}  # torch.dtype -> our name (None: unsupported), filled on first use
+
+
+def _torch_dtype_name(dt) -> str | None:
+    name = _TORCH_DTYPES.get(dt, "?")
+    if name == "?":
+        name = str(dt).replace("torch.", "")
+        name = name if name in _dtypes.DTYPES else None
+        _TORCH_DTYPES[dt] = name
+    return name
+
+
+def _from_torch_cpu(x, what: str) -> Buf:
+    # Straight from the tensor (pointer, dtype, size): several times cheaper
+    # than a DLPack round trip, which matters for small collectives (the
+    # torch.distributed backend calls this on every op). A tensor that
+    # requires grad is read and written through its storage, as
+    # torch.distributed does.
+    name = _torch_dtype_name(x.dtype)
+    if name is None:
+        raise InvalidArgument(f"{what}: unsupported dtype {x.dtype}; supported: {_dtypes.SUPPORTED}")
+    if not x.is_contiguous():
+        raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
+                              "pass x.contiguous()")
+    if x.is_conj() or x.is_neg():
+        raise InvalidArgument(f"{what}: conjugate or negative views are not supported; pass x.resolve_conj()")
+    return Buf(x, x.data_ptr(), x.numel(), name, tuple(x.shape), False, "torch", None)
 
 
 def _from_torch_cuda(x, what: str) -> Buf:

@@ -1,4 +1,9 @@
-"""PyTorch integration: ``ringcomm.torch.DistributedDataParallel``.
+"""PyTorch integration: ``ringcomm.torch.DistributedDataParallel``, and the
+torch.distributed backend ``"ringcomm"`` (registered on import; see
+ringcomm/_torch_backend.py) so PyTorch's own DDP and FSDP2 run over ringcomm:
+
+    import torch.distributed as dist, ringcomm.torch
+    dist.init_process_group("ringcomm")     # under `ringcomm run -n N` or mpirun
 
     import ringcomm, ringcomm.torch
     comm = ringcomm.init()                                     # or run_local(...)
@@ -19,7 +24,12 @@ import torch as _torch
 
 from .bucketer import GradBucketer, broadcast_parameters
 
-__all__ = ["DistributedDataParallel"]
+from ._torch_backend import ProcessGroupRingcomm, communicator, launcher_env, register
+
+__all__ = ["DistributedDataParallel", "ProcessGroupRingcomm", "communicator", "register", "launcher_env"]
+
+register()
+launcher_env()  # RANK, WORLD_SIZE, MASTER_ADDR, ... from MPI where missing (torch's env:// needs them)
 
 
 class DistributedDataParallel(_torch.nn.Module):
