@@ -225,12 +225,12 @@ def _check_dtype(t: torch.Tensor, op: str) -> None:
 
 
 def _flat(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """A contiguous 1-D view of t's data (a copy when t is not contiguous:
-    then the second value is True and the result must be copied back)."""
-    d = t.detach()
-    if d.is_contiguous():
-        return d.view(-1), False
-    return d.contiguous().view(-1), True
+    """t itself when contiguous (ringcomm reads its storage directly, also
+    when it requires grad), else a contiguous copy: then the second value is
+    True and the result must be copied back."""
+    if t.is_contiguous():
+        return t, False
+    return t.detach().contiguous(), True
 
 
 class ProcessGroupRingcomm(dist.ProcessGroup):
@@ -297,13 +297,13 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         op, factor = self._op(opts.reduceOp, t, "allreduce")
         buf, copied = _flat(t)
         if factor is not None:  # PREMUL_SUM: the result replaces t anyway
-            buf.mul_(factor)
+            buf.detach().mul_(factor)
 
         def launch(a):
             w = self.comm.all_reduce(buf, op=op, async_op=a)
             return [w] if a else []
 
-        return self._go(opts.asyncOp, launch, [t], (lambda: t.copy_(buf.view_as(t))) if copied else None)
+        return self._go(opts.asyncOp, launch, [t], (lambda: t.detach().copy_(buf.view_as(t))) if copied else None)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
@@ -349,7 +349,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             w = self.comm.broadcast(buf, root=opts.rootRank, async_op=a)
             return [w] if a else []
 
-        return self._go(opts.asyncOp, launch, [t], (lambda: t.copy_(buf.view_as(t))) if copied else None)
+        return self._go(opts.asyncOp, launch, [t], (lambda: t.detach().copy_(buf.view_as(t))) if copied else None)
 
     def _gather_into(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool, what: str):
         """all_gather of inp (every rank's same size) into out (size * inp);
@@ -370,7 +370,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             w = self.comm.all_gather(ibuf, out=obuf, async_op=a)
             return [w] if a else []
 
-        return launch, ((lambda: out.copy_(obuf.view_as(out))) if ocopied else None)
+        return launch, ((lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
         opts = opts if opts is not None else _allgather_opts()
@@ -423,14 +423,14 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                              f"{self.size()} x {out.numel()}")
         ibuf, icopied = _flat(inp)
         if factor is not None:  # PREMUL_SUM: scale a copy, never the caller's input
-            ibuf = (ibuf if icopied else ibuf.clone()).mul_(factor)
+            ibuf = (ibuf if icopied else ibuf.detach().clone()).mul_(factor)
         obuf, ocopied = _flat(out)
 
         def launch(a):
             w = self.comm.reduce_scatter(ibuf, op=op, out=obuf, async_op=a)
             return [w] if a else []
 
-        return launch, ((lambda: out.copy_(obuf.view_as(out))) if ocopied else None)
+        return launch, ((lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = opts if opts is not None else _reduce_scatter_opts()

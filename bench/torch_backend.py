@@ -1,0 +1,142 @@
+"""torch.distributed over "ringcomm" vs over gloo, side by side in one job.
+
+    ringcomm run -n 2 python bench/torch_backend.py [--reps 7] [--json out.json]
+
+Measures, with the implementations interleaved in every repetition (this
+machine is shared and noisy; medians and [p10, p90] over repetitions, the
+time of a repetition being the slowest rank's):
+
+* dist.all_reduce of float32 buffers (8 B, 4 MiB, 64 MiB) through the
+  "ringcomm" group, through a gloo group over the same ranks, and, for the
+  per-call overhead, ringcomm called directly with a numpy array;
+* torch DDP training steps (forward, backward, SGD step) of an 8-layer MLP
+  (about 2.1 M parameters) over each backend.
+
+Goals (issue 14): all_reduce >= 2x gloo at 4 MiB and 64 MiB; DDP step over
+ringcomm no slower than over gloo; 8-byte call through the backend within 2x
+of ringcomm with numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import ringcomm.torch as rt
+
+warnings.filterwarnings("ignore")
+
+
+def slowest(seconds: float, group) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t)
+
+
+def timed(fn, iters: int, group) -> float:
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return slowest((time.perf_counter() - t0) / iters, group)
+
+
+def stats(xs):
+    a = np.array(xs)
+    return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--sizes", default="8,4M,64M", help="all_reduce sizes in bytes (K/M suffixes)")
+    ap.add_argument("--ddp-steps", type=int, default=5, help="DDP steps per repetition")
+    ap.add_argument("--json", help="write the results here (rank 0)")
+    args = ap.parse_args()
+
+    dist.init_process_group("ringcomm")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    ring = dist.group.WORLD
+    comm = rt.communicator()
+    from ringcomm.config import parse_size
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    results: dict = {"n": n, "reps": args.reps, "all_reduce": {}, "ddp": {}}
+
+    for nbytes in sizes:
+        count = max(1, nbytes // 4)
+        x = torch.ones(count)
+        xn = np.ones(count, dtype=np.float32)
+        iters = 2000 if nbytes <= 1024 else max(2, int(2e8 // max(nbytes, 1) // 8))
+        impls = {
+            "ringcomm": lambda: dist.all_reduce(x, group=ring),
+            "gloo": lambda: dist.all_reduce(x, group=gloo),
+            "ringcomm-numpy": lambda: comm.all_reduce(xn),
+        }
+        for f in impls.values():  # warm up
+            f()
+        times: dict = {k: [] for k in impls}
+        for rep in range(args.reps):
+            order = list(impls) if rep % 2 == 0 else list(reversed(impls))
+            for k in order:
+                times[k].append(timed(impls[k], iters, gloo))
+        results["all_reduce"][nbytes] = {k: stats(v) for k, v in times.items()}
+
+    # DDP over each backend: the same model and data.
+    def make(group):
+        torch.manual_seed(0)
+        layers = []
+        for _ in range(8):
+            layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3)
+
+    models = {"ringcomm": make(ring), "gloo": make(gloo)}
+    batch = torch.randn(64, 512)
+
+    def step(k):
+        ddp, opt = models[k]
+        ddp(batch).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for k in models:
+        step(k)
+    ddp_times: dict = {k: [] for k in models}
+    for rep in range(args.reps):
+        for k in (list(models) if rep % 2 == 0 else list(reversed(models))):
+            ddp_times[k].append(timed(lambda: step(k), args.ddp_steps, gloo))
+    results["ddp"] = {k: stats(v) for k, v in ddp_times.items()}
+    results["ddp_params"] = sum(p.numel() for p in models["ringcomm"][0].parameters())
+
+    if rank == 0:
+        print(f"# torch.distributed over ringcomm vs gloo: n={n}, {args.reps} interleaved reps, "
+              "time = slowest rank, median [p10 p90]")
+        print(f"{'bytes':>10} {'impl':>15} {'time_us':>10} {'p10':>9} {'p90':>9} {'busbw GB/s':>11}")
+        for nbytes, d in results["all_reduce"].items():
+            for k, (med, lo, hi) in d.items():
+                bw = nbytes / med * 2 * (n - 1) / n / 1e9
+                print(f"{nbytes:>10} {k:>15} {med * 1e6:>10.1f} {lo * 1e6:>9.1f} {hi * 1e6:>9.1f} {bw:>11.2f}")
+            r_g = d["gloo"][0] / d["ringcomm"][0]
+            r_n = d["ringcomm"][0] / d["ringcomm-numpy"][0]
+            print(f"{'':>10} {'':>15} ringcomm is {r_g:.2f}x gloo's speed; backend call costs {r_n:.2f}x "
+                  "ringcomm with numpy")
+        print(f"# DDP step ({results['ddp_params']} parameters, batch 64, {args.ddp_steps} steps per rep)")
+        for k, (med, lo, hi) in results["ddp"].items():
+            print(f"{'ddp':>10} {k:>15} {med * 1e3:>9.2f} ms [{lo * 1e3:.2f} {hi * 1e3:.2f}]")
+        print(f"# DDP: gloo / ringcomm step time = {results['ddp']['gloo'][0] / results['ddp']['ringcomm'][0]:.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

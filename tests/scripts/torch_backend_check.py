@@ -1,0 +1,316 @@
+"""The torch.distributed backend "ringcomm" against gloo, in one MPI job
+(tests/test_torch_backend.py runs it under mpirun at N = 2 and 3).
+
+The default group is "ringcomm" (dist.init_process_group("ringcomm") with no
+other argument: rank and size from MPI); a gloo group over the same ranks is
+created beside it. Every op runs on both with the same rank-dependent data;
+results are compared to each other and to a numpy reference. Then torch's
+DDP and FSDP2 train the same model over each backend and the parameters are
+compared; then the ledger is checked against what DDP moved; then errors.
+
+Prints one line "RESULT {json}" per rank: per-op case counts and failures.
+"""
+
+import datetime
+import json
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import ringcomm
+import ringcomm.torch as rt
+
+warnings.filterwarnings("ignore")
+dist.init_process_group("ringcomm")
+R, N = dist.get_rank(), dist.get_world_size()
+GLOO = dist.new_group(backend="gloo")
+counts: dict = {}
+fails: list = []
+
+
+def case(op: str, ok: bool, what: str) -> None:
+    counts[op] = counts.get(op, 0) + 1
+    if not ok:
+        fails.append(f"rank {R}: {op}: {what}")
+
+
+def data(count: int, dtype, rank: int, salt: int = 0) -> torch.Tensor:
+    """Exactly predictable, rank-dependent values that every dtype holds exactly."""
+    v = (np.arange(count) * 7 + 3 * rank + salt) % 11 - 5 + rank
+    if dtype in (torch.uint8,):
+        v = np.abs(v)
+    return torch.tensor(v, dtype=torch.float64).to(dtype)
+
+
+def equal(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if exact:
+        return torch.equal(a, b)
+    return torch.allclose(a.double(), b.double(), rtol=1e-2 if a.dtype in (torch.float16, torch.bfloat16) else 1e-6,
+                          atol=1e-2 if a.dtype in (torch.float16, torch.bfloat16) else 1e-9)
+
+
+SIZES = [0, 1, N - 1, N + 1, 13, 4099, 100003]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int8,
+          torch.uint8]
+OPS = {"SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT, "MIN": dist.ReduceOp.MIN,
+       "MAX": dist.ReduceOp.MAX, "AVG": dist.ReduceOp.AVG}
+
+
+def reference(name: str, count: int, dtype) -> torch.Tensor:
+    xs = [data(count, dtype, r).double() for r in range(N)]
+    if name in ("SUM", "AVG", "PREMUL_SUM"):
+        out = sum(xs)
+        out = out / N if name == "AVG" else out * (2.0 if name == "PREMUL_SUM" else 1.0)
+    elif name == "PRODUCT":
+        out = xs[0]
+        for x in xs[1:]:
+            out = out * x
+    elif name == "MIN":
+        out = torch.stack(xs).min(0).values
+    else:
+        out = torch.stack(xs).max(0).values
+    return out
+
+
+# ---- allreduce: every op x dtype x size, sync and async, vs gloo and numpy
+for name, op in list(OPS.items()) + [("PREMUL_SUM", None)]:
+    for dtype in DTYPES:
+        if name == "AVG" and not dtype.is_floating_point:
+            continue
+        if name == "PREMUL_SUM" and not dtype.is_floating_point:
+            continue
+        if name == "PRODUCT" and dtype in (torch.int8, torch.uint8, torch.float16, torch.bfloat16):
+            continue  # overflow/rounding make the reference ambiguous; covered for the other dtypes
+        for count in SIZES:
+            for async_op in (False, True):
+                x = data(count, dtype, R)
+                g = x.clone()
+                the_op = dist._make_nccl_premul_sum(2.0) if name == "PREMUL_SUM" else op
+                w = dist.all_reduce(x, op=the_op, async_op=async_op)
+                if async_op:
+                    w.wait()
+                if name in ("PREMUL_SUM",):
+                    g.mul_(2.0)
+                    dist.all_reduce(g, op=dist.ReduceOp.SUM, group=GLOO)
+                elif not (name == "AVG" and dtype in (torch.float16, torch.bfloat16)):
+                    dist.all_reduce(g, op=op, group=GLOO)
+                else:
+                    g = None  # gloo has no AVG for half types; numpy reference only
+                ref = reference(name, count, dtype).to(dtype) if dtype.is_floating_point else \
+                    reference(name, count, dtype).to(torch.int64).to(dtype)
+                # Integers and N = 2 sums are exact; larger floating rings add in another order than gloo.
+                exact = not dtype.is_floating_point or (N == 2 and name in ("SUM", "MIN", "MAX", "PRODUCT"))
+                case("allreduce", equal(x, ref, exact or name in ("MIN", "MAX")),
+                     f"{name} {dtype} count={count} async={async_op}: vs numpy")
+                if g is not None:
+                    case("allreduce", equal(x, g, exact or name in ("MIN", "MAX")),
+                         f"{name} {dtype} count={count} async={async_op}: vs gloo")
+
+# non-contiguous, requires_grad, futures
+x = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (R + 1)  # not contiguous
+dist.all_reduce(x)
+case("allreduce", equal(x, torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (N * (N + 1) // 2), True),
+     "non-contiguous")
+p = torch.nn.Parameter(torch.ones(5) * (R + 1))
+dist.all_reduce(p.data)
+dist.all_reduce(p)  # requires_grad: through its storage, as gloo does
+case("allreduce", equal(p.detach(), torch.ones(5) * (N * (N + 1) // 2) * N, True), "requires_grad tensor")
+fut = dist.all_reduce(torch.ones(4) * R, async_op=True).get_future()
+case("allreduce", equal(fut.wait()[0], torch.ones(4) * (N * (N - 1) // 2), True), "future value")
+z = torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * (R + 1)  # torch passes complex as a real view
+dist.all_reduce(z)
+case("allreduce", equal(z, torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * (N * (N + 1) // 2), True), "complex")
+for dtype in (torch.bool, torch.int16):
+    try:
+        dist.all_reduce(torch.zeros(3, dtype=dtype))
+        case("allreduce", False, f"{dtype} accepted")
+    except TypeError as exc:
+        case("allreduce", "dtype" in str(exc), f"{dtype}: {exc}")
+
+# ---- broadcast
+for dtype in DTYPES:
+    for count in SIZES:
+        for root in range(N):
+            x = data(count, dtype, R)
+            dist.broadcast(x, src=root)
+            case("broadcast", equal(x, data(count, dtype, root), True), f"{dtype} count={count} root={root}")
+
+# ---- all_gather (list), all_gather_single (incl. in place), vs gloo
+for dtype in DTYPES:
+    for count in SIZES:
+        mine = data(count, dtype, R)
+        outs = [torch.empty(count, dtype=dtype) for _ in range(N)]
+        dist.all_gather(outs, mine)
+        gl = [torch.empty(count, dtype=dtype) for _ in range(N)]
+        dist.all_gather(gl, mine, group=GLOO)
+        case("all_gather", all(equal(a, b, True) for a, b in zip(outs, gl)), f"{dtype} count={count}")
+        case("all_gather", all(equal(outs[r], data(count, dtype, r), True) for r in range(N)), f"{dtype} {count}")
+        single = torch.empty(N * count, dtype=dtype)
+        w = dist.all_gather_single(single, mine, async_op=True)
+        w.wait()
+        case("all_gather_single", equal(single, torch.cat([data(count, dtype, r) for r in range(N)]), True),
+             f"{dtype} count={count}")
+        inplace = torch.zeros(N * count, dtype=dtype)
+        inplace[R * count:(R + 1) * count] = mine
+        dist.all_gather_into_tensor(inplace, inplace[R * count:(R + 1) * count])
+        case("all_gather_single", equal(inplace, single, True), f"in place {dtype} count={count}")
+
+# ---- reduce_scatter (list and single) vs gloo
+for name in ("SUM", "MAX", "AVG"):
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
+        if name == "AVG" and not dtype.is_floating_point:
+            continue
+        for count in (1, 7, 4099):
+            full = data(N * count, dtype, R)
+            out = torch.empty(count, dtype=dtype)
+            dist.reduce_scatter_tensor(out, full, op=OPS[name])
+            ref = reference(name, N * count, dtype)[R * count:(R + 1) * count].to(dtype)
+            exact = not dtype.is_floating_point or name == "MAX" or N == 2 and name == "SUM"
+            case("reduce_scatter_single", equal(out, ref, exact), f"{name} {dtype} count={count}")
+            lst = list(full.chunk(N))
+            out2 = torch.empty(count, dtype=dtype)
+            dist.reduce_scatter(out2, lst, op=OPS[name])
+            case("reduce_scatter", equal(out2, out, True), f"list form {name} {dtype} count={count}")
+            if dtype != torch.bfloat16 and name != "AVG":
+                g = torch.empty(count, dtype=dtype)
+                dist.reduce_scatter_tensor(g, full, op=OPS[name], group=GLOO)
+                case("reduce_scatter_single", equal(out, g, exact), f"vs gloo {name} {dtype} count={count}")
+
+# ---- coalesced forms
+with dist._coalescing_manager(async_ops=True) as cm:
+    a, b = torch.ones(5) * R, torch.arange(3.0) * R
+    dist.all_reduce(a)
+    dist.all_reduce(b)
+cm.wait()
+case("coalesced", equal(a, torch.ones(5) * (N * (N - 1) // 2), True) and
+     equal(b, torch.arange(3.0) * (N * (N - 1) // 2), True), "all_reduce x2")
+ins = [data(4, torch.float32, R, s) for s in range(3)]
+outs = [torch.empty(4 * N) for _ in range(3)]
+with dist._coalescing_manager(async_ops=True) as cm:
+    for o, i in zip(outs, ins):
+        dist.all_gather_into_tensor(o, i)
+cm.wait()
+case("coalesced", all(equal(o, torch.cat([data(4, torch.float32, r, s) for r in range(N)]), True)
+                      for s, o in enumerate(outs)), "all_gather_into_tensor x3")
+
+# ---- barrier, and ops ringcomm does not have
+dist.barrier()
+case("barrier", True, "")
+for fn, args in ((dist.send, (torch.ones(1), (R + 1) % N)), (dist.all_to_all_single, (torch.empty(N), torch.ones(N)))):
+    try:
+        fn(*args)
+        case("unsupported", False, f"{fn.__name__} did not raise")
+    except NotImplementedError as exc:
+        case("unsupported", "ringcomm backend" in str(exc) and "not implemented" in str(exc), str(exc))
+
+# ---- a subgroup (new_group with a subset of ranks)
+sub_ranks = list(range(0, N, 2)) if N > 2 else [0, 1]
+sub = dist.new_group(sub_ranks, backend="ringcomm")
+if R in sub_ranks:
+    x = torch.ones(10) * (R + 1)
+    dist.all_reduce(x, group=sub)
+    case("subgroup", equal(x, torch.ones(10) * sum(r + 1 for r in sub_ranks), True), f"ranks {sub_ranks}")
+
+
+# ---- DDP: same parameters over "ringcomm" and over gloo
+def train_ddp(group, dtype=torch.float32, steps=4):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)).to(dtype)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.002)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(100 + R)
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=gen).to(dtype)
+        ddp(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+a = train_ddp(None)
+b = train_ddp(GLOO)
+diff = max(float((x - y).abs().max()) for x, y in zip(a, b))
+case("ddp", diff == 0.0 if N == 2 else diff < 1e-6, f"float32 max |ringcomm - gloo| = {diff}")
+ddp_diff = diff
+
+# The ledger saw exactly the gradients DDP all-reduced in one step.
+comm = rt.communicator()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
+comm.reset_traffic()
+ddp(torch.randn(8, 16)).sum().backward()
+numel = sum(p.numel() for p in model.parameters())
+sent = comm.traffic().bytes_sent("all_reduce")
+want = ringcomm.traffic.expected("all_reduce", numel, "float32", N, R).bytes_sent
+case("ledger", sent == want, f"DDP step: ledger {sent} B, expected 2(N-1)/N x {numel} x 4 = {want} B")
+ledger_line = f"{sent} B sent for {numel} float32 gradients (expected {want})"
+
+
+# ---- FSDP2 (fully_shard): float32 and bf16 mixed precision, vs gloo
+def train_fsdp(group, mp=None, steps=3):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, "cpu")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
+                                torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    kw = {"mesh": mesh}
+    if mp is not None:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mp, reduce_dtype=mp)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(200 + R)
+    for _ in range(steps):
+        model(torch.randn(6, 16, generator=gen)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.full_tensor().detach().clone() for p in model.parameters()]
+
+
+fsdp_diffs = {}
+for mp in (None, torch.bfloat16):
+    a = train_fsdp(None, mp)
+    b = train_fsdp(GLOO, mp)
+    diff = max(float((x - y).abs().max()) for x, y in zip(a, b))
+    label = "float32" if mp is None else "bf16"
+    fsdp_diffs[label] = diff
+    tol = 0.0 if (N == 2 and mp is None) else (1e-5 if mp is None else 5e-2)
+    case("fsdp2", diff <= tol, f"{label}: max |ringcomm - gloo| = {diff} (tolerance {tol})")
+
+# ---- errors reach the caller: a count mismatch, a rank that never joins
+bad = dist.new_group(backend="ringcomm", timeout=datetime.timedelta(seconds=3))
+t0 = time.monotonic()
+try:
+    dist.all_reduce(torch.ones(10 + (R == 1)), group=bad)
+    case("errors", False, "count mismatch not detected")
+except ringcomm.MismatchError as exc:
+    case("errors", time.monotonic() - t0 < 3.0 and "count=10" in str(exc), f"mismatch: {exc}")
+late = dist.new_group(backend="ringcomm", timeout=datetime.timedelta(seconds=1))
+t0 = time.monotonic()
+if R != N - 1:
+    try:
+        w = dist.all_reduce(torch.ones(10), group=late, async_op=True)
+        w.wait()
+        case("errors", False, "missing rank not detected")
+    except (ringcomm.CollectiveTimeout, ringcomm.CommunicatorAborted) as exc:
+        case("errors", time.monotonic() - t0 < 3.0, f"never-joining rank: {type(exc).__name__} after "
+             f"{time.monotonic() - t0:.1f} s")
+dist.barrier(group=GLOO)
+
+print("RESULT " + json.dumps({"rank": R, "counts": counts, "fails": fails[:40], "ddp_diff": ddp_diff,
+                              "fsdp_diffs": fsdp_diffs, "ledger": ledger_line,
+                              "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}}),
+      flush=True)
+dist.destroy_process_group()
+sys.exit(0)
