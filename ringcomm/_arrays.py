@@ -187,8 +187,7 @@ def _from_torch_cpu(x, what: str) -> Buf:
     if not x.is_contiguous():
         raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
                               "pass x.contiguous()")
-    if x.is_conj() or x.is_neg():
-        raise InvalidArgument(f"{what}: conjugate or negative views are not supported; pass x.resolve_conj()")
+    # (Conjugate and negative-bit views exist for complex dtypes only, refused above.)
     return Buf(x, x.data_ptr(), x.numel(), name, tuple(x.shape), False, "torch", None)
 
 

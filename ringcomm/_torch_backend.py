@@ -46,6 +46,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from . import _dtypes
 from .errors import InvalidArgument, RingcommError
 
 __all__ = ["ProcessGroupRingcomm", "register", "launcher_env"]
@@ -55,6 +56,9 @@ _RedOp = dist.ReduceOp.RedOpType
 _OPS = {_RedOp.SUM: "sum", _RedOp.PRODUCT: "prod", _RedOp.MIN: "min", _RedOp.MAX: "max", _RedOp.AVG: "avg"}
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
                      torch.int32, torch.int64)
+_DTYPE_CODES = {d: _dtypes.DTYPES[str(d).replace("torch.", "")] for d in _SUPPORTED_DTYPES}
+_OP_CODES = {k: _dtypes.OPS[v] for k, v in _OPS.items()}
+_AVG, _FLOAT_CODES = _dtypes.OPS["avg"], {_DTYPE_CODES[d] for d in _SUPPORTED_DTYPES if d.is_floating_point}
 
 
 # ---------------------------------------------------------------------------
@@ -122,13 +126,15 @@ class _Work(dist.Work):
         self._finish = finish
         self._error: BaseException | None = None
         self._done = not pending
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if pending else None  # only a running one is completed concurrently
         self._future = None
         if self._done and finish is not None:
             finish()
 
     def _complete(self) -> None:
         """Wait for the ringcomm work, then finish (idempotent; any thread)."""
+        if self._done:
+            return
         with self._lock:
             if self._done:
                 return
@@ -183,6 +189,41 @@ class _Work(dist.Work):
             fut.set_exception(self._error)
         else:
             fut.set_result(self._result)
+
+
+class _Done(dist.Work):
+    """The Work of a synchronous call that has already completed (the
+    common dist.all_reduce(t) path: as cheap to make as a Work can be)."""
+
+    def __init__(self, result: list):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self) -> list:
+        return self._result
+
+    def synchronize(self) -> None:
+        pass
+
+    def source_rank(self) -> int:
+        return -1
+
+    def get_future(self) -> torch.futures.Future:
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
 
 
 class _Completer:
@@ -290,6 +331,16 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
+        if not opts.asyncOp and len(tensors) == 1:
+            # The common synchronous call (dist.all_reduce(t)): checked here
+            # once, then straight to the engine, on this thread.
+            t = tensors[0]
+            code = _DTYPE_CODES.get(t.dtype)
+            op = _OP_CODES.get(opts.reduceOp.op)
+            if code is not None and op is not None and t.is_cpu and t.is_contiguous() and \
+                    (op != _AVG or code in _FLOAT_CODES):
+                self.comm._run_host_all_reduce(t.data_ptr(), t.numel(), code, op, tensors)
+                return _Done(tensors)
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]

@@ -433,6 +433,19 @@ class Communicator:
             except OSError as e:
                 log.warning("ringcomm: could not write the flight record to %s: %s", self._settings.dump_dir, e)
 
+    def _run_host_all_reduce(self, ptr: int, count: int, dtype_code: int, op_code: int, keep) -> None:
+        """A synchronous in-place host all_reduce of memory the caller has
+        already checked (contiguous host memory of `count` elements of a
+        supported dtype, by its code in _dtypes.DTYPES; an op code of
+        _dtypes.OPS valid for it), kept alive by `keep`: the
+        torch.distributed backend's fast path, without the array adapter.
+        Failures are handled as in every other call."""
+        try:
+            self._engine.run(0, ptr, ptr, count, dtype_code, op_code, 0, 0)
+        except RingcommError as exc:
+            self._failed(exc, keep)
+            raise
+
     def _op(self, op: str, xb: Buf) -> int:
         if op not in _dtypes.OPS:
             raise InvalidArgument(f"unknown op {op!r}; expected one of {', '.join(_dtypes.OPS)}")
