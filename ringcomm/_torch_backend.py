@@ -70,38 +70,36 @@ def _free_port() -> int:
 
 
 def launcher_env() -> None:
-    """Fill torch's launcher variables from MPI where they are missing.
+    """Fill torch's launcher variables from MPI, in an MPI job.
 
     RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE come from Open MPI's
-    environment (no MPI call). MASTER_ADDR/MASTER_PORT (torch's TCPStore, also
-    used by other backends such as a gloo subgroup): set by ``ringcomm run``;
-    under plain mpirun, rank 0 picks a free port and broadcasts it with MPI
-    (a collective: every rank imports ringcomm.torch). Outside MPI: a single
-    rank on 127.0.0.1.
+    environment (no MPI call), overriding values inherited from the launching
+    shell (which would be the same on every rank). MASTER_ADDR/MASTER_PORT
+    (torch's TCPStore, also used by other backends such as a gloo subgroup),
+    where missing: rank 0's address and a free port there, broadcast over
+    MPI (a collective: every rank imports ringcomm.torch). ``ringcomm run``
+    starts every job without inherited MASTER_ADDR/MASTER_PORT, so each job
+    gets its own. Outside MPI nothing is changed (launch a single process
+    with ``ringcomm run -n 1``).
     """
     env = os.environ
-    ompi = {"RANK": "OMPI_COMM_WORLD_RANK", "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
-            "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE"}
-    under_mpi = "OMPI_COMM_WORLD_SIZE" in env
-    if under_mpi:
-        for var, src in ompi.items():
-            env.setdefault(var, env[src])
-    elif "RANK" not in env and "WORLD_SIZE" not in env:
-        env.setdefault("RANK", "0")
-        env.setdefault("WORLD_SIZE", "1")
-        env.setdefault("LOCAL_RANK", "0")
-        env.setdefault("LOCAL_WORLD_SIZE", "1")
+    if "OMPI_COMM_WORLD_SIZE" not in env:
+        return
+    for var, src in (("RANK", "OMPI_COMM_WORLD_RANK"), ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"),
+                     ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+                     ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")):
+        if src in env:
+            env[var] = env[src]
     if "MASTER_ADDR" in env and "MASTER_PORT" in env:
         return
-    if under_mpi and int(env["OMPI_COMM_WORLD_SIZE"]) > 1:
+    if int(env["OMPI_COMM_WORLD_SIZE"]) > 1:
         from mpi4py import MPI
         world = MPI.COMM_WORLD
         hosts = world.allgather(socket.gethostname())
+        here = None
         if world.rank == 0:
             addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(socket.gethostname())
             here = (addr, _free_port())
-        else:
-            here = None
         addr, port = world.bcast(here, root=0)
     else:
         addr, port = "127.0.0.1", _free_port()

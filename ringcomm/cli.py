@@ -149,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(" ".join(cmd))
             return 0
-        return subprocess.call(cmd)
+        # torch's launcher variables belong to one job: never inherit them
+        # (ringcomm.torch derives them from MPI in the ranks).
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+        return subprocess.call(cmd, env=env)
     return 2
 
 

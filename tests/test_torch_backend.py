@@ -44,3 +44,21 @@ def test_backend_registered_on_import():
     import ringcomm.torch  # noqa: F401
     assert "RINGCOMM" in dist.Backend._plugins
     assert dist.Backend._plugins["RINGCOMM"].extended_api
+
+
+def test_each_job_gets_its_own_launcher_variables():
+    # A shell that already has torch launcher variables (e.g. from an earlier
+    # single-process run, or a port in use): `ringcomm run` must not pass them
+    # on, and the ranks must take rank and size from MPI.
+    import socket
+    code = ("import ringcomm.torch, torch.distributed as dist; dist.init_process_group('ringcomm'); "
+            "print('RANKS', dist.get_rank(), dist.get_world_size(), flush=True); dist.destroy_process_group()")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(busy.getsockname()[1]),
+                   RANK="0", WORLD_SIZE="1")
+        res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "run", "-n", "2", "--", sys.executable, "-c",
+                              code], capture_output=True, text=True, timeout=120, env=env)
+    got = sorted(line for line in res.stdout.splitlines() if line.startswith("RANKS"))
+    assert got == ["RANKS 0 2", "RANKS 1 2"], res.stdout + res.stderr
