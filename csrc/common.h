@@ -44,4 +44,6 @@ struct RingError : std::runtime_error {
 
 [[noreturn]] void throw_invalid(const std::string& msg);
 
+constexpr size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
 }  // namespace ringcomm

@@ -35,6 +35,7 @@ int GroupedTransport::wait_any(Request* const* reqs, int n, Clock::time_point de
       r->done = true;
       return i;
     }
+  check_async();  // a device-side failure ends the wait instead of running into its deadline
   return host_->wait_any(reqs, n, deadline);
 }
 

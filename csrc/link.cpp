@@ -206,7 +206,9 @@ void Link::await_header() {
 }
 
 void Link::poll_control() {
-  if (size_ == 1 || aborted_) return;
+  if (aborted_) return;
+  t_->check_async();
+  if (size_ == 1) return;
   if (t_->interrupted()) throw_interrupted(*ctrl_req_[0]);
   // One test per message and side: cheap enough for the start of a collective.
   for (int side = 0; side < (size_ > 2 ? 2 : 1); ++side)

@@ -50,7 +50,9 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
   // A segment is received straight into the accumulator, except where the
   // accumulator is the input itself (in-place all_reduce): there our own
   // contribution must survive until it is added, so it lands in a slot.
-  const size_t slot_bytes = plan.seg_count(0, 0) * es;  // the largest segment
+  // Slots hold the largest segment, each starting on a 256-byte boundary so
+  // that a device reduction from a slot can use its vectorized path.
+  const size_t slot_bytes = round_up(plan.seg_count(0, 0) * es, 256);
   char* slots = nullptr;
   std::vector<Request*> recv(units, nullptr);
   std::vector<const char*> arrived(units, nullptr);

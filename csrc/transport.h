@@ -76,6 +76,10 @@ class Transport {
   // down here, so nothing queued on a device waits forever for a peer.
   virtual void on_fail() {}
 
+  // Raise a failure the transport learned of asynchronously (NCCL's async
+  // error), as a RingError. Called while waiting and between collectives.
+  virtual void check_async() {}
+
   // Withdraw a request that will not be waited for (after an error).
   // Returns true when the transport will never touch the request's buffer
   // again (it completed, or was withdrawn); false when it may still read or

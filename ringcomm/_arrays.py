@@ -83,6 +83,16 @@ def _c_contiguous(shape, strides, itemsize) -> bool:
 
 def view(x, what: str = "input") -> Buf:
     """Describe `x` for the native layer, or raise InvalidArgument saying what is wrong."""
+    b = _view(x, what)
+    if b.device is not None and b.count and b.ptr % _dtypes.itemsize(b.dtype):
+        # A misaligned device access is a sticky CUDA error that kills the
+        # context of every in-process rank on that GPU: refuse it here.
+        raise InvalidArgument(f"{what}: device pointer {b.ptr:#x} is not aligned to its element size "
+                              f"({_dtypes.itemsize(b.dtype)} bytes for {b.dtype}); pass an aligned copy")
+    return b
+
+
+def _view(x, what: str) -> Buf:
     if isinstance(x, np.ndarray):
         return _from_numpy(x, x, what)
     if _is_torch(x):

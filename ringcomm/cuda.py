@@ -24,6 +24,14 @@ from .errors import InvalidArgument
 __all__ = ["built", "device_count", "available", "status", "reduce", "finalize", "pointer_device", "require"]
 
 
+# Each in-process rank uses two streams; CUDA maps streams onto a few hardware
+# queues (8 by default), so 8 ranks on one GPU would share queues and
+# serialize work that should overlap. 32 queues cover 16 ranks. Read when CUDA
+# initializes in this process: set before anything (cupy, torch) touches the
+# GPU, or set it yourself in the environment.
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+
 def _preload_nccl() -> None:
     """Load libnccl.so.2 from the nvidia-nccl-cuXX wheel (or $NCCL_HOME) so the
     extension's dependency resolves wherever it was installed."""
@@ -84,33 +92,39 @@ def status() -> str:
     n = _cuda.device_count()
     rt = _cuda.runtime_version()
     nccl = _cuda.nccl_version()
+    nccl_text = f"NCCL {nccl}" if nccl else f"NCCL not found: {_cuda.nccl_missing()}"
     where = f"{n} device(s)" if n else f"no usable device: {_cuda.device_error() or 'none found'}"
-    return f"built (CUDA runtime {rt // 1000}.{rt % 1000 // 10}, NCCL {nccl}); {where}"
+    return f"built (CUDA runtime {rt // 1000}.{rt % 1000 // 10}, {nccl_text}); {where}"
 
 
 def _device_array(x, what: str):
-    """(ptr, count, dtype name, readonly) of a C-contiguous CUDA array (the
-    communicator's own array adapter, ringcomm._arrays)."""
+    """(ptr, count, dtype name, readonly, current stream of its library) of a
+    C-contiguous CUDA array (the communicator's own array adapter,
+    ringcomm._arrays)."""
     from ._arrays import view
     b = view(x, what)
     if b.device is None and b.count:
         raise InvalidArgument(f"{what}: expected a CUDA array (cupy, torch CUDA, or anything with "
                               f"__cuda_array_interface__), got {type(x).__name__} in host memory")
-    return b.ptr, b.count, b.dtype, b.readonly
+    return b.ptr, b.count, b.dtype, b.readonly, (b.stream() if b.count else 0)
 
 
-def _stream_ptr(stream) -> int:
+def _stream_ptr(stream, default: int) -> int:
+    """A stream handle from a cupy Stream (.ptr), a torch.cuda.Stream
+    (.cuda_stream), an integer, or None: `default` (the array's own library's
+    current stream on its device)."""
     if stream is None:
-        try:
-            import cupy
-            return cupy.cuda.get_current_stream().ptr
-        except ImportError:
-            return 0
-    return int(getattr(stream, "ptr", stream))
+        return default
+    for attr in ("ptr", "cuda_stream"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    return int(stream)
 
 
 def reduce(dst, a, b, op: str = "sum", stream=None) -> None:
-    """Enqueue ``dst = a (op) b`` elementwise on `stream` (default: cupy's current stream)."""
+    """Enqueue ``dst = a (op) b`` elementwise on `stream` (a cupy or torch
+    stream, or a handle; default: the current stream of dst's library on its
+    GPU), on the GPU that owns dst."""
     if _cuda is None:
         raise InvalidArgument(f"ringcomm._cuda is {status()}")
     d, x, y = (_device_array(v, w) for v, w in ((dst, "dst"), (a, "a"), (b, "b")))
@@ -121,12 +135,12 @@ def reduce(dst, a, b, op: str = "sum", stream=None) -> None:
                               f"{[(v[1], v[2]) for v in (d, x, y)]}")
     if op not in _dtypes.OPS:
         raise InvalidArgument(f"unknown op {op!r}")
-    _cuda.reduce(_dtypes.DTYPES[d[2]], _dtypes.OPS[op], d[0], x[0], y[0], d[1], _stream_ptr(stream))
+    _cuda.reduce(_dtypes.DTYPES[d[2]], _dtypes.OPS[op], d[0], x[0], y[0], d[1], _stream_ptr(stream, d[4]))
 
 
 def finalize(buf, op: str, nranks: int, stream=None) -> None:
     """Enqueue the op's final step on `buf` (avg: divide by nranks)."""
     if _cuda is None:
         raise InvalidArgument(f"ringcomm._cuda is {status()}")
-    p, n, name, _ = _device_array(buf, "buf")
-    _cuda.finalize(_dtypes.DTYPES[name], _dtypes.OPS[op], p, n, int(nranks), _stream_ptr(stream))
+    p, n, name, _, own = _device_array(buf, "buf")
+    _cuda.finalize(_dtypes.DTYPES[name], _dtypes.OPS[op], p, n, int(nranks), _stream_ptr(stream, own))

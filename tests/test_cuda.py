@@ -16,18 +16,23 @@ from ringcomm.errors import InvalidArgument
 
 
 def toolchain_present() -> bool:
-    nvcc = shutil.which("nvcc") or os.access("/usr/local/cuda/bin/nvcc", os.X_OK)
-    nccl = any(glob.glob(os.path.join(p, "nvidia", "nccl", "include", "nccl.h")) for p in sys.path)
-    return bool(nvcc and (nccl or os.environ.get("NCCL_HOME")))
+    return bool(shutil.which("nvcc") or os.access("/usr/local/cuda/bin/nvcc", os.X_OK))
+
+
+def nccl_wheel_present() -> bool:
+    return any(glob.glob(os.path.join(p, "nvidia", "nccl", "lib", "libnccl.so*")) for p in sys.path)
 
 
 def test_extension_is_built_where_the_toolchain_is():
+    # nvcc alone is enough to build it: NCCL is loaded at run time (nccl_api.h).
     if os.environ.get("RINGCOMM_CUDA", "auto").lower() in ("0", "off", "no", "false"):
         pytest.skip("RINGCOMM_CUDA=0")
     if not toolchain_present():
-        pytest.skip("no nvcc or NCCL headers on this machine: ringcomm._cuda is optional")
+        pytest.skip("no nvcc on this machine: ringcomm._cuda is optional")
     assert rcuda.built(), rcuda.status()
-    assert rcuda._cuda.nccl_version() > 0 and rcuda._cuda.runtime_version() > 0
+    assert rcuda._cuda.runtime_version() > 0
+    if nccl_wheel_present() or os.environ.get("NCCL_HOME"):
+        assert rcuda._cuda.nccl_version() > 0, rcuda._cuda.nccl_missing()
 
 
 def test_no_gpu_degrades_to_clear_errors():

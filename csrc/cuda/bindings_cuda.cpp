@@ -5,7 +5,6 @@
 // neither a GPU nor a driver: cudart is linked statically and queried lazily.
 #include <cuda_runtime.h>
 #include <mpi.h>
-#include <nccl.h>
 #include <pybind11/pybind11.h>
 
 #include <cstring>
@@ -16,6 +15,7 @@
 #include "device_cuda.h"
 #include "nccl_transport.h"
 #include "reducer_cuda.h"
+#include "vector_split.h"
 
 namespace py = pybind11;
 using namespace ringcomm;
@@ -71,6 +71,18 @@ class NcclBaseline {
   int gpu_;
   ncclComm_t comm_ = nullptr;
 };
+
+// The GPU that owns device memory at `ptr`; the current one for an empty array's null pointer.
+int device_of(uintptr_t ptr) {
+  cudaPointerAttributes a;
+  if (ptr && cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(ptr)) == cudaSuccess &&
+      (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged))
+    return a.device;
+  cudaGetLastError();
+  int cur = 0;
+  RC_CUDA(cudaGetDevice(&cur));
+  return cur;
+}
 
 }  // namespace
 
@@ -150,6 +162,11 @@ PYBIND11_MODULE(_cuda, m) {
            py::arg("in_ptr"), py::arg("out_ptr"), py::arg("sendcount"), py::arg("dtype"), py::arg("stream") = 0)
       .def("close", &NcclBaseline::close);
 
+  m.def("vector_split", [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t n, size_t elem) {
+    VectorSplit s = vector_split(dst, a, b, n, elem);
+    return py::make_tuple(s.head, s.words, s.tail);
+  }, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("n"), py::arg("elem"),
+     "How the kernels split n elements at these addresses: (scalar head, 16-byte words, scalar tail).");
   m.def("set_device", [](int gpu) { RC_CUDA(cudaSetDevice(gpu)); }, py::arg("gpu"),
         "Make `gpu` the calling thread's current device (what cupy and torch allocate on).");
   m.def("pointer_device", [](uintptr_t ptr) {
@@ -183,11 +200,17 @@ PYBIND11_MODULE(_cuda, m) {
   });
   m.def("nccl_version", [] {
     int v = 0;
+    if (!nccl_available()) return 0;  // loaded at run time (nccl_api.h): 0 = not found
     RC_NCCL(ncclGetVersion(&v));
     return v;
   });
+  m.def("nccl_missing", [] {
+    std::string why;
+    return nccl_available(&why) ? std::string() : why;
+  }, "Why libnccl.so.2 cannot be loaded (empty if it can).");
   m.def("reduce",
         [](int dtype, int op, uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, uintptr_t stream) {
+          DeviceGuard g(device_of(dst));  // the kernel runs on the GPU that owns dst, whatever is current
           auto red = make_cuda_reducer(DType(dtype), Op(op), reinterpret_cast<cudaStream_t>(stream));
           red->reduce(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(a),
                       reinterpret_cast<const void*>(b), count);
@@ -196,6 +219,7 @@ PYBIND11_MODULE(_cuda, m) {
         py::arg("stream") = 0, "Enqueue dst = a (op) b on `stream` (device pointers).");
   m.def("finalize",
         [](int dtype, int op, uintptr_t buf, size_t count, int nranks, uintptr_t stream) {
+          DeviceGuard g(device_of(buf));
           make_cuda_reducer(DType(dtype), Op(op), reinterpret_cast<cudaStream_t>(stream))
               ->finalize(reinterpret_cast<void*>(buf), count, nranks);
         },

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "../common.h"
+#include "nccl_api.h"
 
 #define RC_CUDA(call)                                                                               \
   do {                                                                                              \
@@ -20,9 +21,10 @@
 
 #define RC_NCCL(call)                                                                               \
   do {                                                                                              \
-    ncclResult_t rc_ = (call);                                                                      \
-    if (rc_ != ncclSuccess)                                                                         \
+    ::ringcomm::ncclResult_t rc_ = (call);                                                          \
+    if (rc_ != ::ringcomm::ncclSuccess)                                                             \
       throw ::ringcomm::RingError(::ringcomm::ErrKind::transport, -1, -1, 0,                        \
-                                  std::string(#call) + " failed: " + ncclGetErrorString(rc_) +      \
+                                  std::string(#call) + " failed: " +                                \
+                                      ::ringcomm::ncclGetErrorString(rc_) +                         \
                                       " (" + __FILE__ + ":" + std::to_string(__LINE__) + ")");      \
   } while (0)

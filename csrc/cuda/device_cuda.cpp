@@ -1,5 +1,6 @@
 #include "device_cuda.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "checks.h"
@@ -7,7 +8,56 @@
 
 namespace ringcomm {
 
+namespace {
+
+// Two driver calls, reached through the runtime (no libcuda at link time):
+// whether the thread has a current context, and dropping it again.
+struct CtxApi {
+  int (*get)(void**) = nullptr;  // cuCtxGetCurrent
+  int (*set)(void*) = nullptr;   // cuCtxSetCurrent
+};
+
+const CtxApi& ctx_api() {
+  static const CtxApi api = [] {
+    CtxApi a;
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult st;
+#if CUDART_VERSION >= 12050
+    auto entry = [&](const char* name) {
+      return cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &st);
+    };
+#else
+    auto entry = [&](const char* name) { return cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &st); };
+#endif
+    if (entry("cuCtxGetCurrent") == cudaSuccess && st == cudaDriverEntryPointSuccess)
+      a.get = reinterpret_cast<int (*)(void**)>(p);
+    if (entry("cuCtxSetCurrent") == cudaSuccess && st == cudaDriverEntryPointSuccess)
+      a.set = reinterpret_cast<int (*)(void*)>(p);
+    cudaGetLastError();
+    return a;
+  }();
+  return api;
+}
+
+// A thread that has never used CUDA has no current context, yet
+// cudaGetDevice says 0 there: restoring "device 0" would create a context on
+// GPU 0 (hundreds of MiB) for a rank that lives on another GPU. Such a
+// thread is given back no context at all.
+bool thread_has_context() {
+  const CtxApi& a = ctx_api();
+  if (!a.get || !a.set) return true;  // cannot tell: restore the device as before
+  void* ctx = nullptr;
+  return a.get(&ctx) == 0 && ctx != nullptr;
+}
+
+}  // namespace
+
 DeviceGuard::DeviceGuard(int gpu) {
+  if (!thread_has_context()) {
+    no_context_ = true;
+    RC_CUDA(cudaSetDevice(gpu));
+    return;
+  }
   RC_CUDA(cudaGetDevice(&prev_));
   if (prev_ == gpu) {
     prev_ = -1;  // nothing to restore
@@ -17,6 +67,11 @@ DeviceGuard::DeviceGuard(int gpu) {
 }
 
 DeviceGuard::DeviceGuard(int gpu, std::nothrow_t) noexcept {
+  if (!thread_has_context()) {
+    no_context_ = true;
+    cudaSetDevice(gpu);
+    return;
+  }
   if (cudaGetDevice(&prev_) != cudaSuccess || prev_ == gpu) {
     prev_ = -1;
     return;
@@ -25,7 +80,10 @@ DeviceGuard::DeviceGuard(int gpu, std::nothrow_t) noexcept {
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (prev_ >= 0) cudaSetDevice(prev_);
+  if (no_context_)
+    ctx_api().set(nullptr);
+  else if (prev_ >= 0)
+    cudaSetDevice(prev_);
 }
 
 namespace {
@@ -116,6 +174,7 @@ CudaDevice::~CudaDevice() {
   cudaStreamSynchronize(stream_);
   for (char* p : scratch_)
     if (p) cudaFree(p);
+  for (char* p : retired_) cudaFree(p);
   cudaStreamDestroy(xfer_);
   cudaStreamDestroy(stream_);
 }
@@ -153,18 +212,20 @@ std::unique_ptr<Reducer> CudaDevice::reducer(DType dtype, Op op) {
 // Plain cudaMalloc, not the stream-ordered allocator: a neighbour on another
 // GPU copies out of this memory (the reduce-scatter accumulator), and peer
 // access enabled with cudaDeviceEnablePeerAccess does not extend to memory
-// pools. Growth is rare (the largest collective so far), and cudaFree waits
-// for the device, so no queued work still uses the old block.
+// pools. A block that is outgrown is retired, not freed: cudaFree would wait
+// for the whole device (other ranks' streams, the caller's producer kernels)
+// in the middle of a collective, and queued work of earlier collectives may
+// still use it. Retired blocks are freed with the device. Sizes grow at
+// least twofold, so that costs at most the size of the largest block again.
 char* CudaDevice::scratch(int which, size_t bytes) {
   if (scratch_bytes_[which] < bytes) {
     DeviceGuard g(gpu_);
-    if (scratch_[which]) RC_CUDA(cudaFree(scratch_[which]));
-    scratch_[which] = nullptr;
-    scratch_bytes_[which] = 0;
+    const size_t want = std::max(round_up(bytes, 256), 2 * scratch_bytes_[which]);
     void* p = nullptr;
-    RC_CUDA(cudaMalloc(&p, bytes));
+    RC_CUDA(cudaMalloc(&p, want));  // before retiring the old block: on failure nothing changes
+    if (scratch_[which]) retired_.push_back(scratch_[which]);
     scratch_[which] = static_cast<char*>(p);
-    scratch_bytes_[which] = bytes;
+    scratch_bytes_[which] = want;
   }
   return scratch_[which];
 }

@@ -3,7 +3,7 @@
 // payload, so that it overlaps the reductions).
 // Copies are cudaMemcpyAsync (any two device buffers: unified addressing), the
 // reductions are the kernels of reducer_cuda.cu on that stream, events are
-// cudaEvents, scratch is stream-ordered memory (cudaMallocAsync). Every call
+// cudaEvents, scratch is plain device memory that only grows. Every call
 // first makes the rank's GPU current, since a rank's engine thread may be
 // shared with other GPUs' ranks (in-process ranks on several GPUs).
 #pragma once
@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <new>
+#include <vector>
 
 #include "../device.h"
 
@@ -43,11 +44,13 @@ class CudaDevice final : public Device {
   cudaStream_t stream_ = nullptr, xfer_ = nullptr;
   char* scratch_[2] = {nullptr, nullptr};
   size_t scratch_bytes_[2] = {0, 0};
+  std::vector<char*> retired_;  // outgrown scratch blocks, freed with the device (scratch())
 };
 
 // Makes `gpu` current for the duration of a scope and restores the thread's
 // previous device afterwards: ringcomm's calls never change which GPU the
-// caller's thread (or its engine thread) is on. Never throws on restore.
+// caller's thread (or its engine thread) is on, and a thread that had no
+// CUDA context gets none (device_cuda.cpp). Never throws on restore.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int gpu);
@@ -59,6 +62,7 @@ class DeviceGuard {
 
  private:
   int prev_ = -1;
+  bool no_context_ = false;  // the thread had no current context: drop it again
 };
 
 // A stream handle as Python passes it (__cuda_array_interface__ convention:

@@ -1,7 +1,6 @@
 #include "nccl_transport.h"
 
 #include <mpi.h>
-#include <nccl.h>
 
 #include <cstring>
 #include <vector>
@@ -43,14 +42,27 @@ class NcclTransport final : public GroupedTransport {
   void issue_group(const std::vector<GroupedOp*>& group) override {
     DeviceGuard g(cuda_->gpu());
     const cudaStream_t xs = cuda_->transfer_stream();
-    RC_NCCL(ncclGroupStart());
+    NcclGroup grp;  // ended on every path: an exception must not leave this thread inside the group
     for (GroupedOp* r : group) {
       if (r->is_send)
         RC_NCCL(ncclSend(r->buf, r->bytes, ncclUint8, r->peer, comm_, xs));
       else
         RC_NCCL(ncclRecv(r->buf, r->bytes, ncclUint8, r->peer, comm_, xs));
     }
-    RC_NCCL(ncclGroupEnd());
+    grp.end();
+  }
+
+  // NCCL reports failures of queued operations (a peer's network error, a
+  // remote abort) only through this; without the poll they would surface as
+  // a timeout. Called while waiting and between collectives (check_peers).
+  void check_async() override {
+    if (!comm_) return;
+    ncclResult_t err = ncclSuccess;
+    DeviceGuard g(cuda_->gpu());
+    RC_NCCL(ncclCommGetAsyncError(comm_, &err));
+    if (err != ncclSuccess && err != ncclInProgress)
+      throw RingError(ErrKind::transport, rank(), -1, 0,
+                      std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(err));
   }
 
   // Issued NCCL operations cannot be cancelled one by one; a failed link is

@@ -8,12 +8,12 @@
 // rank's transfer stream, ncclGroupEnd.
 #pragma once
 
-#include <nccl.h>
 
 #include <memory>
 
 #include "../transport.h"
 #include "device_cuda.h"
+#include "nccl_api.h"
 
 namespace ringcomm {
 

@@ -1,9 +1,10 @@
 // Elementwise reduction kernels for every (dtype, op) of the host side.
 //
 // dst[i] = a[i] (op) b[i]. Each thread handles 16 bytes at a time (one uint4
-// load from a, one from b, one store) when all three pointers are 16-byte
-// aligned, which is what reaches the memory bandwidth; the remainder (and
-// misaligned buffers) go through a scalar loop. Half types are widened to
+// load from a, one from b, one store), which is what reaches the memory
+// bandwidth; a scalar head brings the three pointers to a 16-byte boundary
+// when they share their misalignment (vector_split.h), and the tail (or
+// pointers that disagree) goes through a scalar loop. Half types are widened to
 // float, combined and rounded once (round-to-nearest-even), exactly as the
 // host reducer does, so host and device give bit-identical results. Integer
 // sum and prod wrap modulo 2^bits (computed unsigned). avg = sum, then one
@@ -17,6 +18,7 @@
 #include "../reduce_ops.h"
 #include "checks.h"
 #include "reducer_cuda.h"
+#include "vector_split.h"
 
 namespace ringcomm {
 namespace {
@@ -89,23 +91,30 @@ unsigned blocks_for(size_t items) {
 }
 
 template <class E, class F>
+void launch_scalar(typename E::S* dst, const typename E::S* a, const typename E::S* b, size_t n, cudaStream_t s) {
+  if (!n) return;
+  reduce_scalar<E, F><<<blocks_for(n), kThreads, 0, s>>>(dst, a, b, n);
+  RC_CUDA(cudaGetLastError());
+}
+
+template <class E, class F>
 void launch(void* dst, const void* a, const void* b, size_t n, cudaStream_t s) {
   using S = typename E::S;
   constexpr size_t kPer = sizeof(uint4) / sizeof(S);
-  const bool aligned = (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(a) |
-                        reinterpret_cast<uintptr_t>(b)) % sizeof(uint4) == 0;
-  size_t words = aligned ? n / kPer : 0;
-  if (words) {
-    reduce_vec<E, F><<<blocks_for(words), kThreads, 0, s>>>(
-        static_cast<uint4*>(dst), static_cast<const uint4*>(a), static_cast<const uint4*>(b), words);
+  const VectorSplit sp = vector_split(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(a),
+                                      reinterpret_cast<uintptr_t>(b), n, sizeof(S));
+  S* d = static_cast<S*>(dst);
+  const S* x = static_cast<const S*>(a);
+  const S* y = static_cast<const S*>(b);
+  launch_scalar<E, F>(d, x, y, sp.head, s);
+  if (sp.words) {
+    reduce_vec<E, F><<<blocks_for(sp.words), kThreads, 0, s>>>(reinterpret_cast<uint4*>(d + sp.head),
+                                                               reinterpret_cast<const uint4*>(x + sp.head),
+                                                               reinterpret_cast<const uint4*>(y + sp.head), sp.words);
     RC_CUDA(cudaGetLastError());
   }
-  size_t done = words * kPer;
-  if (done < n) {
-    reduce_scalar<E, F><<<blocks_for(n - done), kThreads, 0, s>>>(
-        static_cast<S*>(dst) + done, static_cast<const S*>(a) + done, static_cast<const S*>(b) + done, n - done);
-    RC_CUDA(cudaGetLastError());
-  }
+  const size_t done = sp.head + sp.words * kPer;
+  launch_scalar<E, F>(d + done, x + done, y + done, sp.tail, s);
 }
 
 template <class E>

@@ -3,12 +3,21 @@ tests/test_cuda.py): cupy arrays on this rank's GPU; prints OK or the failures."
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _tests)  # suite.py, test_cuda.py
+# An in-place build (python setup.py build_ext --inplace) is importable from
+# the checkout root, which is not on the path of a script in tests/scripts;
+# appended, so an installed ringcomm still wins.
+sys.path.append(os.path.dirname(_tests))
 
 import suite  # noqa: E402
 from test_cuda import CupyArrays  # noqa: E402
 
 import ringcomm  # noqa: E402
+
+if os.environ.get("RINGCOMM_IMPORT_ONLY"):  # tests/test_cuda_build.py: the imports above resolve
+    print(f"imports OK: ringcomm from {os.path.dirname(ringcomm.__file__)}")
+    sys.exit(0)
 
 comm = ringcomm.init(device="cuda", timeout=60)  # also makes this rank's GPU current
 import cupy  # noqa: E402
