@@ -38,6 +38,7 @@ def main() -> int:
     nbytes = parse_size(args.bytes)
     print(f"# {rcuda.status()}; buffer {nbytes} B, median of {args.reps}")
     print(f"# {'dtype':>8} {'op':>4} {'reduce GB/s':>12} {'copy GB/s':>10} {'ratio':>6}")
+    ratios = {}
     for dtype, op in (("float32", "sum"), ("float16", "sum"), ("bfloat16", "sum"), ("float64", "max"),
                       ("int8", "sum"), ("int32", "prod")):
         n = nbytes // np.dtype(rcuda._dtypes.NUMPY[dtype]).itemsize
@@ -60,7 +61,11 @@ def main() -> int:
         r_bw = 3 * nbytes / np.median(red) / 1e9
         c_bw = 2 * nbytes / np.median(cpy) / 1e9
         print(f"  {dtype:>8} {op:>4} {r_bw:12.1f} {c_bw:10.1f} {r_bw / c_bw:6.2f}")
-    return 0
+        ratios[dtype] = r_bw / c_bw
+    worst = min(ratios, key=ratios.get)
+    print(f"FIGURE reduce/copy bandwidth {min(ratios.values()):.2f} (worst: {worst}) .. {max(ratios.values()):.2f} "
+          f"at {nbytes >> 20} MiB (goal >= 0.90)")
+    return 0 if min(ratios.values()) >= 0.9 else 1
 
 
 if __name__ == "__main__":

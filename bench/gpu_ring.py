@@ -75,7 +75,9 @@ def main() -> int:
     print(f"measured {med * 1e3:.2f} ms [p10 {np.percentile(per_rep, 10) * 1e3:.2f}, "
           f"p90 {np.percentile(per_rep, 90) * 1e3:.2f}]; measured / bound = {med / bound:.2f} (target <= 1.3); "
           f"results {'exact' if all(ok) else 'WRONG'}")
-    return 0 if all(ok) else 1
+    print(f"FIGURE N = {n} on one GPU, {nbytes >> 20} MiB: {med * 1e3:.2f} ms, {med / bound:.2f}x the bytes-moved "
+          f"bound (goal <= 1.3); results {'exact' if all(ok) else 'WRONG'}")
+    return 0 if all(ok) and med / bound <= 1.3 else 1
 
 
 if __name__ == "__main__":
