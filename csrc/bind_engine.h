@@ -75,8 +75,18 @@ struct SignalCheck {
       Py_XDECREF(tb);
     }
   }
-  // With the GIL held: raise the kept exception.
-  [[noreturn]] void raise() {
+  // With the GIL held: raise the kept exception; with `hold` (requests of
+  // the interrupted collective still in flight) attached as `_hold`, like a
+  // RingcommError, so the Python layer keeps the arrays they use.
+  [[noreturn]] void raise(std::shared_ptr<Hold> hold = nullptr) {
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (hold && hold->pending.load() > 0 && value) {
+      py::object v = py::reinterpret_borrow<py::object>(value);
+      try {
+        v.attr("_hold") = py::cast(hold);
+      } catch (const py::error_already_set&) {
+      }
+    }
     PyErr_Restore(type, value, tb);
     type = value = tb = nullptr;
     throw py::error_already_set();
@@ -190,7 +200,7 @@ inline void bind_engine(py::module_& m) {
                done = e->wait_interruptible(w, timeout, check.fn, &fired);
                e.reset();
              }
-             if (fired) check.raise();
+             if (fired) check.raise(w.hold());
              return done;
            },
            py::arg("timeout") = -1.0, py::arg("engine") = nullptr,
@@ -287,7 +297,7 @@ inline void bind_engine(py::module_& m) {
                  w = e->run_sync(t, &check.fn);
                  e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
                }
-               if (check.fired) check.raise();  // the communicator is aborted and the ring told
+               if (check.fired) check.raise(w->hold());  // the communicator is aborted and the ring told
              } else {
                py::gil_scoped_release nogil;
                w = e->run_sync(t);
@@ -326,6 +336,8 @@ inline void bind_engine(py::module_& m) {
            },
            "Ledger as uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)]")
       .def("abort", [](EngineHandle& h) { return h.get().abort(); })
+      .def_property_readonly("running_here", [](EngineHandle& h) { return h.engine && h.engine->running_here(); },
+                             "A collective runs inline on this thread (abort() must not wait then).")
       .def("flight_record", [](EngineHandle& h) { return flight_list(h.get().flight_record()); },
            "The last K collectives, oldest first, as dicts (see ringcomm.Communicator.flight_record).")
       .def("flight_summary", [](EngineHandle& h) { return h.get().flight_summary(); })

@@ -122,8 +122,7 @@ std::shared_ptr<Work> Engine::submit(const Task& t) {
 
 std::shared_ptr<Work> Engine::run_sync(const Task& t, const std::function<bool()>* interrupted) {
   validate(t);
-  Task task = t;
-  task.interrupted = interrupted;
+  Task task = t;  // (interrupted is set below only when it runs here: a queued task runs on the worker)
   {
     std::lock_guard<std::mutex> g(m_);
     task.opts = opts_;
@@ -132,7 +131,10 @@ std::shared_ptr<Work> Engine::run_sync(const Task& t, const std::function<bool()
   bool run_here = false;
   auto w = enqueue(task, true, &run_here);
   if (run_here) {
+    task.interrupted = interrupted;
+    inline_thread_.store(std::this_thread::get_id());
     execute(task, *w);
+    inline_thread_.store(std::thread::id());
     bool handed_work;
     {
       std::lock_guard<std::mutex> g(m_);
@@ -367,6 +369,8 @@ std::unique_ptr<RingError> Engine::check_peers() {
   cv_.notify_all();
   return err;
 }
+
+bool Engine::running_here() const { return inline_thread_.load() == std::this_thread::get_id(); }
 
 bool Engine::aborted() {
   std::lock_guard<std::mutex> g(state_m_);

@@ -4,6 +4,7 @@
 // released by the bindings).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -104,6 +105,10 @@ class Engine {
   std::shared_ptr<Work> abort(bool by_interrupt = false);
   bool aborted();
   std::string abort_reason();
+  // A collective is running inline on the calling thread (run_sync), e.g.
+  // a signal handler called from its interrupt check is calling back in:
+  // waiting for queued work here would wait for ourselves.
+  bool running_here() const;
   // Device communicators: has a peer failed since the last collective? Reads
   // the control stream when no collective is running (one that is running
   // sees failures itself) and, on an ABORT notice, fails the link (which
@@ -147,6 +152,7 @@ class Engine {
   ErrKind abort_cause_ = ErrKind::aborted;
   Options opts_;  // guarded by m_; copied into each task
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
+  std::atomic<std::thread::id> inline_thread_{};  // the thread running a collective inline, if any
   std::thread worker_;
 };
 

@@ -17,9 +17,9 @@ void FlightRecorder::set_capacity(size_t k) {
 }
 
 void FlightRecorder::issued(const FlightRecord& r) {
-  if (capacity_ == 0) return;
+  if (capacity() == 0) return;
   std::lock_guard<std::mutex> g(m_);
-  if (records_.size() < capacity_) {  // still filling (first_ is 0 then)
+  if (records_.size() < capacity_.load()) {  // still filling (first_ is 0 then)
     records_.push_back(r);
     used_ = records_.size();
     return;
@@ -54,7 +54,7 @@ FlightRecord* FlightRecorder::find(uint64_t seq) {
 }
 
 void FlightRecorder::started(uint64_t seq) {
-  if (capacity_ == 0) return;
+  if (capacity() == 0) return;
   const int64_t now = wall_ns();
   std::lock_guard<std::mutex> g(m_);
   if (FlightRecord* r = find(seq)) {
@@ -79,7 +79,7 @@ void FlightRecorder::fill(FlightRecord& r, const Progress& p) {
 }
 
 void FlightRecorder::ended(uint64_t seq, const Progress& p, const std::string* error) {
-  if (capacity_ == 0) return;
+  if (capacity() == 0) return;
   const int64_t now = wall_ns();
   std::lock_guard<std::mutex> g(m_);
   if (FlightRecord* r = find(seq)) {

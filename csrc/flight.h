@@ -68,7 +68,7 @@ inline int64_t wall_ns() {
 class FlightRecorder {
  public:
   explicit FlightRecorder(size_t capacity) : capacity_(capacity) {}
-  size_t capacity() const { return capacity_; }
+  size_t capacity() const { return capacity_.load(std::memory_order_relaxed); }
   void set_capacity(size_t k);
   void issued(const FlightRecord& r);  // state queued, t_issue set by the caller
   void started(uint64_t seq);
@@ -81,7 +81,7 @@ class FlightRecorder {
  private:
   FlightRecord* find(uint64_t seq);  // with m_ held
   static void fill(FlightRecord& r, const Progress& p);
-  size_t capacity_;
+  std::atomic<size_t> capacity_;  // read without the lock on the fast path (0: off)
   std::mutex m_;
   // A ring of `capacity_` slots reused in place (no allocation per call once
   // warm): records_[(first_ + i) % size] is the i-th oldest of `used_`.

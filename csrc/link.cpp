@@ -165,6 +165,10 @@ void Link::begin(const Fingerprint& fp) {
   fp_ = fp;
   fp_.rank = rank_;
   coll_ = Coll(fp.coll);
+  // Normally empty (drain() or fail() emptied it); a request left by a
+  // collective that ended some other way must still not be freed under MPI.
+  for (auto& r : live_)
+    if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), true);
   live_.clear();
   progress_.reset();
   if (size_ == 1) return;

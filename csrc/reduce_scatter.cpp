@@ -50,9 +50,11 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
   // A segment is received straight into the accumulator, except where the
   // accumulator is the input itself (in-place all_reduce): there our own
   // contribution must survive until it is added, so it lands in a slot.
-  // Slots hold the largest segment, each starting on a 256-byte boundary so
-  // that a device reduction from a slot can use its vectorized path.
-  const size_t slot_bytes = round_up(plan.seg_count(0, 0) * es, 256);
+  // Slots hold the largest segment. A slot is read together with the
+  // segment it is added to, so it starts at that segment's address modulo
+  // 16 (on a 256-byte-aligned stride): a device reduction then shares one
+  // misalignment across its pointers and vectorizes (vector_split.h).
+  const size_t slot_bytes = round_up(plan.seg_count(0, 0) * es + 16, 256);
   char* slots = nullptr;
   std::vector<Request*> recv(units, nullptr);
   std::vector<const char*> arrived(units, nullptr);
@@ -61,7 +63,7 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
     char* dst = acc_at(c, k);
     if (dst == in_at(c, k)) {
       if (!slots) slots = link.scratch(0, size_t(window) * slot_bytes);
-      dst = slots + size_t(u % window) * slot_bytes;
+      dst = slots + size_t(u % window) * slot_bytes + reinterpret_cast<uintptr_t>(in_at(c, k)) % 16;
     }
     arrived[u] = dst;
     recv[u] = link.recv(link.left(), dst, bytes(c, k), u);

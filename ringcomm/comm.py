@@ -134,7 +134,13 @@ class Work:
         main thread) aborts the communicator, telling the other ranks, and
         raises KeyboardInterrupt.
         """
-        if not self._native.wait(-1.0 if timeout is None else float(timeout), self._engine):
+        try:
+            done = self._native.wait(-1.0 if timeout is None else float(timeout), self._engine)
+        except BaseException as exc:  # KeyboardInterrupt: the collective was aborted
+            if self._comm is not None:
+                self._comm._failed(exc, self._keep)
+            raise
+        if not done:
             raise WaitTimeout(f"collective #{self.seq} still running after {timeout} s", seq=self.seq)
         err = self._native.error()
         if err is not None:
@@ -189,6 +195,9 @@ class Work:
     def _done_with_arrays(self) -> bool:
         """Nothing (host or device) will touch this collective's arrays any more."""
         if not self._native.is_completed():
+            return False
+        hold = self._native.hold()
+        if hold is not None and hold.pending:  # failed, with requests still in flight (quarantine)
             return False
         return not self._native.on_device or self._native.synchronize(0.0)
 
@@ -381,7 +390,12 @@ class Communicator:
         """Fail this communicator on purpose and tell the ring: ranks waiting on
         it raise CommunicatorAborted instead of waiting for their deadline."""
         if not self._engine.closed and not self._engine.aborted:
-            self._engine.abort().wait()
+            w = self._engine.abort()
+            # Called back from inside a collective running on this thread (a
+            # signal handler run by the Ctrl-C check): the abort takes effect
+            # at once; waiting for it would wait for ourselves.
+            if not self._engine.running_here:
+                w.wait()
 
     def flight_record(self) -> list[dict]:
         """The last collectives of this communicator, oldest first
@@ -410,7 +424,13 @@ class Communicator:
             except RingcommError:
                 pass
             self._engine.close()
-        self._inflight.clear()
+        with self._lock:
+            for w in self._inflight:  # failed ones whose requests are still in flight keep their arrays
+                hold = w._native.hold()
+                if hold is not None and hold.pending:
+                    with _held_lock:
+                        _held.append((hold, w._keep))
+            self._inflight.clear()
         quarantined()  # release what has completed meanwhile
 
     def __enter__(self):
@@ -421,8 +441,9 @@ class Communicator:
 
     # ---- internals ----------------------------------------------------
     def _failed(self, exc: BaseException, arrays) -> None:
-        """A collective of this communicator raised `exc`: keep the arrays a
-        request still in flight may use, and dump the flight record once."""
+        """A collective of this communicator raised `exc` (a RingcommError, or
+        KeyboardInterrupt): keep the arrays a request still in flight may use,
+        and dump the flight record once."""
         _hold_arrays(exc, arrays)
         if self._settings.dump_dir and not self._dumped:
             self._dumped = True
@@ -442,7 +463,7 @@ class Communicator:
         Failures are handled as in every other call."""
         try:
             self._engine.run(0, ptr, ptr, count, dtype_code, op_code, 0, 0)
-        except RingcommError as exc:
+        except BaseException as exc:
             self._failed(exc, keep)
             raise
 
@@ -526,7 +547,7 @@ class Communicator:
         if not async_op and self._device is None:
             try:
                 self._engine.run(*args)  # the caller's frame keeps the arrays alive while it runs
-            except RingcommError as exc:
+            except BaseException as exc:  # RingcommError, or KeyboardInterrupt (the collective was aborted)
                 self._failed(exc, (xb, ob))
                 raise
             return result

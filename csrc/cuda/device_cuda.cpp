@@ -212,20 +212,31 @@ std::unique_ptr<Reducer> CudaDevice::reducer(DType dtype, Op op) {
 // Plain cudaMalloc, not the stream-ordered allocator: a neighbour on another
 // GPU copies out of this memory (the reduce-scatter accumulator), and peer
 // access enabled with cudaDeviceEnablePeerAccess does not extend to memory
-// pools. A block that is outgrown is retired, not freed: cudaFree would wait
-// for the whole device (other ranks' streams, the caller's producer kernels)
-// in the middle of a collective, and queued work of earlier collectives may
-// still use it. Retired blocks are freed with the device. Sizes grow at
-// least twofold, so that costs at most the size of the largest block again.
+// pools. A block that is outgrown is retired, not freed: cudaFree waits for
+// the whole device (other ranks' streams, the caller's producer kernels), and
+// queued work of earlier collectives may still use the old block. Retired
+// blocks are freed with the device, or (rarely: sizes that keep growing)
+// once they add up to more than the live block, accepting that one wait, so
+// scratch never holds more than twice what the largest collective needs.
 char* CudaDevice::scratch(int which, size_t bytes) {
   if (scratch_bytes_[which] < bytes) {
     DeviceGuard g(gpu_);
-    const size_t want = std::max(round_up(bytes, 256), 2 * scratch_bytes_[which]);
+    const size_t want = round_up(bytes, size_t(1) << 20);
     void* p = nullptr;
     RC_CUDA(cudaMalloc(&p, want));  // before retiring the old block: on failure nothing changes
-    if (scratch_[which]) retired_.push_back(scratch_[which]);
+    if (scratch_[which]) {
+      retired_.push_back(scratch_[which]);
+      retired_bytes_ += scratch_bytes_[which];
+    }
     scratch_[which] = static_cast<char*>(p);
     scratch_bytes_[which] = want;
+    if (retired_bytes_ > want) {
+      RC_CUDA(cudaStreamSynchronize(xfer_));  // our queued work may still use them
+      RC_CUDA(cudaStreamSynchronize(stream_));
+      for (char* r : retired_) RC_CUDA(cudaFree(r));
+      retired_.clear();
+      retired_bytes_ = 0;
+    }
   }
   return scratch_[which];
 }

@@ -45,6 +45,7 @@ class CudaDevice final : public Device {
   char* scratch_[2] = {nullptr, nullptr};
   size_t scratch_bytes_[2] = {0, 0};
   std::vector<char*> retired_;  // outgrown scratch blocks, freed with the device (scratch())
+  size_t retired_bytes_ = 0;
 };
 
 // Makes `gpu` current for the duration of a scope and restores the thread's

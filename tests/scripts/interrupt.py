@@ -1,8 +1,10 @@
 """Ctrl-C under mpirun (tests/test_faults.py).
 
 Rank 1 joins late (LATE seconds); rank 0 waits in a collective (MODE: "sync"
-all_reduce, or "async": all_reduce(async_op=True).wait()) and is sent SIGINT
-by the test, which reads each rank's "PID" line first. Rank 0 must raise
+all_reduce, "async": all_reduce(async_op=True).wait(), or "handler": a sync
+all_reduce with a SIGINT handler of its own that calls comm.abort(), which
+must neither hang nor be ignored) and is sent SIGINT by the test, which reads
+each rank's "PID" line first. Rank 0 must raise
 KeyboardInterrupt within 0.5 s of the signal; the other ranks must fail
 within one trip of the ring, not at their deadline (timeout=60 here).
 Each rank prints "RESULT {json}" with time.monotonic() stamps (one clock for
@@ -13,6 +15,7 @@ usage: interrupt.py MODE [LATE_S]
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -30,6 +33,8 @@ print(f"PID {comm.rank} {os.getpid()}", flush=True)
 out = {"rank": comm.rank}
 if comm.rank == 1:
     time.sleep(late)
+if mode == "handler" and comm.rank == 0:
+    signal.signal(signal.SIGINT, lambda *_: comm.abort())  # runs inside the waiting collective
 t0 = time.monotonic()
 try:
     if mode == "async":
@@ -46,5 +51,10 @@ except RingcommError as exc:
 out["raised_at"] = time.monotonic()
 out["waited_s"] = out["raised_at"] - t0
 out["aborted"] = comm.aborted
+# The interrupted call's send to the late rank cannot be withdrawn: it is
+# quarantined, and its array (x) held until it completes.
+from ringcomm import comm as _comm  # noqa: E402
+out["quarantined"] = ringcomm.quarantined()
+out["held_arrays"] = len(_comm._held)
 print("RESULT " + json.dumps(out), flush=True)
 comm.close()
