@@ -1,8 +1,8 @@
 """torch.distributed backend "ringcomm" under real Open MPI, against gloo in the
 same job (tests/scripts/torch_backend_check.py): every op (all reduce ops and
 dtypes, sizes 0, 1, N-1, N+1, primes, multi-segment; sync and async; in-place
-and non-contiguous forms), a subgroup, torch's DDP and FSDP2 (float32 and bf16
-mixed precision) giving the same parameters as over gloo, the ledger against
+and non-contiguous forms), a subgroup, torch's DDP and FSDP2 (float32, bf16 and
+fp16 mixed precision) giving the same parameters as over gloo, the ledger against
 what DDP moved, and errors reaching the caller within the group's timeout."""
 
 import json
