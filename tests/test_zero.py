@@ -1,0 +1,130 @@
+"""ringcomm.zero: ZeRO stages 1-3 give the same parameters as DDP (stage 0),
+bit for bit, on in-process ranks N = 1..5, float32 and float16 (mixed
+precision: fp32 master weights); the memory each rank holds and the traffic of
+a step match the articles' formulas (exactly, per rank, under the split rule)."""
+
+import numpy as np
+import pytest
+
+import ringcomm
+from ringcomm import traffic
+from ringcomm.zero import ZeroOptimizer, expected_memory, expected_traffic
+
+SIZES = [(13, 17), (17,), (17, 11), (11,), (11, 5), (5,)]  # 3 linear layers: (W, b) per unit
+
+
+def init_units(dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    ps = [(rng.standard_normal(s) * 0.3).astype(dtype) for s in SIZES]
+    return [ps[0:2], ps[2:4], ps[4:6]]
+
+
+def batch(rank, step):
+    rng = np.random.default_rng(1000 * step + rank)
+    return rng.standard_normal((8, 13)).astype(np.float32), rng.standard_normal((8, 5)).astype(np.float32)
+
+
+def train(comm, stage, dtype, steps=4, prefetch=False):
+    zero = ZeroOptimizer(init_units(dtype, seed=comm.rank), comm, stage=stage, lr=1e-2)  # rank 0's values win
+    for step in range(steps):
+        x, y = batch(comm.rank, step)
+        acts, caches = [x], []
+        for u in range(3):  # forward: tanh MLP, last layer linear
+            if prefetch and u + 1 < 3:
+                zero.prefetch(u + 1)
+            with zero.gathered(u) as (w, b):
+                z = acts[-1] @ w.astype(np.float32) + b.astype(np.float32)
+            caches.append(z)
+            acts.append(np.tanh(z) if u < 2 else z)
+        g = 2 * (acts[-1] - y) / y.size  # d(mean squared error)
+        for u in reversed(range(3)):
+            if prefetch and u > 0:
+                zero.prefetch(u - 1)
+            with zero.gathered(u) as (w, b):
+                gz = g if u == 2 else g * (1 - np.tanh(caches[u]) ** 2)
+                gw, gb = zero.grads(u)
+                gw[...] = (acts[u].T @ gz).astype(dtype)
+                gb[...] = gz.sum(0).astype(dtype)
+                g = gz @ w.astype(np.float32).T
+            zero.reduce(u)
+        zero.step()
+    return [p for unit in zero.full_parameters() for p in unit], zero.memory()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_every_stage_equals_ddp_bitwise(n, dtype):
+    ref = ringcomm.run_local(n, train, 0, dtype)
+    for stage in (1, 2, 3):
+        got = ringcomm.run_local(n, train, stage, dtype, prefetch=(stage == 3))
+        for r in range(n):
+            for i, (a, b) in enumerate(zip(ref[r][0], got[r][0])):
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), \
+                    f"stage {stage}, rank {r}, parameter {i}: differs from DDP by {np.abs(a - b).max()}"
+    # and training did something: rank 0's first layer moved from its initial value
+    assert not np.array_equal(ref[0][0][0], init_units(dtype, 0)[0][0])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_memory_and_traffic_match_the_formulas(n, stage):
+    dtype = np.float16
+    counts = [sum(int(np.prod(s)) for s in SIZES[2 * k:2 * k + 2]) for k in range(3)]
+    psi = sum(counts)
+
+    def body(comm):
+        zero = ZeroOptimizer(init_units(dtype), comm, stage=stage)
+        steady = zero.memory()
+        comm.reset_traffic()
+        x, y = batch(comm.rank, 0)
+        for u in range(3):
+            with zero.gathered(u):
+                pass
+        for u in reversed(range(3)):
+            with zero.gathered(u):
+                for gr in zero.grads(u):
+                    gr[...] = 1
+            zero.reduce(u)
+        zero.step()
+        return steady, comm.traffic().bytes_sent(), zero.memory()
+
+    res = ringcomm.run_local(n, body)
+    for r, (steady, sent, after) in enumerate(res):
+        mine = sum(c // n + (1 if r < c % n else 0) for c in counts)  # this rank's elements under the split rule
+        want = {0: {"params": 2 * psi, "grads": 2 * psi, "optimizer": 12 * psi},
+                1: {"params": 2 * psi, "grads": 2 * psi, "optimizer": 12 * mine},
+                2: {"params": 2 * psi, "grads": 2 * mine, "optimizer": 12 * mine},
+                3: {"params": 2 * mine, "grads": 2 * mine, "optimizer": 12 * mine}}[stage]
+        for k, v in want.items():
+            assert steady[k] == v, f"rank {r} stage {stage} {k}: {steady[k]} B held, formula {v}"
+        assert after["params"] == steady["params"] and after["grads"] == steady["grads"]
+        # formula check, to the byte: the closed form summed over units
+        per_unit = {0: [("all_reduce", c) for c in counts],
+                    1: [("reduce_scatter", c) for c in counts] + [("all_gather", c) for c in counts],
+                    2: [("reduce_scatter", c) for c in counts] + [("all_gather", c) for c in counts],
+                    3: [("all_gather", c) for c in counts] * 2 + [("reduce_scatter", c) for c in counts]}[stage]
+        exact = sum(traffic.expected(coll, c, "float16", n, r).bytes_sent for coll, c in per_unit)
+        assert sent == exact, f"rank {r} stage {stage}: sent {sent} B, expected {exact} B"
+    # The articles' formula, which assumes Psi divisible by N: the mean over ranks matches it.
+    mean_sent = np.mean([s for _, s, _ in res])
+    assert abs(mean_sent - expected_traffic(stage, psi, n)) <= 2 * 3 * len(counts), (mean_sent, stage)
+    mean_mem = {k: np.mean([m[k] for m, _, _ in res]) for k in ("params", "grads", "optimizer")}
+    formula = expected_memory(stage, psi, n)
+    for k in mean_mem:
+        assert abs(mean_mem[k] - formula[k]) < 1e-6 * formula[k] + 1, (k, mean_mem[k], formula[k])
+
+
+def test_bad_arguments():
+    with pytest.raises(ringcomm.InvalidArgument, match="stage"):
+        ringcomm.run_local(1, lambda c: ZeroOptimizer(init_units(np.float32), c, stage=4))
+    with pytest.raises(ringcomm.InvalidArgument, match="one dtype"):
+        ringcomm.run_local(1, lambda c: ZeroOptimizer([[np.zeros(3, np.float32), np.zeros(2, np.float16)]], c,
+                                                      stage=1))
+    with pytest.raises(ringcomm.InvalidArgument, match="floating"):
+        ringcomm.run_local(1, lambda c: ZeroOptimizer([[np.zeros(3, np.int32)]], c, stage=1))
+
+    def sharded(c):
+        z = ZeroOptimizer(init_units(np.float32), c, stage=3)
+        z.params(0)
+    with pytest.raises(ringcomm.InvalidArgument, match="sharded"):
+        ringcomm.run_local(2, sharded)
