@@ -370,6 +370,11 @@ def main(argv=None) -> int:
     c.add_argument("--mpi-max", type=int, default=4, help="also measure MPI ranks up to this N (0: none)")
     c.add_argument("--reps", type=int, default=5)
     c.add_argument("--png", help="plot of time against N with the model")
+    z = sub.add_parser("zero", help="DDP vs ZeRO-1/2/3: memory per rank and traffic per step, measured")
+    z.add_argument("-n", type=int, default=4, help="in-process ranks (default 4)")
+    z.add_argument("--params", type=int, default=2_000_000, help="model size Psi (default 2,000,000)")
+    z.add_argument("--json", help="write the measurements as JSON")
+    z.add_argument("--png", help="bar chart of memory per rank against the formulas")
     args = ap.parse_args(argv)
     if getattr(args, "n", 1) < 1:
         ap.error("-n must be at least 1")
@@ -389,6 +394,9 @@ def main(argv=None) -> int:
         if args.png:
             draw_traffic(rows, args.n, args.count, args.png)
             print(f"\nwrote {args.png}")
+    elif args.demo == "zero":
+        from .zero import demo
+        demo(args.n, args.params, args.json, args.png)
     else:
         scaling(args.max_n, parse_size(args.bytes), args.mpi_max, args.reps, png=args.png)
         if args.png:

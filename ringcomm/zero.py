@@ -61,7 +61,7 @@ def _split(count: int, n: int, r: int) -> tuple[int, int]:
     return lo, lo + base + (1 if r < extra else 0)
 
 
-@dataclass
+@dataclass(eq=False)  # units are compared by identity
 class _Unit:
     shapes: list
     sizes: list
@@ -91,7 +91,7 @@ class ZeroOptimizer:
     """
 
     def __init__(self, units, comm, *, stage: int, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, optimizer: str = "adam"):
+                 weight_decay: float = 0.0, optimizer: str = "adam", max_grads_in_flight: int = 2):
         if stage not in (0, 1, 2, 3):
             raise InvalidArgument(f"stage must be 0 (DDP), 1, 2 or 3, got {stage}")
         if optimizer not in ("adam", "sgd"):
@@ -107,6 +107,12 @@ class ZeroOptimizer:
         if name not in _dtypes.FLOATING:
             raise InvalidArgument(f"parameters must be floating (float32, float16, bfloat16), got {self.dtype}")
         self.comm, self.stage, self.optimizer = comm, stage, optimizer
+        # Stages 2-3: at most this many units' full gradients exist at once
+        # (being filled, or being reduce-scattered); the next grads() waits
+        # for the oldest reduction first. Bounds the peak, like DeepSpeed's
+        # reduce bucket size.
+        self.max_grads_in_flight = max(1, int(max_grads_in_flight))
+        self._inflight: list[_Unit] = []
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.t = 0
         n, r = comm.size, comm.rank
@@ -214,7 +220,12 @@ class ZeroOptimizer:
         """Unit i's gradient arrays, to be filled by backward (stages 2-3:
         allocated now, freed once reduce(i) has reduce-scattered them)."""
         u = self._units[i]
+        self._free_reduced()
         if u.grads is None:
+            if self.stage >= 2:
+                while len(self._inflight) >= self.max_grads_in_flight:
+                    self._settle(self._inflight[0])
+                self._inflight.append(u)
             u.grads = np.zeros(u.count, self.dtype)
             self._count("grads", u.grads.nbytes)
         out, off = [], 0
@@ -234,6 +245,15 @@ class ZeroOptimizer:
             u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True)
         else:
             u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True)
+        self._free_reduced()
+
+    def _free_reduced(self) -> None:
+        """Stages 2-3: drop the full gradients of units whose reduce-scatter
+        has finished, as soon as it has (what makes their peak small)."""
+        if self.stage >= 2:
+            for u in self._units:
+                if u.work is not None and u.work.is_completed():
+                    self._settle(u)
 
     def _settle(self, u: _Unit) -> None:
         if u.work is not None:
@@ -242,6 +262,7 @@ class ZeroOptimizer:
             if self.stage >= 2:  # the full gradient buffer is not kept
                 self._count("grads", -u.grads.nbytes)
                 u.grads = None
+                self._inflight.remove(u)
 
     # ---- the step -------------------------------------------------------------
     def step(self) -> None:
@@ -305,3 +326,136 @@ def expected_traffic(stage: int, psi: int, n: int, param_bytes: int = 2) -> floa
     AG backward, RS), times the element size."""
     factor = 3 if stage == 3 else 2
     return factor * psi * param_bytes * (n - 1) / n
+
+
+# ---------------------------------------------------------------------------
+# `ringcomm demo zero`: the articles' table, measured.
+
+def _mlp_widths(psi: int, layers: int = 8) -> list[int]:
+    """Widths of a `layers`-layer MLP with about `psi` parameters (square hidden layers)."""
+    w = max(4, int((psi / layers) ** 0.5))
+    return [w] * (layers + 1)
+
+
+def _mlp_units(widths: list[int], dtype, seed: int = 0) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [[(rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype), np.zeros(b, dtype)]
+            for a, b in zip(widths[:-1], widths[1:])]
+
+
+def _train_step(zero: "ZeroOptimizer", widths: list[int], rank: int, step: int, dtype, prefetch: bool = True):
+    rng = np.random.default_rng(7919 * step + rank)
+    x = rng.standard_normal((8, widths[0])).astype(np.float32)
+    y = rng.standard_normal((8, widths[-1])).astype(np.float32)
+    units = len(widths) - 1
+    acts, zs = [x], []
+    for u in range(units):
+        if prefetch and u + 1 < units:
+            zero.prefetch(u + 1)
+        with zero.gathered(u) as (w, b):
+            z = acts[-1] @ w.astype(np.float32) + b.astype(np.float32)
+        zs.append(z)
+        acts.append(np.tanh(z) if u < units - 1 else z)
+    g = 2 * (acts[-1] - y) / y.size
+    for u in reversed(range(units)):
+        if prefetch and u > 0:
+            zero.prefetch(u - 1)
+        with zero.gathered(u) as (w, b):
+            gz = g if u == units - 1 else g * (1 - np.tanh(zs[u]) ** 2)
+            gw, gb = zero.grads(u)
+            gw[...] = (acts[u].T @ gz).astype(dtype)
+            gb[...] = gz.sum(0).astype(dtype)
+            g = gz @ w.astype(np.float32).T
+        zero.reduce(u)
+    zero.step()
+
+
+def measure(n: int, psi: int, steps: int = 2, dtype=np.float16) -> dict:
+    """Train the same MLP (about psi parameters) under DDP and ZeRO-1/2/3 on
+    n in-process ranks; per stage, the maximum over ranks of the bytes held
+    (steady state, and peak during a step) and of the payload sent in one
+    step (ledger), and the largest difference from DDP's parameters."""
+    widths = _mlp_widths(psi)
+    actual_psi = sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+    import ringcomm
+
+    def body(comm, stage):
+        zero = ZeroOptimizer(_mlp_units(widths, dtype), comm, stage=stage, lr=1e-3)
+        for s in range(steps - 1):
+            _train_step(zero, widths, comm.rank, s, dtype)
+        zero.reset_peak()
+        comm.reset_traffic()
+        _train_step(zero, widths, comm.rank, steps - 1, dtype)
+        sent = sum(comm.traffic().bytes_sent(c) for c in ("all_reduce", "reduce_scatter", "all_gather"))
+        mem = zero.memory()
+        params = zero.full_parameters()
+        return mem, sent, params
+
+    results = {}
+    ref = None
+    for stage in (0, 1, 2, 3):
+        res = ringcomm.run_local(n, body, stage)
+        if stage == 0:
+            ref = res[0][2]
+        diff = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+                   for unit_a, unit_b in zip(ref, res[0][2]) for a, b in zip(unit_a, unit_b))
+        results[("ddp", "zero1", "zero2", "zero3")[stage]] = {
+            "memory_bytes": {k: max(m[k] for m, _, _ in res) for k in ("params", "grads", "optimizer")},
+            "peak_memory_bytes": max(m["peak"] for m, _, _ in res),
+            "sent_bytes_per_step": max(s for _, s, _ in res),
+            "max_abs_param_diff_vs_ddp": diff,
+        }
+    return {"n": n, "psi": actual_psi, "param_bytes": int(np.dtype(dtype).itemsize), "stages": results}
+
+
+def demo(n: int, psi: int, json_path: str | None = None, png_path: str | None = None, out=None) -> dict:
+    import json
+    import sys
+    out = out or sys.stdout
+    r = measure(n, psi)
+    psi, pb = r["psi"], r["param_bytes"]
+    print(f"ZeRO on {n} in-process ranks: an {len(_mlp_widths(psi)) - 1}-layer MLP with Psi = {psi:,} parameters, "
+          f"{pb}-byte parameters and gradients, Adam with fp32 master weights (K = 12 B per parameter).", file=out)
+    print("Per rank (maximum over ranks), measured from the arrays each rank holds / the ledger, vs the formula:",
+          file=out)
+    head = f"{'':6} {'params':>22} {'grads':>22} {'optimizer':>22} {'total (formula)':>24} {'peak':>11} " \
+           f"{'sent/step (formula)':>27} {'vs DDP':>7}"
+    print(head, file=out)
+    mib = 1 / 2**20
+    formulas = {"ddp": "16Psi", "zero1": "4Psi+12Psi/N", "zero2": "2Psi+14Psi/N", "zero3": "16Psi/N"}
+    for stage, name in enumerate(("ddp", "zero1", "zero2", "zero3")):
+        s = r["stages"][name]
+        f = expected_memory(stage, psi, n, pb)
+        m = s["memory_bytes"]
+        cells = [f"{m[k] * mib:8.2f} ({f[k] * mib:8.2f}) MiB" for k in ("params", "grads", "optimizer")]
+        total, ftotal = sum(m.values()), sum(f.values())
+        sent, fsent = s["sent_bytes_per_step"], expected_traffic(stage, psi, n, pb)
+        print(f"{name:6} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22} "
+              f"{total * mib:8.2f} ({formulas[name]} = {ftotal * mib:.2f}) {s['peak_memory_bytes'] * mib:8.2f} MiB "
+              f"{sent * mib:8.2f} ({fsent * mib:8.2f}) MiB {s['max_abs_param_diff_vs_ddp']:7.1g}", file=out)
+    print(f"(sent/step formula: {2 if True else 0}Psi(N-1)/N for DDP and ZeRO-1/2, 3Psi(N-1)/N for ZeRO-3, "
+          f"times {pb} B; 'vs DDP': largest parameter difference after the steps: 0 = bitwise equal)", file=out)
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(r, fh, indent=1)
+        print(f"wrote {json_path}", file=out)
+    if png_path:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        names = ["ddp", "zero1", "zero2", "zero3"]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        bottom = np.zeros(4)
+        for k, color in (("params", "#4c72b0"), ("grads", "#dd8452"), ("optimizer", "#55a868")):
+            vals = np.array([r["stages"][s]["memory_bytes"][k] * mib for s in names])
+            ax.bar(names, vals, bottom=bottom, label=k, color=color)
+            bottom += vals
+        ax.scatter(names, [sum(expected_memory(i, psi, n, pb).values()) * mib for i in range(4)], color="black",
+                   marker="_", s=600, label="formula", zorder=3)
+        ax.set_ylabel("MiB per rank")
+        ax.set_title(f"ZeRO memory per rank, measured: Psi = {psi:,}, N = {n}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png_path, dpi=110)
+        print(f"wrote {png_path}", file=out)
+    return r

@@ -128,3 +128,25 @@ def test_bad_arguments():
         z.params(0)
     with pytest.raises(ringcomm.InvalidArgument, match="sharded"):
         ringcomm.run_local(2, sharded)
+
+
+def test_demo_zero_json(tmp_path):
+    import json
+    import subprocess
+    import sys
+    path = tmp_path / "zero.json"
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "demo", "zero", "-n", "3", "--params", "30000",
+                          "--json", str(path)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(path.read_text())
+    assert d["n"] == 3 and d["param_bytes"] == 2 and set(d["stages"]) == {"ddp", "zero1", "zero2", "zero3"}
+    psi = d["psi"]
+    for stage, name in enumerate(("ddp", "zero1", "zero2", "zero3")):
+        s = d["stages"][name]
+        assert s["max_abs_param_diff_vs_ddp"] == 0.0
+        f = expected_memory(stage, psi, 3)
+        for k, v in s["memory_bytes"].items():  # max over ranks: at most one element per unit above the mean
+            assert f[k] <= v <= f[k] + 16 * 9 * 2, (name, k, v, f[k])
+        assert s["peak_memory_bytes"] >= sum(s["memory_bytes"].values())
+        assert abs(s["sent_bytes_per_step"] - expected_traffic(stage, psi, 3)) <= 3 * 2 * 9 * 2
+    assert "16Psi/N" in res.stdout
