@@ -52,7 +52,7 @@ import numpy as np
 from . import _dtypes
 from .errors import InvalidArgument
 
-__all__ = ["ZeroOptimizer", "expected_memory", "expected_traffic"]
+__all__ = ["ZeroOptimizer", "consolidate", "expected_memory", "expected_traffic"]
 
 
 def _split(count: int, n: int, r: int) -> tuple[int, int]:
@@ -290,6 +290,55 @@ class ZeroOptimizer:
         for w in gathers:
             w.wait()
 
+    # ---- checkpoints -----------------------------------------------------------
+    def save(self, prefix: str) -> str:
+        """Write this rank's shard of the optimizer state (fp32 master weights,
+        Adam moments, step count) to ``{prefix}.rank{r}.npz``; collective in
+        spirit (every rank saves its own file). Returns the path."""
+        arrays = {"meta": np.array([self.stage, self.comm.size, self.comm.rank, self.t, len(self._units)],
+                                   np.int64),
+                  "counts": np.array([u.count for u in self._units], np.int64),
+                  "hyper": np.array([self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay], np.float64)}
+        for i, u in enumerate(self._units):
+            arrays[f"master{i}"] = u.master
+            if u.m is not None:
+                arrays[f"m{i}"], arrays[f"v{i}"] = u.m, u.v
+        path = f"{prefix}.rank{self.comm.rank}.npz"
+        np.savez(path, **arrays)
+        return path
+
+    def load(self, prefix: str) -> None:
+        """Restore this rank's shard saved by ``save(prefix)`` with the same
+        stage, number of ranks and units; parameters are rebuilt from the
+        master weights (as every step leaves them), so training continues
+        bit for bit where it stopped. Collective (stages 1-2 re-gather)."""
+        with np.load(f"{prefix}.rank{self.comm.rank}.npz") as f:
+            stage, n, rank, t, units = (int(x) for x in f["meta"])
+            if (stage, n, rank) != (self.stage, self.comm.size, self.comm.rank) or units != len(self._units):
+                raise InvalidArgument(f"checkpoint {prefix} is stage {stage}, rank {rank} of {n}, {units} units; "
+                                      f"this optimizer is stage {self.stage}, rank {self.comm.rank} of "
+                                      f"{self.comm.size}, {len(self._units)} units (consolidate() to change N)")
+            if list(f["counts"]) != [u.count for u in self._units]:
+                raise InvalidArgument(f"checkpoint {prefix} has units of {list(f['counts'])} parameters, "
+                                      f"this model {[u.count for u in self._units]}")
+            self.t = t
+            for i, u in enumerate(self._units):
+                u.master[...] = f[f"master{i}"]
+                if u.m is not None:
+                    u.m[...], u.v[...] = f[f"m{i}"], f[f"v{i}"]
+        gathers = []
+        for u in self._units:
+            if self.stage == 0:
+                u.params[...] = u.master.astype(self.dtype)
+            elif self.stage < 3:
+                shard = u.params[u.lo:u.hi]
+                shard[...] = u.master.astype(self.dtype)
+                gathers.append(self.comm.all_gather(shard, out=u.params, async_op=True))
+            else:
+                u.param_shard[...] = u.master.astype(self.dtype)
+        for w in gathers:
+            w.wait()
+
     def _update(self, u: _Unit, g: np.ndarray) -> None:
         p = u.master
         if self.weight_decay:
@@ -305,6 +354,33 @@ class ZeroOptimizer:
         c1 = np.float32(1 - self.betas[0] ** self.t)
         c2 = np.float32(1 - self.betas[1] ** self.t)
         p -= np.float32(self.lr) * (u.m / c1) / (np.sqrt(u.v / c2) + np.float32(self.eps))
+
+
+def consolidate(prefix: str, path: str | None = None) -> dict:
+    """Assemble the full optimizer state from every rank's ``save(prefix)``
+    files: {"stage", "t", "units": [{"master", "m", "v"} as full fp32 arrays]}
+    (the model's parameters are ``master`` cast to the training dtype). With
+    `path`, also written there as one .npz."""
+    import glob
+    files = sorted(glob.glob(f"{prefix}.rank*.npz"), key=lambda p: int(p.rsplit(".rank", 1)[1][:-4]))
+    if not files:
+        raise InvalidArgument(f"no checkpoint files {prefix}.rank*.npz")
+    loaded = [dict(np.load(p)) for p in files]
+    stage, n, _, t, units = (int(x) for x in loaded[0]["meta"])
+    if len(loaded) != n and stage != 0:
+        raise InvalidArgument(f"{prefix}: {len(loaded)} rank files, the checkpoint was made by {n} ranks")
+    out = {"stage": stage, "t": t, "units": []}
+    for i in range(units):
+        unit = {}
+        for key in ("master", "m", "v"):
+            if f"{key}{i}" not in loaded[0]:
+                continue
+            unit[key] = loaded[0][f"{key}{i}"] if stage == 0 else np.concatenate([d[f"{key}{i}"] for d in loaded])
+        out["units"].append(unit)
+    if path:
+        np.savez(path, t=np.array(t), stage=np.array(stage),
+                 **{f"{k}{i}": v for i, u in enumerate(out["units"]) for k, v in u.items()})
+    return out
 
 
 def expected_memory(stage: int, psi: int, n: int, param_bytes: int = 2, optimizer_bytes: int = 12) -> dict:
