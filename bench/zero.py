@@ -16,11 +16,18 @@ and faster than FSDP2 over gloo.
 
 from __future__ import annotations
 
-import argparse
-import time
-import warnings
+import os
 
-import numpy as np
+# One BLAS thread per rank, for numpy as for torch (set_num_threads(1) below):
+# ranks share the cores, and multi-threaded BLAS in every rank thrashes them.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 import ringcomm
 from ringcomm.zero import ZeroOptimizer, _mlp_units, _train_step
@@ -57,11 +64,9 @@ def main() -> None:
         impls[name] = run
 
     if not args.no_fsdp:
-        import os
-
         import torch
         import torch.distributed as dist
-        import ringcomm.torch  # noqa: F401 - sets the launcher variables from MPI
+        from ringcomm import torch as _rt  # noqa: F401 - sets the launcher variables from MPI
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
         torch.set_num_threads(1)
@@ -87,9 +92,7 @@ def main() -> None:
                 opt.zero_grad()
         impls["fsdp2-gloo"] = fsdp
 
-    # Compute-only references (one rank's work, no communication): numpy and torch.
-    local = ringcomm.run_local(1, lambda c: None)  # noqa: F841 - (warms the in-process path)
-
+    # Compute-only reference (one rank's work, no communication).
     def numpy_compute():
         def body(c):
             z = ZeroOptimizer(_mlp_units(widths, dtype), c, stage=0, lr=1e-4)
