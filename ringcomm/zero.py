@@ -166,12 +166,17 @@ class ZeroOptimizer:
         self._peak = sum(self._alive.values())
 
     # ---- parameters -----------------------------------------------------------
-    def _views(self, u: _Unit) -> list:
+    @staticmethod
+    def _unflatten(u: _Unit, flat: np.ndarray) -> list:
+        """The unit's arrays as views of one of its flat buffers."""
         out, off = [], 0
         for shape, k in zip(u.shapes, u.sizes):
-            out.append(u.params[off:off + k].reshape(shape))
+            out.append(flat[off:off + k].reshape(shape))
             off += k
         return out
+
+    def _views(self, u: _Unit) -> list:
+        return self._unflatten(u, u.params)
 
     def params(self, i: int) -> list:
         """Unit i's parameter arrays (stages 0-2 always; stage 3 inside gathered(i))."""
@@ -228,11 +233,7 @@ class ZeroOptimizer:
                 self._inflight.append(u)
             u.grads = np.zeros(u.count, self.dtype)
             self._count("grads", u.grads.nbytes)
-        out, off = [], 0
-        for shape, k in zip(u.shapes, u.sizes):
-            out.append(u.grads[off:off + k].reshape(shape))
-            off += k
-        return out
+        return self._unflatten(u, u.grads)
 
     def reduce(self, i: int) -> None:
         """Unit i's gradients are complete on this rank: start averaging them

@@ -27,27 +27,7 @@ def batch(rank, step):
 def train(comm, stage, dtype, steps=4, prefetch=False):
     zero = ZeroOptimizer(init_units(dtype, seed=comm.rank), comm, stage=stage, lr=1e-2)  # rank 0's values win
     for step in range(steps):
-        x, y = batch(comm.rank, step)
-        acts, caches = [x], []
-        for u in range(3):  # forward: tanh MLP, last layer linear
-            if prefetch and u + 1 < 3:
-                zero.prefetch(u + 1)
-            with zero.gathered(u) as (w, b):
-                z = acts[-1] @ w.astype(np.float32) + b.astype(np.float32)
-            caches.append(z)
-            acts.append(np.tanh(z) if u < 2 else z)
-        g = 2 * (acts[-1] - y) / y.size  # d(mean squared error)
-        for u in reversed(range(3)):
-            if prefetch and u > 0:
-                zero.prefetch(u - 1)
-            with zero.gathered(u) as (w, b):
-                gz = g if u == 2 else g * (1 - np.tanh(caches[u]) ** 2)
-                gw, gb = zero.grads(u)
-                gw[...] = (acts[u].T @ gz).astype(dtype)
-                gb[...] = gz.sum(0).astype(dtype)
-                g = gz @ w.astype(np.float32).T
-            zero.reduce(u)
-        zero.step()
+        _step(zero, comm.rank, step, dtype, prefetch)
     return [p for unit in zero.full_parameters() for p in unit], zero.memory()
 
 
@@ -184,16 +164,22 @@ def test_checkpoint_resume_is_bit_identical(stage, tmp_path):
     assert np.load(tmp_path / "full.npz")["master0"].shape == (counts[0],)
 
 
-def _step(zero, rank, step, dtype=np.float16):
+def _step(zero, rank, step, dtype=np.float16, prefetch=False):
+    """One training step of a tanh MLP written here in numpy (independent of
+    ringcomm.zero's own demo trainer): forward, backward, reduce, step."""
     x, y = batch(rank, step)
     acts, caches = [x], []
     for u in range(3):
+        if prefetch and u + 1 < 3:
+            zero.prefetch(u + 1)
         with zero.gathered(u) as (w, b):
             z = acts[-1] @ w.astype(np.float32) + b.astype(np.float32)
         caches.append(z)
         acts.append(np.tanh(z) if u < 2 else z)
-    g = 2 * (acts[-1] - y) / y.size
+    g = 2 * (acts[-1] - y) / y.size  # d(mean squared error)
     for u in reversed(range(3)):
+        if prefetch and u > 0:
+            zero.prefetch(u - 1)
         with zero.gathered(u) as (w, b):
             gz = g if u == 2 else g * (1 - np.tanh(caches[u]) ** 2)
             gw, gb = zero.grads(u)
