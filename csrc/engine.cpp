@@ -86,7 +86,8 @@ std::shared_ptr<Work> Engine::enqueue(const Task& t, bool inline_if_idle, bool* 
   auto w = std::make_shared<Work>();
   std::lock_guard<std::mutex> g(m_);
   w->seq_ = t.abort ? 0 : ++next_seq_;
-  if (!t.abort) {
+  const bool here = inline_if_idle && queue_.empty() && !busy_;
+  if (!t.abort && recorder_.capacity()) {
     FlightRecord r;
     r.seq = w->seq_;
     r.coll = int32_t(t.coll);
@@ -96,9 +97,13 @@ std::shared_ptr<Work> Engine::enqueue(const Task& t, bool inline_if_idle, bool* 
     r.root = t.root;
     r.algo = t.algo;
     r.t_issue_ns = wall_ns();
+    if (here) {  // runs right now on the caller's thread: issued and started in one record
+      r.state = FlightState::running;
+      r.t_start_ns = r.t_issue_ns;
+    }
     recorder_.issued(r);
   }
-  if (inline_if_idle && queue_.empty() && !busy_) {
+  if (here) {
     busy_ = true;
     *run_here = true;
   } else {
@@ -132,9 +137,10 @@ std::shared_ptr<Work> Engine::run_sync(const Task& t, const std::function<bool()
   auto w = enqueue(task, true, &run_here);
   if (run_here) {
     task.interrupted = interrupted;
-    inline_thread_.store(std::this_thread::get_id());
+    task.started = true;  // recorded as running by enqueue()
+    inline_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     execute(task, *w);
-    inline_thread_.store(std::thread::id());
+    inline_thread_.store(std::thread::id(), std::memory_order_relaxed);
     bool handed_work;
     {
       std::lock_guard<std::mutex> g(m_);
@@ -203,7 +209,7 @@ void Engine::loop() {
 
 void Engine::execute(const Task& t, Work& w) {
   std::unique_ptr<RingError> err;
-  if (!t.abort) recorder_.started(w.seq());
+  if (!t.abort && !t.started) recorder_.started(w.seq());
   link_.set_interrupt_check(t.interrupted);
   try {
     run(t, w);
@@ -370,7 +376,8 @@ std::unique_ptr<RingError> Engine::check_peers() {
   return err;
 }
 
-bool Engine::running_here() const { return inline_thread_.load() == std::this_thread::get_id(); }
+// Only the thread that stored it can find its own id there: relaxed is enough.
+bool Engine::running_here() const { return inline_thread_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
 
 bool Engine::aborted() {
   std::lock_guard<std::mutex> g(state_m_);

@@ -64,6 +64,7 @@ struct Task {
   Options opts;  // filled by submit(): the options in force when it was issued
   bool abort = false;  // not a collective: abort the communicator (Engine::abort)
   const std::function<bool()>* interrupted = nullptr;  // run_sync on the caller's thread: Ctrl-C check
+  bool started = false;  // its flight record already says running (an inline run)
 };
 
 class Engine {

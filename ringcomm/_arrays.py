@@ -81,18 +81,18 @@ def _c_contiguous(shape, strides, itemsize) -> bool:
     return True
 
 
-def view(x, what: str = "input") -> Buf:
-    """Describe `x` for the native layer, or raise InvalidArgument saying what is wrong."""
-    b = _view(x, what)
+def _aligned(b: Buf, what: str) -> Buf:
+    """Device arrays only: a misaligned device access is a sticky CUDA error
+    that kills the context of every in-process rank on that GPU, so a pointer
+    not aligned to the element size is refused here."""
     if b.device is not None and b.count and b.ptr % _dtypes.itemsize(b.dtype):
-        # A misaligned device access is a sticky CUDA error that kills the
-        # context of every in-process rank on that GPU: refuse it here.
         raise InvalidArgument(f"{what}: device pointer {b.ptr:#x} is not aligned to its element size "
                               f"({_dtypes.itemsize(b.dtype)} bytes for {b.dtype}); pass an aligned copy")
     return b
 
 
-def _view(x, what: str) -> Buf:
+def view(x, what: str = "input") -> Buf:
+    """Describe `x` for the native layer, or raise InvalidArgument saying what is wrong."""
     if isinstance(x, np.ndarray):
         return _from_numpy(x, x, what)
     if _is_torch(x):
@@ -169,8 +169,8 @@ def _from_dlpack(x, what: str) -> Buf:
             f"{what}: tensor is not contiguous (shape {shape}, strides {info['strides']}); "
             "pass x.contiguous()")
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    return Buf(x, info["ptr"], count, name, shape, bool(info["readonly"]), family, capsule, device=device,
-               stream_fn=stream_fn)
+    return _aligned(Buf(x, info["ptr"], count, name, shape, bool(info["readonly"]), family, capsule, device=device,
+                        stream_fn=stream_fn), what)
 
 
 _TORCH_DTYPES: dict = {}  # torch.dtype -> our name (None: unsupported), filled on first use
@@ -214,8 +214,8 @@ def _from_torch_cuda(x, what: str) -> Buf:
                               "pass x.contiguous()")
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     src = x.detach()
-    return Buf(x, src.data_ptr(), src.numel(), name, tuple(x.shape), False, "torch", src, device=dev,
-               stream_fn=lambda: torch.cuda.current_stream(dev).cuda_stream)
+    return _aligned(Buf(x, src.data_ptr(), src.numel(), name, tuple(x.shape), False, "torch", src, device=dev,
+                        stream_fn=lambda: torch.cuda.current_stream(dev).cuda_stream), what)
 
 
 def _from_cai(x, what: str) -> Buf:
@@ -255,7 +255,7 @@ def _from_cai(x, what: str) -> Buf:
             raise InvalidArgument(f"{what}: __cuda_array_interface__ points at memory that is not on a GPU")
         handle = cai.get("stream")  # v3: the producer's stream (None: no ordering needed)
         stream_fn = lambda: 0 if handle is None else int(handle)  # noqa: E731
-    return Buf(x, ptr, count, name, shape, bool(readonly), family, x, device=dev, stream_fn=stream_fn)
+    return _aligned(Buf(x, ptr, count, name, shape, bool(readonly), family, x, device=dev, stream_fn=stream_fn), what)
 
 
 def empty_like(template: Buf, count: int):
