@@ -37,6 +37,8 @@ void FlightRecorder::issued(const FlightRecord& r) {
   slot.algo = r.algo;
   slot.count = r.count;
   slot.t_issue_ns = r.t_issue_ns;
+  slot.state = r.state;  // running already, for a collective that runs inline
+  slot.t_start_ns = r.t_start_ns;
   slot.what = std::move(what);
   slot.what.clear();
   slot.error = std::move(error);
