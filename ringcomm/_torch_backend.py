@@ -525,41 +525,26 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier and their coalesced "
             "forms); use a gloo group for it, e.g. dist.new_group(backend='gloo')")
 
-    def send(self, *a, **k):
-        self._unsupported("send")
-
-    def recv(self, *a, **k):
-        self._unsupported("recv")
-
-    def recv_anysource(self, *a, **k):
-        self._unsupported("recv_anysource")
-
-    def alltoall(self, *a, **k):
-        self._unsupported("all_to_all")
-
-    def alltoall_base(self, *a, **k):
-        self._unsupported("all_to_all_single")
-
-    def all_to_all_single(self, *a, **k):
-        self._unsupported("all_to_all_single")
-
-    def gather(self, *a, **k):
-        self._unsupported("gather")
-
-    def scatter(self, *a, **k):
-        self._unsupported("scatter")
-
-    def reduce(self, *a, **k):
-        self._unsupported("reduce")
-
-    def monitored_barrier(self, *a, **k):
-        self._unsupported("monitored_barrier")
-
     def shutdown(self) -> None:
         self.comm.close()
 
     def abort(self) -> None:
         self.comm.abort()
+
+
+def _refuse(op: str):
+    def method(self, *args, **kwargs):
+        self._unsupported(op)
+    method.__name__ = op
+    return method
+
+
+# torch's method name -> the op's name in torch.distributed, for the error.
+for _name, _op in (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv_anysource"),
+                   ("alltoall", "all_to_all"), ("alltoall_base", "all_to_all_single"),
+                   ("all_to_all_single", "all_to_all_single"), ("gather", "gather"), ("scatter", "scatter"),
+                   ("reduce", "reduce"), ("monitored_barrier", "monitored_barrier")):
+    setattr(ProcessGroupRingcomm, _name, _refuse(_op))
 
 
 class _Combined(_Work):
