@@ -70,6 +70,7 @@ sources = [
     "csrc/common.cpp", "csrc/plan.cpp", "csrc/reducer_cpu.cpp", "csrc/link.cpp",
     "csrc/inproc_transport.cpp", "csrc/mpi_transport.cpp",
     "csrc/reduce_scatter.cpp", "csrc/all_gather.cpp", "csrc/all_reduce.cpp", "csrc/broadcast.cpp", "csrc/naive.cpp",
+    "csrc/pairwise.cpp", "csrc/recursive_doubling.cpp", "csrc/halving_doubling.cpp",
     "csrc/engine.cpp", "csrc/quarantine.cpp", "csrc/flight.cpp", "csrc/stream_emu.cpp", "csrc/grouped_transport.cpp", "csrc/bindings.cpp",
 ]
 

@@ -23,6 +23,18 @@ void ring_all_gather(Link& link, const RingPlan& plan, const char* own, char* ou
 // All-reduce = reduce-scatter, then all-gather, on the same buffer (all_reduce.cpp).
 void ring_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
 
+// Recursive doubling all-reduce (recursive_doubling.cpp): log2 steps of
+// whole buffers; for small buffers. Any number of ranks (folded).
+void recursive_doubling_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
+
+// Halving-doubling (halving_doubling.cpp): recursive-halving reduce-scatter +
+// recursive-doubling all-gather; the halves need a power-of-two number of
+// ranks (arguments as for the ring's), the all-reduce folds any number.
+void halving_doubling_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* acc,
+                                     char* own);
+void halving_doubling_all_gather(Link& link, const RingPlan& plan, const char* own, char* out);
+void halving_doubling_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
+
 // Master-centric all-reduce through rank 0 (naive.cpp), for comparison.
 void naive_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
 

@@ -117,8 +117,8 @@ inline py::object failure_object(const RingError& e, std::shared_ptr<Hold> hold)
 
 inline py::list flight_list(const std::vector<FlightRecord>& recs) {
   static const char* states[] = {"queued", "running", "done", "failed"};
-  static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter"};
-  static const char* algos[] = {"ring", "naive"};
+  static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter",
+                                 "fold", "exchange", "unfold"};
   py::list out;
   for (const FlightRecord& r : recs) {
     py::dict d;
@@ -130,12 +130,12 @@ inline py::list flight_list(const std::vector<FlightRecord>& recs) {
     const bool has_op = Coll(r.coll) == Coll::all_reduce || Coll(r.coll) == Coll::reduce_scatter;
     d["op"] = has_op ? py::object(py::str(op_name(Op(r.op)))) : py::object(py::none());
     d["root"] = Coll(r.coll) == Coll::broadcast ? py::object(py::int_(r.root)) : py::object(py::none());
-    d["algorithm"] = Coll(r.coll) == Coll::all_reduce && r.algo >= 0 && r.algo < 2 ? algos[r.algo] : "ring";
+    d["algorithm"] = algo_name(Algo(r.algo));
     d["state"] = states[int(r.state)];
     d["t_issue"] = double(r.t_issue_ns) * 1e-9;
     d["t_start"] = r.t_start_ns ? py::object(py::float_(double(r.t_start_ns) * 1e-9)) : py::object(py::none());
     d["t_end"] = r.t_end_ns ? py::object(py::float_(double(r.t_end_ns) * 1e-9)) : py::object(py::none());
-    d["phase"] = r.phase >= 0 && r.phase < 5 ? py::object(py::str(phases[r.phase])) : py::object(py::none());
+    d["phase"] = r.phase >= 0 && r.phase < int(Phase::kCount) ? py::object(py::str(phases[r.phase])) : py::object(py::none());
     d["step"] = r.step >= 0 ? py::object(py::int_(r.step)) : py::object(py::none());
     d["segment"] = r.segment >= 0 ? py::object(py::int_(r.segment)) : py::object(py::none());
     const bool waiting = r.waiting != 0 && r.peer >= 0;
@@ -370,6 +370,9 @@ inline void bind_engine(py::module_& m) {
       .def("reset_traffic", [](EngineHandle& h) { h.get().ledger().reset(); })
       .def("set_segment_bytes", [](EngineHandle& h, size_t b) { h.get().set_segment_bytes(b); })
       .def("set_timeout", [](EngineHandle& h, double s) { h.get().set_timeout(s); })
+      .def("set_auto_limits", [](EngineHandle& h, size_t rd, size_t hd) { h.get().set_auto_limits(rd, hd); },
+           py::arg("rd_max"), py::arg("hd_max"))
+      .def("last_algorithm", [](EngineHandle& h) { return std::string(algo_name(Algo(h.get().last_algo()))); })
       .def_property_readonly("segment_bytes", [](EngineHandle& h) { return h.get().options().segment_bytes; })
       .def_property_readonly("timeout", [](EngineHandle& h) { return h.get().options().timeout_s; })
       .def_property_readonly("aborted", [](EngineHandle& h) { return h.get().aborted(); })

@@ -62,14 +62,42 @@ Engine::~Engine() {
   }
 }
 
-void Engine::validate(const Task& t) {
+void Engine::validate(Task& t) {
   if (int(t.coll) < 0 || t.coll >= Coll::kCount) throw_invalid("unknown collective code");
   if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) make_cpu_reducer(t.dtype, t.op);  // validates
   else dtype_size(t.dtype);
-  if (t.algo != 0 && !(t.algo == 1 && t.coll == Coll::all_reduce))
-    throw_invalid("algorithm 'naive' exists for all_reduce only");
-  if (t.algo == 1 && link_.device())
-    throw_invalid("algorithm 'naive' runs on host communicators only (it is a teaching baseline)");
+  const Algo a = Algo(t.algo);
+  const bool host = !link_.device(), pow2 = (size() & (size() - 1)) == 0;
+  if (a == Algo::automatic) {
+    // Every rank resolves the same way: from the call's size and limits all
+    // ranks were given alike (a disagreement is still caught: the resolved
+    // algorithm is part of the fingerprint).
+    Algo pick = Algo::ring;
+    if (t.coll == Coll::all_reduce && host && size() > 1) {
+      const size_t bytes = t.count * dtype_size(t.dtype);
+      if (bytes <= auto_rd_max_.load(std::memory_order_relaxed)) pick = Algo::recursive_doubling;
+      else if (bytes <= auto_hd_max_.load(std::memory_order_relaxed)) pick = Algo::halving_doubling;
+    }
+    t.algo = int(pick);
+  } else if (int(a) < 0 || a >= Algo::kCount) {
+    throw_invalid("unknown algorithm code " + std::to_string(t.algo));
+  } else if (a != Algo::ring) {
+    const std::string name = algo_name(a);
+    if (a == Algo::halving_doubling && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather)) {
+      if (!pow2)
+        throw_invalid("algorithm 'halving_doubling' runs " + std::string(coll_name(t.coll)) +
+                      " on a power-of-two number of ranks only (this communicator has " + std::to_string(size()) +
+                      "): its blocks are the split rule's chunks only then; all_reduce folds any number");
+    } else if (t.coll != Coll::all_reduce) {
+      throw_invalid("algorithm '" + name + "' exists for all_reduce" +
+                    (a == Algo::halving_doubling ? ", reduce_scatter and all_gather" : "") + " only");
+    }
+    if (!host)
+      throw_invalid("algorithm '" + name +
+                    "' runs on host communicators only (a device communicator runs the ring: its messages to "
+                    "ranks other than its neighbours cannot carry the call's fingerprint yet)");
+  }
+  last_algo_.store(t.algo, std::memory_order_relaxed);
   if (t.coll == Coll::broadcast && (t.root < 0 || t.root >= size()))
     throw_invalid("broadcast root " + std::to_string(t.root) + " is out of range for " + std::to_string(size()) +
                   " ranks (expected 0 <= root < " + std::to_string(size()) + ")");
@@ -114,9 +142,9 @@ std::shared_ptr<Work> Engine::enqueue(const Task& t, bool inline_if_idle, bool* 
 }
 
 std::shared_ptr<Work> Engine::submit(const Task& t) {
-  validate(t);
-  bool run_here = false;
   Task task = t;
+  validate(task);
+  bool run_here = false;
   {
     std::lock_guard<std::mutex> g(m_);
     task.opts = opts_;
@@ -126,8 +154,8 @@ std::shared_ptr<Work> Engine::submit(const Task& t) {
 }
 
 std::shared_ptr<Work> Engine::run_sync(const Task& t, const std::function<bool()>* interrupted) {
-  validate(t);
   Task task = t;  // (interrupted is set below only when it runs here: a queued task runs on the worker)
+  validate(task);
   {
     std::lock_guard<std::mutex> g(m_);
     task.opts = opts_;
@@ -297,7 +325,7 @@ void Engine::run(const Task& t, Work& w) {
   if (t.coll != Coll::barrier) fp.dtype = int32_t(t.dtype);
   if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) fp.op = int32_t(t.op);
   if (t.coll == Coll::broadcast) fp.root = t.root;
-  if (t.coll == Coll::all_reduce) fp.algo = t.algo;
+  fp.algo = t.algo;
 
   const size_t es = dtype_size(t.dtype);
   link_.begin(fp);
@@ -306,10 +334,14 @@ void Engine::run(const Task& t, Work& w) {
     case Coll::all_reduce: {
       auto red = make_reducer(dev, t.dtype, t.op);
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      if (t.algo == 1)
-        naive_all_reduce(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
-      else
-        ring_all_reduce(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      auto in = static_cast<const char*>(t.in);
+      auto out = static_cast<char*>(t.out);
+      switch (Algo(t.algo)) {
+        case Algo::naive: naive_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::recursive_doubling: recursive_doubling_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::halving_doubling: halving_doubling_all_reduce(link_, plan, *red, in, out); break;
+        default: ring_all_reduce(link_, plan, *red, in, out);
+      }
       break;
     }
     case Coll::reduce_scatter: {
@@ -318,13 +350,20 @@ void Engine::run(const Task& t, Work& w) {
       // Partial sums of the chunks this rank passes on need a home that is
       // neither the caller's input (never written) nor its chunk-sized output.
       char* acc = link_.scratch(1, t.count * es);
-      ring_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc, static_cast<char*>(t.out));
+      if (Algo(t.algo) == Algo::halving_doubling)
+        halving_doubling_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc,
+                                        static_cast<char*>(t.out));
+      else
+        ring_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc, static_cast<char*>(t.out));
       red->finalize(t.out, plan.chunk_count(rank()), size());
       break;
     }
     case Coll::all_gather: {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      ring_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      if (Algo(t.algo) == Algo::halving_doubling)
+        halving_doubling_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      else
+        ring_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
       break;
     }
     case Coll::broadcast:

@@ -56,7 +56,7 @@ struct Task {
   DType dtype = DType::f32;
   Op op = Op::sum;
   int root = 0;
-  int algo = 0;  // all_reduce: 0 ring, 1 naive (master-centric)
+  int algo = 0;  // Algo (link.h); Algo::automatic is resolved by validate()
   // Device communicators: the collective starts after this point (the
   // caller's stream at the time of the call; device.h). May be null.
   EventPtr after;
@@ -117,6 +117,16 @@ class Engine {
   // null. Thread-safe.
   std::unique_ptr<RingError> check_peers();
   Ledger& ledger() { return link_.ledger(); }
+  // algorithm="auto" for all_reduce on host memory: recursive doubling up to
+  // rd_max bytes, halving-doubling up to hd_max, the ring above (the cost
+  // model's crossovers for this communicator: ringcomm/selection.py).
+  // Device communicators always run the ring.
+  void set_auto_limits(size_t rd_max, size_t hd_max) {
+    auto_rd_max_.store(rd_max);
+    auto_hd_max_.store(hd_max);
+  }
+  // Algo of the collective submitted last (what "auto" chose).
+  int last_algo() const { return last_algo_.load(std::memory_order_relaxed); }
   // Takes effect for collectives submitted afterwards.
   void set_segment_bytes(size_t bytes);
   void set_timeout(double seconds);
@@ -136,7 +146,7 @@ class Engine {
   std::shared_ptr<Work> enqueue(const Task& t, bool inline_if_idle, bool* run_here);
   void execute(const Task& t, Work& w);  // run and record the outcome
   void run(const Task& t, Work& w);
-  void validate(const Task& t);
+  void validate(Task& t);  // also resolves Algo::automatic
 
   Link link_;
   FlightRecorder recorder_;
@@ -153,6 +163,8 @@ class Engine {
   ErrKind abort_cause_ = ErrKind::aborted;
   Options opts_;  // guarded by m_; copied into each task
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
+  std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0};
+  std::atomic<int> last_algo_{0};
   std::atomic<std::thread::id> inline_thread_{};  // the thread running a collective inline, if any
   std::thread worker_;
 };

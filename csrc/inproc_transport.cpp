@@ -1,5 +1,6 @@
 #include "inproc_transport.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -72,7 +73,8 @@ void finish(InprocRequest* r) {
 // A device message is only paired here; its receiver enqueues the copy.
 void match(const Message& msg, InprocRequest* recv) {
   if (msg.bytes != recv->bytes) {
-    recv->size_error = true;
+    recv->size_error = true;  // as MPI: what fits lands (a fingerprint in front can still be read)
+    if (!msg.handoff && msg.bytes && recv->bytes) std::memcpy(recv->dst, msg.src, std::min(msg.bytes, recv->bytes));
   } else if (msg.handoff) {
     recv->handoff = msg.handoff;
   } else if (msg.bytes) {
@@ -175,9 +177,11 @@ class InprocTransport final : public Transport {
           return i;
         }
         if (r->complete.load(std::memory_order_acquire)) {
-          if (r->size_error)
+          if (r->size_error) {
+            r->done = true;  // matched: the transport is done with its buffer
             throw RingError(ErrKind::transport, rank_, r->peer, 0,
                             "in-process message of unexpected size from rank " + std::to_string(r->peer));
+          }
           if (r->handoff) {
             lk.unlock();
             receive_on_device(*r);

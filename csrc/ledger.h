@@ -19,17 +19,19 @@ class Ledger {
  public:
   explicit Ledger(int nranks) : n_(nranks), cells_(size_t(Coll::kCount) * nranks * 2) {}
 
-  void sent(Coll c, int peer, bool control, uint64_t bytes) {
+  // msgs = 0: bytes that travel inside a message counted elsewhere (a
+  // fingerprint riding in a payload message).
+  void sent(Coll c, int peer, bool control, uint64_t bytes, uint64_t msgs = 1) {
     std::lock_guard<std::mutex> g(m_);
     Counters& x = at(c, peer, control);
     x.bytes_sent += bytes;
-    x.msgs_sent += 1;
+    x.msgs_sent += msgs;
   }
-  void received(Coll c, int peer, bool control, uint64_t bytes) {
+  void received(Coll c, int peer, bool control, uint64_t bytes, uint64_t msgs = 1) {
     std::lock_guard<std::mutex> g(m_);
     Counters& x = at(c, peer, control);
     x.bytes_recv += bytes;
-    x.msgs_recv += 1;
+    x.msgs_recv += msgs;
   }
   // Flat copy indexed [(coll * nranks + peer) * 2 + control].
   std::vector<Counters> snapshot() const {

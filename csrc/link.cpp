@@ -11,7 +11,21 @@ enum : uint32_t { kHeader = 1, kAbort = 2 };
 constexpr int kUserInterrupt = -3;  // wait_for(): the interrupt check said stop
 // How often a blocked wait polls the interrupt check (Ctrl-C is seen within this).
 constexpr auto kInterruptSlice = std::chrono::milliseconds(100);
+// Payloads up to this size carry a peer's fingerprint inside the message
+// (a copy of at most this much costs less than a second message).
+constexpr size_t kPiggybackMax = 8192;
+constexpr size_t kFpBytes = sizeof(Fingerprint);
 }  // namespace
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::ring: return "ring";
+    case Algo::naive: return "naive";
+    case Algo::recursive_doubling: return "recursive_doubling";
+    case Algo::halving_doubling: return "halving_doubling";
+    default: return "auto";
+  }
+}
 
 // Every control message has this one fixed size, so the always-posted
 // control receive matches whatever comes next.
@@ -46,7 +60,7 @@ std::string describe(const Fingerprint& f) {
       std::snprintf(buf, sizeof buf, "#%llu %s()", (unsigned long long)f.seq, coll_name(c));
   }
   std::string s = buf;
-  if (f.algo == 1) s += " [algorithm=naive]";
+  if (f.algo != 0) s += std::string(" [algorithm=") + algo_name(Algo(f.algo)) + "]";
   if (c != Coll::barrier) s += " with segment_bytes=" + std::to_string(f.segment_bytes);
   return s;
 }
@@ -140,7 +154,10 @@ void Link::handle_control(const ControlMsg& m, int side) {
   abort_from_ = from;
   std::string why;
   ErrKind kind = ErrKind(m.kind);
-  if (kind == ErrKind::mismatch) {
+  if (kind == ErrKind::mismatch && m.other.coll == 0 && m.other.seq == 0) {
+    why = "rank " + std::to_string(m.origin) + " in " + describe(m.fp) + " got a message of another size from rank " +
+          std::to_string(m.peer) + ": the ranks disagree on the call (count, dtype or algorithm)";
+  } else if (kind == ErrKind::mismatch) {
     why = mismatch_text(m.fp, m.other);
   } else if (kind == ErrKind::timeout) {
     why = "rank " + std::to_string(m.origin) + " timed out in " + describe(m.fp) + " waiting for rank " +
@@ -170,6 +187,10 @@ void Link::begin(const Fingerprint& fp) {
   for (auto& r : live_)
     if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), true);
   live_.clear();
+  told_.clear();
+  heard_.clear();
+  checks_.clear();
+  staged_ = fp_used_ = 0;
   progress_.reset();
   if (size_ == 1) return;
   // A failure the ring reported while this rank was away (a straggler):
@@ -232,25 +253,50 @@ void Link::check_call(const Fingerprint& theirs, int peer) {
   throw RingError(ErrKind::mismatch, rank_, peer, fp_.seq, mismatch_text(fp_, theirs));
 }
 
-// Fingerprints travel from and to Link memory (never the stack), which a
-// quarantined request keeps alive if the collective fails meanwhile.
-void Link::send_fingerprint(int peer) {
-  mem_->fp_out = fp_;
-  live_.push_back(t_->isend(peer, Channel::data, &mem_->fp_out, sizeof(Fingerprint)));
-  live_.back()->counted = true;  // control bytes: not payload progress
-  ledger_.sent(coll_, peer, true, sizeof(Fingerprint));
+bool Link::first_to(int peer) {
+  if (peer == right()) return false;  // our header vouches for us there
+  for (int p : told_)
+    if (p == peer) return false;
+  told_.push_back(peer);
+  return true;
 }
 
-void Link::expect_fingerprint(int peer) {
-  live_.push_back(t_->irecv(peer, Channel::data, &mem_->fp_in, sizeof(Fingerprint)));
-  live_.back()->counted = true;
-  ledger_.received(coll_, peer, true, sizeof(Fingerprint));
-  wait(live_.back().get(), "its call's fingerprint");
-  check_call(mem_->fp_in, peer);
+bool Link::first_from(int peer) {
+  if (peer == left()) return false;  // checked by await_header()
+  for (int p : heard_)
+    if (p == peer) return false;
+  heard_.push_back(peer);
+  return true;
+}
+
+// Staging buffers and fingerprints live in Link memory (never the stack),
+// which a quarantined request keeps alive if the collective fails meanwhile.
+char* Link::stage(size_t bytes) {
+  if (mem_->stage.size() <= staged_) mem_->stage.emplace_back();
+  auto& b = mem_->stage[staged_++];
+  if (b.size() < bytes) b.resize(std::max(bytes, size_t(256)));
+  return b.data();
 }
 
 Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
+  if (first_to(peer)) {
+    if (device_)  // a fingerprint cannot ride in device memory (Engine::validate refuses this)
+      throw RingError(ErrKind::invalid, rank_, peer, fp_.seq, "this algorithm needs host memory");
+    if (bytes <= kPiggybackMax) {
+      char* m = stage(kFpBytes + bytes);
+      std::memcpy(m, &fp_, kFpBytes);
+      std::memcpy(m + kFpBytes, buf, bytes);
+      live_.push_back(t_->isend(peer, Channel::data, m, kFpBytes + bytes, unit));
+      ledger_.sent(coll_, peer, false, bytes);
+      ledger_.sent(coll_, peer, true, kFpBytes, 0);  // same message: bytes only
+      return live_.back().get();
+    }
+    mem_->fp_out = fp_;
+    live_.push_back(t_->isend(peer, Channel::data, &mem_->fp_out, kFpBytes));
+    live_.back()->counted = true;  // control bytes: not payload progress
+    ledger_.sent(coll_, peer, true, kFpBytes);
+  }
   live_.push_back(t_->isend(peer, Channel::data, buf, bytes, unit));
   ledger_.sent(coll_, peer, false, bytes);
   return live_.back().get();
@@ -259,9 +305,74 @@ Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
 Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
   await_header();
+  if (first_from(peer)) {
+    if (device_) throw RingError(ErrKind::invalid, rank_, peer, fp_.seq, "this algorithm needs host memory");
+    Check c{nullptr, nullptr, nullptr, buf, bytes};
+    if (bytes <= kPiggybackMax) {
+      char* m = stage(kFpBytes + bytes);
+      live_.push_back(t_->irecv(peer, Channel::data, m, kFpBytes + bytes, unit));
+      ledger_.received(coll_, peer, true, kFpBytes, 0);
+      c.staged = m;
+    } else {
+      if (mem_->fp_in.size() <= fp_used_) mem_->fp_in.resize(fp_used_ + 1);
+      Fingerprint* f = &mem_->fp_in[fp_used_++];
+      live_.push_back(t_->irecv(peer, Channel::data, f, kFpBytes));
+      live_.back()->counted = true;
+      ledger_.received(coll_, peer, true, kFpBytes);
+      c.fp_req = live_.back().get();
+      c.staged = reinterpret_cast<const char*>(f);
+      live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit));
+    }
+    ledger_.received(coll_, peer, false, bytes);
+    c.req = live_.back().get();
+    checks_.push_back(c);
+    return c.req;
+  }
   live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit));
   ledger_.received(coll_, peer, false, bytes);
   return live_.back().get();
+}
+
+// A receive from a peer beyond the left neighbour completed: check the call
+// it was made for before the algorithm may use the data.
+void Link::run_check(Request* r) {
+  for (size_t i = 0; i < checks_.size(); ++i) {
+    if (checks_[i].req != r) continue;
+    Check c = checks_[i];
+    checks_.erase(checks_.begin() + long(i));
+    if (c.fp_req) wait(c.fp_req, "its call's fingerprint");  // sent just before, so already here
+    Fingerprint theirs;
+    std::memcpy(&theirs, c.staged, kFpBytes);
+    check_call(theirs, r->peer);
+    if (!c.fp_req) std::memcpy(c.dst, c.staged + kFpBytes, c.bytes);
+    return;
+  }
+}
+
+[[noreturn]] void Link::throw_size_mismatch(const Request& r, const RingError& e) {
+  // Both sides of a message derive its size from the call, so a message of
+  // another size means the sender runs another call (or another algorithm).
+  // A message expected to open with the peer's fingerprint usually still
+  // does (the peer's own first message to us opens with it, or is it): name
+  // both calls then.
+  for (const Check& c : checks_) {
+    if (c.req != &r && c.fp_req != &r) continue;
+    if (c.fp_req && c.fp_req != &r && !c.fp_req->done && !t_->test(*c.fp_req)) continue;
+    Fingerprint theirs;
+    std::memcpy(&theirs, c.staged, kFpBytes);
+    if (theirs.seq == fp_.seq && theirs.rank == r.peer && !same_call(fp_, theirs)) check_call(theirs, r.peer);
+  }
+  ControlMsg notice;
+  notice.type = kAbort;
+  notice.fp = fp_;
+  notice.origin = rank_;
+  notice.kind = int32_t(ErrKind::mismatch);
+  notice.peer = r.peer;
+  received_abort_ = std::make_unique<ControlMsg>(notice);
+  throw RingError(ErrKind::mismatch, rank_, r.peer, fp_.seq,
+                  "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " + describe(fp_) +
+                      " got a message of another size from rank " + std::to_string(r.peer) + " (" + e.what() +
+                      "): every rank must issue the same collectives with the same count, dtype and algorithm");
 }
 
 void Link::counted(const Request& r) {
@@ -285,7 +396,11 @@ int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::ti
 
 void Link::wait(Request* r, const char* what, int step, int segment) {
   if (!r) return;
-  if (r->done) return counted(*r);
+  if (r->done) {
+    counted(*r);
+    if (!checks_.empty()) run_check(r);
+    return;
+  }
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
   auto now = Clock::now();
   progress_.step.store(step, std::memory_order_relaxed);
@@ -296,7 +411,13 @@ void Link::wait(Request* r, const char* what, int step, int segment) {
   progress_.wait_since.store(now.time_since_epoch().count(), std::memory_order_relaxed);
   for (;;) {
     Request* reqs[3] = {r, ctrl_req_[0].get(), ctrl_req_[1].get()};
-    int i = wait_for(reqs, 3, now, now + timeout);
+    int i;
+    try {
+      i = wait_for(reqs, 3, now, now + timeout);
+    } catch (const RingError& e) {
+      if (e.kind == ErrKind::transport && !r->is_send && r->done) throw_size_mismatch(*r, e);
+      throw;
+    }
     now = Clock::now();
     if (i == 0) break;
     if (i == kInterrupted) throw_interrupted(*r);
@@ -306,6 +427,7 @@ void Link::wait(Request* r, const char* what, int step, int segment) {
   }
   progress_.waiting.store(0, std::memory_order_relaxed);
   counted(*r);
+  if (!checks_.empty()) run_check(r);
 }
 
 std::string Link::peer_note(int peer) {

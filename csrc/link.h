@@ -15,6 +15,13 @@
 //     ABORT notice to both neighbours, which each rank forwards onwards, so
 //     every rank that is waiting on the ring fails within one trip around it
 //     instead of hanging until its deadline, even when one rank is away.
+//   * peers beyond the left neighbour: algorithms that talk to other ranks
+//     (recursive doubling, halving-doubling, master-centric) get the same
+//     guarantee from the first message of each collective from such a peer:
+//     it carries the sender's fingerprint, inside the message for a small
+//     payload (one message, no extra latency), as a message of its own just
+//     before a large one. Data from a peer is never handed to the algorithm
+//     before its call was checked.
 //   * failure hygiene: requests a failed collective cannot withdraw go to
 //     the quarantine (quarantine.h) with the memory they may touch; a
 //     failure the ring reported while this rank was away is raised when it
@@ -51,8 +58,13 @@ struct Fingerprint {
   int64_t segment_bytes = 0;  // ranks must cut messages alike
   int32_t coll = 0, dtype = 0, op = 0, root = 0;
   int32_t rank = 0;           // who sent it (not compared)
-  int32_t algo = 0;           // 0: ring, 1: naive (master-centric) all_reduce
+  int32_t algo = 0;           // Algo: which algorithm runs (ranks must agree)
 };
+
+// The algorithms a collective can run (algorithms.h). `automatic` is resolved
+// by the Engine before the call starts (selection.h); it never travels.
+enum class Algo : int32_t { ring = 0, naive, recursive_doubling, halving_doubling, kCount, automatic = -1 };
+const char* algo_name(Algo a);
 
 std::string describe(const Fingerprint& f);
 
@@ -109,12 +121,6 @@ class Link {
   void copy(void* dst, const void* src, size_t bytes);
   // Null for host memory; else where payload lives and work is ordered (device.h).
   Device* device() const { return device_.get(); }
-  // For algorithms that receive from ranks other than the left neighbour (the
-  // master-centric one): before receiving payload from `peer`, get its
-  // fingerprint (a fixed-size message, so a peer with another count cannot
-  // overrun anything) and check it; the peer sends it first. Control bytes.
-  void send_fingerprint(int peer);
-  void expect_fingerprint(int peer);
   // A zero-byte message (the barrier's token), counted as a payload message.
   Request* send_token(int peer);
   Request* recv_token(int peer);
@@ -164,6 +170,20 @@ class Link {
   [[noreturn]] void throw_user_interrupt(const Request& r);
   void check_call(const Fingerprint& theirs, int peer);  // throws MismatchError
   void send_control(const ControlMsg& m, int peer);
+  // The first message of a collective to/from a peer that is not our
+  // right/left neighbour carries (or is preceded by) a fingerprint.
+  bool first_to(int peer);
+  bool first_from(int peer);
+  char* stage(size_t bytes);  // staging memory for one piggybacked message
+  struct Check {  // a receive whose sender's fingerprint is checked before use
+    Request* req;
+    Request* fp_req;   // separate fingerprint message (large payload), else null
+    const char* staged;  // piggybacked: where the message landed (fingerprint first)
+    void* dst;
+    size_t bytes;
+  };
+  void run_check(Request* r);
+  [[noreturn]] void throw_size_mismatch(const Request& r, const RingError& e);
 
   std::shared_ptr<Transport> t_;
   std::shared_ptr<Device> device_;  // t_->device(): null for host memory
@@ -175,6 +195,9 @@ class Link {
   bool header_checked_ = true;
 
   std::vector<RequestPtr> live_;  // payload requests of the current collective
+  std::vector<int> told_, heard_;  // peers (not neighbours) that got / gave our fingerprints this call
+  std::vector<Check> checks_;      // receives still to be checked
+  size_t staged_ = 0, fp_used_ = 0;  // staging buffers / fingerprint slots used this call
 
   // Control streams: one receive always posted from the left neighbour
   // (headers and ABORT notices) and, with more than two ranks, one from the
@@ -197,7 +220,9 @@ class Link {
   // quarantined request can keep it alive after the Link is gone.
   struct Memory {
     std::vector<char> scratch[2];
-    Fingerprint fp_out, fp_in;
+    Fingerprint fp_out;
+    std::deque<Fingerprint> fp_in;        // separate fingerprint messages received this call
+    std::vector<std::vector<char>> stage;  // piggybacked messages, in and out
   };
   std::shared_ptr<Memory> mem_ = std::make_shared<Memory>();
   std::shared_ptr<Hold> hold_;

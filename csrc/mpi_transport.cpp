@@ -97,7 +97,17 @@ class MpiTransport final : public Transport {
         if (!r->done) {
           int flag = 0;
           MPI_Status st;
-          RC_MPI(MPI_Test(&r->req, &flag, &st), r->peer);
+          const int rc = MPI_Test(&r->req, &flag, &st);
+          int cls = MPI_SUCCESS;
+          if (rc != MPI_SUCCESS) MPI_Error_class(rc, &cls);
+          if (cls == MPI_ERR_TRUNCATE || (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR == MPI_ERR_TRUNCATE)) {
+            // A larger message than posted: it is over (its first bytes landed).
+            r->done = true;
+            throw RingError(ErrKind::transport, rank_, r->peer, 0,
+                            "MPI message from rank " + std::to_string(r->peer) + " larger than the " +
+                                std::to_string(r->bytes) + " bytes expected (truncated)");
+          }
+          RC_MPI(rc, r->peer);
           if (!flag) continue;
           r->done = true;
           if (!r->is_send) {

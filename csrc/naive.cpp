@@ -33,9 +33,6 @@ void naive_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, cons
     char* slot = link.scratch(0, split_size(count, K, 0) * es);
     for (int src = 1; src < n; ++src) {
       link.trace_start(Phase::gather, src - 1, -1, -1, 0, src, src, total);
-      // Ring headers only vouch for the left neighbour: check src's call
-      // before receiving a payload whose size we would otherwise trust.
-      link.expect_fingerprint(src);
       for (int k = 0; k < K; ++k) {
         Request* r = link.recv(src, slot, seg_bytes(k));
         link.wait(r, "its buffer for the master-centric gather", src - 1, k);
@@ -52,7 +49,6 @@ void naive_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, cons
     }
   } else {
     link.trace_start(Phase::gather, 0, 0, rank, total, -1, -1, 0);
-    link.send_fingerprint(0);
     for (int k = 0; k < K; ++k) link.send(0, seg_at(out, k), seg_bytes(k));
     link.drain();  // `out` is overwritten by the result next
     link.trace_finish(nullptr, 0);

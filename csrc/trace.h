@@ -10,7 +10,7 @@
 
 namespace ringcomm {
 
-enum class Phase : int32_t { reduce_scatter = 0, all_gather, broadcast, gather, scatter, kCount };
+enum class Phase : int32_t { reduce_scatter = 0, all_gather, broadcast, gather, scatter, fold, exchange, unfold, kCount };
 
 struct TraceStep {
   uint64_t seq = 0;

@@ -89,7 +89,15 @@ def _at_exit() -> None:
 atexit.register(_at_exit)
 
 
-_ALGORITHMS = {"ring": 0, "naive": 1}
+# csrc/link.h Algo; "auto" is resolved per call by the engine (selection.py).
+_ALGORITHMS = {"auto": -1, "ring": 0, "naive": 1, "recursive_doubling": 2, "halving_doubling": 3}
+
+
+def _algo(name: str) -> int:
+    try:
+        return _ALGORITHMS[name]
+    except (KeyError, TypeError):
+        raise InvalidArgument(f"unknown algorithm {name!r}; expected one of {', '.join(_ALGORITHMS)}") from None
 
 
 def _split(count: int, n: int, r: int) -> int:
@@ -223,6 +231,25 @@ class Communicator:
         self._final_record: list | None = None  # the flight record at close()
         if settings.flight_records != 256:
             engine.set_flight_records(settings.flight_records)
+        self.costs = None  # the cost model behind algorithm="auto" (set_costs)
+
+    def set_costs(self, costs) -> None:
+        """Use `costs` (a ``costmodel.Costs``) for ``algorithm="auto"``.
+
+        Every rank must pass the same constants (init() and run_local() see to
+        it), so that all choose alike; a rank that chose differently would
+        still be caught (the algorithm is part of each call's fingerprint).
+        """
+        from . import selection
+        self.costs = costs
+        rd, hd = selection.auto_limits(costs, self.size)
+        self._engine.set_auto_limits(rd, hd)
+
+    @property
+    def last_algorithm(self) -> str:
+        """The algorithm of the collective issued last on this rank (what
+        ``algorithm="auto"`` chose)."""
+        return self._engine.last_algorithm()
 
     # ---- identity -----------------------------------------------------
     @property
@@ -275,14 +302,21 @@ class Communicator:
         return f"<ringcomm.Communicator {self._label} rank {self.rank}/{self.size}>"
 
     # ---- collectives --------------------------------------------------
-    def all_reduce(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "ring"):
+    def all_reduce(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Reduce `x` elementwise over all ranks; every rank gets the result.
 
         In place when `out` is None (returns `x`), else into `out` (same dtype
         and shape; `x` is not modified). op: sum, prod, min, max, avg (avg:
         floating dtypes only; the sum divided by the number of ranks).
-        algorithm: "ring" (reduce-scatter + all-gather), or "naive": the
+        algorithm: "auto" (default: the fastest by this communicator's cost
+        model; ``last_algorithm`` says which ran), "ring" (reduce-scatter +
+        all-gather; bandwidth-optimal, the choice for large buffers),
+        "recursive_doubling" (log2 n steps of whole buffers: small ones),
+        "halving_doubling" (Rabenseifner: medium ones), or "naive": the
         master-centric scheme (everything to rank 0 and back), for comparison.
+        The sums of different algorithms may differ in the last bit (another
+        order of additions); every rank gets the same bits from any of them.
+        Device communicators run the ring.
         """
         xb = self._view(x, "all_reduce input")
         opc = self._op(op, xb)
@@ -292,16 +326,17 @@ class Communicator:
             ob = self._out(out, xb, xb.count, "all_reduce")
             if ob.shape != xb.shape:
                 raise InvalidArgument(f"all_reduce out has shape {ob.shape}, expected the input's shape {xb.shape}")
-        if algorithm not in _ALGORITHMS:
-            raise InvalidArgument(f"unknown algorithm {algorithm!r}; expected one of {', '.join(_ALGORITHMS)}")
-        return self._submit("all_reduce", xb, ob, xb.count, opc, 0, ob.obj, async_op, _ALGORITHMS[algorithm])
+        return self._submit("all_reduce", xb, ob, xb.count, opc, 0, ob.obj, async_op, _algo(algorithm))
 
-    def reduce_scatter(self, x, op: str = "sum", *, out=None, async_op: bool = False):
+    def reduce_scatter(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "ring"):
         """Reduce `x` over all ranks and leave chunk `rank` of the result here.
 
         Chunks follow the split rule (numpy.array_split): chunk r has
         len(x)//n elements, plus one if r < len(x) % n. Returns a new 1-D array
         (same family as `x`) unless `out` is given. `x` is not modified.
+        algorithm: "ring" (default), "halving_doubling" (power-of-two sizes
+        only), or "auto" (the ring: its sums are the ones all_reduce's ring
+        computes, which sharded training relies on).
         """
         xb = self._view(x, "reduce_scatter input")
         opc = self._op(op, xb)
@@ -311,15 +346,16 @@ class Communicator:
         ob = self._out(out, xb, mine, "reduce_scatter",
                        why=f"rank {self.rank}'s chunk of {xb.count} elements over {self.size} ranks",
                        in_place_at=self._chunk_offset(xb.count) * _dtypes.itemsize(xb.dtype))
-        return self._submit("reduce_scatter", xb, ob, xb.count, opc, 0, ob.obj, async_op)
+        return self._submit("reduce_scatter", xb, ob, xb.count, opc, 0, ob.obj, async_op, _algo(algorithm))
 
-    def all_gather(self, x, *, out=None, async_op: bool = False):
+    def all_gather(self, x, *, out=None, async_op: bool = False, algorithm: str = "ring"):
         """Concatenate every rank's `x` in rank order; every rank gets the result.
 
         Rank r's input must be chunk r of the total under the split rule. With
         `out` (the total's size) the total is known; without it the ranks first
         exchange their counts (one extra small collective; all ranks must then
-        call without `out`).
+        call without `out`). algorithm: "ring" (default), "halving_doubling"
+        (power-of-two sizes only), or "auto" (the ring).
         """
         xb = self._view(x, "all_gather input")
         if out is None:
@@ -334,7 +370,7 @@ class Communicator:
                 f"({total} elements over {self.size} ranks, split rule) has {mine}")
         self._out(out, xb, total, "all_gather", why="the gathered total", outbuf=ob,
                   in_place_at=-self._chunk_offset(total) * _dtypes.itemsize(xb.dtype))
-        return self._submit("all_gather", xb, ob, total, 0, 0, ob.obj, async_op)
+        return self._submit("all_gather", xb, ob, total, 0, 0, ob.obj, async_op, _algo(algorithm))
 
     def broadcast(self, x, root: int = 0, *, async_op: bool = False):
         """Copy `x` from rank `root` to every rank, in place. Returns `x`."""
@@ -462,7 +498,7 @@ class Communicator:
         torch.distributed backend's fast path, without the array adapter.
         Failures are handled as in every other call."""
         try:
-            self._engine.run(0, ptr, ptr, count, dtype_code, op_code, 0, 0)
+            self._engine.run(0, ptr, ptr, count, dtype_code, op_code, 0, _ALGORITHMS["auto"])
         except BaseException as exc:
             self._failed(exc, keep)
             raise
@@ -635,6 +671,9 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
         cuda._cuda.set_device(gpu)  # this process's arrays belong there (cupy and torch follow it)
         label = "nccl"
     c = Communicator(engine, s, label)
+    from . import selection
+    # Rank 0's constants for everyone: all ranks must make the same choices.
+    c.set_costs(comm.bcast(selection.costs_for(label) if comm.Get_rank() == 0 else None, root=0))
     c._index = next(_mpi_index)
     _mpi_comms.add(c)
     return c
@@ -695,7 +734,10 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
     engines = _local_engines(n, s, device, jitter_us)
     comms = [Communicator(e, s, label) for e in engines]
     index = next(_local_index)
+    from . import selection
+    costs = selection.costs_for("inproc" if device is None else label)
     for c in comms:
+        c.set_costs(costs)
         c._index = index
         c._engine.set_peers(engines)  # a timeout message then says what the awaited rank is doing
     results: list = [None] * n

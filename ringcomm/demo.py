@@ -38,7 +38,7 @@ def record_ring(n: int, count: int):
     def body(comm):
         x = ring_data(comm.rank, count)
         with comm.trace(values=True) as t:
-            comm.all_reduce(x)
+            comm.all_reduce(x, algorithm="ring")
         return t, x, comm.traffic()
     out = run_local(n, body)
     return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
@@ -173,7 +173,7 @@ def measure_traffic(n: int, count: int) -> dict:
         out = {}
         for label, call, coll in (
                 ("naive", lambda: comm.all_reduce(x.copy(), algorithm="naive"), "all_reduce"),
-                ("ring", lambda: comm.all_reduce(x.copy()), "all_reduce"),
+                ("ring", lambda: comm.all_reduce(x.copy(), algorithm="ring"), "all_reduce"),
                 ("reduce_scatter", lambda: comm.reduce_scatter(x), "reduce_scatter"),
                 ("all_gather", lambda: comm.all_gather(x[slice(*chunk_bounds(count, comm.size)[comm.rank])],
                                                        out=np.empty(count, np.int64)), "all_gather")):
@@ -241,12 +241,12 @@ def time_allreduce_inproc(n: int, nbytes: int, reps: int = 5) -> float:
 
     def body(comm):
         x = np.ones(count, np.float32)
-        comm.all_reduce(x)  # warm-up
+        comm.all_reduce(x, algorithm="ring")  # warm-up
         times = []
         for _ in range(reps):
             comm.barrier()
             t0 = time.perf_counter()
-            comm.all_reduce(x)
+            comm.all_reduce(x, algorithm="ring")
             times.append(time.perf_counter() - t0)
         return times
     per_rank = np.array(run_local(n, body))
@@ -268,12 +268,12 @@ def _scaling_worker(nbytes: int, reps: int) -> None:
     from mpi4py import MPI
     comm = ringcomm.init()
     x = np.ones(max(1, nbytes // 4), np.float32)
-    comm.all_reduce(x)
+    comm.all_reduce(x, algorithm="ring")  # the ring's scaling (its alpha-beta model)
     times = []
     for _ in range(reps):
         comm.barrier()
         t0 = time.perf_counter()
-        comm.all_reduce(x)
+        comm.all_reduce(x, algorithm="ring")
         times.append(MPI.COMM_WORLD.allreduce(time.perf_counter() - t0, op=MPI.MAX))
     if comm.rank == 0:
         print("SCALING " + json.dumps({"n": comm.size, "seconds": float(np.median(times))}), flush=True)

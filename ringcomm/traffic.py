@@ -18,6 +18,20 @@ barrier           0                           0
 
 For count divisible by n this is (n-1)/n of the buffer per half, and
 2(n-1)/n for all_reduce. (For all_gather, ``count`` is the gathered total.)
+
+The other all_reduce algorithms (csrc/recursive_doubling.cpp,
+csrc/halving_doubling.cpp) talk to other peers. With p = 2^floor(log2 n)
+and rem = n - p, ranks below 2*rem fold: even rank r sends its buffer to
+r+1 and gets the result back from it; the others have virtual rank v
+(odd r < 2*rem: r//2, else r - rem) and run on p ranks, where virtual v is
+real rank 2v+1 if v < rem, else v + rem:
+
+* recursive doubling: at step k, the whole buffer to and from v XOR 2^k;
+* halving-doubling, blocks b = 0..p-1 by the split rule over p: at step k
+  of the halving, with m = p >> (k+1), the half of the current block range
+  not holding block v goes to v XOR m and the partner's copy of the other
+  half comes back; the doubling then sends the 2^k blocks of v's aligned
+  group to v XOR 2^k and receives that rank's group.
 """
 
 from __future__ import annotations
@@ -57,7 +71,10 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     """Exact payload bytes `rank` sends to / receives from each peer in one call.
 
     algorithm="naive" (all_reduce only): the master-centric scheme, where rank 0
-    receives and sends the whole buffer once per other rank.
+    receives and sends the whole buffer once per other rank;
+    "recursive_doubling" (all_reduce) and "halving_doubling" (all_reduce; its
+    reduce_scatter and all_gather on a power-of-two n): see the module
+    docstring. ``comm.last_algorithm`` says which one a call ran.
     """
     if collective not in _dtypes.COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
@@ -76,6 +93,8 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
             peers = {p: nbytes for p in range(1, n)}
             return Expected(dict(peers), dict(peers))
         return Expected({0: nbytes}, {0: nbytes})
+    if algorithm in ("recursive_doubling", "halving_doubling"):
+        return _pairwise(collective, count, size, n, rank, algorithm)
     if algorithm != "ring":
         raise ValueError(f"unknown algorithm {algorithm!r}")
     left, right = (rank - 1) % n, (rank + 1) % n
@@ -95,6 +114,59 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
         out = inn = 0
     sent = {right: out * size} if out else {}
     received = {left: inn * size} if inn else {}
+    return Expected(sent, received)
+
+
+def _pairwise(collective: str, count: int, size: int, n: int, rank: int, algorithm: str) -> Expected:
+    """recursive_doubling / halving_doubling: the schedule of the module docstring."""
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    if algorithm == "recursive_doubling" and collective != "all_reduce":
+        raise ValueError("algorithm 'recursive_doubling' exists for all_reduce only")
+    if collective not in ("all_reduce", "reduce_scatter", "all_gather"):
+        raise ValueError(f"algorithm {algorithm!r} does not run {collective}")
+    if collective != "all_reduce" and rem:
+        raise ValueError(f"halving_doubling {collective} needs a power-of-two number of ranks, not {n}")
+    sent: dict = {}
+    received: dict = {}
+
+    def move(peer: int, out_elems: int, in_elems: int) -> None:
+        if out_elems:
+            sent[peer] = sent.get(peer, 0) + out_elems * size
+        if in_elems:
+            received[peer] = received.get(peer, 0) + in_elems * size
+
+    if rank < 2 * rem:  # fold and unfold: the whole buffer, once each way
+        move(rank + 1 if rank % 2 == 0 else rank - 1, count, count)
+        if rank % 2 == 0:
+            return Expected(sent, received)
+    v = rank // 2 if rank < 2 * rem else rank - rem
+
+    def real(u: int) -> int:
+        return 2 * u + 1 if u < rem else u + rem
+
+    steps = p.bit_length() - 1
+    if algorithm == "recursive_doubling":
+        for k in range(steps):
+            move(real(v ^ (1 << k)), count, count)
+        return Expected(sent, received)
+
+    start = [0] * (p + 1)  # split-rule block offsets
+    for b in range(p):
+        start[b + 1] = start[b] + _chunk(count, p, b)
+    elems = lambda lo, hi: start[hi] - start[lo]  # noqa: E731
+    if collective in ("all_reduce", "reduce_scatter"):
+        lo, hi = 0, p
+        for k in range(steps):
+            m, half = p >> (k + 1), (hi - lo) // 2
+            keep, give = ((lo + half, hi), (lo, lo + half)) if v & m else ((lo, lo + half), (lo + half, hi))
+            move(real(v ^ m), elems(*give), elems(*keep))
+            lo, hi = keep
+    if collective in ("all_reduce", "all_gather"):
+        for k in range(steps):
+            g = 1 << k
+            mine, theirs = v & ~(g - 1), (v ^ g) & ~(g - 1)
+            move(real(v ^ g), elems(mine, mine + g), elems(theirs, theirs + g))
     return Expected(sent, received)
 
 

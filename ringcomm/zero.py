@@ -243,7 +243,9 @@ class ZeroOptimizer:
         if u.grads is None:
             raise InvalidArgument(f"unit {i} has no gradients: call grads({i}) and fill them first")
         if self.stage == 0:
-            u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True)
+            # The ring: its sums are bit for bit those of the ring reduce-scatter
+            # of the sharded stages, which is what makes them equal to DDP.
+            u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True, algorithm="ring")
         else:
             u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True)
         self._free_reduced()

@@ -121,9 +121,11 @@ def compare(got, want, what: str, rank: int) -> list[str]:
 
 
 def check_traffic(comm, before, collective, count, dtype, what, root=0) -> list[str]:
-    """The ledger delta of one call must equal traffic.expected exactly, per peer."""
+    """The ledger delta of one call must equal traffic.expected exactly, per
+    peer, for the algorithm that ran (``comm.last_algorithm``)."""
     delta = comm.traffic() - before
-    exp = traffic.expected(collective, count, dtype, comm.size, comm.rank, root=root)
+    exp = traffic.expected(collective, count, dtype, comm.size, comm.rank, root=root,
+                           algorithm=comm.last_algorithm)
     sent = delta.per_peer("bytes_sent", collective)
     recv = delta.per_peer("bytes_received", collective)
     errs = []
@@ -136,10 +138,19 @@ def check_traffic(comm, before, collective, count, dtype, what, root=0) -> list[
     return errs
 
 
+def halves_algorithm(algorithm: str, n: int) -> str:
+    """The algorithm reduce_scatter/all_gather run in a suite for `algorithm`:
+    halving-doubling's halves where the split rule allows (n a power of two)."""
+    return "halving_doubling" if algorithm == "halving_doubling" and n & (n - 1) == 0 else "ring"
+
+
 def run_cases(comm, counts, combos=COMBOS, collectives=("all_reduce", "reduce_scatter", "all_gather"),
-              arrays=HostArrays):
-    """Run every case on this rank; return failure messages (empty: all good)."""
+              arrays=HostArrays, algorithm="auto"):
+    """Run every case on this rank; return failure messages (empty: all good).
+    `algorithm` is passed to all_reduce (and to reduce_scatter/all_gather
+    where it exists for them)."""
     n, r = comm.size, comm.rank
+    halves = halves_algorithm(algorithm, n)
     put, get = arrays.put, arrays.get
     errs: list[str] = []
     for count in counts:
@@ -148,24 +159,26 @@ def run_cases(comm, counts, combos=COMBOS, collectives=("all_reduce", "reduce_sc
                 continue
             want = cached_reference(dtype, op, n, count)
             mine = rank_data(dtype, op, n, count, [r])[0]
-            tag = f"n={n} count={count} {dtype} {op} seg={comm.segment_bytes}"
+            tag = f"n={n} count={count} {dtype} {op} seg={comm.segment_bytes} algorithm={algorithm}"
             if "all_reduce" in collectives:
                 # in place
                 x = put(mine.copy())
                 before = comm.traffic()
-                comm.all_reduce(x, op)
+                comm.all_reduce(x, op, algorithm=algorithm)
+                if algorithm != "auto" and comm.last_algorithm != algorithm and n > 1:
+                    errs.append(f"rank {r}: all_reduce {tag}: ran {comm.last_algorithm}")
                 errs += compare(get(x), want, f"all_reduce in-place {tag}", r)
                 errs += check_traffic(comm, before, "all_reduce", count, dtype, f"all_reduce {tag}")
                 # out of place: input untouched
                 x = put(mine.copy())
                 out = arrays.full(count, 99, mine.dtype)
-                comm.all_reduce(x, op, out=out)
+                comm.all_reduce(x, op, out=out, algorithm=algorithm)
                 errs += compare(get(out), want, f"all_reduce out-of-place {tag}", r)
                 errs += compare(get(x), mine, f"all_reduce out-of-place input modified {tag}", r)
             if "reduce_scatter" in collectives:
                 x = put(mine.copy())
                 before = comm.traffic()
-                got = comm.reduce_scatter(x, op)
+                got = comm.reduce_scatter(x, op, algorithm=halves)
                 lo = offset(count, n, r)
                 errs += compare(get(got), want[lo:lo + split(count, n, r)], f"reduce_scatter {tag}", r)
                 errs += compare(get(x), mine, f"reduce_scatter input modified {tag}", r)
@@ -178,7 +191,7 @@ def run_cases(comm, counts, combos=COMBOS, collectives=("all_reduce", "reduce_sc
                                            for q in range(n)]) if count else mine[:0]
                 out = arrays.full(count, 77, mine.dtype)
                 before = comm.traffic()
-                comm.all_gather(x, out=out)
+                comm.all_gather(x, out=out, algorithm=halves)
                 errs += compare(get(out), gathered, f"all_gather {tag}", r)
                 errs += check_traffic(comm, before, "all_gather", count, dtype, f"all_gather {tag}")
             if len(errs) > 20:

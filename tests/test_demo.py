@@ -17,7 +17,7 @@ def traced_allreduce(n, count, segment_bytes=None, values=False):
         x = np.arange(count, dtype=np.float32) + comm.rank
         comm.reset_traffic()
         with comm.trace(values=values) as t:
-            comm.all_reduce(x)
+            comm.all_reduce(x, algorithm="ring")
         return t, comm.traffic()
     return ringcomm.run_local(n, body, segment_bytes=segment_bytes)
 
@@ -49,10 +49,10 @@ def test_trace_follows_the_ring_schedule(n, count, seg):
 def test_trace_is_off_by_default_and_records_values():
     def body(comm):
         x = np.arange(6, dtype=np.int64) * (comm.rank + 1)
-        comm.all_reduce(x)  # not traced
+        comm.all_reduce(x, algorithm="ring")  # not traced
         with comm.trace(values=True) as t:
-            comm.all_reduce(x)
-        comm.all_reduce(x)  # not traced
+            comm.all_reduce(x, algorithm="ring")
+        comm.all_reduce(x, algorithm="ring")  # not traced
         return t
     traces = ringcomm.run_local(3, body)
     for t in traces:

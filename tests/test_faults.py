@@ -306,7 +306,7 @@ def test_flight_record_fields_and_capacity(monkeypatch):
 
     def fn(comm):
         for k in range(6):
-            comm.all_reduce(np.arange(1000, dtype=np.float32) + k, op="max")
+            comm.all_reduce(np.arange(1000, dtype=np.float32) + k, op="max", algorithm="ring")
         comm.broadcast(np.zeros(5, np.int32), root=1)
         comm.barrier()
         return comm.flight_record()

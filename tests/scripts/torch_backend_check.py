@@ -249,8 +249,9 @@ comm.reset_traffic()
 ddp(torch.randn(8, 16)).sum().backward()
 numel = sum(p.numel() for p in model.parameters())
 sent = comm.traffic().bytes_sent("all_reduce")
-want = ringcomm.traffic.expected("all_reduce", numel, "float32", N, R).bytes_sent
-case("ledger", sent == want, f"DDP step: ledger {sent} B, expected 2(N-1)/N x {numel} x 4 = {want} B")
+algo = comm.last_algorithm  # DDP's one bucket: what algorithm="auto" chose for its size
+want = ringcomm.traffic.expected("all_reduce", numel, "float32", N, R, algorithm=algo).bytes_sent
+case("ledger", sent == want, f"DDP step ({algo}): ledger {sent} B, expected {want} B for {numel} float32")
 ledger_line = f"{sent} B sent for {numel} float32 gradients (expected {want})"
 
 

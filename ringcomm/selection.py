@@ -1,0 +1,205 @@
+"""Which all_reduce algorithm to run: an alpha-beta-gamma cost model, fitted
+on the machine it runs on, and the choice it implies for ``algorithm="auto"``.
+
+Every algorithm is a sequence of dependent steps. On the critical path of one
+rank, a call on n ranks with a buffer of B bytes costs
+
+    T = steps * alpha  +  sent * beta  +  reduced * gamma
+
+alpha: latency of one step (a message's start-up and the wait for it);
+beta: seconds per byte sent; gamma: seconds per byte reduced. With
+p = 2^floor(log2 n), L = log2 p and f = 1 when n is not a power of two
+(then the extra ranks fold into partners first and get the result back at
+the end: two more steps of a whole buffer, pairwise.h):
+
+====================  ===============  ===========================  ======================
+algorithm             steps            sent (bytes)                 reduced (bytes)
+====================  ===============  ===========================  ======================
+ring                  2(n-1)           2(n-1)/n * B                 (n-1)/n * B
+recursive_doubling    L + 2f           (L + 2f) * B                 (L + f) * B
+halving_doubling      2L + 2f          (2(p-1)/p + 2f) * B          ((p-1)/p + f) * B
+naive                 2(n-1)           2(n-1) * B                   (n-1) * B
+====================  ===============  ===========================  ======================
+
+Each T is a line in B, so the fastest algorithm changes at most twice as B
+grows: recursive doubling (fewest steps) for small buffers, halving-doubling
+for medium ones, the ring (least data per rank, and pipelined) for large.
+``auto_limits`` turns the constants into the two byte limits the engine
+compares each call against (csrc/engine.h set_auto_limits). Every rank must
+be given the same constants: ``init()`` broadcasts rank 0's.
+
+Constants come from ``ringcomm tune`` (written to
+``$XDG_CACHE_HOME/ringcomm/tune.json``, else ``~/.cache/ringcomm/tune.json``),
+else from the defaults below (measured on the development machine: 2 cores,
+Open MPI 5 shared memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["Costs", "ALGORITHMS", "terms", "predict", "best", "auto_limits", "crossover_table", "fit",
+           "costs_for", "tune_path", "save", "DEFAULTS"]
+
+ALGORITHMS = ("ring", "recursive_doubling", "halving_doubling", "naive")
+AUTO_CANDIDATES = ("ring", "halving_doubling", "recursive_doubling")  # tie: the first wins
+
+
+@dataclass(frozen=True)
+class Costs:
+    alpha: float  # seconds per step
+    beta: float   # seconds per byte sent
+    gamma: float  # seconds per byte reduced
+
+    def __str__(self) -> str:
+        bw = "inf" if self.beta == 0 else f"{1e-9 / self.beta:.2f}"
+        rw = "inf" if self.gamma == 0 else f"{1e-9 / self.gamma:.2f}"
+        return f"alpha={self.alpha * 1e6:.2f} us, beta={bw} GB/s sent, gamma={rw} GB/s reduced"
+
+
+# Built-in constants (ringcomm tune on the development machine, 2026-11-30).
+DEFAULTS = {
+    "mpi": Costs(alpha=1.6e-6, beta=1 / 6.0e9, gamma=1 / 4.0e9),
+    "inproc": Costs(alpha=2.0e-6, beta=1 / 6.0e9, gamma=1 / 4.0e9),
+}
+
+
+def _fold(n: int) -> tuple[int, int, int]:
+    p = 1 << (int(n).bit_length() - 1)
+    return p, p.bit_length() - 1, 1 if n != p else 0
+
+
+def terms(algorithm: str, n: int, nbytes) -> tuple:
+    """(steps, bytes sent, bytes reduced) on one rank's critical path."""
+    b = np.asarray(nbytes, dtype=float)
+    if n == 1:
+        return 0, 0 * b, 0 * b
+    p, L, f = _fold(n)
+    if algorithm == "ring":
+        return 2 * (n - 1), 2 * (n - 1) / n * b, (n - 1) / n * b
+    if algorithm == "recursive_doubling":
+        return L + 2 * f, (L + 2 * f) * b, (L + f) * b
+    if algorithm == "halving_doubling":
+        return 2 * L + 2 * f, (2 * (p - 1) / p + 2 * f) * b, ((p - 1) / p + f) * b
+    if algorithm == "naive":
+        return 2 * (n - 1), 2 * (n - 1) * b, (n - 1) * b
+    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+
+
+def predict(costs: Costs, algorithm: str, n: int, nbytes):
+    """Predicted seconds of one all_reduce of `nbytes` on `n` ranks."""
+    s, sent, red = terms(algorithm, n, nbytes)
+    return s * costs.alpha + sent * costs.beta + red * costs.gamma
+
+
+def best(costs: Costs, n: int, nbytes: int) -> str:
+    """The algorithm the model predicts fastest (ties go to the ring)."""
+    return min(AUTO_CANDIDATES, key=lambda a: float(predict(costs, a, n, nbytes)))
+
+
+def auto_limits(costs: Costs, n: int) -> tuple[int, int]:
+    """(rd_max, hd_max): recursive doubling up to rd_max bytes, halving-doubling
+    up to hd_max, the ring above.
+
+    The lines are ordered (fewer steps, more bytes): recursive doubling has
+    the smallest intercept and the steepest slope, the ring the opposite, so
+    the lower envelope is at most these three pieces in this order. Ties go
+    to the algorithm with fewer bytes."""
+    if n <= 1:
+        return 0, 0
+
+    def line(a):  # T(B) = c0 + c1 * B
+        c0 = float(predict(costs, a, n, 0))
+        return c0, float(predict(costs, a, n, 1)) - c0
+
+    def wins_below(a, b) -> float:
+        """a is strictly faster than b for B < this (0: never)."""
+        (a0, a1), (b0, b1) = line(a), line(b)
+        if a0 >= b0:
+            return 0.0
+        return math.inf if a1 <= b1 else (b0 - a0) / (a1 - b1)
+
+    def last_below(x: float) -> int:
+        return (1 << 62) if x == math.inf else max(0, math.ceil(x) - 1)
+
+    rd = last_below(min(wins_below("recursive_doubling", "halving_doubling"),
+                        wins_below("recursive_doubling", "ring")))
+    hd = max(rd, last_below(wins_below("halving_doubling", "ring")))
+    return int(rd), int(hd)
+
+
+def crossover_table(costs: Costs, ns=range(2, 65)) -> list[dict]:
+    """Per n: the byte limits of recursive doubling and halving-doubling."""
+    rows = []
+    for n in ns:
+        rd, hd = auto_limits(costs, n)
+        rows.append({"n": n, "recursive_doubling_max": rd, "halving_doubling_max": hd})
+    return rows
+
+
+def fit(rows) -> Costs:
+    """Least-squares alpha, beta, gamma (all >= 0) from measurements
+    ``{"algorithm", "n", "bytes", "seconds"}`` of any algorithms. Residuals
+    are relative (each row divided by its time), so microseconds and 100 ms
+    weigh alike."""
+    a = np.array([[float(x) for x in terms(r["algorithm"], r["n"], r["bytes"])] for r in rows])
+    t = np.array([r["seconds"] for r in rows], dtype=float)
+    if len(t) < 3:
+        raise ValueError("fit needs at least three measurements")
+    w = 1.0 / t
+    aw, tw = a * w[:, None], t * w
+    best_sol, best_res = np.zeros(3), math.inf
+    for k in (3, 2, 1):  # non-negative least squares over the few subsets (exact for 3 unknowns)
+        for cols in itertools.combinations(range(3), k):
+            sol, *_ = np.linalg.lstsq(aw[:, cols], tw, rcond=None)
+            if np.any(sol < 0):
+                continue
+            full = np.zeros(3)
+            full[list(cols)] = sol
+            res = float(np.sum((aw @ full - tw) ** 2))
+            if res < best_res:
+                best_sol, best_res = full, res
+    return Costs(*map(float, best_sol))
+
+
+def tune_path() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ringcomm", "tune.json")
+
+
+def _transport_key(label: str) -> str:
+    return "mpi" if label.startswith("mpi") else "inproc"
+
+
+def costs_for(label: str) -> Costs:
+    """The constants for a communicator of this kind ("mpi", "inproc"...):
+    the tuned ones if ``ringcomm tune`` wrote them, else the defaults."""
+    key = _transport_key(label)
+    try:
+        with open(tune_path()) as f:
+            doc = json.load(f)
+        return Costs(**{k: float(doc[key][k]) for k in ("alpha", "beta", "gamma")})
+    except (OSError, KeyError, ValueError, TypeError):
+        return DEFAULTS[key]
+
+
+def save(key: str, costs: Costs, extra: dict | None = None) -> str:
+    path = tune_path()
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        doc = {}
+    doc[key] = dict(asdict(costs), **(extra or {}))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+    return path
