@@ -40,6 +40,10 @@ A training step (see tests/test_zero.py)::
             ...
         zero.reduce(u)                             # reduce-scatter (all_reduce at stage 0) starts now
     zero.step()                                    # each rank updates its shard; params re-gathered (1, 2)
+
+The same for a ``torch.nn.Module`` (hooks gather, free and reduce-scatter as
+forward and backward run): ``TorchZero`` (ringcomm/zero_torch.py; torch is
+imported only then).
 """
 
 from __future__ import annotations
@@ -53,6 +57,14 @@ from . import _dtypes
 from .errors import InvalidArgument
 
 __all__ = ["ZeroOptimizer", "consolidate", "expected_memory", "expected_traffic"]
+
+
+def __getattr__(name):
+    # TorchZero (ZeRO on torch modules) lives in zero_torch.py: torch is imported only when it is asked for.
+    if name == "TorchZero":
+        from .zero_torch import TorchZero
+        return TorchZero
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _split(count: int, n: int, r: int) -> tuple[int, int]:
@@ -296,37 +308,17 @@ class ZeroOptimizer:
         """Write this rank's shard of the optimizer state (fp32 master weights,
         Adam moments, step count) to ``{prefix}.rank{r}.npz``; collective in
         spirit (every rank saves its own file). Returns the path."""
-        arrays = {"meta": np.array([self.stage, self.comm.size, self.comm.rank, self.t, len(self._units)],
-                                   np.int64),
-                  "counts": np.array([u.count for u in self._units], np.int64),
-                  "hyper": np.array([self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay], np.float64)}
-        for i, u in enumerate(self._units):
-            arrays[f"master{i}"] = u.master
-            if u.m is not None:
-                arrays[f"m{i}"], arrays[f"v{i}"] = u.m, u.v
-        path = f"{prefix}.rank{self.comm.rank}.npz"
-        np.savez(path, **arrays)
-        return path
+        return _save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
+                            [self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay],
+                            [(u.master, u.m, u.v) for u in self._units])
 
     def load(self, prefix: str) -> None:
         """Restore this rank's shard saved by ``save(prefix)`` with the same
         stage, number of ranks and units; parameters are rebuilt from the
         master weights (as every step leaves them), so training continues
         bit for bit where it stopped. Collective (stages 1-2 re-gather)."""
-        with np.load(f"{prefix}.rank{self.comm.rank}.npz") as f:
-            stage, n, rank, t, units = (int(x) for x in f["meta"])
-            if (stage, n, rank) != (self.stage, self.comm.size, self.comm.rank) or units != len(self._units):
-                raise InvalidArgument(f"checkpoint {prefix} is stage {stage}, rank {rank} of {n}, {units} units; "
-                                      f"this optimizer is stage {self.stage}, rank {self.comm.rank} of "
-                                      f"{self.comm.size}, {len(self._units)} units (consolidate() to change N)")
-            if list(f["counts"]) != [u.count for u in self._units]:
-                raise InvalidArgument(f"checkpoint {prefix} has units of {list(f['counts'])} parameters, "
-                                      f"this model {[u.count for u in self._units]}")
-            self.t = t
-            for i, u in enumerate(self._units):
-                u.master[...] = f[f"master{i}"]
-                if u.m is not None:
-                    u.m[...], u.v[...] = f[f"m{i}"], f[f"v{i}"]
+        self.t = _load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
+                              [(u.master, u.m, u.v) for u in self._units])
         gathers = []
         for u in self._units:
             if self.stage == 0:
@@ -341,20 +333,65 @@ class ZeroOptimizer:
             w.wait()
 
     def _update(self, u: _Unit, g: np.ndarray) -> None:
-        p = u.master
-        if self.weight_decay:
-            g = g + np.float32(self.weight_decay) * p
-        if self.optimizer == "sgd":
-            p -= np.float32(self.lr) * g
-            return
-        b1, b2 = np.float32(self.betas[0]), np.float32(self.betas[1])
-        u.m *= b1
-        u.m += (np.float32(1) - b1) * g
-        u.v *= b2
-        u.v += (np.float32(1) - b2) * (g * g)
-        c1 = np.float32(1 - self.betas[0] ** self.t)
-        c2 = np.float32(1 - self.betas[1] ** self.t)
-        p -= np.float32(self.lr) * (u.m / c1) / (np.sqrt(u.v / c2) + np.float32(self.eps))
+        _adam_update(u.master, u.m, u.v, g, self.t, self.lr, self.betas, self.eps, self.weight_decay,
+                     self.optimizer)
+
+
+def _adam_update(p: np.ndarray, m, v, g: np.ndarray, t: int, lr: float, betas, eps: float,
+                 weight_decay: float, optimizer: str = "adam") -> None:
+    """One optimizer step on fp32 master weights `p` in place (Adam with
+    moments m, v, or SGD), elementwise and in float32 throughout: the one
+    formula every ZeRO stage (numpy units and torch modules) applies, so their
+    shards stay bitwise equal to DDP's full update."""
+    if weight_decay:
+        g = g + np.float32(weight_decay) * p
+    if optimizer == "sgd":
+        p -= np.float32(lr) * g
+        return
+    b1, b2 = np.float32(betas[0]), np.float32(betas[1])
+    m *= b1
+    m += (np.float32(1) - b1) * g
+    v *= b2
+    v += (np.float32(1) - b2) * (g * g)
+    c1 = np.float32(1 - betas[0] ** t)
+    c2 = np.float32(1 - betas[1] ** t)
+    p -= np.float32(lr) * (m / c1) / (np.sqrt(v / c2) + np.float32(eps))
+
+
+def _save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states) -> str:
+    """Write this rank's optimizer shard: `states` is one (master, m, v) per
+    unit (m, v None for SGD). The format consolidate() reads."""
+    arrays = {"meta": np.array([stage, comm.size, comm.rank, t, len(counts)], np.int64),
+              "counts": np.array(counts, np.int64),
+              "hyper": np.array(hyper, np.float64)}
+    for i, (master, m, v) in enumerate(states):
+        arrays[f"master{i}"] = master
+        if m is not None:
+            arrays[f"m{i}"], arrays[f"v{i}"] = m, v
+    path = f"{prefix}.rank{comm.rank}.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+def _load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this optimizer") -> int:
+    """Read this rank's shard written by _save_shards into `states` (the same
+    (master, m, v) arrays, filled in place), after checking the layout; returns
+    the step count."""
+    counts = [int(c) for c in counts]
+    with np.load(f"{prefix}.rank{comm.rank}.npz") as f:
+        st, n, rank, t, units = (int(x) for x in f["meta"])
+        if (st, n, rank) != (stage, comm.size, comm.rank) or units != len(counts):
+            raise InvalidArgument(f"checkpoint {prefix} is stage {st}, rank {rank} of {n}, {units} units; "
+                                  f"{what} is stage {stage}, rank {comm.rank} of "
+                                  f"{comm.size}, {len(counts)} units (consolidate() to change N)")
+        if [int(c) for c in f["counts"]] != counts:
+            raise InvalidArgument(f"checkpoint {prefix} has units of {[int(c) for c in f['counts']]} parameters, "
+                                  f"this model {counts}")
+        for i, (master, m, v) in enumerate(states):
+            master[...] = f[f"master{i}"]
+            if m is not None:
+                m[...], v[...] = f[f"m{i}"], f[f"v{i}"]
+    return t
 
 
 def consolidate(prefix: str, path: str | None = None) -> dict:
