@@ -484,11 +484,13 @@ def _train_step(zero: "ZeroOptimizer", widths: list[int], rank: int, step: int, 
     zero.step()
 
 
-def measure(n: int, psi: int, steps: int = 2, dtype=np.float16) -> dict:
+def measure(n: int, psi: int, steps: int = 2, dtype=np.float16, comm=None) -> dict:
     """Train the same MLP (about psi parameters) under DDP and ZeRO-1/2/3 on
-    n in-process ranks; per stage, the maximum over ranks of the bytes held
-    (steady state, and peak during a step) and of the payload sent in one
-    step (ledger), and the largest difference from DDP's parameters."""
+    n in-process ranks, or on the ranks of `comm` (e.g. ringcomm.init() under
+    mpirun; collective, every rank gets the result); per stage, the maximum
+    over ranks of the bytes held (steady state, and peak during a step) and
+    of the payload sent in one step (ledger), and the largest difference from
+    DDP's parameters."""
     widths = _mlp_widths(psi)
     actual_psi = sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
     import ringcomm
@@ -505,30 +507,77 @@ def measure(n: int, psi: int, steps: int = 2, dtype=np.float16) -> dict:
         params = zero.full_parameters()
         return mem, sent, params
 
+    def diff(ref, got) -> float:
+        return max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+                   for unit_a, unit_b in zip(ref, got) for a, b in zip(unit_a, unit_b))
+
     results = {}
     ref = None
     for stage in (0, 1, 2, 3):
-        res = ringcomm.run_local(n, body, stage)
-        if stage == 0:
-            ref = res[0][2]
-        diff = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
-                   for unit_a, unit_b in zip(ref, res[0][2]) for a, b in zip(unit_a, unit_b))
+        if comm is None:
+            res = ringcomm.run_local(n, body, stage)
+            if stage == 0:
+                ref = res[0][2]
+            d = diff(ref, res[0][2])
+            mem = {k: max(m[k] for m, _, _ in res) for k in ("params", "grads", "optimizer", "peak")}
+            sent = max(s for _, s, _ in res)
+        else:  # this rank's figures, then the maximum over ranks (and over every rank's difference from DDP)
+            m, sent, params = body(comm, stage)
+            if stage == 0:
+                ref = params
+            row = np.array([m["params"], m["grads"], m["optimizer"], m["peak"], sent], np.int64)
+            comm.all_reduce(row, op="max")
+            worst = np.array([diff(ref, params)])
+            comm.all_reduce(worst, op="max")
+            mem = dict(zip(("params", "grads", "optimizer", "peak"), (int(x) for x in row[:4])))
+            sent, d = int(row[4]), float(worst[0])
         results[("ddp", "zero1", "zero2", "zero3")[stage]] = {
-            "memory_bytes": {k: max(m[k] for m, _, _ in res) for k in ("params", "grads", "optimizer")},
-            "peak_memory_bytes": max(m["peak"] for m, _, _ in res),
-            "sent_bytes_per_step": max(s for _, s, _ in res),
-            "max_abs_param_diff_vs_ddp": diff,
+            "memory_bytes": {k: mem[k] for k in ("params", "grads", "optimizer")},
+            "peak_memory_bytes": mem["peak"],
+            "sent_bytes_per_step": sent,
+            "max_abs_param_diff_vs_ddp": d,
         }
-    return {"n": n, "psi": actual_psi, "param_bytes": int(np.dtype(dtype).itemsize), "stages": results}
+    return {"n": n if comm is None else comm.size, "ranks": "in-process" if comm is None else "mpi",
+            "psi": actual_psi, "param_bytes": int(np.dtype(dtype).itemsize), "stages": results}
 
 
-def demo(n: int, psi: int, json_path: str | None = None, png_path: str | None = None, out=None) -> dict:
+def _mpi_world_size() -> int:
+    """The number of ranks when this process was started by mpirun (Open MPI,
+    or a PMI launcher such as MPICH's hydra), else 0."""
+    import os
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def demo(n: int, psi: int, json_path: str | None = None, png_path: str | None = None, out=None,
+         mpi: bool | None = None) -> dict:
+    """`ringcomm demo zero`: on n in-process ranks, or, when started under
+    mpirun (``ringcomm run -n 4 ringcomm demo zero``; `mpi` None: detected from
+    the launcher's environment), on the MPI ranks (n is then the world size);
+    rank 0 prints and writes the files."""
     import json
     import sys
     out = out or sys.stdout
-    r = measure(n, psi)
+    if mpi is None:
+        mpi = _mpi_world_size() > 1
+    if mpi:
+        import ringcomm
+        comm = ringcomm.init()
+        try:
+            r = measure(comm.size, psi, comm=comm)
+        finally:
+            rank = comm.rank
+            comm.close()
+        if rank != 0:
+            return r
+    else:
+        r = measure(n, psi)
+    n = r["n"]
     psi, pb = r["psi"], r["param_bytes"]
-    print(f"ZeRO on {n} in-process ranks: an {len(_mlp_widths(psi)) - 1}-layer MLP with Psi = {psi:,} parameters, "
+    where = "MPI ranks" if mpi else "in-process ranks"
+    print(f"ZeRO on {n} {where}: an {len(_mlp_widths(psi)) - 1}-layer MLP with Psi = {psi:,} parameters, "
           f"{pb}-byte parameters and gradients, Adam with fp32 master weights (K = 12 B per parameter).", file=out)
     print("Per rank (maximum over ranks), measured from the arrays each rank holds / the ledger, vs the formula:",
           file=out)
