@@ -2,7 +2,7 @@
 
 The torch counterpart of ``ringcomm.zero.ZeroOptimizer`` (numpy units), on the
 same machinery: the split rule (rank r owns chunk r of every flat buffer, no
-padding), one Adam formula on fp32 master weights (``zero._adam_update``), the
+padding), one Adam formula on fp32 master weights (``_sharding._adam_update``), the
 same memory ledger and the same checkpoint files (``zero.consolidate`` reads
 them). Every stage gives DDP's parameters bit for bit (a ring all_reduce *is*
 a reduce_scatter followed by an all_gather of the same buffer)::
@@ -68,7 +68,7 @@ import torch
 from . import _dtypes
 from .bucketer import MB, _torch_dtypes, assign_buckets, broadcast_parameters
 from .errors import InvalidArgument
-from .zero import _adam_update, _load_shards, _save_shards, _split
+from ._sharding import _adam_update, _load_shards, _save_shards, _split
 
 __all__ = ["TorchZero"]
 
