@@ -3,7 +3,7 @@
     mpirun -n 4 python bench/collectives.py -b 8 -e 64M -f 4
     ringcomm bench            # the same, launching 4 ranks itself (plus mpi-ring)
 
-See bench/README.md for the columns; the harness is ringcomm/benchmark.py.
+See bench/README.md for the columns; the harness is the ringcomm.benchmark package.
 """
 import sys
 

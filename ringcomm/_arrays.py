@@ -249,8 +249,8 @@ def _from_cai(x, what: str) -> Buf:
             with cupy.cuda.Device(dev):
                 return cupy.cuda.get_current_stream().ptr
     else:
-        from . import cuda
-        dev = cuda.pointer_device(ptr) if count else None  # an empty array lives nowhere in particular
+        from . import _cuda_native
+        dev = _cuda_native.pointer_device(ptr) if count else None  # an empty array lives nowhere in particular
         if count and dev < 0:
             raise InvalidArgument(f"{what}: __cuda_array_interface__ points at memory that is not on a GPU")
         handle = cai.get("stream")  # v3: the producer's stream (None: no ordering needed)

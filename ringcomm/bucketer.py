@@ -234,6 +234,34 @@ def _gather_rows(comm, row: np.ndarray) -> np.ndarray:
     return out.reshape(comm.size, row.size)
 
 
+
+def assign_buckets(items: Sequence[tuple], order: Sequence[int], cap: int, first_cap: int
+                   ) -> list[tuple[tuple, list[int]]]:
+    """Bucket assignment for parameters becoming ready in `order`; items[i] is
+    parameter i's (key, nbytes), key its (family, dtype, device). Fill one open
+    bucket per key, close it once it reaches `cap` bytes (the first per key:
+    `first_cap`). Returns [(key, [parameter indices in fill order])] in the
+    order the buckets are expected to complete (position of their last
+    parameter in `order`), which is the order they are launched in. Shared by
+    GradBucketer and ringcomm.zero_torch (ZeRO-1/2 gradient buckets)."""
+    open_: dict[tuple, list] = {}
+    firsts: set = set()
+    closed = []
+    for i in order:
+        key, nbytes = items[i]
+        cur = open_.setdefault(key, [[], 0])
+        cur[0].append(i)
+        cur[1] += nbytes
+        if cur[1] >= (cap if key in firsts else first_cap):
+            closed.append((key, cur[0]))
+            firsts.add(key)
+            del open_[key]
+    closed += [(k, v[0]) for k, v in open_.items()]
+    pos = {i: k for k, i in enumerate(order)}
+    closed.sort(key=lambda kv: pos[kv[1][-1]])
+    return closed
+
+
 # ---------------------------------------------------------------------------
 @dataclass
 class _Bucket:
@@ -566,27 +594,8 @@ class GradBucketer:
             rank=self._comm.rank)
 
     def _assign(self, order: Sequence[int]) -> list[tuple[tuple, list[int]]]:
-        """Bucket assignment for parameters becoming ready in `order`: fill one
-        open bucket per (family, dtype, device), close it once it reaches its cap
-        (the first per key: first_cap). Buckets are launched in the order they
-        are expected to complete (position of their last parameter in `order`)."""
-        open_: dict[tuple, list] = {}
-        firsts: set = set()
-        closed = []
-        for i in order:
-            s = self._specs[i]
-            key = (s.family, s.dtype, s.device)
-            cur = open_.setdefault(key, [[], 0])
-            cur[0].append(i)
-            cur[1] += s.nbytes
-            if cur[1] >= (self._cap if key in firsts else self._first_cap):
-                closed.append((key, cur[0]))
-                firsts.add(key)
-                del open_[key]
-        closed += [(k, v[0]) for k, v in open_.items()]
-        pos = {i: k for k, i in enumerate(order)}
-        closed.sort(key=lambda kv: pos[kv[1][-1]])
-        return closed
+        return assign_buckets([((s.family, s.dtype, s.device), s.nbytes) for s in self._specs], order,
+                              self._cap, self._first_cap)
 
     def _build(self, order: Sequence[int]) -> None:
         old_views = getattr(self, "_views", None)

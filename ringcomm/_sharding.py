@@ -1,0 +1,73 @@
+"""What the two ZeRO front ends (``zero.ZeroOptimizer`` on numpy units,
+``zero_torch.TorchZero`` on torch modules) share: the split rule for a flat
+buffer's chunks, the optimizer formula applied to a shard, and the per-rank
+checkpoint files (``zero.consolidate`` reads them)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InvalidArgument
+
+
+def _split(count: int, n: int, r: int) -> tuple[int, int]:
+    base, extra = divmod(count, n)
+    lo = r * base + min(r, extra)
+    return lo, lo + base + (1 if r < extra else 0)
+
+
+def _adam_update(p: np.ndarray, m, v, g: np.ndarray, t: int, lr: float, betas, eps: float,
+                 weight_decay: float, optimizer: str = "adam") -> None:
+    """One optimizer step on fp32 master weights `p` in place (Adam with
+    moments m, v, or SGD), elementwise and in float32 throughout: the one
+    formula every ZeRO stage (numpy units and torch modules) applies, so their
+    shards stay bitwise equal to DDP's full update."""
+    if weight_decay:
+        g = g + np.float32(weight_decay) * p
+    if optimizer == "sgd":
+        p -= np.float32(lr) * g
+        return
+    b1, b2 = np.float32(betas[0]), np.float32(betas[1])
+    m *= b1
+    m += (np.float32(1) - b1) * g
+    v *= b2
+    v += (np.float32(1) - b2) * (g * g)
+    c1 = np.float32(1 - betas[0] ** t)
+    c2 = np.float32(1 - betas[1] ** t)
+    p -= np.float32(lr) * (m / c1) / (np.sqrt(v / c2) + np.float32(eps))
+
+
+def _save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states) -> str:
+    """Write this rank's optimizer shard: `states` is one (master, m, v) per
+    unit (m, v None for SGD). The format consolidate() reads."""
+    arrays = {"meta": np.array([stage, comm.size, comm.rank, t, len(counts)], np.int64),
+              "counts": np.array(counts, np.int64),
+              "hyper": np.array(hyper, np.float64)}
+    for i, (master, m, v) in enumerate(states):
+        arrays[f"master{i}"] = master
+        if m is not None:
+            arrays[f"m{i}"], arrays[f"v{i}"] = m, v
+    path = f"{prefix}.rank{comm.rank}.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+def _load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this optimizer") -> int:
+    """Read this rank's shard written by _save_shards into `states` (the same
+    (master, m, v) arrays, filled in place), after checking the layout; returns
+    the step count."""
+    counts = [int(c) for c in counts]
+    with np.load(f"{prefix}.rank{comm.rank}.npz") as f:
+        st, n, rank, t, units = (int(x) for x in f["meta"])
+        if (st, n, rank) != (stage, comm.size, comm.rank) or units != len(counts):
+            raise InvalidArgument(f"checkpoint {prefix} is stage {st}, rank {rank} of {n}, {units} units; "
+                                  f"{what} is stage {stage}, rank {comm.rank} of "
+                                  f"{comm.size}, {len(counts)} units (consolidate() to change N)")
+        if [int(c) for c in f["counts"]] != counts:
+            raise InvalidArgument(f"checkpoint {prefix} has units of {[int(c) for c in f['counts']]} parameters, "
+                                  f"this model {counts}")
+        for i, (master, m, v) in enumerate(states):
+            master[...] = f[f"master{i}"]
+            if m is not None:
+                m[...], v[...] = f[f"m{i}"], f[f"v{i}"]
+    return t

@@ -1,0 +1,62 @@
+"""What the benchmark runs and how it checks it: collectives, ops, the size
+range, the bus-bandwidth factor, the element count of a size, and exactly
+predictable check data with its expected result (every dtype, every op)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _dtypes, costmodel
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+OPS = ("sum", "prod", "min", "max", "avg")
+
+
+def size_list(begin: int, end: int, factor: float) -> list[int]:
+    """Sizes in bytes from begin to end (inclusive), multiplying by factor."""
+    if begin <= 0 or end < begin or factor <= 1:
+        raise ValueError(f"bad size range: -b {begin} -e {end} -f {factor} (need 0 < b <= e, f > 1)")
+    out, s = [], begin
+    while s <= end:
+        out.append(int(s))
+        s *= factor
+    return out
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests busbw = algbw * factor: 2(n-1)/n for all_reduce, (n-1)/n for RS and AG."""
+    return costmodel.volume_factor(collective, n)
+
+
+def count_for(nbytes: int, dtype: str, n: int) -> int:
+    """Element count of the full buffer: nbytes in whole elements, at least one
+    (ranks beyond the count get empty chunks, as the split rule says)."""
+    return max(1, nbytes // _dtypes.itemsize(dtype))
+
+
+def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
+    """Exactly predictable input of `rank`: partial results are exact in every dtype."""
+    i = np.arange(count, dtype=np.int64)
+    if op in ("sum", "avg"):
+        v = (rank + 1) * (i % 5 + 1) % 9
+    elif op == "prod":
+        v = np.where((i + rank) % 3 == 0, 2, 1)
+    else:
+        v = (rank * 3 + i) % 7
+    return v.astype(_dtypes.NUMPY[dtype])
+
+
+def check_expected(dtype: str, op: str, n: int, count: int) -> np.ndarray:
+    x = np.stack([check_data(dtype, op, r, count).astype(np.float64) for r in range(n)])
+    red = {"sum": x.sum(0), "avg": x.sum(0), "prod": x.prod(0), "min": x.min(0), "max": x.max(0)}[op]
+    out = red.astype(_dtypes.NUMPY[dtype])
+    if op == "avg":
+        compute = np.dtype(np.float32) if dtype in ("float16", "bfloat16") else _dtypes.NUMPY[dtype]
+        out = (out.astype(compute) / compute.type(n)).astype(_dtypes.NUMPY[dtype])
+    return out
+
+
+def split(count: int, n: int, r: int) -> tuple[int, int]:
+    """(offset, length) of chunk r under the split rule."""
+    base, extra = divmod(count, n)
+    return r * base + min(r, extra), base + (1 if r < extra else 0)

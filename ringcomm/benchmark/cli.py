@@ -1,0 +1,243 @@
+"""Entry points: the options (``parser``, ``parse``), ``run_mpi`` on every
+rank under mpirun (``python -m ringcomm.benchmark``), and ``cli_main`` for
+`ringcomm bench`, which launches the ranks (mpi-ring as a second launch
+with Open MPI's ring algorithms forced)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+from .. import _dtypes
+from ..config import parse_size
+from ..launch import mpirun_command
+from .checks import COLLECTIVES, OPS, size_list
+from .harness import Bench, device_copy_gbps, memcpy_gbps
+from .impls import DEVICE_IMPLS, IMPLS, RING_MCA
+from .report import HEADER, fit_models, footer, machine_info, make_rows, plot, print_size_block
+
+# The first paragraph of the package's docstring (`ringcomm bench --help`).
+DESCRIPTION = "Collective benchmark in the spirit of nccl-tests: ringcomm against Open MPI and Gloo."
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ringcomm bench", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-b", "--minbytes", default="4", help="smallest buffer (K/M/G suffixes; default 4)")
+    p.add_argument("-e", "--maxbytes", default="64M", help="largest buffer (default 64M)")
+    p.add_argument("-f", "--stepfactor", type=float, default=4, help="size multiplier (default 4)")
+    p.add_argument("-n", "--iters", type=int, default=0,
+                   help="timed iterations per repetition (default 0: enough for ~--target-ms)")
+    p.add_argument("-w", "--warmup", type=int, default=2, help="warm-up iterations (default 2)")
+    p.add_argument("-r", "--reps", type=int, default=5, help="interleaved repetitions (default 5)")
+    p.add_argument("--target-ms", type=float, default=20, help="time per repetition when -n 0 (default 20)")
+    p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="check results (default 1)")
+    p.add_argument("-o", "--op", default="sum", help="sum, prod, min, max, avg or all (default sum)")
+    p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(_dtypes.DTYPES)} or all")
+    p.add_argument("--collective", default="all_reduce", help="all_reduce, reduce_scatter, all_gather or all")
+    p.add_argument("--impl", default=None,
+                   help="comma-separated implementations (default: ringcomm,mpi,mpi-ring,gloo on the host, "
+                        "ringcomm,nccl with --device cuda)")
+    p.add_argument("--device", default="host", choices=("host", "cuda"),
+                   help="host: numpy buffers; cuda: cupy buffers on each rank's GPU, ringcomm over NCCL "
+                        "point-to-point against NCCL's collectives (default host)")
+    p.add_argument("--json", help="write every row plus machine and version info here")
+    p.add_argument("--plot", help="write a PNG of busbw against size here (needs matplotlib)")
+    p.add_argument("--progress", action="store_true",
+                   help="progress bar on stderr (default: when `ringcomm bench` runs in a terminal)")
+    p.add_argument("--extra-json", help=argparse.SUPPRESS)  # rows of a separate mpi-ring launch
+    p.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def parse(argv) -> argparse.Namespace:
+    args = parser().parse_args(argv)
+    args.sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    args.ops = list(OPS) if args.op == "all" else args.op.split(",")
+    args.dtypes = list(_dtypes.DTYPES) if args.datatype == "all" else args.datatype.split(",")
+    args.collectives = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
+    if args.impl is None:
+        args.impl = "ringcomm,nccl" if args.device == "cuda" else "ringcomm,mpi,mpi-ring,gloo"
+    args.impl = [s for s in args.impl.split(",") if s]
+    if args.device == "cuda":
+        from .. import cuda
+        from ..errors import InvalidArgument
+        try:
+            import cupy  # noqa: F401
+            cuda.require()
+        except ImportError:
+            raise SystemExit("ringcomm bench: --device cuda needs cupy (pip install 'ringcomm[cuda13]')") from None
+        except InvalidArgument as exc:
+            raise SystemExit(f"ringcomm bench: --device cuda: {exc}") from None
+        if "bfloat16" in args.dtypes:
+            raise SystemExit("ringcomm bench: --device cuda uses cupy buffers, and cupy has no bfloat16; "
+                             "choose other dtypes")
+    wrong_place = [m for m in args.impl if m in IMPLS and m not in DEVICE_IMPLS[args.device]]
+    if wrong_place:
+        raise SystemExit(f"ringcomm bench: {wrong_place} cannot run with --device {args.device}; "
+                         f"choose from {', '.join(DEVICE_IMPLS[args.device])}")
+    for what, vals, ok in (("op", args.ops, OPS), ("dtype", args.dtypes, _dtypes.DTYPES),
+                           ("collective", args.collectives, COLLECTIVES), ("impl", args.impl, IMPLS)):
+        bad = [v for v in vals if v not in ok]
+        if bad:
+            raise SystemExit(f"ringcomm bench: unknown {what} {bad}; expected one of {', '.join(ok)}")
+    return args
+
+
+def run_mpi(argv=None) -> int:
+    """Entry point on every rank (under mpirun)."""
+    args = parse(argv)
+    from mpi4py import MPI
+    w = MPI.COMM_WORLD
+    n, rank = w.size, w.rank
+    bench = Bench(args, w)
+    if rank == 0:
+        w.Barrier()
+        memcpy = memcpy_gbps() if args.device == "host" else device_copy_gbps()
+    else:
+        w.Barrier()
+        memcpy = None
+    memcpy = w.bcast(memcpy)
+    tty = args.progress  # under mpirun stdout may be a pty even when piped: the launcher decides
+    if rank == 0 and not args.rows_only:
+        print(f"# ringcomm bench: n={n}, impls {','.join(i.name for i in bench.impls)}, "
+              f"{args.reps} interleaved reps, time = max over ranks, median [p10 p90]")
+        what = "single-core memcpy" if args.device == "host" else "device-to-device copy (GPU 0)"
+        print(f"# {what}: {memcpy:.2f} GB/s (reference for %cpy = busbw / copy bandwidth)")
+    all_rows: list[dict] = []
+    total = len(args.collectives) * len(args.dtypes) * len(args.ops) * len(args.sizes)
+    done = 0
+    for coll in args.collectives:
+        if rank == 0 and not args.rows_only:
+            print(f"#\n# {coll}{'':>52}out-of-place{'':>40}in-place")
+            print("#" + HEADER[1:])
+        for dtype in args.dtypes:
+            for op in args.ops:
+                if op == "avg" and dtype not in _dtypes.FLOATING or coll == "all_gather" and op != args.ops[0]:
+                    done += len(args.sizes)
+                    continue
+                for nbytes in args.sizes:
+                    count, results = bench.measure(coll, nbytes, dtype, op)
+                    rows = make_rows(coll, nbytes, count, dtype, op if coll != "all_gather" else "none",
+                                     results, n, memcpy)
+                    all_rows += rows
+                    done += 1
+                    if rank == 0 and not args.rows_only:
+                        if tty:
+                            print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+                        print_size_block(rows)
+                        if tty:
+                            bar = int(30 * done / total)
+                            print(f"[{'#' * bar}{'.' * (30 - bar)}] {done}/{total}", end="", file=sys.stderr,
+                                  flush=True)
+    if rank == 0 and tty:
+        print(file=sys.stderr)
+    wrong = sum(r["wrong"] for r in all_rows) if args.check else 0
+    ledger_bad = [r for r in all_rows if r["sent_per_rank"] is not None and r["sent_per_rank"] != r["expected_sent"]]
+    for impl in bench.impls:
+        impl.close()
+    if rank == 0:
+        if args.extra_json and os.path.exists(args.extra_json):
+            extra = json.load(open(args.extra_json))["rows"]
+            all_rows += extra
+            wrong += sum(r["wrong"] for r in extra) if args.check else 0
+            if not args.rows_only:
+                print("# mpi-ring (separate launch with Open MPI's ring algorithms forced):")
+                for coll in args.collectives:
+                    for key in sorted({(r["dtype"], r["op"], r["size"]) for r in extra if r["collective"] == coll}):
+                        print_size_block([r for r in extra if r["collective"] == coll
+                                          and (r["dtype"], r["op"], r["size"]) == key])
+        lines: list[str] = []
+        models = fit_models(all_rows, n, lines) if not args.rows_only else {}
+        summary = footer(all_rows, n, lines) if not args.rows_only else {}
+        if not args.rows_only:
+            lines.append(f"# out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+            if ledger_bad:
+                lines.append(f"# ledger != expected on {len(ledger_bad)} rows: FAILED")
+            print("\n".join(lines), flush=True)
+        if args.json:
+            doc = {"version": 1, "machine": machine_info(), "args": {k: v for k, v in vars(args).items()},
+                   "n": n, "memcpy_gbps": memcpy, "rows": all_rows, "models": models, "summary": summary}
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1, default=str)
+        if args.plot and not args.rows_only:
+            plot(all_rows, n, args.plot, f"ringcomm bench, n={n}, {platform.node()}")
+    status = 1 if (wrong or ledger_bad) else 0
+    return int(w.bcast(status))
+
+
+def cli_main(argv) -> int:
+    """`ringcomm bench [-n N] ...`: launch N ranks (default 4) through the
+    installed Open MPI and run the benchmark; mpi-ring runs as a second launch
+    with Open MPI's ring algorithms forced by MCA parameters."""
+    if "-h" in argv or "--help" in argv:
+        print("usage: ringcomm bench [-n NRANKS] [benchmark options]\n\n"
+              "  --np/-N NRANKS   ranks to launch (default 4)\n")
+        parser().print_help()
+        return 0
+    nranks, rest, i = 4, [], 0
+    while i < len(argv):
+        if argv[i] in ("--np", "-N", "--nranks"):
+            nranks, i = int(argv[i + 1]), i + 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    args = parse(rest)  # validate before launching anything
+    if sys.stdout.isatty() and "--progress" not in rest:
+        rest.append("--progress")
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as tmp:
+        main_args = list(rest)
+        if "mpi-ring" in args.impl:
+            ring_json = os.path.join(tmp, "ring.json")
+            ring_args = _replace_flag(rest, "--impl", "mpi-ring") + ["--json", ring_json, "--rows-only"]
+            ring_args = _drop_flag(ring_args, "--plot")
+            mca = []
+            for coll in args.collectives:
+                mca += ["--mca", *RING_MCA[coll]]
+            cmd = mpirun_command(nranks, [sys.executable, "-m", "ringcomm.benchmark", *ring_args],
+                                 ["--mca", "coll_tuned_use_dynamic_rules", "1", *mca])
+            rc = subprocess.call(cmd, env=env)
+            if rc != 0:
+                return rc
+            others = [m for m in args.impl if m != "mpi-ring"]
+            main_args = _replace_flag(rest, "--impl", ",".join(others)) + ["--extra-json", ring_json]
+        cmd = mpirun_command(nranks, [sys.executable, "-m", "ringcomm.benchmark", *main_args])
+        return subprocess.call(cmd, env=env)
+
+
+def _replace_flag(argv, flag, value):
+    out, i, found = [], 0, False
+    while i < len(argv):
+        if argv[i] == flag:
+            out += [flag, value]
+            i += 2
+            found = True
+            continue
+        if argv[i].startswith(flag + "="):
+            out += [flag, value]
+            i += 1
+            found = True
+            continue
+        out.append(argv[i])
+        i += 1
+    return out if found else out + [flag, value]
+
+
+def _drop_flag(argv, flag):
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            i += 2
+            continue
+        if argv[i].startswith(flag + "="):
+            i += 1
+            continue
+        out.append(argv[i])
+        i += 1
+    return out

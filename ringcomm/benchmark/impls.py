@@ -1,0 +1,268 @@
+"""The implementations the benchmark compares, on the same buffers: ringcomm,
+Open MPI through mpi4py (its default choice, and its ring algorithms forced
+by MCA parameters), torch.distributed's Gloo, NCCL's own collectives
+(--device cuda), and a test-only corrupt one.
+
+An implementation is a class with ``supports`` and ``run`` (see ``Impl``),
+constructed with the harness (``ctx.device``); ``IMPLS`` maps names to them,
+``DEVICE_IMPLS`` says which run where.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _dtypes
+from .checks import split
+
+# Open MPI (coll/tuned) parameters that force its ring algorithm per collective.
+RING_MCA = {"all_reduce": ("coll_tuned_allreduce_algorithm", "4"),
+            "reduce_scatter": ("coll_tuned_reduce_scatter_algorithm", "3"),
+            "all_gather": ("coll_tuned_allgather_algorithm", "4")}
+
+
+@dataclass
+class Case:
+    collective: str
+    count: int       # elements of the full buffer
+    dtype: str
+    op: str
+    inplace: bool
+    n: int
+    rank: int
+    send: np.ndarray = field(repr=False, default=None)
+    recv: np.ndarray = field(repr=False, default=None)
+
+    @property
+    def chunk(self) -> tuple[int, int]:
+        return split(self.count, self.n, self.rank)
+
+    def input_view(self) -> np.ndarray:
+        """What the rank contributes (inside recv for in-place, as nccl-tests does)."""
+        off, ln = self.chunk
+        if self.collective == "all_reduce":
+            return self.recv if self.inplace else self.send
+        if self.collective == "reduce_scatter":
+            return self.send
+        return self.recv[off:off + ln] if self.inplace else self.send
+
+    def output_view(self) -> np.ndarray:
+        if self.collective == "reduce_scatter" and self.inplace:
+            off, ln = self.chunk
+            return self.send[off:off + ln]
+        return self.recv
+
+
+class Impl:
+    name = "?"
+
+    def supports(self, case: Case) -> bool:
+        return True
+
+    def run(self, case: Case) -> None:
+        raise NotImplementedError
+
+    def output_view(self, case: Case) -> np.ndarray:
+        """Where this implementation leaves the result (nccl-tests' convention by default)."""
+        return case.output_view()
+
+    def close(self) -> None:
+        pass
+
+
+class RingcommImpl(Impl):
+    name = "ringcomm"
+
+    def __init__(self, ctx):
+        import ringcomm
+        self.comm = ringcomm.init(device=None if ctx.device == "host" else "cuda")
+
+    def run(self, c: Case) -> None:
+        if c.collective == "all_reduce":
+            if c.inplace:
+                self.comm.all_reduce(c.recv, c.op)
+            else:
+                self.comm.all_reduce(c.send, c.op, out=c.recv)
+        elif c.collective == "reduce_scatter":
+            self.comm.reduce_scatter(c.send, c.op, out=c.output_view())
+        else:
+            self.comm.all_gather(c.input_view(), out=c.recv)
+
+    def sent_bytes(self, c: Case) -> int:
+        before = self.comm.traffic()
+        self.run(c)
+        return (self.comm.traffic() - before).bytes_sent(c.collective)
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+class MpiImpl(Impl):
+    """Open MPI's own collectives through mpi4py (its default algorithm choice;
+    launched with coll_tuned ring parameters for 'mpi-ring')."""
+    name = "mpi"
+    _OPS = None
+
+    def __init__(self, ctx):
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD.Dup()
+        self._OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+
+    def supports(self, c: Case) -> bool:
+        # MPI has no half types or average; Reduce_scatter_block needs equal chunks.
+        if c.dtype in ("float16", "bfloat16") or c.op == "avg":
+            return False
+        return c.collective == "all_reduce" or c.count % c.n == 0
+
+    def run(self, c: Case) -> None:
+        MPI, op = self.MPI, self._OPS.get(c.op)
+        if c.collective == "all_reduce":
+            self.comm.Allreduce(MPI.IN_PLACE if c.inplace else c.send, c.recv, op=op)
+        elif c.collective == "reduce_scatter":
+            if c.inplace:
+                self.comm.Reduce_scatter_block(MPI.IN_PLACE, c.send, op=op)
+            else:
+                self.comm.Reduce_scatter_block(c.send, c.recv, op=op)
+        else:
+            self.comm.Allgather(MPI.IN_PLACE if c.inplace else c.send, c.recv)
+
+    def output_view(self, c: Case) -> np.ndarray:
+        if c.collective == "reduce_scatter" and c.inplace:  # MPI_IN_PLACE: result at the buffer's start
+            return c.send[:c.chunk[1]]
+        return c.output_view()
+
+    def close(self) -> None:
+        self.comm.Free()
+
+
+class MpiRingImpl(MpiImpl):
+    """Launched with RING_MCA. Reduce-scatter goes through MPI_Reduce_scatter
+    (per-rank counts): Open MPI has a ring for it, not for the _block variant."""
+    name = "mpi-ring"
+
+    def supports(self, c: Case) -> bool:
+        return c.dtype not in ("float16", "bfloat16") and c.op != "avg"
+
+    def run(self, c: Case) -> None:
+        if c.collective != "reduce_scatter":
+            return super().run(c)
+        counts = [split(c.count, c.n, r)[1] for r in range(c.n)]
+        if c.inplace:
+            self.comm.Reduce_scatter(self.MPI.IN_PLACE, c.send, counts, op=self._OPS[c.op])
+        else:
+            self.comm.Reduce_scatter(c.send, c.recv, counts, op=self._OPS[c.op])
+
+
+class GlooImpl(Impl):
+    """torch.distributed with the gloo backend, on tensors sharing the numpy buffers."""
+    name = "gloo"
+
+    def __init__(self, ctx):
+        import torch
+        import torch.distributed as dist
+        from mpi4py import MPI
+        self.torch, self.dist = torch, dist
+        w = MPI.COMM_WORLD
+        port = w.bcast(_free_port() if w.rank == 0 else None)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=w.rank, world_size=w.size)
+        self._OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+                     "max": dist.ReduceOp.MAX}
+        self._rs_ok = None
+
+    def supports(self, c: Case) -> bool:
+        if c.op == "avg" or c.dtype == "bfloat16" and c.collective != "all_gather":
+            return False
+        if c.collective == "reduce_scatter":
+            return False  # torch's gloo backend has no reduce_scatter
+        return c.collective == "all_reduce" or c.count % c.n == 0
+
+    def _t(self, a):
+        if a.dtype == _dtypes.NUMPY["bfloat16"]:
+            return self.torch.from_numpy(a.view(np.int16)).view(self.torch.bfloat16)
+        return self.torch.from_numpy(a)
+
+    def run(self, c: Case) -> None:
+        if c.collective == "all_reduce":
+            if c.inplace:
+                self.dist.all_reduce(self._t(c.recv), op=self._OPS[c.op])
+            else:  # gloo reduces in place: copy in first, as a user would
+                np.copyto(c.recv, c.send)
+                self.dist.all_reduce(self._t(c.recv), op=self._OPS[c.op])
+        else:
+            self.dist.all_gather_into_tensor(self._t(c.recv), self._t(c.input_view()))
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+class NcclImpl(Impl):
+    """NCCL's own ncclAllReduce / ncclReduceScatter / ncclAllGather (--device
+    cuda), on a NCCL communicator of its own, on the same cupy buffers."""
+    name = "nccl"
+
+    def __init__(self, ctx):
+        from mpi4py import MPI
+
+        from .. import cuda
+        from ..comm import _local_rank
+        cuda.require()
+        w = MPI.COMM_WORLD
+        self.gpu = _local_rank(w)
+        self.base = cuda._cuda.NcclBaseline(MPI._handleof(w), self.gpu)
+
+    def supports(self, c: Case) -> bool:
+        # NCCL's reduce-scatter and all-gather take equal chunks only.
+        return c.collective == "all_reduce" or c.count % c.n == 0
+
+    def run(self, c: Case) -> None:
+        import cupy
+        stream = cupy.cuda.get_current_stream().ptr
+        dt, op = _dtypes.DTYPES[c.dtype], _dtypes.OPS[c.op]
+        if c.collective == "all_reduce":
+            src = c.recv if c.inplace else c.send
+            self.base.all_reduce(src.data.ptr, c.recv.data.ptr, c.count, dt, op, stream)
+        elif c.collective == "reduce_scatter":
+            out = self.output_view(c)
+            self.base.reduce_scatter(c.send.data.ptr, out.data.ptr, c.count // c.n, dt, op, stream)
+        else:
+            self.base.all_gather(c.input_view().data.ptr, c.recv.data.ptr, c.count // c.n, dt, stream)
+
+    def close(self) -> None:
+        self.base.close()
+
+
+class CorruptImpl(RingcommImpl):
+    """Test-only: ringcomm with one wrong element on rank 0 (checks that #wrong
+    is counted and fails the run). Enabled by RINGCOMM_BENCH_TEST_IMPLS=1."""
+    name = "corrupt"
+
+    def run(self, c: Case) -> None:
+        super().run(c)
+        out = c.output_view()
+        if self.comm.rank == 0 and out.size:
+            out[0] = out[0] + np.ones(1, out.dtype)[0]
+
+
+IMPLS = {"ringcomm": RingcommImpl, "mpi": MpiImpl, "mpi-ring": MpiRingImpl, "gloo": GlooImpl, "nccl": NcclImpl}
+DEVICE_IMPLS = {"host": ("ringcomm", "mpi", "mpi-ring", "gloo", "corrupt"), "cuda": ("ringcomm", "nccl")}
+if os.environ.get("RINGCOMM_BENCH_TEST_IMPLS") == "1":
+    IMPLS["corrupt"] = CorruptImpl
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torch_available() -> bool:
+    try:
+        import torch.distributed  # noqa: F401
+        return True
+    except ImportError:
+        return False

@@ -1,0 +1,179 @@
+"""Reporting, on rank 0: one row per (implementation, in-place) and size, the
+per-size text block, the footer (average busbw, ratios to the baselines),
+the alpha-beta fits, the plot, and the --json document (machine info,
+schema check).
+
+A row is a dict: ``ROW_KEYS`` are the keys every row has (and --json
+validates); ``make_rows`` builds them and ``print_size_block`` prints them.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+import numpy as np
+
+from .. import _dtypes, costmodel
+from .checks import COLLECTIVES, bus_factor
+
+ROW_KEYS = ("collective", "impl", "size", "count", "dtype", "op", "inplace", "time_us", "p10_us", "p90_us",
+            "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent")
+
+
+def validate_json(doc: dict) -> None:
+    """Raise ValueError unless `doc` has the schema --json writes."""
+    for key in ("version", "machine", "args", "memcpy_gbps", "rows", "models"):
+        if key not in doc:
+            raise ValueError(f"missing key {key!r}")
+    for row in doc["rows"]:
+        missing = [k for k in ROW_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"row misses {missing}")
+
+
+def fmt_size(b: int) -> str:
+    for unit, k in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if b >= k and b % k == 0:
+            return f"{b // k}{unit}"
+    return str(b)
+
+
+def make_rows(coll, nbytes, count, dtype, op, results, n, memcpy) -> list[dict]:
+    rows = []
+    full = count * _dtypes.itemsize(dtype)
+    for (name, inplace), r in results.items():
+        t = r["median"]
+        algbw = full / t / 1e9
+        busbw = algbw * bus_factor(coll, n)
+        rows.append({"collective": coll, "impl": name, "size": full, "count": count, "dtype": dtype, "op": op,
+                     "inplace": inplace, "time_us": t * 1e6, "p10_us": r["p10"] * 1e6, "p90_us": r["p90"] * 1e6,
+                     "iters": r["iters"], "reps": r["reps"], "algbw_gbps": algbw, "busbw_gbps": busbw,
+                     "pct_memcpy": 100 * busbw / memcpy if memcpy else None, "wrong": r["wrong"],
+                     "sent_per_rank": r["sent"], "expected_sent": r["expected"]})
+    return rows
+
+
+HEADER = (f"{'size':>9} {'count':>10} {'type':>8} {'redop':>5} {'impl':>9}  "
+          f"{'time(us)':>10} {'p10':>9} {'p90':>9} {'algbw':>7} {'busbw':>7} {'%cpy':>5} {'#wrong':>6}  "
+          f"{'time(us)':>10} {'busbw':>7} {'#wrong':>6}  {'sent/rank':>11} {'expected':>11}")
+
+
+def print_size_block(rows: list[dict], out=sys.stdout) -> None:
+    by_impl: dict = {}
+    for r in rows:
+        by_impl.setdefault(r["impl"], {})[r["inplace"]] = r
+    for name, modes in by_impl.items():
+        o, i = modes.get(False), modes.get(True)
+        base = o or i
+        line = (f"{fmt_size(base['size']):>9} {base['count']:>10} {base['dtype']:>8} {base['op']:>5} {name:>9}  ")
+        if o:
+            pct = f"{o['pct_memcpy']:5.0f}" if o["pct_memcpy"] is not None else "    -"
+            line += (f"{o['time_us']:10.1f} {o['p10_us']:9.1f} {o['p90_us']:9.1f} {o['algbw_gbps']:7.2f} "
+                     f"{o['busbw_gbps']:7.2f} {pct} {o['wrong']:6d}  ")
+        else:
+            line += f"{'n/a':>10} {'':>9} {'':>9} {'':>7} {'':>7} {'':>5} {'':>6}  "
+        if i:
+            line += f"{i['time_us']:10.1f} {i['busbw_gbps']:7.2f} {i['wrong']:6d}  "
+        else:
+            line += f"{'n/a':>10} {'':>7} {'':>6}  "
+        if base.get("sent_per_rank") is not None:
+            line += f"{base['sent_per_rank']:>11} {base['expected_sent']:>11}"
+        print(line, file=out, flush=True)
+
+
+def footer(rows: list[dict], n: int, lines: list[str]) -> dict:
+    """Average busbw per (collective, impl) and ringcomm's ratio to each baseline."""
+    summary = {}
+    for coll in COLLECTIVES:
+        sel = [r for r in rows if r["collective"] == coll and not r["inplace"]]
+        if not sel:
+            continue
+        impls = sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x))
+        avg = {m: float(np.mean([r["busbw_gbps"] for r in sel if r["impl"] == m])) for m in impls}
+        lines.append(f"# {coll}: average busbw (out-of-place, all sizes): "
+                     + ", ".join(f"{m} {v:.2f} GB/s" for m, v in avg.items()))
+        ratios = {}
+        for m in impls:
+            if m == "ringcomm":
+                continue
+            # ratio over the sizes both ran, per size then geometric mean
+            per = []
+            for r in sel:
+                if r["impl"] != "ringcomm":
+                    continue
+                other = [o for o in sel if o["impl"] == m and o["size"] == r["size"] and o["dtype"] == r["dtype"]
+                         and o["op"] == r["op"]]
+                if other:
+                    per.append(r["busbw_gbps"] / other[0]["busbw_gbps"])
+            if per:
+                ratios[m] = float(np.exp(np.mean(np.log(per))))
+        if ratios:
+            lines.append(f"# {coll}: ringcomm busbw / baseline (geometric mean over sizes): "
+                         + ", ".join(f"vs {m} {v:.2f}x" for m, v in ratios.items()))
+        summary[coll] = {"avg_busbw": avg, "ratio": ratios}
+    return summary
+
+
+def fit_models(rows: list[dict], n: int, lines: list[str]) -> dict:
+    models = {}
+    for coll in COLLECTIVES:
+        sel = sorted((r for r in rows if r["collective"] == coll and r["impl"] == "ringcomm" and not r["inplace"]),
+                     key=lambda r: r["size"])
+        if len(sel) < 2 or n == 1:
+            continue
+        sizes = np.array([r["size"] for r in sel], float)
+        times = np.array([r["time_us"] * 1e-6 for r in sel])
+        m = costmodel.fit(coll, n, sizes, times)
+        cross = costmodel.crossover_bytes(m, coll, n)
+        models[coll] = {"alpha_us": m.alpha * 1e6, "beta_ns_per_byte": m.beta * 1e9,
+                        "bandwidth_gbps": m.bandwidth / 1e9, "crossover_bytes": cross}
+        lines.append(f"# model {coll}: alpha = {m.alpha * 1e6:.2f} us/step, beta = {m.beta * 1e9:.4f} ns/B "
+                     f"({m.bandwidth / 1e9:.2f} GB/s); latency = bandwidth term at {cross / 1024:.1f} KiB")
+        lines.append(f"#   {'size':>9} {'measured(us)':>13} {'model(us)':>10} {'ratio':>6}")
+        for r, p in zip(sel, m.predict(coll, n, sizes)):
+            lines.append(f"#   {fmt_size(r['size']):>9} {r['time_us']:13.1f} {p * 1e6:10.1f} {r['time_us'] / (p * 1e6):6.2f}")
+        for r, p in zip(sel, m.predict(coll, n, sizes)):
+            r["model_us"] = float(p * 1e6)
+    return models
+
+
+def plot(rows: list[dict], n: int, path: str, title: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
+    colls = [c for c in COLLECTIVES if any(r["collective"] == c for r in rows)]
+    fig, axes = plt.subplots(1, len(colls), figsize=(6 * len(colls), 4.5), squeeze=False)
+    for ax, coll in zip(axes[0], colls):
+        sel = [r for r in rows if r["collective"] == coll and not r["inplace"]]
+        for impl in sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x)):
+            pts = sorted((r["size"], r["busbw_gbps"]) for r in sel if r["impl"] == impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        mod = sorted((r["size"], r["size"] / (r["model_us"] * 1e-6) / 1e9 * bus_factor(coll, n))
+                     for r in sel if r["impl"] == "ringcomm" and "model_us" in r)
+        if mod:
+            ax.plot([p[0] for p in mod], [p[1] for p in mod], "k--", label="ringcomm alpha-beta model")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("buffer size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"{coll}, n={n}")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def machine_info() -> dict:
+    from ..sysinfo import info
+    d = info()
+    try:
+        import torch
+        d["torch"] = torch.__version__
+    except ImportError:
+        d["torch"] = None
+    d["hostname"] = platform.node()
+    return d

@@ -1,0 +1,473 @@
+"""ZeRO-1/2/3 on PyTorch modules (CPU tensors): ``ringcomm.zero.TorchZero``.
+
+The torch counterpart of ``ringcomm.zero.ZeroOptimizer`` (numpy units), on the
+same machinery: the split rule (rank r owns chunk r of every flat buffer, no
+padding), one Adam formula on fp32 master weights (``_sharding._adam_update``), the
+same memory ledger and the same checkpoint files (``zero.consolidate`` reads
+them). Every stage gives DDP's parameters bit for bit (a ring all_reduce *is*
+a reduce_scatter followed by an all_gather of the same buffer)::
+
+    import ringcomm, ringcomm.zero
+    comm = ringcomm.init()                       # or inside ringcomm.run_local(n, fn)
+    model = torch.nn.Sequential(...)             # float32, or bfloat16/float16 (fp32 master weights)
+    zero = ringcomm.zero.TorchZero(model, comm, stage=3, units=[model[0], model[2], model[4]], lr=1e-3)
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(model(x), y)   # stage 3: units gathered / freed around forward
+        loss.backward()                          # gradients reduce-scattered (averaged) as backward makes them
+        zero.step()                              # each rank updates its shard; parameters re-gathered (1, 2)
+    params = zero.full_parameters()              # {name: full tensor} (stage 3 gathers them)
+
+How it works:
+
+* Parameters are laid out in flat buffers, one dtype each: at stages 0-2
+  *buckets* (``bucket_cap_mb``, filled in reverse parameter order as the
+  gradient bucketer does: ``bucketer.assign_buckets``), or one buffer per unit
+  when ``units`` is given; at stage 3 one buffer per *unit* (``units``: the
+  modules to gather and free as a whole, default: the root's direct children
+  that have parameters; parameters in no unit form a unit of the root module,
+  gathered for the root's whole forward and backward). Each parameter's
+  ``.data`` becomes a view into its buffer, so the module computes on it.
+* Each trainable parameter has a ``register_post_accumulate_grad_hook``: its
+  gradient is copied into the bucket's flat gradient buffer (allocated at
+  stages 2-3 when the bucket's first gradient arrives) and ``param.grad`` is
+  dropped; once a bucket's gradients are all there it is reduce-scattered
+  (stage 0: all-reduced) with ``op="avg"``, asynchronously, while backward goes
+  on. Buckets are launched strictly in layout order, so every rank issues the
+  same collectives. Stages 2-3 free a bucket's full gradient as soon as its
+  reduce-scatter has completed. A parameter that gets no gradient in a
+  backward is reduced as zero (never a hang).
+* ``step()`` waits for the reductions, runs Adam (or SGD) on this rank's shard
+  in fp32 and writes the new shard back in the parameters' dtype; stages 1-2
+  all-gather every bucket in place, stage 3 keeps only the shard.
+* Stage 3: a unit's storage is freed between uses
+  (``untyped_storage().resize_(0)``: the parameters keep their shapes and
+  identities, their storage holds 0 bytes). A forward pre-hook all-gathers the
+  unit (waiting for the prefetch if one was started) and prefetches the next
+  unit (``async_op=True``) while this one computes; the forward hook frees it
+  and hooks the unit's outputs, whose gradient (``Tensor.register_hook``)
+  marks the start of the unit's backward: gathered again there (the next unit
+  in backward order prefetched), freed once its parameters' gradients are all
+  accumulated, then reduce-scattered. Traffic per step: AG forward + AG
+  backward + RS, 3Psi(N-1)/N elements; stages 0-2: 2Psi(N-1)/N.
+
+Limits: CPU tensors; one backward per step (a second gradient for a
+parameter before ``step()`` raises; no gradient accumulation yet); units must
+be disjoint; at stage 3 touch parameters outside forward/backward only inside
+``gathered()``; frozen parameters (``requires_grad=False``) are not sharded
+(kept whole, broadcast from rank 0 at construction, never updated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import numpy as np
+import torch
+
+from . import _dtypes
+from .bucketer import MB, _torch_dtypes, assign_buckets, broadcast_parameters
+from .errors import InvalidArgument
+from ._sharding import _adam_update, _load_shards, _save_shards, _split
+
+__all__ = ["TorchZero"]
+
+
+class _Flat:
+    """One flat buffer: a gradient bucket (stages 0-2) or a unit (stage 3)."""
+
+    def __init__(self, index, pidx, params, names, module=None):
+        self.index = index
+        self.pidx = list(pidx)            # indices into TorchZero's trainable parameter list, in layout order
+        self.names = list(names)
+        self.shapes = [tuple(p.shape) for p in params]
+        self.sizes = [p.numel() for p in params]
+        self.offsets = list(np.cumsum([0] + self.sizes[:-1]).tolist())
+        self.count = sum(self.sizes)
+        self.dtype = params[0].dtype
+        self.itemsize = params[0].element_size()
+        self.module = module              # stage 3: the module whose hooks gather it
+        self.lo = self.hi = 0
+        self.flat = None                  # full parameters (stage 3: storage freed when not gathered)
+        self.shard = None                 # stage 3: this rank's chunk of the parameters
+        self.grads = None                 # full gradients (stages 0-1 always, 2-3 while in flight)
+        self.grad_shard = None            # stages 1-3: the reduced chunk
+        self.master = self.m = self.v = None
+        self.pending: set = set(self.pidx)  # parameters whose gradient has not arrived in this backward
+        self.work = None                  # the gradient reduction in flight
+        self.gather_work = None           # stage 3: an all_gather in flight
+        self.full = False                 # stage 3: storage allocated (gathered, or being gathered)
+        self.bwd = False                  # stage 3: backward gather done in this iteration
+
+    def view(self, buf, j):
+        off, k = self.offsets[j], self.sizes[j]
+        return buf[off:off + k].view(self.shapes[j])
+
+
+class TorchZero:
+    """ZeRO stage 0 (DDP), 1, 2 or 3 over a ringcomm communicator for a
+    ``torch.nn.Module`` with CPU parameters (float32, or bfloat16/float16 with
+    fp32 master weights); it is the module's optimizer too (Adam or SGD).
+
+    Collective: every rank constructs it with the same architecture and
+    settings; rank 0's parameter values (and buffers) are broadcast.
+
+    Args:
+        module: the model; its trainable parameters are re-pointed into the
+            optimizer's flat buffers (same tensor objects, same shapes).
+        comm: a ringcomm Communicator (``ringcomm.init()``, or a rank of
+            ``ringcomm.run_local``).
+        stage: 0 (DDP: all_reduce), 1 (optimizer state sharded), 2 (+
+            gradients), 3 (+ parameters).
+        units: modules, in forward order, each gathered and freed as a whole
+            at stage 3 (default: the root's direct children with parameters);
+            at stages 0-2 optional, then one gradient bucket per unit instead
+            of size-capped buckets. Must be disjoint.
+        lr, betas, eps, weight_decay, optimizer: as ``ZeroOptimizer`` ("adam"
+            or "sgd"; Adam as zero.py computes it, elementwise in float32).
+        bucket_cap_mb, first_bucket_mb: bucket sizes at stages 0-2 without
+            ``units`` (as ``GradBucketer``).
+        prefetch: stage 3: start the next unit's all_gather while the current
+            unit computes (forward and backward).
+
+    Attributes: ``layout`` (the flat buffers' parameter names, in launch
+    order), ``t`` (steps taken), ``memory()``, ``reset_peak()``.
+    """
+
+    def __init__(self, module: torch.nn.Module, comm, *, stage: int, units=None, lr: float = 1e-3,
+                 betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, optimizer: str = "adam",
+                 bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0, prefetch: bool = True):
+        if stage not in (0, 1, 2, 3):
+            raise InvalidArgument(f"stage must be 0 (DDP), 1, 2 or 3, got {stage}")
+        if optimizer not in ("adam", "sgd"):
+            raise InvalidArgument(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
+        self.module, self.comm, self.stage, self.optimizer = module, comm, stage, optimizer
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self.prefetch = bool(prefetch)
+        self.t = 0
+        self._alive = {"params": 0, "grads": 0, "optimizer": 0}
+        self._peak = 0
+        self._hooks = []
+        self._in_backward = False
+        self._next_launch = 0
+
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise InvalidArgument("TorchZero: the module has no trainable parameters")
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        index = {id(p): i for i, p in enumerate(self._params)}
+        dnames = _torch_dtypes()
+        for n, p in named:
+            if p.device.type != "cpu":
+                raise InvalidArgument(f"parameter {n!r} is on {p.device}; TorchZero takes CPU tensors only")
+            if dnames.get(p.dtype) not in _dtypes.FLOATING:
+                raise InvalidArgument(f"parameter {n!r} is {p.dtype}; TorchZero needs floating parameters "
+                                      "(float32, or bfloat16/float16 with fp32 master weights)")
+        # Frozen parameters and buffers stay whole: rank 0's values, once.
+        rest = [p for p in module.parameters() if not p.requires_grad] + list(module.buffers())
+        if rest:
+            with torch.no_grad():
+                broadcast_parameters(rest, comm, root=0)
+
+        # ---- the flat buffers, in launch order ----------------------------------
+        if stage == 3 and units is None:
+            units = [c for c in module.children() if any(p.requires_grad for p in c.parameters())]
+        groups = []  # (module or None, [parameter indices])
+        if units is not None:
+            units = list(units)
+            owner: dict[int, int] = {}
+            for k, mod in enumerate(units):
+                if not isinstance(mod, torch.nn.Module):
+                    raise InvalidArgument(f"units[{k}] is a {type(mod).__name__}, expected a torch.nn.Module")
+                idx = []
+                for p in mod.parameters():
+                    i = index.get(id(p))
+                    if i is None:
+                        continue
+                    if i in owner:
+                        raise InvalidArgument(f"units must be disjoint: parameter {self._names[i]!r} is in "
+                                              f"units[{owner[i]}] and units[{k}]")
+                    owner[i] = k
+                    idx.append(i)
+                groups.append((mod, idx))
+            root = [i for i in range(len(self._params)) if i not in owner]
+            fwd = ([(module, root)] if root else []) + [g for g in groups if g[1]]
+            self._forward_order = fwd
+            # backward produces the last unit's gradients first; the root's (if any) come last
+            groups = [g for g in reversed(groups) if g[1]] + ([(module, root)] if root else [])
+        else:
+            items = [((str(p.dtype),), p.numel() * p.element_size()) for p in self._params]
+            groups = [(None, idx) for _, idx in assign_buckets(items, list(reversed(range(len(self._params)))),
+                                                               int(bucket_cap_mb * MB), int(first_bucket_mb * MB))]
+        self._units: list[_Flat] = []
+        self._unit_of: dict[int, tuple[_Flat, int]] = {}
+        n, r = comm.size, comm.rank
+        for k, (mod, idx) in enumerate(groups):
+            ps = [self._params[i] for i in idx]
+            dts = {p.dtype for p in ps}
+            if len(dts) != 1:
+                raise InvalidArgument(f"unit {k} mixes dtypes {sorted(map(str, dts))}: a unit's parameters must "
+                                      "share one dtype")
+            u = _Flat(k, idx, ps, [self._names[i] for i in idx], mod if stage == 3 else None)
+            u.lo, u.hi = _split(u.count, n, r)
+            with torch.no_grad():
+                u.flat = torch.cat([p.detach().reshape(-1) for p in ps])
+                comm.broadcast(u.flat, root=0)  # every rank starts from rank 0's values
+                for j, (i, p) in enumerate(zip(idx, ps)):
+                    p.data = u.view(u.flat, j)
+                    self._unit_of[i] = (u, j)
+            own = u.flat if stage == 0 else u.flat[u.lo:u.hi]
+            u.master = own.to(torch.float32, copy=True).numpy()  # (.numpy() on own would make its storage non-resizable)
+            self._count("optimizer", u.master.nbytes)
+            if optimizer == "adam":
+                u.m, u.v = np.zeros_like(u.master), np.zeros_like(u.master)
+                self._count("optimizer", u.m.nbytes + u.v.nbytes)
+            if stage < 3:
+                self._count("params", u.flat.numel() * u.itemsize)
+            else:
+                u.shard = u.flat[u.lo:u.hi].clone()
+                self._count("params", u.shard.numel() * u.itemsize)
+                u.flat.untyped_storage().resize_(0)  # the parameters keep their shapes, hold 0 bytes
+            if stage < 2:
+                u.grads = torch.zeros(u.count, dtype=u.dtype)
+                self._count("grads", u.count * u.itemsize)
+            if stage == 1:  # reduce-scattered in place: this rank's chunk of the full buffer
+                u.grad_shard = u.grads[u.lo:u.hi]
+            elif stage >= 2:
+                u.grad_shard = torch.zeros(u.hi - u.lo, dtype=u.dtype)
+                self._count("grads", (u.hi - u.lo) * u.itemsize)
+            self._units.append(u)
+        self.layout = [list(u.names) for u in self._units]
+
+        # ---- hooks ------------------------------------------------------------------
+        for i, p in enumerate(self._params):
+            self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i)))
+        if stage == 3:
+            by_module = {id(u.module): u for u in self._units}
+            self._fwd = [by_module[id(mod)] for mod, _ in self._forward_order]
+            root_unit = [u for u in self._fwd if u.module is module]
+            self._bwd = root_unit + [u for u in reversed(self._fwd) if u.module is not module]
+            for fi, u in enumerate(self._fwd):
+                self._hooks.append(u.module.register_forward_pre_hook(functools.partial(self._pre_forward, fi)))
+                self._hooks.append(u.module.register_forward_hook(functools.partial(self._post_forward, fi)))
+
+    # ---- memory ledger --------------------------------------------------------
+    def _count(self, kind: str, nbytes: int) -> None:
+        self._alive[kind] += nbytes
+        self._peak = max(self._peak, sum(self._alive.values()))
+
+    def memory(self) -> dict:
+        """Bytes this rank holds now: {"params", "grads", "optimizer"} (the
+        buffers alive, counted as they are allocated and freed; autograd's own
+        temporaries and activations are not counted), and "peak"."""
+        return dict(self._alive, peak=self._peak)
+
+    def reset_peak(self) -> None:
+        self._peak = sum(self._alive.values())
+
+    # ---- stage 3: gather / free -------------------------------------------------
+    def _prefetch(self, u: _Flat) -> None:
+        if u.full:
+            return
+        u.flat.untyped_storage().resize_(u.count * u.itemsize)
+        u.full = True
+        self._count("params", u.count * u.itemsize)
+        u.gather_work = self.comm.all_gather(u.shard, out=u.flat, async_op=True)
+
+    def _gather(self, u: _Flat) -> None:
+        self._prefetch(u)
+        if u.gather_work is not None:
+            u.gather_work.wait()
+            u.gather_work = None
+
+    def _release(self, u: _Flat) -> None:
+        if not u.full:
+            return
+        if u.gather_work is not None:  # never free memory a collective still writes
+            u.gather_work.wait()
+            u.gather_work = None
+        u.flat.untyped_storage().resize_(0)
+        u.full = False
+        self._count("params", -u.count * u.itemsize)
+
+    def _pre_forward(self, fi: int, module, args) -> None:
+        self._gather(self._fwd[fi])
+        if self.prefetch and fi + 1 < len(self._fwd):
+            self._prefetch(self._fwd[fi + 1])
+
+    def _post_forward(self, fi: int, module, args, output) -> None:
+        u = self._fwd[fi]
+        self._release(u)
+        if torch.is_grad_enabled():
+            leaves = torch.utils._pytree.tree_flatten(output)[0]
+            for x in leaves:
+                if isinstance(x, torch.Tensor) and x.requires_grad:
+                    x.register_hook(functools.partial(self._pre_backward, u))
+
+    def _pre_backward(self, u: _Flat, grad) -> None:
+        self._backward_started()
+        if u.bwd or not u.pending:
+            return
+        u.bwd = True
+        self._gather(u)
+        if self.prefetch:
+            k = self._bwd.index(u)
+            if k + 1 < len(self._bwd):
+                nxt = self._bwd[k + 1]
+                if not nxt.bwd and nxt.pending:
+                    self._prefetch(nxt)
+
+    # ---- gradients ----------------------------------------------------------------
+    def _backward_started(self) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def _on_grad(self, i: int, p: torch.Tensor) -> None:
+        self._backward_started()
+        u, j = self._unit_of[i]
+        if i not in u.pending:
+            raise InvalidArgument(
+                f"rank {self.comm.rank}: parameter {self._names[i]!r} received a second gradient before step(): "
+                "TorchZero reduces each parameter's gradient once per step (one backward per step)")
+        if u.grads is None:
+            u.grads = torch.zeros(u.count, dtype=u.dtype)
+            self._count("grads", u.count * u.itemsize)
+        with torch.no_grad():
+            u.view(u.grads, j).copy_(p.grad)
+        p.grad = None
+        u.pending.discard(i)
+        if not u.pending:
+            if self.stage == 3:
+                self._release(u)  # its backward is done
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        """Launch the buckets whose gradients are complete, strictly in layout
+        order (the same collectives in the same order on every rank)."""
+        while self._next_launch < len(self._units) and not self._units[self._next_launch].pending:
+            u = self._units[self._next_launch]
+            if self.stage == 0:
+                u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True)
+            else:
+                u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True)
+            self._next_launch += 1
+        if self.stage >= 2:  # free the full gradients whose reduce-scatter has finished
+            for u in self._units[:self._next_launch]:
+                if u.work is not None and u.work.is_completed():
+                    self._settle(u)
+
+    def _settle(self, u: _Flat) -> None:
+        if u.work is not None:
+            u.work.wait()
+            u.work = None
+            if self.stage >= 2:
+                self._count("grads", -u.count * u.itemsize)
+                u.grads = None
+
+    def _on_backward_end(self) -> None:
+        self._in_backward = False
+        for u in self._units:  # parameters without a gradient in this backward: reduced as zero
+            if u.pending:
+                if u.grads is None:
+                    u.grads = torch.zeros(u.count, dtype=u.dtype)
+                    self._count("grads", u.count * u.itemsize)
+                u.pending.clear()
+            if self.stage == 3:
+                self._release(u)
+        self._launch_ready()
+
+    # ---- the step ---------------------------------------------------------------------
+    def step(self) -> None:
+        """Wait for the gradient reductions, update this rank's shard (fp32
+        master weights), and make the new parameters visible: stage 0 in
+        place, 1-2 by all-gathering every bucket, 3 in the shard (the next
+        forward gathers it). Collective."""
+        if self._next_launch < len(self._units):
+            missing = [n for u in self._units[self._next_launch:] for n in u.names][:5]
+            raise InvalidArgument(f"rank {self.comm.rank}: step() before backward reduced every gradient "
+                                  f"(not yet: {', '.join(missing)})")
+        self.t += 1
+        gathers = []
+        for u in self._units:
+            self._settle(u)
+            g = (u.grads if self.stage == 0 else u.grad_shard).float().numpy()
+            _adam_update(u.master, u.m, u.v, g, self.t, self.lr, self.betas, self.eps, self.weight_decay,
+                         self.optimizer)
+            gathers += self._publish(u)
+            if self.stage < 2:
+                u.grads.zero_()
+            u.pending = set(u.pidx)
+            u.bwd = False
+        self._next_launch = 0
+        for w in gathers:
+            w.wait()
+
+    def _publish(self, u: _Flat) -> list:
+        """Write the master weights back in the parameters' dtype (torch's
+        round-to-nearest-even cast); stages 1-2 start the all_gather."""
+        src = torch.from_numpy(u.master)
+        with torch.no_grad():
+            if self.stage == 0:
+                u.flat.copy_(src)
+            elif self.stage < 3:
+                own = u.flat[u.lo:u.hi]
+                own.copy_(src)
+                return [self.comm.all_gather(own, out=u.flat, async_op=True)]  # the exact in-place form
+            else:
+                u.shard.copy_(src)
+        return []
+
+    # ---- access ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def gathered(self):
+        """Every parameter whole for the block (stage 3 gathers the units and
+        frees them after; other stages: as they are). Collective at stage 3."""
+        mine = []
+        if self.stage == 3:
+            for u in self._units:
+                if not u.full:
+                    mine.append(u)
+                    self._prefetch(u)
+            for u in mine:
+                self._gather(u)
+        try:
+            yield self.module
+        finally:
+            for u in mine:
+                self._release(u)
+
+    def full_parameters(self) -> dict:
+        """{name: a copy of the full parameter} for every trainable parameter,
+        in ``module.named_parameters()`` order. Collective at stage 3."""
+        with self.gathered():
+            return {n: p.detach().clone() for n, p in zip(self._names, self._params)}
+
+    def remove_hooks(self) -> None:
+        """Detach from the module (its parameters stay views into the buffers)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    # ---- checkpoints ------------------------------------------------------------------
+    def save(self, prefix: str) -> str:
+        """Write this rank's shard (fp32 master weights, Adam moments, step) to
+        ``{prefix}.rank{r}.npz``, the format of ``ZeroOptimizer.save``
+        (``ringcomm.zero.consolidate`` assembles the full state, one entry per
+        flat buffer of ``layout``). Returns the path."""
+        return _save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
+                            [self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay],
+                            [(u.master, u.m, u.v) for u in self._units])
+
+    def load(self, prefix: str) -> None:
+        """Restore this rank's shard written by ``save(prefix)`` (same stage,
+        N and layout); parameters are rebuilt from the master weights, so
+        training continues bit for bit. Collective (stages 1-2 re-gather)."""
+        self.t = _load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
+                              [(u.master, u.m, u.v) for u in self._units], what="this TorchZero")
+        gathers = []
+        for u in self._units:
+            gathers += self._publish(u)
+        for w in gathers:
+            w.wait()

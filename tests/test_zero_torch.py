@@ -1,0 +1,313 @@
+"""ringcomm.zero.TorchZero: ZeRO-1/2/3 on a torch MLP (CPU) gives the same
+parameters as DDP, bit for bit, at N = 1..4 in process (float32, bfloat16 and
+float16 with fp32 master weights) and under mpirun; stage 3 really frees the
+units it is not using; the traffic of a step is the formula's, to the byte;
+checkpoints resume bit-identically.
+
+The DDP reference is written here, independently of ringcomm.zero: plain
+torch parameters, each bucket's gradients concatenated and all_reduce'd with
+op="avg" (the same buffers TorchZero reduce-scatters), then Adam as
+ringcomm.zero computes it, elementwise in float32 on fp32 master weights."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ringcomm  # noqa: E402
+from ringcomm import traffic  # noqa: E402
+from ringcomm.zero import TorchZero, consolidate, expected_memory, expected_traffic  # noqa: E402
+
+WIDTHS = [13, 17, 11, 7, 5]  # 4 Linear layers (238, 198, 84 and 40 parameters: the split rule at work)
+LR = 1e-2
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def make_model(dtype, seed):
+    rng = np.random.default_rng(seed)
+    layers = []
+    for a, b in zip(WIDTHS[:-1], WIDTHS[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
+    model = torch.nn.Sequential(*layers[:-1]).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.from_numpy((rng.standard_normal(tuple(p.shape)) * 0.3).astype(np.float32)))
+    return model
+
+
+def linears(model):
+    return [m for m in model if isinstance(m, torch.nn.Linear)]
+
+
+def batch(rank, step, dtype):
+    rng = np.random.default_rng(1000 * step + rank)
+    x = torch.from_numpy(rng.standard_normal((8, WIDTHS[0])).astype(np.float32)).to(dtype)
+    return x, torch.from_numpy(rng.standard_normal((8, WIDTHS[-1])).astype(np.float32))
+
+
+def loss_of(model, x, y):
+    return ((model(x).float() - y) ** 2).mean()
+
+
+def unit_layout(model):
+    """The layout TorchZero documents for units=linears: one buffer per unit, last unit first."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [[names[id(p)] for p in m.parameters()] for m in reversed(linears(model))]
+
+
+def reference(comm, dtype, layout, steps=3, first_step=0):
+    """DDP written out: gradients all_reduce'd (avg) per buffer of `layout`, Adam in float32."""
+    model = make_model(dtype, seed=0)
+    params = dict(model.named_parameters())
+    buckets = [[params[n] for n in names] for names in layout]
+    masters = [torch.cat([p.detach().reshape(-1) for p in b]).float().numpy().copy() for b in buckets]
+    ms = [np.zeros_like(w) for w in masters]
+    vs = [np.zeros_like(w) for w in masters]
+    b1, b2, eps, lr = np.float32(0.9), np.float32(0.999), np.float32(1e-8), np.float32(LR)
+    for step in range(first_step, first_step + steps):
+        loss_of(model, *batch(comm.rank, step, dtype)).backward()
+        t = step + 1
+        for b, w, m, v in zip(buckets, masters, ms, vs):
+            g = torch.cat([p.grad.reshape(-1) for p in b])
+            comm.all_reduce(g, op="avg")
+            g = g.float().numpy()
+            m *= b1
+            m += (np.float32(1) - b1) * g
+            v *= b2
+            v += (np.float32(1) - b2) * (g * g)
+            c1, c2 = np.float32(1 - 0.9 ** t), np.float32(1 - 0.999 ** t)
+            w -= lr * (m / c1) / (np.sqrt(v / c2) + eps)
+            new = torch.from_numpy(w).to(dtype)
+            off = 0
+            with torch.no_grad():
+                for p in b:
+                    p.copy_(new[off:off + p.numel()].view(p.shape))
+                    off += p.numel()
+                    p.grad = None
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def train(comm, stage, dtype, steps=3, units=True, **kw):
+    model = make_model(dtype, seed=comm.rank)  # rank 0's values win
+    zero = TorchZero(model, comm, stage=stage, units=linears(model) if units else None, lr=LR, **kw)
+    for step in range(steps):
+        loss_of(model, *batch(comm.rank, step, dtype)).backward()
+        zero.step()
+    return zero.full_parameters(), zero.layout
+
+
+def differences(got, ref, what):
+    """'what, parameter P: first differing index I (a vs b)' for every parameter not bitwise equal."""
+    out = []
+    for name, b in ref.items():
+        a = got[name]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            out.append(f"{what}, parameter {name}: {a.dtype}{tuple(a.shape)} vs DDP {b.dtype}{tuple(b.shape)}")
+            continue
+        ne = (a.reshape(-1).view(BITS[a.dtype]) != b.reshape(-1).view(BITS[b.dtype])).nonzero()
+        if len(ne):
+            i = int(ne[0])
+            out.append(f"{what}, parameter {name}: {len(ne)} elements differ, first at flat index {i} "
+                       f"({a.reshape(-1)[i].item()!r} vs DDP {b.reshape(-1)[i].item()!r})")
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_every_stage_equals_ddp_bitwise(n, dtype):
+    layout = unit_layout(make_model(dtype, 0))
+    ref = ringcomm.run_local(n, reference, dtype, layout)
+    bad = []
+    for stage in (0, 1, 2, 3):
+        got = ringcomm.run_local(n, train, stage, dtype)
+        for r in range(n):
+            assert got[r][1] == layout, f"stage {stage} rank {r}: layout {got[r][1]}"
+            bad += differences(got[r][0], ref[r], f"stage {stage}, N = {n}, rank {r}")
+    assert not bad, "\n".join(bad)
+    # and training did something
+    assert not torch.equal(ref[0]["0.weight"], make_model(dtype, 0)[0].weight.detach())
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_size_capped_buckets_equal_ddp_bitwise(stage):
+    """Stages 1-2 without units: buckets filled in reverse parameter order up to bucket_cap_mb."""
+    n, dtype = 3, torch.bfloat16
+    kw = dict(units=False, bucket_cap_mb=400 / 2**20, first_bucket_mb=100 / 2**20)
+    got = ringcomm.run_local(n, train, stage, dtype, **kw)
+    layout = got[0][1]
+    assert len(layout) > 2 and [x for b in layout for x in b] == \
+        [name for name, _ in reversed(list(make_model(dtype, 0).named_parameters()))]
+    ref = ringcomm.run_local(n, reference, dtype, layout)
+    bad = [d for r in range(n) for d in differences(got[r][0], ref[r], f"stage {stage}, rank {r}")]
+    assert not bad, "\n".join(bad)
+
+
+def test_stage3_frees_what_it_does_not_use():
+    n, dtype = 2, torch.bfloat16
+
+    def body(comm):
+        model = make_model(dtype, 0)
+        units = linears(model)
+        held = lambda: [int(any(p.untyped_storage().nbytes() > 0 for p in u.parameters())) for u in units]  # noqa
+        seen = {"forward": [], "backward": []}
+        for k, u in enumerate(units):  # registered before TorchZero's: they see a unit before it is freed
+            for p in u.parameters():
+                p.register_post_accumulate_grad_hook(lambda p, k=k: seen["backward"].append((k, held())))
+        zero = TorchZero(model, comm, stage=3, units=units, lr=LR)
+        for u in units:  # registered after TorchZero's: they run once the unit is gathered
+            u.register_forward_pre_hook(lambda m, a: seen["forward"].append(held()))
+        steady = zero.memory()
+        zero.reset_peak()
+        assert held() == [0, 0, 0, 0]
+        loss = loss_of(model, *batch(comm.rank, 0, dtype))
+        between = held(), zero.memory()["params"]
+        loss.backward()
+        after_backward = held(), zero.memory()
+        zero.step()
+        return steady, between, after_backward, held(), zero.memory(), seen
+
+    for r, (steady, between, after_bwd, after_step, mem, seen) in enumerate(ringcomm.run_local(n, body)):
+        counts = [a * b + b for a, b in zip(WIDTHS[:-1], WIDTHS[1:])]
+        mine = sum(c // n + (1 if r < c % n else 0) for c in counts)
+        assert steady["params"] == 2 * mine, (r, steady)
+        # between forward and backward: nothing gathered, parameters hold 0 bytes of storage
+        assert between == ([0, 0, 0, 0], 2 * mine), (r, between)
+        assert after_bwd[0] == [0, 0, 0, 0] and after_step == [0, 0, 0, 0], (r, after_bwd, after_step)
+        # in forward: this unit and the prefetched next one; in backward likewise (the next is the previous)
+        assert seen["forward"] == [[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1], [0, 0, 0, 1]], (r, seen)
+        # a unit's gradients arrive while it is gathered (with at most the prefetched previous unit)
+        assert [k for k, _ in seen["backward"]] == [3, 3, 2, 2, 1, 1, 0, 0], (r, seen["backward"])
+        for k, h in seen["backward"]:
+            assert h[k] == 1 and sum(h) <= 2, (r, k, seen["backward"])
+        # the peak: the shards plus at most two gathered units (bytes), plus gradients in flight
+        assert mem["peak"] <= sum(steady[k] for k in ("params", "grads", "optimizer")) + 2 * 2 * max(counts) \
+            + 2 * sum(counts)
+        assert mem["params"] == steady["params"] and mem["grads"] == steady["grads"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_traffic_and_memory_per_step_match_the_formulas(n, stage):
+    dtype = torch.bfloat16
+    counts = [a * b + b for a, b in zip(WIDTHS[:-1], WIDTHS[1:])][::-1]  # layout order
+    psi = sum(counts)
+
+    def body(comm):
+        model = make_model(dtype, 0)
+        zero = TorchZero(model, comm, stage=stage, units=linears(model), lr=LR)
+        loss_of(model, *batch(comm.rank, 0, dtype)).backward()
+        zero.step()  # a first step, then the one measured
+        steady = zero.memory()
+        comm.reset_traffic()
+        loss_of(model, *batch(comm.rank, 1, dtype)).backward()
+        zero.step()
+        tr = comm.traffic()
+        return steady, {c: tr.bytes_sent(c) for c in ("all_reduce", "reduce_scatter", "all_gather")}
+
+    res = ringcomm.run_local(n, body)
+    for r, (steady, sent) in enumerate(res):
+        per_coll = {0: {"all_reduce": 1}, 1: {"reduce_scatter": 1, "all_gather": 1},
+                    2: {"reduce_scatter": 1, "all_gather": 1}, 3: {"reduce_scatter": 1, "all_gather": 2}}[stage]
+        for coll in ("all_reduce", "reduce_scatter", "all_gather"):
+            exact = per_coll.get(coll, 0) * sum(traffic.expected(coll, c, "bfloat16", n, r).bytes_sent
+                                                for c in counts)
+            assert sent[coll] == exact, f"rank {r} stage {stage} {coll}: sent {sent[coll]} B, expected {exact} B"
+        mine = sum(c // n + (1 if r < c % n else 0) for c in counts)
+        want = {0: {"params": 2 * psi, "grads": 2 * psi, "optimizer": 12 * psi},
+                1: {"params": 2 * psi, "grads": 2 * psi, "optimizer": 12 * mine},
+                2: {"params": 2 * psi, "grads": 2 * mine, "optimizer": 12 * mine},
+                3: {"params": 2 * mine, "grads": 2 * mine, "optimizer": 12 * mine}}[stage]
+        for k, v in want.items():
+            assert steady[k] == v, f"rank {r} stage {stage} {k}: {steady[k]} B held, formula {v}"
+    # the articles' formulas (Psi divisible by N assumed): the mean over ranks matches
+    mean_sent = np.mean([sum(s.values()) for _, s in res])
+    assert abs(mean_sent - expected_traffic(stage, psi, n)) <= 2 * 3 * len(counts), (mean_sent, stage)
+    formula = expected_memory(stage, psi, n)
+    for k in formula:
+        assert abs(np.mean([m[k] for m, _ in res]) - formula[k]) < 1e-6 * formula[k] + 1
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_checkpoint_resume_is_bit_identical(stage, tmp_path):
+    n, dtype = 3, torch.bfloat16
+    prefix = str(tmp_path / f"ckpt{stage}")
+
+    def resumed(comm):  # 2 steps, save; a fresh model (other values) loads and does 2 more
+        model = make_model(dtype, comm.rank)
+        zero = TorchZero(model, comm, stage=stage, units=linears(model), lr=LR)
+        for step in range(2):
+            loss_of(model, *batch(comm.rank, step, dtype)).backward()
+            zero.step()
+        zero.save(prefix)
+        at_save = zero.full_parameters()
+        model = make_model(dtype, 99)
+        fresh = TorchZero(model, comm, stage=stage, units=linears(model), lr=LR)
+        fresh.load(prefix)
+        for step in range(2, 4):
+            loss_of(model, *batch(comm.rank, step, dtype)).backward()
+            fresh.step()
+        return fresh.full_parameters(), at_save, fresh.layout
+
+    straight = ringcomm.run_local(n, train, stage, dtype, steps=4)
+    res = ringcomm.run_local(n, resumed)
+    bad = [d for r in range(n) for d in differences(res[r][0], straight[r][0], f"stage {stage}, rank {r} resumed")]
+    assert not bad, "\n".join(bad)
+    # zero.consolidate reads the same files: the full master weights, one entry per buffer of the layout
+    full = consolidate(prefix)
+    assert full["stage"] == stage and full["t"] == 2
+    at_save, layout = res[0][1], res[0][2]
+    for names, unit in zip(layout, full["units"]):
+        flat = torch.cat([at_save[name].reshape(-1) for name in names])
+        assert torch.equal(torch.from_numpy(unit["master"]).to(dtype), flat)
+
+
+def test_bad_arguments():
+    def build(comm, **kw):
+        model = make_model(torch.float32, 0)
+        return TorchZero(model, comm, **kw)
+    with pytest.raises(ringcomm.InvalidArgument, match="stage"):
+        ringcomm.run_local(1, build, stage=4)
+    with pytest.raises(ringcomm.InvalidArgument, match="disjoint"):
+        ringcomm.run_local(1, lambda c: TorchZero(m := make_model(torch.float32, 0), c, stage=3, units=[m, m[0]]))
+
+    def mixed(comm):
+        model = make_model(torch.float32, 0)
+        model[2].to(torch.bfloat16)
+        TorchZero(model, comm, stage=3, units=[model])
+    with pytest.raises(ringcomm.InvalidArgument, match="mixes dtypes"):
+        ringcomm.run_local(1, mixed)
+
+    def twice(comm):
+        model = make_model(torch.float32, 0)
+        TorchZero(model, comm, stage=2)
+        loss_of(model, *batch(0, 0, torch.float32)).backward()
+        loss_of(model, *batch(0, 1, torch.float32)).backward()
+    with pytest.raises(ringcomm.InvalidArgument, match="rank 0: parameter .* second gradient"):
+        ringcomm.run_local(1, twice)
+
+    def early(comm):
+        TorchZero(make_model(torch.float32, 0), comm, stage=1).step()
+    with pytest.raises(ringcomm.InvalidArgument, match="step\\(\\) before backward"):
+        ringcomm.run_local(1, early)
+
+
+def test_import_ringcomm_zero_does_not_import_torch():
+    code = "import sys, ringcomm, ringcomm.zero; from ringcomm.zero import *; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_every_stage_equals_ddp_bitwise_over_mpi():
+    script = os.path.join(os.path.dirname(__file__), "scripts", "zero_torch_mpi.py")
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "run", "-n", "2", "--", sys.executable, script],
+                         capture_output=True, text=True, timeout=300)
+    out = [json.loads(line[7:]) for line in res.stdout.splitlines() if line.startswith("RESULT ")]
+    assert res.returncode == 0 and len(out) == 2, res.stdout + res.stderr
+    for d in out:
+        assert d["differences"] == [], d
+        assert d["cases"] == 8 and d["n"] == 2
