@@ -349,7 +349,7 @@ class TorchZero:
         while self._next_launch < len(self._units) and not self._units[self._next_launch].pending:
             u = self._units[self._next_launch]
             if self.stage == 0:
-                u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True)
+                u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True, algorithm="ring")
             else:
                 u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True)
             self._next_launch += 1
