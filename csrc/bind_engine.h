@@ -115,6 +115,71 @@ inline py::object failure_object(const RingError& e, std::shared_ptr<Hold> hold)
   throw py::error_already_set();
 }
 
+// Run a host collective to completion (on this thread when the engine is
+// idle), polling Ctrl-C on the main thread; raises the failure.
+inline void run_host(EngineHandle& h, const Task& t) {
+  std::shared_ptr<Engine> e = h.shared();
+  // Device collectives must keep their arrays until the device is
+  // done with them, which only a Work can track: use submit().
+  if (e->device()) throw_invalid("run() is for host engines; device engines use submit()");
+  std::shared_ptr<Work> w;
+  if (on_main_thread()) {
+    SignalCheck check;
+    {
+      py::gil_scoped_release nogil;
+      w = e->run_sync(t, &check.fn);
+      e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
+    }
+    if (check.fired) check.raise(w->hold());  // the communicator is aborted and the ring told
+  } else {
+    py::gil_scoped_release nogil;
+    w = e->run_sync(t);
+    e.reset();
+  }
+  if (const RingError* err = w->error()) raise_object(failure_object(*err, w->hold()));
+}
+
+// all_reduce(x, out=y) of numpy arrays, checked as the Python adapter
+// (_arrays.py, comm.py) would: both C-contiguous ndarrays of one supported
+// dtype and shape, the output writable, in place or not overlapping, `op`
+// valid for the dtype. False when any of it fails (or is unusual, like
+// bfloat16, whose numpy type number is not fixed): the caller then takes the
+// Python path, whose errors say what is wrong.
+inline bool numpy_all_reduce_args(py::handle x, py::handle out, int op, size_t& count, int& dtype,
+                                  uintptr_t& in_ptr, uintptr_t& out_ptr) {
+  if (!py::isinstance<py::array>(x) || !py::isinstance<py::array>(out)) return false;
+  auto a = py::reinterpret_borrow<py::array>(x), b = py::reinterpret_borrow<py::array>(out);
+  constexpr int c_contig = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_;
+  if (!(a.flags() & c_contig) || !(b.flags() & c_contig) || !b.writeable()) return false;
+  const py::dtype da = a.dtype(), db = b.dtype();
+  const int num = da.num();
+  if (db.num() != num || da.itemsize() != db.itemsize()) return false;
+  const ssize_t size = da.itemsize();
+  switch (num) {  // numpy type numbers (fixed by numpy's ABI)
+    case 23: dtype = int(DType::f16); break;  // NPY_HALF
+    case 11: dtype = int(DType::f32); break;  // NPY_FLOAT
+    case 12: dtype = int(DType::f64); break;  // NPY_DOUBLE
+    case 1: dtype = int(DType::i8); break;    // NPY_BYTE
+    case 2: dtype = int(DType::u8); break;    // NPY_UBYTE
+    case 5: case 7: case 9:                   // NPY_INT, NPY_LONG, NPY_LONGLONG
+      if (size == 4) dtype = int(DType::i32);
+      else if (size == 8) dtype = int(DType::i64);
+      else return false;
+      break;
+    default: return false;
+  }
+  if (op < 0 || op >= int(Op::kCount) || (Op(op) == Op::avg && dtype >= int(DType::i8))) return false;
+  if (a.ndim() != b.ndim()) return false;
+  for (ssize_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) != b.shape(i)) return false;
+  count = size_t(a.size());
+  in_ptr = reinterpret_cast<uintptr_t>(a.data());
+  out_ptr = reinterpret_cast<uintptr_t>(b.mutable_data());
+  const size_t bytes = count * size_t(size);
+  if (in_ptr != out_ptr && in_ptr < out_ptr + bytes && out_ptr < in_ptr + bytes) return false;  // partial overlap
+  return true;
+}
+
 inline py::list flight_list(const std::vector<FlightRecord>& recs) {
   static const char* states[] = {"queued", "running", "done", "failed"};
   static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter",
@@ -281,29 +346,25 @@ inline void bind_engine(py::module_& m) {
            py::arg("op"), py::arg("root"), py::arg("algo") = 0, py::arg("stream") = 0,
            "Queue a collective; returns its Work. Device engines: it starts after the work queued so far on "
            "`stream` (the caller's, as an integer handle).")
+      .def("run_numpy",
+           [](EngineHandle& h, py::handle x, py::handle out, int op, int algo) {
+             // The common call, a synchronous all_reduce of numpy arrays on a
+             // host engine, with the array adapter's checks done here (about
+             // 0.3 us instead of 3). Anything unusual returns False, and the
+             // Python path runs instead (and raises its clear errors).
+             size_t count = 0;
+             int dtype = -1;
+             uintptr_t in_ptr = 0, out_ptr = 0;
+             if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
+             if (!numpy_all_reduce_args(x, out, op, count, dtype, in_ptr, out_ptr)) return false;
+             run_host(h, make_task(int(Coll::all_reduce), in_ptr, out_ptr, count, dtype, op, 0, algo));
+             return true;
+           },
+           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"))
       .def("run",
            [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
               int algo) {
-             Task t = make_task(coll, in, out, count, dtype, op, root, algo);
-             std::shared_ptr<Engine> e = h.shared();
-             // Device collectives must keep their arrays until the device is
-             // done with them, which only a Work can track: use submit().
-             if (e->device()) throw_invalid("run() is for host engines; device engines use submit()");
-             std::shared_ptr<Work> w;
-             if (on_main_thread()) {
-               SignalCheck check;
-               {
-                 py::gil_scoped_release nogil;
-                 w = e->run_sync(t, &check.fn);
-                 e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
-               }
-               if (check.fired) check.raise(w->hold());  // the communicator is aborted and the ring told
-             } else {
-               py::gil_scoped_release nogil;
-               w = e->run_sync(t);
-               e.reset();
-             }
-             if (const RingError* err = w->error()) raise_object(failure_object(*err, w->hold()));
+             run_host(h, make_task(coll, in, out, count, dtype, op, root, algo));
            },
            py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
            py::arg("op"), py::arg("root"), py::arg("algo") = 0,

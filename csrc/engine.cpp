@@ -64,7 +64,7 @@ Engine::~Engine() {
 
 void Engine::validate(Task& t) {
   if (int(t.coll) < 0 || t.coll >= Coll::kCount) throw_invalid("unknown collective code");
-  if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) make_cpu_reducer(t.dtype, t.op);  // validates
+  if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) check_reducer(t.dtype, t.op);
   else dtype_size(t.dtype);
   const Algo a = Algo(t.algo);
   const bool host = !link_.device(), pow2 = (size() & (size() - 1)) == 0;
@@ -297,9 +297,12 @@ void Engine::execute(const Task& t, Work& w) {
   w.finish(std::move(err));
 }
 
-// Host: the reducer runs here. Device: it enqueues kernels on the device.
-static std::unique_ptr<Reducer> make_reducer(Device* dev, DType dtype, Op op) {
-  return dev ? dev->reducer(dtype, op) : make_cpu_reducer(dtype, op);
+// Host: the reducer runs here (made once per dtype and op: no allocation
+// per call). Device: it enqueues kernels on the device.
+const Reducer& Engine::reducer(DType dtype, Op op) {
+  auto& slot = reducers_[size_t(dtype) * size_t(Op::kCount) + size_t(op)];
+  if (!slot) slot = link_.device() ? link_.device()->reducer(dtype, op) : make_cpu_reducer(dtype, op);
+  return *slot;
 }
 
 void Engine::run(const Task& t, Work& w) {
@@ -328,11 +331,15 @@ void Engine::run(const Task& t, Work& w) {
   fp.algo = t.algo;
 
   const size_t es = dtype_size(t.dtype);
-  link_.begin(fp);
+  // Pairwise algorithms on two ranks: the partner is both neighbours, and the
+  // first message goes to it at once, so the header rides inside it.
+  const bool inline_header = size() == 2 && (Algo(t.algo) == Algo::recursive_doubling ||
+                                             Algo(t.algo) == Algo::halving_doubling);
+  link_.begin(fp, inline_header);
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
   switch (t.coll) {
     case Coll::all_reduce: {
-      auto red = make_reducer(dev, t.dtype, t.op);
+      const Reducer* red = &reducer(t.dtype, t.op);
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       auto in = static_cast<const char*>(t.in);
       auto out = static_cast<char*>(t.out);
@@ -345,7 +352,7 @@ void Engine::run(const Task& t, Work& w) {
       break;
     }
     case Coll::reduce_scatter: {
-      auto red = make_reducer(dev, t.dtype, t.op);
+      const Reducer* red = &reducer(t.dtype, t.op);
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       // Partial sums of the chunks this rank passes on need a home that is
       // neither the caller's input (never written) nor its chunk-sized output.

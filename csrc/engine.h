@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "link.h"
+#include "reducer.h"
 
 namespace ringcomm {
 
@@ -147,6 +148,8 @@ class Engine {
   void execute(const Task& t, Work& w);  // run and record the outcome
   void run(const Task& t, Work& w);
   void validate(Task& t);  // also resolves Algo::automatic
+  const Reducer& reducer(DType dtype, Op op);  // the worker's (or inline caller's) only
+  std::unique_ptr<Reducer> reducers_[size_t(DType::kCount) * size_t(Op::kCount)];
 
   Link link_;
   FlightRecorder recorder_;

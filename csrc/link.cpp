@@ -177,7 +177,7 @@ void Link::handle_control(const ControlMsg& m, int side) {
   throw e;
 }
 
-void Link::begin(const Fingerprint& fp) {
+void Link::begin(const Fingerprint& fp, bool header_inline) {
   if (aborted_) throw RingError(ErrKind::aborted, rank_, -1, fp.seq, "communicator was aborted: " + abort_reason_);
   fp_ = fp;
   fp_.rank = rank_;
@@ -200,6 +200,8 @@ void Link::begin(const Fingerprint& fp) {
   const auto now = Clock::now();
   if (now - last_end_ > std::chrono::milliseconds(1)) poll_control();
 
+  header_inline_ = header_inline;
+  if (header_inline) return;  // checked by first_from(left()) / sent by first_to(right())
   ControlMsg mine;
   mine.type = kHeader;
   mine.fp = fp_;
@@ -254,7 +256,7 @@ void Link::check_call(const Fingerprint& theirs, int peer) {
 }
 
 bool Link::first_to(int peer) {
-  if (peer == right()) return false;  // our header vouches for us there
+  if (peer == right() && !header_inline_) return false;  // our header vouches for us there
   for (int p : told_)
     if (p == peer) return false;
   told_.push_back(peer);
@@ -262,7 +264,7 @@ bool Link::first_to(int peer) {
 }
 
 bool Link::first_from(int peer) {
-  if (peer == left()) return false;  // checked by await_header()
+  if (peer == left() && !header_inline_) return false;  // checked by await_header()
   for (int p : heard_)
     if (p == peer) return false;
   heard_.push_back(peer);

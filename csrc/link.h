@@ -83,8 +83,12 @@ class Link {
   Transport& transport() { return *t_; }
 
   // ---- collective lifecycle (called by the Engine) ----
-  // Send this collective's header to the right neighbour.
-  void begin(const Fingerprint& fp);
+  // Send this collective's header to the right neighbour. With
+  // `header_inline` it instead rides in the first payload message to the
+  // right neighbour, and the left neighbour's in its first to us (for
+  // algorithms whose first message goes there anyway: one message less per
+  // call; Engine decides, alike on every rank).
+  void begin(const Fingerprint& fp, bool header_inline = false);
   // Receive and check the left neighbour's header (once per collective;
   // recv() and drain() call it). Throws MismatchError on disagreement.
   void await_header();
@@ -193,6 +197,7 @@ class Link {
   Fingerprint fp_;
   Coll coll_ = Coll::barrier;
   bool header_checked_ = true;
+  bool header_inline_ = false;
 
   std::vector<RequestPtr> live_;  // payload requests of the current collective
   std::vector<int> told_, heard_;  // peers (not neighbours) that got / gave our fingerprints this call

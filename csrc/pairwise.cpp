@@ -13,11 +13,28 @@ struct Cut {  // a whole buffer of `count` elements, as messages
 };
 }  // namespace
 
-static std::vector<Request*> post_sends(Link& link, int peer, const char* src, const Cut& c, int& unit) {
-  std::vector<Request*> sent(c.K);
-  for (int k = 0; k < c.K; ++k) sent[k] = link.send(peer, src + c.off(k), c.len(k) * c.es, unit + k);
+// Requests of one exchange: inline for the few segments of a small buffer
+// (no allocation on the small-message path).
+class Reqs {
+ public:
+  explicit Reqs(int n) : n_(n) {
+    if (n > kInline) heap_.resize(size_t(n));
+  }
+  Request*& operator[](int i) { return n_ > kInline ? heap_[size_t(i)] : inline_[i]; }
+
+ private:
+  static constexpr int kInline = 8;
+  int n_;
+  Request* inline_[kInline] = {};
+  std::vector<Request*> heap_;
+};
+
+static void post_sends(Link& link, int peer, const char* src, const Cut& c, int& unit, Reqs* sent = nullptr) {
+  for (int k = 0; k < c.K; ++k) {
+    Request* r = link.send(peer, src + c.off(k), c.len(k) * c.es, unit + k);
+    if (sent) (*sent)[k] = r;
+  }
   unit += c.K;
-  return sent;
 }
 
 void send_all(Link& link, int peer, const char* src, size_t count, size_t es, int& unit) {
@@ -27,14 +44,14 @@ void send_all(Link& link, int peer, const char* src, size_t count, size_t es, in
 void recv_all(Link& link, int peer, char* dst, size_t count, size_t es, int step, int& unit) {
   if (!count) return;
   const Cut c(link, count, es);
-  std::vector<Request*> r(c.K);
+  Reqs r(c.K);
   for (int k = 0; k < c.K; ++k) r[k] = link.recv(peer, dst + c.off(k), c.len(k) * es, unit + k);
   for (int k = 0; k < c.K; ++k) link.wait(r[k], "a whole-buffer message", step, k);
   unit += c.K;
 }
 
 void recv_reduce(Link& link, const Reducer& red, int peer, const char* a, char* dst, size_t count, size_t es,
-                 int step, int& unit, const std::vector<Request*>* sent) {
+                 int step, int& unit, Reqs* sent) {
   if (!count) return;
   const Cut c(link, count, es);
   const int window = std::min(std::max(2, link.options().window), c.K);
@@ -45,7 +62,7 @@ void recv_reduce(Link& link, const Reducer& red, int peer, const char* a, char* 
   auto slot = [&](int k) {
     return slots + size_t(k % window) * slot_bytes + reinterpret_cast<uintptr_t>(a + c.off(k)) % 16;
   };
-  std::vector<Request*> r(c.K, nullptr);
+  Reqs r(c.K);
   for (int k = 0; k < window; ++k) r[k] = link.recv(peer, slot(k), c.len(k) * es, unit + k);
   for (int k = 0; k < c.K; ++k) {
     link.wait(r[k], "its part of a pairwise step", step, k);
@@ -60,7 +77,9 @@ void exchange_reduce(Link& link, const Reducer& red, int peer, const char* src, 
                      size_t count, size_t es, int step, int& unit) {
   if (!count) return;
   int send_unit = unit;  // a unit's send and receive go together (transport.h)
-  std::vector<Request*> sent = post_sends(link, peer, src, Cut(link, count, es), send_unit);
+  const Cut c(link, count, es);
+  Reqs sent(c.K);
+  post_sends(link, peer, src, c, send_unit, &sent);
   recv_reduce(link, red, peer, a, dst, count, es, step, unit, dst == src ? &sent : nullptr);
 }
 

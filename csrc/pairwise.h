@@ -53,8 +53,9 @@ void recv_all(Link& link, int peer, char* dst, size_t count, size_t es, int step
 // time) and store dst = a op theirs as they arrive. If `sent` is given, its
 // segment k is waited for before dst's segment k is written (dst may then
 // be the buffer those sends read: an in-place exchange).
+class Reqs;
 void recv_reduce(Link& link, const Reducer& red, int peer, const char* a, char* dst, size_t count, size_t es,
-                 int step, int& unit, const std::vector<Request*>* sent = nullptr);
+                 int step, int& unit, Reqs* sent = nullptr);
 // Both at once with one partner: send `count` from `src`, dst = a op theirs.
 void exchange_reduce(Link& link, const Reducer& red, int peer, const char* src, const char* a, char* dst,
                      size_t count, size_t es, int step, int& unit);

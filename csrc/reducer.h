@@ -23,5 +23,7 @@ class Reducer {
 
 // Throws RingError(invalid) for avg on an integer dtype.
 std::unique_ptr<Reducer> make_cpu_reducer(DType dtype, Op op);
+// Throws RingError(invalid) unless (dtype, op) is supported (no allocation).
+void check_reducer(DType dtype, Op op);
 
 }  // namespace ringcomm

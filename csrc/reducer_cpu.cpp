@@ -135,11 +135,16 @@ void divide_fn(void* buf, size_t n, int nranks) { divide<E>(buf, n, nranks); }
 
 }  // namespace
 
-std::unique_ptr<Reducer> make_cpu_reducer(DType dtype, Op op) {
+void check_reducer(DType dtype, Op op) {
   if (int(op) < 0 || op >= Op::kCount) throw_invalid("unknown op code " + std::to_string(int(op)));
+  if (int(dtype) < 0 || dtype >= DType::kCount) throw_invalid("unknown dtype code " + std::to_string(int(dtype)));
   if (op == Op::avg && !dtype_is_floating(dtype))
     throw_invalid(std::string("op 'avg' needs a floating dtype, got ") + dtype_name(dtype) +
                   " (use 'sum' and divide, or convert to a floating type)");
+}
+
+std::unique_ptr<Reducer> make_cpu_reducer(DType dtype, Op op) {
+  check_reducer(dtype, op);
   switch (dtype) {
     case DType::f16: return std::make_unique<CpuReducer>(op, reduce_f16, divide_fn<Half>);
     case DType::bf16: return std::make_unique<CpuReducer>(op, reduce_bf16, divide_fn<BFloat16>);
