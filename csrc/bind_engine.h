@@ -154,6 +154,10 @@ inline bool numpy_all_reduce_args(py::handle x, py::handle out, int op, size_t& 
   const py::dtype da = a.dtype(), db = b.dtype();
   const int num = da.num();
   if (db.num() != num || da.itemsize() != db.itemsize()) return false;
+  // Native byte order only ('=' or '|'; the explicit native letter too).
+  constexpr char native = __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__ ? '>' : '<';
+  for (char bo : {da.byteorder(), db.byteorder()})
+    if (bo != '=' && bo != '|' && bo != native) return false;
   const ssize_t size = da.itemsize();
   switch (num) {  // numpy type numbers (fixed by numpy's ABI)
     case 23: dtype = int(DType::f16); break;  // NPY_HALF

@@ -364,6 +364,13 @@ void Link::run_check(Request* r) {
     std::memcpy(&theirs, c.staged, kFpBytes);
     if (theirs.seq == fp_.seq && theirs.rank == r.peer && !same_call(fp_, theirs)) check_call(theirs, r.peer);
   }
+  // A left neighbour that sent its header on its own (another algorithm):
+  // it was sent first, so it is usually here by now.
+  if (r.peer == left() && size_ > 1) {
+    poll_control();
+    for (const ControlMsg& h : early_headers_)
+      if (h.fp.seq == fp_.seq) check_call(h.fp, r.peer);
+  }
   ControlMsg notice;
   notice.type = kAbort;
   notice.fp = fp_;
@@ -519,8 +526,9 @@ void Link::fail(const RingError& e) {
   // it), so one rank that is away (asleep, computing, a straggler) cannot
   // hold the news back from the ranks beyond it: every waiting rank hears
   // within one trip.
-  for (int peer : {right(), left()}) {
-    if (peer == notice.origin || peer == abort_from_ || (peer == left() && size_ == 2)) continue;
+  for (int side = 0; side < (size_ == 2 ? 1 : 2); ++side) {  // with two ranks, both sides are one peer
+    const int peer = side ? left() : right();
+    if (peer == notice.origin || peer == abort_from_) continue;
     try {
       send_control(notice, peer);  // best effort: the ring may already be broken
     } catch (const std::exception&) {

@@ -1,4 +1,4 @@
-"""The ``ringcomm`` command: info, run (mpirun with sane defaults), bench, demo, analyze."""
+"""The ``ringcomm`` command: info, run (mpirun with sane defaults), bench, demo, tune, analyze."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_info = sub.add_parser("info", help="versions and what was built")
     p_info.add_argument("--json", action="store_true", help="print as JSON")
+    p_info.add_argument("--transport", default="mpi", choices=["mpi", "inproc"],
+                        help="whose cost model the crossover table shows (default: mpi)")
     p_run = sub.add_parser("run", help="start a program on N MPI ranks (mpirun with sane defaults)")
     p_run.add_argument("-n", "--np", type=int, required=True, help="number of ranks")
     p_run.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
@@ -27,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--dry-run", action="store_true", help="print the mpirun command, do not run it")
     p_run.add_argument("program", nargs=argparse.REMAINDER, help="program and its arguments (after --)")
     sub.add_parser("bench", help="collective benchmark (ringcomm bench --help)", add_help=False)
-    sub.add_parser("demo", help="teaching demos: ring, traffic, scaling (ringcomm demo --help)", add_help=False)
+    sub.add_parser("demo", help="teaching demos: ring, traffic, scaling, algorithms, zero (ringcomm demo --help)",
+                   add_help=False)
+    sub.add_parser("tune", help="measure the cost model behind algorithm='auto' on this machine", add_help=False)
     p_an = sub.add_parser("analyze", help="explain flight-record dumps (RINGCOMM_DUMP_ON_ERROR=DIR)")
     p_an.add_argument("dir", help="the directory the ranks dumped into")
     p_an.add_argument("--json", action="store_true", help="print the dumps' last records as JSON instead")
@@ -35,17 +39,32 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         from .benchmark import cli_main
         return cli_main(argv[1:])
+    if argv[:1] == ["tune"]:
+        from .tune import main as tune_main
+        return tune_main(argv[1:])
     if argv[:1] == ["demo"]:
         from .demo import main as demo_main
         return demo_main(argv[1:])
     args = parser.parse_args(argv)
     if args.cmd == "info":
+        from . import selection
         d = info()
+        costs = selection.costs_for(args.transport)
+        table = selection.crossover_table(costs)
         if args.json:
+            d["cost_model"] = {"transport": args.transport, **vars(costs), "crossovers": table}
             print(json.dumps(d, indent=2))
         else:
             for k, v in d.items():
                 print(f"{k:<11} {', '.join(v) if isinstance(v, list) else v}")
+            tuned = costs != selection.DEFAULTS[args.transport]
+            print(f"\nall_reduce algorithm='auto' ({args.transport}; {costs}; "
+                  f"{'tuned: ' + selection.tune_path() if tuned else 'built-in defaults: run ringcomm tune'})")
+            print("crossover: recursive doubling up to the first size (bytes), halving-doubling up to the "
+                  "second, the ring above")
+            print(f"{'n':>3} {'rd_max':>10} {'hd_max':>10}")
+            for row in table:
+                print(f"{row['n']:>3} {row['recursive_doubling_max']:>10} {row['halving_doubling_max']:>10}")
         return 0
     if args.cmd == "analyze":
         from . import flight

@@ -23,7 +23,8 @@ naive                 2(n-1)           2(n-1) * B                   (n-1) * B
 
 Each T is a line in B, so the fastest algorithm changes at most twice as B
 grows: recursive doubling (fewest steps) for small buffers, halving-doubling
-for medium ones, the ring (least data per rank, and pipelined) for large.
+for medium ones, the ring (least data per rank, and pipelined) for large;
+halving-doubling must beat the ring by MARGIN to displace it.
 ``auto_limits`` turns the constants into the two byte limits the engine
 compares each call against (csrc/engine.h set_auto_limits). Every rank must
 be given the same constants: ``init()`` broadcasts rank 0's.
@@ -45,10 +46,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 __all__ = ["Costs", "ALGORITHMS", "terms", "predict", "best", "auto_limits", "crossover_table", "fit",
-           "costs_for", "tune_path", "save", "DEFAULTS"]
+           "costs_for", "tune_path", "save", "DEFAULTS", "MARGIN"]
 
 ALGORITHMS = ("ring", "recursive_doubling", "halving_doubling", "naive")
-AUTO_CANDIDATES = ("ring", "halving_doubling", "recursive_doubling")  # tie: the first wins
+AUTO_CANDIDATES = ("ring", "halving_doubling", "recursive_doubling")
 
 
 @dataclass(frozen=True)
@@ -98,40 +99,61 @@ def predict(costs: Costs, algorithm: str, n: int, nbytes):
     return s * costs.alpha + sent * costs.beta + red * costs.gamma
 
 
-def best(costs: Costs, n: int, nbytes: int) -> str:
-    """The algorithm the model predicts fastest (ties go to the ring)."""
-    return min(AUTO_CANDIDATES, key=lambda a: float(predict(costs, a, n, nbytes)))
+# The ring stays the choice unless another algorithm is predicted faster by
+# more than this fraction: the model leaves out the ring's pipelining (and
+# on a power of two ranks halving-doubling only by latency, at equal
+# bytes), which is worth more than a few steps once buffers are large.
+MARGIN = 0.1
+
+
+def _line(costs: Costs, algorithm: str, n: int) -> tuple[float, float]:
+    c0 = float(predict(costs, algorithm, n, 0))
+    return c0, float(predict(costs, algorithm, n, 1)) - c0
+
+
+def _below(a0: float, a1: float, b0: float, b1: float) -> float:
+    """a0 + a1 B < b0 + b1 B exactly for B < this (0: never, inf: always)."""
+    if a0 >= b0:
+        return 0.0
+    return math.inf if a1 <= b1 else (b0 - a0) / (a1 - b1)
+
+
+def _last(x: float) -> int:
+    return (1 << 62) if x == math.inf else max(0, math.ceil(x) - 1)
 
 
 def auto_limits(costs: Costs, n: int) -> tuple[int, int]:
     """(rd_max, hd_max): recursive doubling up to rd_max bytes, halving-doubling
-    up to hd_max, the ring above.
+    up to hd_max, the ring above: the rule the engine applies.
 
-    The lines are ordered (fewer steps, more bytes): recursive doubling has
-    the smallest intercept and the steepest slope, the ring the opposite, so
-    the lower envelope is at most these three pieces in this order. Ties go
-    to the algorithm with fewer bytes."""
+    An algorithm displaces the ring where it is predicted faster by more
+    than MARGIN, and recursive doubling displaces halving-doubling where it
+    is faster at all. Each line is steeper than the next (more bytes, fewer
+    steps), so each region is one interval, and the choice is never
+    predicted slower than 1 / (1 - MARGIN) times the best."""
     if n <= 1:
         return 0, 0
-
-    def line(a):  # T(B) = c0 + c1 * B
-        c0 = float(predict(costs, a, n, 0))
-        return c0, float(predict(costs, a, n, 1)) - c0
-
-    def wins_below(a, b) -> float:
-        """a is strictly faster than b for B < this (0: never)."""
-        (a0, a1), (b0, b1) = line(a), line(b)
-        if a0 >= b0:
-            return 0.0
-        return math.inf if a1 <= b1 else (b0 - a0) / (a1 - b1)
-
-    def last_below(x: float) -> int:
-        return (1 << 62) if x == math.inf else max(0, math.ceil(x) - 1)
-
-    rd = last_below(min(wins_below("recursive_doubling", "halving_doubling"),
-                        wins_below("recursive_doubling", "ring")))
-    hd = max(rd, last_below(wins_below("halving_doubling", "ring")))
+    rd0, rd1 = _line(costs, "recursive_doubling", n)
+    hd0, hd1 = _line(costs, "halving_doubling", n)
+    r0, r1 = _line(costs, "ring", n)
+    k = 1 - MARGIN
+    x = _below(hd0, hd1, k * r0, k * r1)  # HD clearly beats the ring below x
+    z = _below(rd0, rd1, k * r0, k * r1)  # RD clearly beats the ring below z
+    y = _below(rd0, rd1, hd0, hd1)        # RD beats HD below y
+    # RD holds [0, z), cut short where HD takes over first (y < x); beyond x
+    # RD cannot beat the ring clearly once HD has beaten it (lines).
+    rd_end = min(z, y) if y < x else z
+    rd = _last(rd_end) if rd_end > 0 else 0
+    hd = max(rd, _last(x) if x > 0 else 0)
     return int(rd), int(hd)
+
+
+def best(costs: Costs, n: int, nbytes: int) -> str:
+    """What algorithm="auto" runs for an all_reduce of `nbytes` on `n` host ranks."""
+    if n <= 1:
+        return "ring"
+    rd, hd = auto_limits(costs, n)
+    return "recursive_doubling" if nbytes <= rd else "halving_doubling" if nbytes <= hd else "ring"
 
 
 def crossover_table(costs: Costs, ns=range(2, 65)) -> list[dict]:

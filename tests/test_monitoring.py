@@ -6,7 +6,9 @@ count every message its PML carries, split into user point-to-point traffic
 own collectives (``I`` lines: e.g. MPI_Comm_dup at init), and write one
 profile per rank. What Open MPI saw each rank send to each peer must equal
 ringcomm's ledger (payload + control), and the payload must be exactly
-2(N-1)/N of the buffer per all_reduce.
+2(N-1)/N of the buffer per all_reduce. The other algorithms talk to other
+peers (recursive doubling: rank XOR 2^k); for them Open MPI must have seen
+exactly the peers and bytes of ``traffic.expected``.
 """
 
 import json
@@ -31,17 +33,15 @@ def parse_profile(path):
     return out
 
 
-@pytest.mark.parametrize("n,btl", [(2, None), (3, None), (4, None), (5, None),
-                                   (2, "tcp,self"), (4, "tcp,self")])  # TCP: the transport between machines
-def test_ledger_equals_open_mpi_monitoring(n, btl, tmp_path):
-    count, iters = 1200 * n, 3  # divisible by n
+def run_monitored(n, btl, count, iters, algorithm, tmp_path):
+    """({rank: ledger line}, {rank: Open MPI's profile}) of one monitored job."""
     prefix = str(tmp_path / "prof")
     cmd = [sys.executable, "-m", "ringcomm.cli", "run", "-n", str(n),
            *(["--mca", "btl", btl] if btl else []),
            "--mca", "pml_monitoring_enable", "2",
            "--mca", "pml_monitoring_enable_output", "3",
            "--mca", "pml_monitoring_filename", prefix,
-           "--", sys.executable, SCRIPT, str(count), str(iters)]
+           "--", sys.executable, SCRIPT, str(count), str(iters), algorithm]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     ledgers = {}
@@ -50,9 +50,41 @@ def test_ledger_equals_open_mpi_monitoring(n, btl, tmp_path):
             d = json.loads(line[7:])
             ledgers[d["rank"]] = d
     assert sorted(ledgers) == list(range(n))
+    return ledgers, {r: parse_profile(f"{prefix}.{r}.prof") for r in range(n)}
+
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "halving_doubling", "naive"])
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_every_algorithm_equals_open_mpi_monitoring(n, algorithm, tmp_path):
+    from ringcomm import traffic
+    count, iters = 1200 * n + 7, 2  # not divisible: uneven blocks
+    ledgers, profiles = run_monitored(n, None, count, iters, algorithm, tmp_path)
+    for r in range(n):
+        led, seen = ledgers[r], profiles[r]
+        assert led["algorithm"] == algorithm
+        exp = traffic.expected("all_reduce", count, "float32", n, r, algorithm=algorithm)
+        # The payload went to exactly the peers of the closed form, in its amounts...
+        assert {int(p): b for p, b in led["payload_sent"].items()} == {p: iters * b for p, b in exp.sent.items()}, \
+            f"rank {r}: ledger payload {led['payload_sent']}, closed form x{iters} {exp.sent}"
+        # ...and Open MPI saw this rank send exactly what the ledger says, to
+        # every peer (payload, plus headers to the right neighbour).
+        peers = {int(p) for p in led["payload_sent"]} | {int(p) for p in led["control_sent"]}
+        assert sorted(dst for (_, dst) in seen) == sorted(peers), f"rank {r} sent to {sorted(seen)}"
+        for peer in peers:
+            mpi_bytes, mpi_msgs = seen[(r, peer)]
+            ours = led["payload_sent"].get(str(peer), 0) + led["control_sent"].get(str(peer), 0)
+            assert mpi_bytes == ours, f"rank {r} -> {peer}: Open MPI counted {mpi_bytes} B, ledger {ours} B"
+            assert mpi_msgs == led["msgs_sent"][str(peer)], f"rank {r} -> {peer}: message counts differ"
+
+
+@pytest.mark.parametrize("n,btl", [(2, None), (3, None), (4, None), (5, None),
+                                   (2, "tcp,self"), (4, "tcp,self")])  # TCP: the transport between machines
+def test_ledger_equals_open_mpi_monitoring(n, btl, tmp_path):
+    count, iters = 1200 * n, 3  # divisible by n
+    ledgers, profiles = run_monitored(n, btl, count, iters, "ring", tmp_path)
     nbytes = count * 4
     for r in range(n):
-        seen = parse_profile(f"{prefix}.{r}.prof")
+        seen = profiles[r]
         led = ledgers[r]
         right = (r + 1) % n
         # Open MPI saw this rank send to its right neighbour only...

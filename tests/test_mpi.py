@@ -150,3 +150,23 @@ def test_abort_from_a_watchdog_thread_over_mpi():
         comm.all_reduce(np.ones(10))
     timer.join()
     assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parallel([1, 2, 3, 4, 5])
+def test_every_algorithm_over_mpi():
+    # The other all_reduce algorithms (tests/test_algorithms.py has them in
+    # process): all dtypes and ops, sizes 0, 1, N+-1, a prime, many segments,
+    # and the ledger of each call against its closed form.
+    def body():
+        comm = ringcomm.init()
+        n, errs = comm.size, []
+        for algorithm in ("recursive_doubling", "halving_doubling", "naive"):
+            comm.segment_bytes = 1 << 20
+            errs += suite.run_cases(comm, [0, 1, max(n - 1, 0), n + 1, 101], algorithm=algorithm)
+            comm.segment_bytes = 16
+            errs += suite.run_cases(comm, [7 * n + 3], algorithm=algorithm)
+            comm.segment_bytes = 65536
+            errs += suite.run_cases(comm, [100003], suite.COMBOS[::3], algorithm=algorithm)
+        comm.close()
+        return errs
+    assert_no_errors_anywhere(guarded(body))
