@@ -3,6 +3,8 @@
     ringcomm demo ring    [-n 4] [--count 8] [--png PATH | --gif PATH]
     ringcomm demo traffic [-n 8] [--count 1024] [--png PATH]
     ringcomm demo scaling [--max-n 64] [--bytes 1M] [--mpi-max 4] [--png PATH]
+    ringcomm demo algorithms [-n 8] [--count 1024] [--png PATH]
+    ringcomm demo zero    [-n 4] [--params PSI] [--json PATH] [--png PATH]
 
 Everything printed comes from a real collective on in-process ranks: the step
 table and the partial sums from the engine's own trace (``comm.trace``), the
@@ -370,6 +372,11 @@ def main(argv=None) -> int:
     c.add_argument("--mpi-max", type=int, default=4, help="also measure MPI ranks up to this N (0: none)")
     c.add_argument("--reps", type=int, default=5)
     c.add_argument("--png", help="plot of time against N with the model")
+    al = sub.add_parser("algorithms", help="ring, recursive doubling, halving-doubling, master-centric: steps, "
+                        "bytes per peer, model vs measured")
+    al.add_argument("-n", type=int, default=8, help="ranks (default 8)")
+    al.add_argument("--count", type=int, default=1024, help="int64 elements (default 1024 = 8 KiB)")
+    al.add_argument("--png", help="draw who sent how much to whom, per algorithm")
     z = sub.add_parser("zero", help="DDP vs ZeRO-1/2/3: memory per rank and traffic per step, measured")
     z.add_argument("-n", type=int, default=4, help="in-process ranks (default 4)")
     z.add_argument("--params", type=int, default=2_000_000, help="model size Psi (default 2,000,000)")
@@ -393,6 +400,12 @@ def main(argv=None) -> int:
         rows = print_traffic(args.n, args.count)
         if args.png:
             draw_traffic(rows, args.n, args.count, args.png)
+            print(f"\nwrote {args.png}")
+    elif args.demo == "algorithms":
+        from .demo_algorithms import draw, print_algorithms
+        res = print_algorithms(args.n, args.count)
+        if args.png:
+            draw(res, args.n, args.count, args.png)
             print(f"\nwrote {args.png}")
     elif args.demo == "zero":
         from .zero import demo

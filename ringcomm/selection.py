@@ -59,15 +59,19 @@ class Costs:
     gamma: float  # seconds per byte reduced
 
     def __str__(self) -> str:
-        bw = "inf" if self.beta == 0 else f"{1e-9 / self.beta:.2f}"
-        rw = "inf" if self.gamma == 0 else f"{1e-9 / self.gamma:.2f}"
-        return f"alpha={self.alpha * 1e6:.2f} us, beta={bw} GB/s sent, gamma={rw} GB/s reduced"
+        bw = "beta=0" if self.beta == 0 else f"beta=1/({1e-9 / self.beta:.2f} GB/s)"
+        rw = "gamma=0" if self.gamma == 0 else f"gamma=1/({1e-9 / self.gamma:.2f} GB/s)"
+        return f"alpha={self.alpha * 1e6:.2f} us, {bw} sent, {rw} reduced"
 
 
-# Built-in constants (ringcomm tune on the development machine, 2026-11-30).
+# Built-in constants: `ringcomm tune` on the development machine (2 cores),
+# 2026-11-30.
 DEFAULTS = {
-    "mpi": Costs(alpha=1.6e-6, beta=1 / 6.0e9, gamma=1 / 4.0e9),
-    "inproc": Costs(alpha=2.0e-6, beta=1 / 6.0e9, gamma=1 / 4.0e9),
+    # 2 ranks, Open MPI 5.0 shared memory: gamma fits to 0 there (the
+    # reduction hides behind the copies), so the margin decides large sizes.
+    "mpi": Costs(alpha=1.21e-6, beta=1 / 6.89e9, gamma=0.0),
+    # 2 rank threads: every message wakes a thread (futex), hence alpha.
+    "inproc": Costs(alpha=35.7e-6, beta=1 / 15.3e9, gamma=1 / 6.28e9),
 }
 
 

@@ -19,7 +19,7 @@ from ..launch import mpirun_command
 from .checks import COLLECTIVES, OPS, size_list
 from .harness import Bench, device_copy_gbps, memcpy_gbps
 from .impls import DEVICE_IMPLS, IMPLS, RING_MCA
-from .report import HEADER, fit_models, footer, machine_info, make_rows, plot, print_size_block
+from .report import HEADER, fit_algorithms, fit_models, footer, machine_info, make_rows, plot, print_size_block
 
 # The first paragraph of the package's docstring (`ringcomm bench --help`).
 DESCRIPTION = "Collective benchmark in the spirit of nccl-tests: ringcomm against Open MPI and Gloo."
@@ -43,6 +43,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", default=None,
                    help="comma-separated implementations (default: ringcomm,mpi,mpi-ring,gloo on the host, "
                         "ringcomm,nccl with --device cuda)")
+    p.add_argument("--algorithm", default="auto",
+                   choices=("auto", "ring", "recursive_doubling", "halving_doubling", "naive"),
+                   help="ringcomm's all_reduce algorithm (default auto: the cost model's choice, shown per size)")
+    p.add_argument("--compare-algorithms", action="store_true",
+                   help="also run ringcomm with each algorithm forced (rc-ring, rc-rd, rc-hd) beside auto, and "
+                        "fit the cost model to them")
     p.add_argument("--device", default="host", choices=("host", "cuda"),
                    help="host: numpy buffers; cuda: cupy buffers on each rank's GPU, ringcomm over NCCL "
                         "point-to-point against NCCL's collectives (default host)")
@@ -64,6 +70,8 @@ def parse(argv) -> argparse.Namespace:
     if args.impl is None:
         args.impl = "ringcomm,nccl" if args.device == "cuda" else "ringcomm,mpi,mpi-ring,gloo"
     args.impl = [s for s in args.impl.split(",") if s]
+    if args.compare_algorithms:
+        args.impl += [m for m in ("rc-ring", "rc-rd", "rc-hd") if m not in args.impl]
     if args.device == "cuda":
         from .. import cuda
         from ..errors import InvalidArgument
@@ -154,6 +162,8 @@ def run_mpi(argv=None) -> int:
                                           and (r["dtype"], r["op"], r["size"]) == key])
         lines: list[str] = []
         models = fit_models(all_rows, n, lines) if not args.rows_only else {}
+        if not args.rows_only and args.device == "host":
+            models["all_reduce_algorithms"] = fit_algorithms(all_rows, n, lines)
         summary = footer(all_rows, n, lines) if not args.rows_only else {}
         if not args.rows_only:
             lines.append(f"# out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
@@ -197,6 +207,7 @@ def cli_main(argv) -> int:
             ring_json = os.path.join(tmp, "ring.json")
             ring_args = _replace_flag(rest, "--impl", "mpi-ring") + ["--json", ring_json, "--rows-only"]
             ring_args = _drop_flag(ring_args, "--plot")
+            ring_args = [x for x in ring_args if x != "--compare-algorithms"]  # that launch runs mpi-ring only
             mca = []
             for coll in args.collectives:
                 mca += ["--mca", *RING_MCA[coll]]

@@ -144,13 +144,15 @@ class Bench:
                 self.fill(c, impl)
                 impl.run(c)
                 wrong = self.w.allreduce(self.count_wrong(c, impl))
-                sent = expected = None
+                sent = expected = algorithm = None
                 if isinstance(impl, RingcommImpl):
                     from ..traffic import expected as exp
                     self.fill(c, impl)
                     sent = self.w.allreduce(impl.sent_bytes(c), op=_mpi_max())
-                    expected = max(exp(coll, count, dtype, self.n, r).bytes_sent for r in range(self.n))
-                cases[impl.name] = (impl, c, wrong, sent, expected)
+                    algorithm = impl.last_algorithm  # what ran (auto's choice), alike on every rank
+                    expected = max(exp(coll, count, dtype, self.n, r, algorithm=algorithm).bytes_sent
+                                   for r in range(self.n))
+                cases[impl.name] = (impl, c, wrong, sent, expected, algorithm)
             # warm-up and iteration count (from the slowest implementation)
             est = 0.0
             for impl, c, *_ in cases.values():
@@ -173,9 +175,10 @@ class Bench:
                     self.sync()
                     t = (time.perf_counter() - t0) / iters
                     samples[name].append(self.w.allreduce(t, op=_mpi_max()))
-            for name, (_, _, wrong, sent, expected) in cases.items():
+            for name, (_, _, wrong, sent, expected, algorithm) in cases.items():
                 s = summarize(samples[name])
-                results[(name, inplace)] = dict(s, wrong=wrong, sent=sent, expected=expected, iters=iters)
+                results[(name, inplace)] = dict(s, wrong=wrong, sent=sent, expected=expected, iters=iters,
+                                                algorithm=algorithm)
         return count, results
 
 

@@ -74,26 +74,40 @@ class Impl:
 
 
 class RingcommImpl(Impl):
+    """ringcomm; all_reduce with --algorithm (default "auto"), reduce-scatter
+    and all-gather on the ring (halving-doubling's when that is forced and
+    the ranks are a power of two)."""
     name = "ringcomm"
+    forced = None  # the rc-* implementations: one algorithm, side by side with auto
 
     def __init__(self, ctx):
         import ringcomm
         self.comm = ringcomm.init(device=None if ctx.device == "host" else "cuda")
+        args = getattr(ctx, "args", None)
+        self.algorithm = self.forced or getattr(args, "algorithm", "auto") or "auto"
+        n = self.comm.size
+        self.halves = "halving_doubling" if self.algorithm == "halving_doubling" and n & (n - 1) == 0 else "ring"
+        self.last_algorithm = None  # what the last checked call ran (auto's choice)
+
+    def supports(self, c: Case) -> bool:
+        # a forced all_reduce algorithm shows only where it exists
+        return c.collective == "all_reduce" or self.forced is None or self.halves == self.forced
 
     def run(self, c: Case) -> None:
         if c.collective == "all_reduce":
             if c.inplace:
-                self.comm.all_reduce(c.recv, c.op)
+                self.comm.all_reduce(c.recv, c.op, algorithm=self.algorithm)
             else:
-                self.comm.all_reduce(c.send, c.op, out=c.recv)
+                self.comm.all_reduce(c.send, c.op, out=c.recv, algorithm=self.algorithm)
         elif c.collective == "reduce_scatter":
-            self.comm.reduce_scatter(c.send, c.op, out=c.output_view())
+            self.comm.reduce_scatter(c.send, c.op, out=c.output_view(), algorithm=self.halves)
         else:
-            self.comm.all_gather(c.input_view(), out=c.recv)
+            self.comm.all_gather(c.input_view(), out=c.recv, algorithm=self.halves)
 
     def sent_bytes(self, c: Case) -> int:
         before = self.comm.traffic()
         self.run(c)
+        self.last_algorithm = self.comm.last_algorithm
         return (self.comm.traffic() - before).bytes_sent(c.collective)
 
     def close(self) -> None:
@@ -247,8 +261,17 @@ class CorruptImpl(RingcommImpl):
             out[0] = out[0] + np.ones(1, out.dtype)[0]
 
 
-IMPLS = {"ringcomm": RingcommImpl, "mpi": MpiImpl, "mpi-ring": MpiRingImpl, "gloo": GlooImpl, "nccl": NcclImpl}
-DEVICE_IMPLS = {"host": ("ringcomm", "mpi", "mpi-ring", "gloo", "corrupt"), "cuda": ("ringcomm", "nccl")}
+def _forced(short: str, algorithm: str) -> type:
+    return type(f"Ringcomm_{short}", (RingcommImpl,), {"name": f"rc-{short}", "forced": algorithm,
+                                                        "__doc__": f"ringcomm with algorithm={algorithm!r}"})
+
+
+# ringcomm with one algorithm forced (--compare-algorithms runs them beside auto)
+FORCED = {"rc-ring": _forced("ring", "ring"), "rc-rd": _forced("rd", "recursive_doubling"),
+          "rc-hd": _forced("hd", "halving_doubling")}
+IMPLS = {"ringcomm": RingcommImpl, "mpi": MpiImpl, "mpi-ring": MpiRingImpl, "gloo": GlooImpl, "nccl": NcclImpl,
+         **FORCED}
+DEVICE_IMPLS = {"host": ("ringcomm", "mpi", "mpi-ring", "gloo", "corrupt", *FORCED), "cuda": ("ringcomm", "nccl")}
 if os.environ.get("RINGCOMM_BENCH_TEST_IMPLS") == "1":
     IMPLS["corrupt"] = CorruptImpl
 

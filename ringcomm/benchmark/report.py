@@ -14,11 +14,12 @@ import sys
 
 import numpy as np
 
-from .. import _dtypes, costmodel
+from .. import _dtypes, costmodel, selection
 from .checks import COLLECTIVES, bus_factor
 
 ROW_KEYS = ("collective", "impl", "size", "count", "dtype", "op", "inplace", "time_us", "p10_us", "p90_us",
-            "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent")
+            "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent", "algorithm")
+SHORT = {"ring": "ring", "recursive_doubling": "rd", "halving_doubling": "hd", "naive": "naive"}
 
 
 def validate_json(doc: dict) -> None:
@@ -50,13 +51,14 @@ def make_rows(coll, nbytes, count, dtype, op, results, n, memcpy) -> list[dict]:
                      "inplace": inplace, "time_us": t * 1e6, "p10_us": r["p10"] * 1e6, "p90_us": r["p90"] * 1e6,
                      "iters": r["iters"], "reps": r["reps"], "algbw_gbps": algbw, "busbw_gbps": busbw,
                      "pct_memcpy": 100 * busbw / memcpy if memcpy else None, "wrong": r["wrong"],
-                     "sent_per_rank": r["sent"], "expected_sent": r["expected"]})
+                     "sent_per_rank": r["sent"], "expected_sent": r["expected"],
+                     "algorithm": r.get("algorithm")})
     return rows
 
 
 HEADER = (f"{'size':>9} {'count':>10} {'type':>8} {'redop':>5} {'impl':>9}  "
           f"{'time(us)':>10} {'p10':>9} {'p90':>9} {'algbw':>7} {'busbw':>7} {'%cpy':>5} {'#wrong':>6}  "
-          f"{'time(us)':>10} {'busbw':>7} {'#wrong':>6}  {'sent/rank':>11} {'expected':>11}")
+          f"{'time(us)':>10} {'busbw':>7} {'#wrong':>6}  {'sent/rank':>11} {'expected':>11} {'algo':>5}")
 
 
 def print_size_block(rows: list[dict], out=sys.stdout) -> None:
@@ -79,6 +81,7 @@ def print_size_block(rows: list[dict], out=sys.stdout) -> None:
             line += f"{'n/a':>10} {'':>7} {'':>6}  "
         if base.get("sent_per_rank") is not None:
             line += f"{base['sent_per_rank']:>11} {base['expected_sent']:>11}"
+            line += f" {SHORT.get(base.get('algorithm'), base.get('algorithm') or ''):>5}"
         print(line, file=out, flush=True)
 
 
@@ -115,10 +118,53 @@ def footer(rows: list[dict], n: int, lines: list[str]) -> dict:
     return summary
 
 
+def fit_algorithms(rows: list[dict], n: int, lines: list[str]) -> dict:
+    """all_reduce: fit the alpha-beta-gamma model (selection.py) to every
+    algorithm that ran, print it against the measurements, and compare what
+    auto ran with the best forced algorithm (rc-*) at each size."""
+    sel = [r for r in rows if r["collective"] == "all_reduce" and not r["inplace"] and r.get("algorithm")
+           and (r["impl"] == "ringcomm" or r["impl"].startswith("rc-"))]
+    if n == 1 or len({(r["algorithm"], r["size"]) for r in sel}) < 3:
+        return {}
+    pts = [{"algorithm": r["algorithm"], "n": n, "bytes": r["size"], "seconds": r["time_us"] * 1e-6} for r in sel]
+    costs = selection.fit(pts)
+    rd, hd = selection.auto_limits(costs, n)
+    out = {"alpha_us": costs.alpha * 1e6, "beta_ns_per_byte": costs.beta * 1e9,
+           "gamma_ns_per_byte": costs.gamma * 1e9, "rd_max": rd, "hd_max": hd}
+    lines.append(f"# all_reduce algorithms: model fitted here: {costs}; auto would run recursive doubling "
+                 f"up to {rd} B, halving-doubling up to {hd} B, the ring above")
+    by_size: dict = {}
+    for r in sel:
+        by_size.setdefault((r["dtype"], r["op"], r["size"]), {})[r["impl"]] = r
+    forced = sorted({r["impl"] for r in sel if r["impl"].startswith("rc-")})
+    if forced:
+        lines.append(f"#   {'size':>9} {'auto ran':>8} {'auto(us)':>9} " + " ".join(f"{m:>8}" for m in forced)
+                     + f" {'best':>6} {'auto/best':>9}")
+        worst = []
+        for (_, _, size), impls in sorted(by_size.items(), key=lambda kv: kv[0][2]):
+            auto = impls.get("ringcomm")
+            times = {m: impls[m]["time_us"] for m in forced if m in impls}
+            if not auto or not times:
+                continue
+            best = min(times, key=times.get)
+            ratio = auto["time_us"] / times[best]
+            worst.append(ratio)
+            lines.append(f"#   {fmt_size(size):>9} {SHORT.get(auto['algorithm'], '?'):>8} {auto['time_us']:9.1f} "
+                         + " ".join(f"{times[m]:8.1f}" if m in times else f"{'-':>8}" for m in forced)
+                         + f" {best:>6} {ratio:9.2f}")
+        if worst:
+            out["auto_over_best_max"] = max(worst)
+            lines.append(f"#   auto / best forced algorithm: at most {max(worst):.2f} (median {np.median(worst):.2f})")
+    return out
+
+
 def fit_models(rows: list[dict], n: int, lines: list[str]) -> dict:
     models = {}
     for coll in COLLECTIVES:
-        sel = sorted((r for r in rows if r["collective"] == coll and r["impl"] == "ringcomm" and not r["inplace"]),
+        # the ring's alpha-beta model: fitted to the ring's runs (auto's choice or forced)
+        sel = sorted((r for r in rows if r["collective"] == coll and not r["inplace"]
+                      and (r["impl"] == "rc-ring" or r["impl"] == "ringcomm" and r.get("algorithm") in (None, "ring")
+                           and not any(o["impl"] == "rc-ring" for o in rows))),
                      key=lambda r: r["size"])
         if len(sel) < 2 or n == 1:
             continue
