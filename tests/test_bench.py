@@ -76,7 +76,31 @@ def test_smoke_run_n2(tmp_path):
     ours = [r for r in rows if r["impl"] == "ringcomm"]
     assert ours and all(r["sent_per_rank"] == r["expected_sent"] for r in ours)
     assert "out of bounds values : 0 OK" in res.stdout
-    assert "model all_reduce: alpha" in res.stdout
+    # auto ran recursive doubling at these sizes: the ring's alpha-beta fit has
+    # no ring rows, the alpha-beta-gamma fit of what ran is there
+    assert "all_reduce algorithms: model fitted here: alpha=" in res.stdout
+    assert "model reduce_scatter: alpha" in res.stdout
+
+
+def test_compare_algorithms_n4(tmp_path):
+    # auto beside each forced algorithm; the per-size column names what auto
+    # ran, the ledger matches that algorithm's closed form, the footer fits
+    # the alpha-beta-gamma model and compares auto with the best forced one.
+    from ringcomm import selection
+    out = tmp_path / "b.json"
+    res = run_bench("-N", "4", "-b", "8", "-e", "1M", "-f", "32", "-r", "2", "--target-ms", "5",
+                    "--impl", "ringcomm", "--compare-algorithms", "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.load(open(out))["rows"]
+    assert {r["impl"] for r in rows} == {"ringcomm", "rc-ring", "rc-rd", "rc-hd"}
+    forced = {"rc-ring": "ring", "rc-rd": "recursive_doubling", "rc-hd": "halving_doubling"}
+    costs = selection.costs_for("mpi")
+    for r in rows:
+        want = forced.get(r["impl"]) or selection.best(costs, 4, r["size"])
+        assert r["algorithm"] == want, (r["impl"], r["size"], r["algorithm"], want)
+        assert r["sent_per_rank"] == r["expected_sent"] and r["wrong"] == 0, r
+    assert "auto / best forced algorithm: at most" in res.stdout
+    assert "all_reduce algorithms: model fitted here: alpha=" in res.stdout
 
 
 def test_planted_wrong_result_is_counted_and_fails(tmp_path):

@@ -166,3 +166,20 @@ def test_cli_demo_ring(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "result on every rank: [60, 64, 68, 72, 76, 80, 84, 88]" in res.stdout
+
+
+def test_demo_algorithms_prints_steps_and_peers_from_the_engine(tmp_path):
+    import subprocess
+    import sys
+    png = tmp_path / "a.png"
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "demo", "algorithms", "-n", "4", "--count", "64",
+                          "--png", str(png)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    table = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines() if ln.strip().split()[:1]
+             and ln.split()[0] in ("ring", "recursive_doubling", "halving_doubling", "naive")}
+    # steps (trace) and the busiest rank's bytes (ledger) of one all_reduce of 512 B on 4 ranks
+    assert table["ring"][1:3] == ["6", "768"]
+    assert table["recursive_doubling"][1:3] == ["2", "1024"]
+    assert table["halving_doubling"][1:3] == ["4", "768"]
+    assert table["naive"][1:3] == ["6", "1536"]
+    assert png.stat().st_size > 1000
