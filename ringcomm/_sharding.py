@@ -37,16 +37,29 @@ def _adam_update(p: np.ndarray, m, v, g: np.ndarray, t: int, lr: float, betas, e
     p -= np.float32(lr) * (m / c1) / (np.sqrt(v / c2) + np.float32(eps))
 
 
+def _host(a) -> np.ndarray:
+    """A numpy copy of a numpy or cupy array (for the checkpoint file)."""
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def _like(template, a: np.ndarray):
+    """`a` (host) in `template`'s array family (cupy for a device array)."""
+    if isinstance(template, np.ndarray):
+        return a
+    import cupy
+    return cupy.asarray(a)
+
+
 def _save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states) -> str:
     """Write this rank's optimizer shard: `states` is one (master, m, v) per
     unit (m, v None for SGD). The format consolidate() reads."""
     arrays = {"meta": np.array([stage, comm.size, comm.rank, t, len(counts)], np.int64),
               "counts": np.array(counts, np.int64),
               "hyper": np.array(hyper, np.float64)}
-    for i, (master, m, v) in enumerate(states):
-        arrays[f"master{i}"] = master
+    for i, (master, m, v) in enumerate(states):  # device arrays (cupy) come to the host for the file
+        arrays[f"master{i}"] = _host(master)
         if m is not None:
-            arrays[f"m{i}"], arrays[f"v{i}"] = m, v
+            arrays[f"m{i}"], arrays[f"v{i}"] = _host(m), _host(v)
     path = f"{prefix}.rank{comm.rank}.npz"
     np.savez(path, **arrays)
     return path
@@ -67,7 +80,7 @@ def _load_shards(prefix: str, stage: int, comm, counts, states, what: str = "thi
             raise InvalidArgument(f"checkpoint {prefix} has units of {[int(c) for c in f['counts']]} parameters, "
                                   f"this model {counts}")
         for i, (master, m, v) in enumerate(states):
-            master[...] = f[f"master{i}"]
+            master[...] = _like(master, f[f"master{i}"])
             if m is not None:
-                m[...], v[...] = f[f"m{i}"], f[f"v{i}"]
+                m[...], v[...] = _like(m, f[f"m{i}"]), _like(v, f[f"v{i}"])
     return t

@@ -86,6 +86,16 @@ class _Unit:
     gather_work: object = None    # stage 3: a prefetch in flight
 
 
+def _array_module(comm):
+    """numpy for host communicators (the emulated device included: its
+    payload is host memory), cupy for a communicator on a GPU."""
+    dev = comm.device
+    if dev is not None and dev.startswith("cuda"):
+        import cupy
+        return cupy
+    return np
+
+
 class ZeroOptimizer:
     """Adam (or SGD) over ringcomm, with ZeRO stage 0 (DDP), 1, 2 or 3.
 
@@ -114,6 +124,10 @@ class ZeroOptimizer:
         if name not in _dtypes.FLOATING:
             raise InvalidArgument(f"parameters must be floating (float32, float16, bfloat16), got {self.dtype}")
         self.comm, self.stage, self.optimizer = comm, stage, optimizer
+        # Where the flat buffers and the optimizer state live: where the
+        # communicator's payload does (numpy on the host, cupy on a GPU).
+        self.xp = _array_module(comm)
+        xp = self.xp
         # Stages 2-3: at most this many units' full gradients exist at once
         # (being filled, or being reduce-scattered); the next grads() waits
         # for the oldest reduction first. Bounds the peak, like DeepSpeed's
@@ -130,10 +144,10 @@ class ZeroOptimizer:
             sizes = [int(p.size) for p in arrays]
             count = sum(sizes)
             lo, hi = _split(count, n, r)
-            flat = np.empty(count, self.dtype)
+            flat = xp.empty(count, self.dtype)
             off = 0
             for p, k in zip(arrays, sizes):
-                flat[off:off + k] = np.asarray(p, self.dtype).reshape(-1)
+                flat[off:off + k] = xp.asarray(p, self.dtype).reshape(-1)
                 off += k
             comm.broadcast(flat, root=0)  # every rank starts from rank 0's values
             u = _Unit([p.shape for p in arrays], sizes, count, lo, hi, None, None, None, None)
@@ -144,18 +158,18 @@ class ZeroOptimizer:
                 u.param_shard = flat[lo:hi].copy()
                 self._count("params", u.param_shard.nbytes)
             if stage < 2:
-                u.grads = np.zeros(count, self.dtype)
+                u.grads = xp.zeros(count, self.dtype)
                 self._count("grads", u.grads.nbytes)
             if stage == 1:  # reduce-scattered in place: the shard is this rank's chunk of the full buffer
                 u.grad_shard = u.grads[lo:hi]
             elif stage >= 2:
-                u.grad_shard = np.zeros(hi - lo, self.dtype)
+                u.grad_shard = xp.zeros(hi - lo, self.dtype)
                 self._count("grads", u.grad_shard.nbytes)
             own = flat if stage == 0 else flat[lo:hi]
             u.master = own.astype(np.float32)
             self._count("optimizer", u.master.nbytes)
             if optimizer == "adam":
-                u.m, u.v = np.zeros_like(u.master), np.zeros_like(u.master)
+                u.m, u.v = xp.zeros_like(u.master), xp.zeros_like(u.master)
                 self._count("optimizer", u.m.nbytes + u.v.nbytes)
             self._units.append(u)
 
@@ -198,7 +212,7 @@ class ZeroOptimizer:
         u = self._units[i]
         if self.stage < 3 or u.params is not None or u.gather_work is not None:
             return
-        u.params = np.empty(u.count, self.dtype)
+        u.params = self.xp.empty(u.count, self.dtype)
         self._count("params", u.params.nbytes)
         u.gather_work = self.comm.all_gather(u.param_shard, out=u.params, async_op=True)
 
@@ -238,7 +252,7 @@ class ZeroOptimizer:
                 while len(self._inflight) >= self.max_grads_in_flight:
                     self._settle(self._inflight[0])
                 self._inflight.append(u)
-            u.grads = np.zeros(u.count, self.dtype)
+            u.grads = self.xp.zeros(u.count, self.dtype)
             self._count("grads", u.grads.nbytes)
         return self._unflatten(u, u.grads)
 
