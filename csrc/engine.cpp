@@ -333,8 +333,8 @@ void Engine::run(const Task& t, Work& w) {
   const size_t es = dtype_size(t.dtype);
   // Pairwise algorithms on two ranks: the partner is both neighbours, and the
   // first message goes to it at once, so the header rides inside it.
-  const bool inline_header = size() == 2 && (Algo(t.algo) == Algo::recursive_doubling ||
-                                             Algo(t.algo) == Algo::halving_doubling);
+  const bool inline_header = size() == 2 && t.count > 0 &&
+                             (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
   link_.begin(fp, inline_header);
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
   switch (t.coll) {

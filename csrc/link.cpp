@@ -146,6 +146,9 @@ void Link::handle_control(const ControlMsg& m, int side) {
   ledger_.received(Coll(m.fp.coll), from, true, sizeof(ControlMsg));
   if (m.type == kHeader) {
     left_seq_ = m.fp.seq;
+    // We expected this call's header inside the left neighbour's first
+    // payload message, but it came on its own: the left runs another call.
+    if (header_inline_ && side == 0 && m.fp.seq == fp_.seq) check_call(m.fp, from);
     early_headers_.push_back(m);
     return;
   }
@@ -182,6 +185,7 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
   fp_ = fp;
   fp_.rank = rank_;
   coll_ = Coll(fp.coll);
+  header_inline_ = header_inline;
   // Normally empty (drain() or fail() emptied it); a request left by a
   // collective that ended some other way must still not be freed under MPI.
   for (auto& r : live_)
@@ -200,7 +204,6 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
   const auto now = Clock::now();
   if (now - last_end_ > std::chrono::milliseconds(1)) poll_control();
 
-  header_inline_ = header_inline;
   if (header_inline) return;  // checked by first_from(left()) / sent by first_to(right())
   ControlMsg mine;
   mine.type = kHeader;

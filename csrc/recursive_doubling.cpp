@@ -32,6 +32,7 @@ void recursive_doubling_all_reduce(Link& link, const RingPlan& plan, const Reduc
   if (f.p == 1 || count == 0) {  // one rank (or nothing to add): a copy
     link.copy(out, in, total);
     red.finalize(out, count, link.size());
+    link.drain();  // still checks the left neighbour's header: a rank with another count must hear of it
     return;
   }
   if (rank < 2 * f.rem) {  // fold

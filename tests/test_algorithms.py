@@ -184,3 +184,16 @@ def test_ringcomm_info_prints_the_crossover_table():
         rd, hd = selection.auto_limits(costs, n)
         line = next(ln for ln in res.stdout.splitlines() if ln.split()[:1] == [str(n)])
         assert line.split()[1:3] == [str(rd), str(hd)], line
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("algorithm", ["auto"] + PAIRWISE)
+def test_a_zero_count_against_a_nonzero_one_fails_on_every_rank(n, algorithm):
+    # The rank with nothing to send still checks its neighbour's call (on two
+    # ranks the others' header rides in a payload message it never receives).
+    def body(comm):
+        t0 = time.monotonic()
+        with pytest.raises(MismatchError, match="count=0.*count=5|count=5.*count=0"):
+            comm.all_reduce(np.ones(0 if comm.rank == 0 else 5, np.float32), algorithm=algorithm)
+        return time.monotonic() - t0
+    assert max(ringcomm.run_local(n, body, timeout=20)) < 10

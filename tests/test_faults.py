@@ -329,9 +329,9 @@ def test_flight_record_shows_a_running_collective():
     def fn(comm):
         if comm.rank == 1:
             time.sleep(0.6)
-            comm.all_reduce(np.ones(10))
+            comm.all_reduce(np.ones(10), algorithm="ring")
             return None
-        w = comm.all_reduce(np.ones(10), async_op=True)
+        w = comm.all_reduce(np.ones(10), async_op=True, algorithm="ring")  # the ring waits for the header first
         time.sleep(0.3)
         running = comm.flight_record()[-1]
         w.wait()
