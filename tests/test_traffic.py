@@ -50,13 +50,21 @@ def test_expected_rejects_bad_arguments():
 
 def test_snapshot_api():
     def body(comm):
-        comm.all_reduce(np.arange(8, dtype=np.float32))
+        comm.all_reduce(np.arange(8, dtype=np.float32), algorithm="ring")
         t = comm.traffic()
         d = t.to_dict()
         assert t.bytes_sent("all_reduce") == traffic.expected("all_reduce", 8, "float32", 2, comm.rank).bytes_sent
+        # the ring's header: one control message of its own
         assert t.bytes_sent("all_reduce", kind="control") > 0 and t.msgs_sent("all_reduce", kind="control") == 1
         assert set(d) == {"all_reduce"} and "payload" in d["all_reduce"][1 - comm.rank]
         assert "all_reduce" in str(t)
+        comm.reset_traffic()
+        # recursive doubling on two ranks: the header rides in the one payload
+        # message (control bytes, no control message)
+        comm.all_reduce(np.arange(8, dtype=np.float32), algorithm="recursive_doubling")
+        t = comm.traffic()
+        assert t.msgs_sent("all_reduce") == 1 and t.bytes_sent("all_reduce") == 32
+        assert t.msgs_sent("all_reduce", kind="control") == 0 and t.bytes_sent("all_reduce", kind="control") == 48
         comm.reset_traffic()
         return comm.traffic().bytes_sent(kind="all")
     assert ringcomm.run_local(2, body) == [0, 0]
