@@ -122,15 +122,18 @@ void halving_doubling_all_reduce(Link& link, const RingPlan& plan, const Reducer
     char* own = out + B.begin(v) * es;
     halving(link, f, v, red, B, src, out, own, unit);
     red.finalize(own, B.elems(v, v + 1), link.size());
+    link.drain();  // halving sends read parts of `out` that the doubling receives into
     doubling(link, f, v, B, out, unit);
   }
   if (rank < 2 * f.rem) {  // unfold
     link.trace_start(Phase::unfold, 0, v < 0 ? -1 : rank - 1, -1, v < 0 ? 0 : count * es, v < 0 ? rank + 1 : -1, -1,
                      v < 0 ? count * es : 0);
-    if (v < 0)
+    if (v < 0) {
+      link.drain();  // our fold send read `in`, which may be `out`
       recv_all(link, rank + 1, out, count, es, 0, unit);
-    else
+    } else {
       send_all(link, rank - 1, out, count, es, unit);
+    }
     link.trace_finish(v < 0 ? out : nullptr, v < 0 ? count * es : 0);
   }
   link.drain();

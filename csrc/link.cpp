@@ -188,8 +188,15 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
   header_inline_ = header_inline;
   // Normally empty (drain() or fail() emptied it); a request left by a
   // collective that ended some other way must still not be freed under MPI.
+  bool kept = false;
   for (auto& r : live_)
-    if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), true);
+    if (r && !r->done && !t_->cancel(*r)) {
+      quarantine(std::move(r), true);
+      kept = true;
+    }
+  // The quarantined requests keep the old memory; this call must not reuse
+  // (or resize) any of it.
+  if (kept) mem_ = std::make_shared<Memory>();
   live_.clear();
   told_.clear();
   heard_.clear();
@@ -297,8 +304,9 @@ Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
       ledger_.sent(coll_, peer, true, kFpBytes, 0);  // same message: bytes only
       return live_.back().get();
     }
-    mem_->fp_out = fp_;
-    live_.push_back(t_->isend(peer, Channel::data, &mem_->fp_out, kFpBytes));
+    char* f = stage(kFpBytes);  // one slot per message: a send may still read an earlier one
+    std::memcpy(f, &fp_, kFpBytes);
+    live_.push_back(t_->isend(peer, Channel::data, f, kFpBytes));
     live_.back()->counted = true;  // control bytes: not payload progress
     ledger_.sent(coll_, peer, true, kFpBytes);
   }
@@ -348,10 +356,31 @@ void Link::run_check(Request* r) {
     if (c.fp_req) wait(c.fp_req, "its call's fingerprint");  // sent just before, so already here
     Fingerprint theirs;
     std::memcpy(&theirs, c.staged, kFpBytes);
+    if (!plausible(theirs, r->peer))  // not a fingerprint at all: the peer sent plain payload
+      throw_foreign(*r);
     check_call(theirs, r->peer);
     if (!c.fp_req) std::memcpy(c.dst, c.staged + kFpBytes, c.bytes);
     return;
   }
+}
+
+bool Link::plausible(const Fingerprint& f, int peer) const {
+  return f.rank == peer && f.coll >= 0 && f.coll < int32_t(Coll::kCount) && f.dtype >= 0 &&
+         f.dtype < int32_t(DType::kCount) && f.algo >= 0 && f.algo < int32_t(Algo::kCount) && f.count >= 0;
+}
+
+[[noreturn]] void Link::throw_foreign(const Request& r) {
+  ControlMsg notice;
+  notice.type = kAbort;
+  notice.fp = fp_;
+  notice.origin = rank_;
+  notice.kind = int32_t(ErrKind::mismatch);
+  notice.peer = r.peer;
+  received_abort_ = std::make_unique<ControlMsg>(notice);
+  throw RingError(ErrKind::mismatch, rank_, r.peer, fp_.seq,
+                  "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " + describe(fp_) +
+                      " got a message from rank " + std::to_string(r.peer) +
+                      " that does not belong to this call (it runs another count or algorithm)");
 }
 
 [[noreturn]] void Link::throw_size_mismatch(const Request& r, const RingError& e) {
@@ -365,7 +394,7 @@ void Link::run_check(Request* r) {
     if (c.fp_req && c.fp_req != &r && !c.fp_req->done && !t_->test(*c.fp_req)) continue;
     Fingerprint theirs;
     std::memcpy(&theirs, c.staged, kFpBytes);
-    if (theirs.seq == fp_.seq && theirs.rank == r.peer && !same_call(fp_, theirs)) check_call(theirs, r.peer);
+    if (theirs.seq == fp_.seq && plausible(theirs, r.peer) && !same_call(fp_, theirs)) check_call(theirs, r.peer);
   }
   // A left neighbour that sent its header on its own (another algorithm):
   // it was sent first, so it is usually here by now.

@@ -188,6 +188,8 @@ class Link {
   };
   void run_check(Request* r);
   [[noreturn]] void throw_size_mismatch(const Request& r, const RingError& e);
+  bool plausible(const Fingerprint& f, int peer) const;  // could these bytes be peer's fingerprint?
+  [[noreturn]] void throw_foreign(const Request& r);
 
   std::shared_ptr<Transport> t_;
   std::shared_ptr<Device> device_;  // t_->device(): null for host memory
@@ -225,7 +227,6 @@ class Link {
   // quarantined request can keep it alive after the Link is gone.
   struct Memory {
     std::vector<char> scratch[2];
-    Fingerprint fp_out;
     std::deque<Fingerprint> fp_in;        // separate fingerprint messages received this call
     std::vector<std::vector<char>> stage;  // piggybacked messages, in and out
   };

@@ -67,7 +67,13 @@ void recv_reduce(Link& link, const Reducer& red, int peer, const char* a, char* 
   for (int k = 0; k < c.K; ++k) {
     link.wait(r[k], "its part of a pairwise step", step, k);
     if (sent) link.wait((*sent)[k], "a pairwise step's segment", step, k);  // dst's segment k is about to change
-    red.reduce(dst + c.off(k), a + c.off(k), slot(k), c.len(k));
+    // The lower rank's values first, on both partners: x op y and y op x
+    // differ in bits for max/min with NaN or signed zeros (and NaN payloads),
+    // and both partners must end with the same bits.
+    if (peer < link.rank())
+      red.reduce(dst + c.off(k), slot(k), a + c.off(k), c.len(k));
+    else
+      red.reduce(dst + c.off(k), a + c.off(k), slot(k), c.len(k));
     if (k + window < c.K) r[k + window] = link.recv(peer, slot(k + window), c.len(k + window) * es, unit + k + window);
   }
   unit += c.K;

@@ -50,7 +50,8 @@ void send_all(Link& link, int peer, const char* src, size_t count, size_t es, in
 // Receive `count` elements from `peer` into `dst`, and wait for them.
 void recv_all(Link& link, int peer, char* dst, size_t count, size_t es, int step, int& unit);
 // Receive `count` elements from `peer` (into scratch slots, a segment at a
-// time) and store dst = a op theirs as they arrive. If `sent` is given, its
+// time) and store dst = a op theirs as they arrive (operands in rank order:
+// the lower rank's first, so two partners compute the same bits). If `sent` is given, its
 // segment k is waited for before dst's segment k is written (dst may then
 // be the buffer those sends read: an in-place exchange).
 class Reqs;

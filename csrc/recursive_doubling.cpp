@@ -11,8 +11,10 @@
 //   r2:  c   <-> r3:  c+d        <-> r0:  (c+d)+(a+b)
 //   r3:  d   <-> r2:  c+d        <-> r1:  (c+d)+(a+b)
 //
-// Every rank ends with the same bits: both partners add the same two values
-// (x+y == y+x in IEEE arithmetic), so the grouping is the same everywhere.
+// Every rank ends with the same bits: both partners combine the same two
+// values in the same order (the lower rank's first: max(1, NaN) and
+// max(NaN, 1) differ, as do NaN payloads of a sum), so every step is the same
+// computation on both sides.
 // Each rank sends log2(p) whole buffers, against 2(n-1)/n for the ring, but
 // waits for only log2(p) messages instead of 2(n-1): the choice for small
 // buffers. A number of ranks that is not a power of two is folded first
@@ -58,10 +60,12 @@ void recursive_doubling_all_reduce(Link& link, const RingPlan& plan, const Reduc
   if (rank < 2 * f.rem) {  // unfold: the result goes back to the rank that sat out
     link.trace_start(Phase::unfold, 0, v < 0 ? -1 : rank - 1, -1, v < 0 ? 0 : total, v < 0 ? rank + 1 : -1, -1,
                      v < 0 ? total : 0);
-    if (v < 0)
+    if (v < 0) {
+      link.drain();  // our fold send read `in`, which may be `out`
       recv_all(link, rank + 1, out, count, es, 0, unit);
-    else
+    } else {
       send_all(link, rank - 1, out, count, es, unit);
+    }
     link.trace_finish(v < 0 ? out : nullptr, v < 0 ? total : 0);
   }
   link.drain();

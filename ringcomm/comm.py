@@ -324,8 +324,10 @@ class Communicator:
             # numpy arrays on a host communicator: checked and run natively
             # (False: something to explain or another kind of array; go on).
             y = x if out is None else out
+            opc = _dtypes.OPS.get(op, -1) if isinstance(op, str) else -1
+            algo = _ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
             try:
-                if self._engine.run_numpy(x, y, _dtypes.OPS.get(op, -1), _ALGORITHMS.get(algorithm, -2)):
+                if self._engine.run_numpy(x, y, opc, algo):
                     return y
             except BaseException as exc:  # the collective failed: as in _submit
                 self._failed(exc, (x, out))
@@ -516,7 +518,7 @@ class Communicator:
             raise
 
     def _op(self, op: str, xb: Buf) -> int:
-        if op not in _dtypes.OPS:
+        if not isinstance(op, str) or op not in _dtypes.OPS:
             raise InvalidArgument(f"unknown op {op!r}; expected one of {', '.join(_dtypes.OPS)}")
         if op == "avg" and xb.dtype not in _dtypes.FLOATING:
             raise InvalidArgument(f"op 'avg' needs a floating dtype, got {xb.dtype} "

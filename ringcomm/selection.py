@@ -210,9 +210,12 @@ def costs_for(label: str) -> Costs:
     try:
         with open(tune_path()) as f:
             doc = json.load(f)
-        return Costs(**{k: float(doc[key][k]) for k in ("alpha", "beta", "gamma")})
+        vals = {k: float(doc[key][k]) for k in ("alpha", "beta", "gamma")}
     except (OSError, KeyError, ValueError, TypeError):
         return DEFAULTS[key]
+    if not all(math.isfinite(v) and v >= 0 for v in vals.values()):
+        return DEFAULTS[key]  # a damaged or hand-edited file: not a model to choose by
+    return Costs(**vals)
 
 
 def save(key: str, costs: Costs, extra: dict | None = None) -> str:

@@ -197,3 +197,34 @@ def test_a_zero_count_against_a_nonzero_one_fails_on_every_rank(n, algorithm):
             comm.all_reduce(np.ones(0 if comm.rank == 0 else 5, np.float32), algorithm=algorithm)
         return time.monotonic() - t0
     assert max(ringcomm.run_local(n, body, timeout=20)) < 10
+
+
+@pytest.mark.parametrize("n", [2, 4, 5])
+def test_every_rank_gets_the_same_bits_with_nan_and_signed_zeros(n):
+    # max(1, NaN) and max(NaN, 1) differ, as do min(+0, -0) and min(-0, +0),
+    # and a sum of two NaNs keeps one operand's payload: partners must combine
+    # in the same order (found by review: recursive doubling once did not).
+    def body(comm, algorithm, op):
+        r = comm.rank
+        nan = np.frombuffer(np.uint32(0x7FC00000 + r + 1).tobytes(), np.float32)[0]  # a NaN per rank
+        x = np.array([nan if r == n - 1 else 1.0, 0.0 if r % 2 else -0.0, nan, float(r)], np.float32)
+        comm.all_reduce(x, op, algorithm=algorithm)
+        return x.view(np.uint32).copy()
+    for algorithm in ("ring", "recursive_doubling", "halving_doubling", "naive"):
+        for op in ("max", "min", "sum"):
+            outs = ringcomm.run_local(n, body, algorithm, op)
+            for r in range(1, n):
+                bad = np.flatnonzero(outs[r] != outs[0])
+                assert not bad.size, f"{algorithm} {op} n={n}: rank {r} differs from rank 0 at index {bad[0]}: " \
+                                     f"{outs[r][bad[0]]:#x} vs {outs[0][bad[0]]:#x}"
+
+
+def test_fast_path_and_python_path_raise_the_same_errors():
+    def body(comm):
+        errs = []
+        for kw in ({"algorithm": ["ring"]}, {"algorithm": "tree"}, {"op": ["sum"]}, {"op": "mean"}):
+            with pytest.raises(InvalidArgument):
+                comm.all_reduce(np.ones(4, np.float32), **kw)
+            errs.append(comm.aborted)
+        return errs
+    assert ringcomm.run_local(2, body) == [[False] * 4] * 2

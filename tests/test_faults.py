@@ -284,12 +284,12 @@ def test_soak_in_process():
 
 # ---------------------------------------------------------------- in-process failures
 def test_in_process_timeout_names_what_the_peer_is_doing():
-    def fn(comm):
-        comm.all_reduce(np.ones(10))
+    def fn(comm):  # the ring: rank 0 waits for rank 2, its left neighbour
+        comm.all_reduce(np.ones(10), algorithm="ring")
         if comm.rank == 2:
             time.sleep(1.0)
             return None
-        comm.all_reduce(np.ones(10))
+        comm.all_reduce(np.ones(10), algorithm="ring")
     with pytest.raises(CollectiveTimeout) as info:
         ringcomm.run_local(3, fn, timeout=0.3)
     msg = str(info.value)

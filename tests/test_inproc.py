@@ -206,7 +206,8 @@ def test_rank_that_never_joins_makes_the_others_time_out():
             return None
         t0 = time.monotonic()
         try:
-            comm.all_reduce(np.arange(1000, dtype=np.float32))
+            # the ring: rank 0 waits for rank 2, its left neighbour, and times out
+            comm.all_reduce(np.arange(1000, dtype=np.float32), algorithm="ring")
         except (CollectiveTimeout, CommunicatorAborted) as exc:
             return exc, time.monotonic() - t0
         return "completed", 0
