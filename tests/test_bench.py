@@ -138,3 +138,15 @@ def test_device_choice_selects_the_implementations():
     else:  # no GPU stack: a clear refusal, not a traceback
         with pytest.raises(SystemExit, match="--device cuda"):
             benchmark.parse(["--device", "cuda"])
+
+
+def test_mpi_baselines_skip_what_mpi_cannot_run():
+    # Allgather needs equal chunks: a count not divisible by N is not run
+    # (it once crashed mpi-ring's launch with mpi4py's "cannot infer count").
+    from ringcomm.benchmark.impls import Case, MpiImpl, MpiRingImpl
+    for cls in (MpiImpl, MpiRingImpl):
+        impl = object.__new__(cls)  # supports() needs no MPI
+        assert not impl.supports(Case("all_gather", 5, "float32", "sum", False, 2, 0))
+        assert impl.supports(Case("all_gather", 6, "float32", "sum", False, 2, 0))
+        assert impl.supports(Case("all_reduce", 5, "float32", "sum", False, 2, 0))
+    assert MpiRingImpl.supports(object.__new__(MpiRingImpl), Case("reduce_scatter", 5, "float32", "sum", False, 2, 0))

@@ -159,7 +159,9 @@ class MpiRingImpl(MpiImpl):
     name = "mpi-ring"
 
     def supports(self, c: Case) -> bool:
-        return c.dtype not in ("float16", "bfloat16") and c.op != "avg"
+        # Allgather takes equal chunks only (reduce-scatter has per-rank counts here)
+        return (c.dtype not in ("float16", "bfloat16") and c.op != "avg"
+                and (c.collective != "all_gather" or c.count % c.n == 0))
 
     def run(self, c: Case) -> None:
         if c.collective != "reduce_scatter":
