@@ -274,8 +274,12 @@ void Engine::execute(const Task& t, Work& w) {
     }
   }
   if (!t.abort) {
-    std::string text = err ? std::string(err->what()) : std::string();
-    recorder_.ended(w.seq(), link_.progress(), err ? &text : nullptr);
+    if (err) {
+      const std::string text = err->what();
+      recorder_.ended(w.seq(), link_.progress(), &text);
+    } else {
+      recorder_.ended(w.seq(), link_.progress(), nullptr);
+    }
   }
   if (err) {
     if (auto h = link_.hold()) {  // requests that outlived it may still use the caller's arrays

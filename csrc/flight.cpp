@@ -85,7 +85,18 @@ void FlightRecorder::ended(uint64_t seq, const Progress& p, const std::string* e
   const int64_t now = wall_ns();
   std::lock_guard<std::mutex> g(m_);
   if (FlightRecord* r = find(seq)) {
-    if (r->state == FlightState::running) fill(*r, p);  // where it ended (or stopped)
+    if (r->state == FlightState::running) {
+      if (error) {
+        fill(*r, p);  // where it stopped, and what it waited for
+      } else {  // done: only the totals (no wait to describe: no strings, no clocks)
+        r->phase = p.phase.load(std::memory_order_relaxed);
+        r->step = p.step.load(std::memory_order_relaxed);
+        r->segment = p.segment.load(std::memory_order_relaxed);
+        r->peer = p.peer.load(std::memory_order_relaxed);
+        r->bytes_sent = p.bytes_sent.load(std::memory_order_relaxed);
+        r->bytes_received = p.bytes_received.load(std::memory_order_relaxed);
+      }
+    }
     if (!error) r->waiting = 0;
     r->state = error ? FlightState::failed : FlightState::done;
     r->t_end_ns = now;

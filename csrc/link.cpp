@@ -437,11 +437,29 @@ int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::ti
 
 void Link::wait(Request* r, const char* what, int step, int segment) {
   if (!r) return;
-  if (r->done) {
-    counted(*r);
-    if (!checks_.empty()) run_check(r);
-    return;
+  if (!r->done && !quick_wait(r)) slow_wait(r, what, step, segment);
+  counted(*r);
+  if (!checks_.empty()) run_check(r);
+}
+
+// The small-message case: the request completes within the transport's
+// first polls. No clock, no progress stores; false (nothing done but
+// control messages handled) when it did not.
+bool Link::quick_wait(Request* r) {
+  Request* reqs[3] = {r, ctrl_req_[0].get(), ctrl_req_[1].get()};
+  int i;
+  try {
+    i = t_->wait_any(reqs, 3, Clock::time_point::min());
+  } catch (const RingError& e) {
+    if (e.kind == ErrKind::transport && !r->is_send && r->done) throw_size_mismatch(*r, e);
+    throw;
   }
+  if (i == 0) return true;
+  if (i == 1 || i == 2) take_control(i - 1);  // a header of a later call, or an ABORT (throws)
+  return false;  // -1 (not yet) or kInterrupted: the full wait sees to it
+}
+
+void Link::slow_wait(Request* r, const char* what, int step, int segment) {
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
   auto now = Clock::now();
   progress_.step.store(step, std::memory_order_relaxed);
@@ -467,8 +485,6 @@ void Link::wait(Request* r, const char* what, int step, int segment) {
     take_control(i - 1);  // a neighbour said something: header of a later call, or ABORT
   }
   progress_.waiting.store(0, std::memory_order_relaxed);
-  counted(*r);
-  if (!checks_.empty()) run_check(r);
 }
 
 std::string Link::peer_note(int peer) {

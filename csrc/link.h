@@ -166,6 +166,8 @@ class Link {
   // Block on reqs until one is done or `deadline`, in slices that poll the
   // interrupt check. Returns wait_any's answer.
   int wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::time_point deadline);
+  bool quick_wait(Request* r);  // wait()'s first polls, without the clock
+  void slow_wait(Request* r, const char* what, int step, int segment);
   void counted(const Request& r);  // a payload request completed: progress
   void quarantine(RequestPtr r, bool payload);
   std::string peer_note(int peer);
