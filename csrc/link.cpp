@@ -254,15 +254,20 @@ void Link::poll_control() {
 
 void Link::check_call(const Fingerprint& theirs, int peer) {
   if (same_call(fp_, theirs)) return;
+  throw_mismatch(peer, &theirs, mismatch_text(fp_, theirs));
+}
+
+// The ABORT notice fail() forwards (with the other call when known), then the error.
+[[noreturn]] void Link::throw_mismatch(int peer, const Fingerprint* theirs, const std::string& text) {
   ControlMsg notice;
   notice.type = kAbort;
   notice.fp = fp_;
-  notice.other = theirs;
+  if (theirs) notice.other = *theirs;
   notice.origin = rank_;
   notice.kind = int32_t(ErrKind::mismatch);
   notice.peer = peer;
-  received_abort_ = std::make_unique<ControlMsg>(notice);  // fail() forwards it
-  throw RingError(ErrKind::mismatch, rank_, peer, fp_.seq, mismatch_text(fp_, theirs));
+  received_abort_ = std::make_unique<ControlMsg>(notice);
+  throw RingError(ErrKind::mismatch, rank_, peer, fp_.seq, text);
 }
 
 bool Link::first_to(int peer) {
@@ -370,14 +375,7 @@ bool Link::plausible(const Fingerprint& f, int peer) const {
 }
 
 [[noreturn]] void Link::throw_foreign(const Request& r) {
-  ControlMsg notice;
-  notice.type = kAbort;
-  notice.fp = fp_;
-  notice.origin = rank_;
-  notice.kind = int32_t(ErrKind::mismatch);
-  notice.peer = r.peer;
-  received_abort_ = std::make_unique<ControlMsg>(notice);
-  throw RingError(ErrKind::mismatch, rank_, r.peer, fp_.seq,
+  throw_mismatch(r.peer, nullptr,
                   "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " + describe(fp_) +
                       " got a message from rank " + std::to_string(r.peer) +
                       " that does not belong to this call (it runs another count or algorithm)");
@@ -403,14 +401,7 @@ bool Link::plausible(const Fingerprint& f, int peer) const {
     for (const ControlMsg& h : early_headers_)
       if (h.fp.seq == fp_.seq) check_call(h.fp, r.peer);
   }
-  ControlMsg notice;
-  notice.type = kAbort;
-  notice.fp = fp_;
-  notice.origin = rank_;
-  notice.kind = int32_t(ErrKind::mismatch);
-  notice.peer = r.peer;
-  received_abort_ = std::make_unique<ControlMsg>(notice);
-  throw RingError(ErrKind::mismatch, rank_, r.peer, fp_.seq,
+  throw_mismatch(r.peer, nullptr,
                   "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " + describe(fp_) +
                       " got a message of another size from rank " + std::to_string(r.peer) + " (" + e.what() +
                       "): every rank must issue the same collectives with the same count, dtype and algorithm");

@@ -192,6 +192,7 @@ class Link {
   [[noreturn]] void throw_size_mismatch(const Request& r, const RingError& e);
   bool plausible(const Fingerprint& f, int peer) const;  // could these bytes be peer's fingerprint?
   [[noreturn]] void throw_foreign(const Request& r);
+  [[noreturn]] void throw_mismatch(int peer, const Fingerprint* theirs, const std::string& text);
 
   std::shared_ptr<Transport> t_;
   std::shared_ptr<Device> device_;  // t_->device(): null for host memory

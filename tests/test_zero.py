@@ -19,6 +19,18 @@ def init_units(dtype, seed=0):
     return [ps[0:2], ps[2:4], ps[4:6]]
 
 
+def exact_memory(stage, counts, n, r, param_bytes=2):
+    """Bytes rank r must hold per kind: the articles' table with this rank's
+    exact share under the split rule (units of `counts` parameters each)."""
+    psi = sum(counts)
+    mine = sum(c // n + (1 if r < c % n else 0) for c in counts)
+    p, k = param_bytes, 12
+    return {0: {"params": p * psi, "grads": p * psi, "optimizer": k * psi},
+            1: {"params": p * psi, "grads": p * psi, "optimizer": k * mine},
+            2: {"params": p * psi, "grads": p * mine, "optimizer": k * mine},
+            3: {"params": p * mine, "grads": p * mine, "optimizer": k * mine}}[stage]
+
+
 def batch(rank, step):
     rng = np.random.default_rng(1000 * step + rank)
     return rng.standard_normal((8, 13)).astype(np.float32), rng.standard_normal((8, 5)).astype(np.float32)
@@ -88,11 +100,7 @@ def test_memory_and_traffic_match_the_formulas(n, stage):
 
     res = ringcomm.run_local(n, body)
     for r, (steady, sent, after) in enumerate(res):
-        mine = sum(c // n + (1 if r < c % n else 0) for c in counts)  # this rank's elements under the split rule
-        want = {0: {"params": 2 * psi, "grads": 2 * psi, "optimizer": 12 * psi},
-                1: {"params": 2 * psi, "grads": 2 * psi, "optimizer": 12 * mine},
-                2: {"params": 2 * psi, "grads": 2 * mine, "optimizer": 12 * mine},
-                3: {"params": 2 * mine, "grads": 2 * mine, "optimizer": 12 * mine}}[stage]
+        want = exact_memory(stage, counts, n, r)
         for k, v in want.items():
             assert steady[k] == v, f"rank {r} stage {stage} {k}: {steady[k]} B held, formula {v}"
         assert after["params"] == steady["params"] and after["grads"] == steady["grads"]

@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 import ringcomm  # noqa: E402
 from ringcomm import traffic  # noqa: E402
 from ringcomm.zero import TorchZero, consolidate, expected_memory, expected_traffic  # noqa: E402
+from test_zero import exact_memory  # noqa: E402  (tests/ is on the path, as for suite)
 
 WIDTHS = [13, 17, 11, 7, 5]  # 4 Linear layers (238, 198, 84 and 40 parameters: the split rule at work)
 LR = 1e-2
@@ -217,11 +218,7 @@ def test_traffic_and_memory_per_step_match_the_formulas(n, stage):
             exact = per_coll.get(coll, 0) * sum(traffic.expected(coll, c, "bfloat16", n, r).bytes_sent
                                                 for c in counts)
             assert sent[coll] == exact, f"rank {r} stage {stage} {coll}: sent {sent[coll]} B, expected {exact} B"
-        mine = sum(c // n + (1 if r < c % n else 0) for c in counts)
-        want = {0: {"params": 2 * psi, "grads": 2 * psi, "optimizer": 12 * psi},
-                1: {"params": 2 * psi, "grads": 2 * psi, "optimizer": 12 * mine},
-                2: {"params": 2 * psi, "grads": 2 * mine, "optimizer": 12 * mine},
-                3: {"params": 2 * mine, "grads": 2 * mine, "optimizer": 12 * mine}}[stage]
+        want = exact_memory(stage, counts, n, r)
         for k, v in want.items():
             assert steady[k] == v, f"rank {r} stage {stage} {k}: {steady[k]} B held, formula {v}"
     # the articles' formulas (Psi divisible by N assumed): the mean over ranks matches
