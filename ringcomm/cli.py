@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "info":
         from . import selection
         d = info()
-        costs = selection.costs_for(args.transport)
-        table = selection.crossover_table(costs)
+        costs = selection.costs_for(args.transport)  # shared constants: any n
+        table = selection.crossover_table(lambda n: selection.costs_for(args.transport, n))
         if args.json:
             d["cost_model"] = {"transport": args.transport, **vars(costs), "crossovers": table}
             print(json.dumps(d, indent=2))
@@ -61,10 +61,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nall_reduce algorithm='auto' ({args.transport}; {costs}; "
                   f"{'tuned: ' + selection.tune_path() if tuned else 'built-in defaults: run ringcomm tune'})")
             print("crossover: recursive doubling up to the first size (bytes), halving-doubling up to the "
-                  "second, the ring above")
+                  "second, the ring above (* from the times ringcomm tune measured on that many ranks)")
             print(f"{'n':>3} {'rd_max':>10} {'hd_max':>10}")
             for row in table:
-                print(f"{row['n']:>3} {row['recursive_doubling_max']:>10} {row['halving_doubling_max']:>10}")
+                print(f"{row['n']:>3} {row['recursive_doubling_max']:>10} {row['halving_doubling_max']:>10}"
+                      + (" *" if row["measured_here"] else ""))
         return 0
     if args.cmd == "analyze":
         from . import flight

@@ -236,7 +236,7 @@ class Communicator:
         self._fast_numpy = self._device is None and not settings.debug
 
     def set_costs(self, costs) -> None:
-        """Use `costs` (a ``costmodel.Costs``) for ``algorithm="auto"``.
+        """Use `costs` (a ``selection.Costs`` or ``selection.Fitted``) for ``algorithm="auto"``.
 
         Every rank must pass the same constants (init() and run_local() see to
         it), so that all choose alike; a rank that chose differently would
@@ -687,7 +687,7 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     c = Communicator(engine, s, label)
     from . import selection
     # Rank 0's constants for everyone: all ranks must make the same choices.
-    c.set_costs(comm.bcast(selection.costs_for(label) if comm.Get_rank() == 0 else None, root=0))
+    c.set_costs(comm.bcast(selection.costs_for(label, comm.Get_size()) if comm.Get_rank() == 0 else None, root=0))
     c._index = next(_mpi_index)
     _mpi_comms.add(c)
     return c
@@ -749,7 +749,7 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
     comms = [Communicator(e, s, label) for e in engines]
     index = next(_local_index)
     from . import selection
-    costs = selection.costs_for("inproc" if device is None else label)
+    costs = selection.costs_for("inproc" if device is None else label, n)
     for c in comms:
         c.set_costs(costs)
         c._index = index

@@ -52,7 +52,7 @@ def measure(n: int, count: int, reps: int = 20) -> dict:
 
 def print_algorithms(n: int, count: int, out=sys.stdout, reps: int = 20) -> dict:
     nbytes = count * 8
-    costs = selection.costs_for("inproc")
+    costs = selection.costs_for("inproc", n)
     res = measure(n, count, reps)
     print(f"one all_reduce of {count} int64 ({nbytes} B) on {n} in-process ranks, four ways "
           f"(ledger == traffic.expected checked for every rank)\n", file=out)

@@ -29,6 +29,15 @@ halving-doubling must beat the ring by MARGIN to displace it.
 compares each call against (csrc/engine.h set_auto_limits). Every rank must
 be given the same constants: ``init()`` broadcasts rank 0's.
 
+The lines leave out what makes a step's cost depend on its message size:
+MPI libraries switch protocol with it (Open MPI's shared memory sends up to
+4 KiB eagerly and larger messages after a handshake), and a busy core
+schedules ranks its own way. So where ``ringcomm tune`` measured every
+algorithm on as many ranks as the communicator has, auto follows those
+measurements instead (``Measured``: each algorithm's time interpolated
+between the sizes measured; the fastest runs, with no margin; beyond the
+largest size measured, the ring). Other world sizes use the lines.
+
 Constants come from ``ringcomm tune`` (written to
 ``$XDG_CACHE_HOME/ringcomm/tune.json``, else ``~/.cache/ringcomm/tune.json``),
 else from the defaults below (measured on the development machine: 2 cores,
@@ -45,7 +54,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["Costs", "ALGORITHMS", "terms", "predict", "best", "auto_limits", "crossover_table", "fit",
+__all__ = ["Costs", "Measured", "ALGORITHMS", "terms", "predict", "best", "auto_limits", "crossover_table", "fit",
            "costs_for", "tune_path", "save", "DEFAULTS", "MARGIN"]
 
 ALGORITHMS = ("ring", "recursive_doubling", "halving_doubling", "naive")
@@ -62,6 +71,56 @@ class Costs:
         bw = "beta=0" if self.beta == 0 else f"beta=1/({1e-9 / self.beta:.2f} GB/s)"
         rw = "gamma=0" if self.gamma == 0 else f"gamma=1/({1e-9 / self.gamma:.2f} GB/s)"
         return f"alpha={self.alpha * 1e6:.2f} us, {bw} sent, {rw} reduced"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Each algorithm's time, measured on `n` ranks at a few sizes
+    (``ringcomm tune``): ``times`` is ((algorithm, ((bytes, seconds), ...)), ...),
+    sizes ascending. Between two sizes the time is interpolated on log-log
+    axes; below the smallest it is the smallest's; above the largest it
+    grows linearly (the last two sizes' slope)."""
+    n: int
+    times: tuple
+
+    @classmethod
+    def from_rows(cls, rows, n: int) -> "Measured":
+        """From tune's rows {"algorithm", "n", "bytes", "seconds"}; ValueError
+        unless the ring, recursive doubling and halving-doubling were each
+        measured at the same two or more sizes on `n` ranks."""
+        table = {}
+        for r in rows:
+            if int(r["n"]) == n and r["algorithm"] in ALGORITHMS:
+                t = float(r["seconds"])
+                if not (math.isfinite(t) and t > 0 and int(r["bytes"]) > 0):
+                    raise ValueError(f"bad measurement {r}")
+                table.setdefault(r["algorithm"], {})[int(r["bytes"])] = t
+        sizes = {a: sorted(table.get(a, {})) for a in AUTO_CANDIDATES}
+        if len(sizes["ring"]) < 2 or any(v != sizes["ring"] for v in sizes.values()):
+            raise ValueError(f"need ring, recursive_doubling and halving_doubling at the same sizes on {n} ranks")
+        return cls(int(n), tuple((a, tuple(sorted(d.items()))) for a, d in sorted(table.items())))
+
+    def sizes(self) -> list[int]:
+        return [b for b, _ in self.curve("ring")]
+
+    def curve(self, algorithm: str) -> tuple:
+        for a, pts in self.times:
+            if a == algorithm:
+                return pts
+        raise ValueError(f"{algorithm!r} was not measured (n={self.n})")
+
+    def predict(self, algorithm: str, nbytes):
+        pts = self.curve(algorithm)
+        b = np.maximum(np.asarray(nbytes, dtype=float), 1.0)
+        xs = np.log([x for x, _ in pts])
+        ys = np.log([y for _, y in pts])
+        t = np.exp(np.interp(np.log(b), xs, ys))
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]
+        return np.where(b > b1, t1 + (b - b1) * (t1 - t0) / (b1 - b0), t)
+
+    def __str__(self) -> str:
+        s = self.sizes()
+        return f"measured on {self.n} ranks at {len(s)} sizes from {s[0]} to {s[-1]} B"
 
 
 # Built-in constants: `ringcomm tune` on the development machine (2 cores),
@@ -97,10 +156,16 @@ def terms(algorithm: str, n: int, nbytes) -> tuple:
     raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 
-def predict(costs: Costs, algorithm: str, n: int, nbytes):
-    """Predicted seconds of one all_reduce of `nbytes` on `n` ranks."""
+def predict(costs, algorithm: str, n: int, nbytes):
+    """Predicted seconds of one all_reduce of `nbytes` on `n` ranks
+    (`costs`: a ``Costs``, or a ``Measured`` on n ranks)."""
+    if isinstance(costs, Measured):
+        if n != costs.n:
+            raise ValueError(f"measured on {costs.n} ranks, asked about {n}")
+        return costs.predict(algorithm, nbytes)
+    c = costs
     s, sent, red = terms(algorithm, n, nbytes)
-    return s * costs.alpha + sent * costs.beta + red * costs.gamma
+    return s * c.alpha + sent * c.beta + red * c.gamma
 
 
 # The ring stays the choice unless another algorithm is predicted faster by
@@ -126,7 +191,7 @@ def _last(x: float) -> int:
     return (1 << 62) if x == math.inf else max(0, math.ceil(x) - 1)
 
 
-def auto_limits(costs: Costs, n: int) -> tuple[int, int]:
+def auto_limits(costs, n: int) -> tuple[int, int]:
     """(rd_max, hd_max): recursive doubling up to rd_max bytes, halving-doubling
     up to hd_max, the ring above: the rule the engine applies.
 
@@ -134,9 +199,12 @@ def auto_limits(costs: Costs, n: int) -> tuple[int, int]:
     than MARGIN, and recursive doubling displaces halving-doubling where it
     is faster at all. Each line is steeper than the next (more bytes, fewer
     steps), so each region is one interval, and the choice is never
-    predicted slower than 1 / (1 - MARGIN) times the best."""
+    predicted slower than 1 / (1 - MARGIN) times the best. For ``Measured``
+    times see ``_measured_limits``."""
     if n <= 1:
         return 0, 0
+    if isinstance(costs, Measured):
+        return _measured_limits(costs, n)
     rd0, rd1 = _line(costs, "recursive_doubling", n)
     hd0, hd1 = _line(costs, "halving_doubling", n)
     r0, r1 = _line(costs, "ring", n)
@@ -152,7 +220,42 @@ def auto_limits(costs: Costs, n: int) -> tuple[int, int]:
     return int(rd), int(hd)
 
 
-def best(costs: Costs, n: int, nbytes: int) -> str:
+def _measured_limits(m: Measured, n: int, per_octave: int = 16) -> tuple[int, int]:
+    """The engine's two limits that keep auto closest to the fastest measured
+    algorithm: on a fine grid of sizes up to the largest measured, minimise
+    the worst ratio of the chosen algorithm's time to the fastest's (then
+    their sum). Above the largest size measured the ring runs: a
+    measurement, not an extrapolation, decides against it."""
+    if n != m.n:
+        raise ValueError(f"measured on {m.n} ranks, asked about {n}")
+    top = m.sizes()[-1]
+    grid = np.unique(np.round(np.exp2(np.arange(0, math.log2(top) * per_octave + 1) / per_octave)).astype(np.int64))
+    grid = grid[grid <= top]
+    t = np.array([m.predict(a, grid) for a in AUTO_CANDIDATES])  # ring, hd, rd
+    r = t / t.min(axis=0)
+    k = len(grid)
+    # Choice i, j (0 <= i <= j <= k): rd on grid[:i], hd on grid[i:j], ring on grid[j:].
+    rd_worst = np.concatenate([[1.0], np.maximum.accumulate(r[2])])
+    rd_sum = np.concatenate([[0.0], np.cumsum(r[2])])
+    ring_worst = np.concatenate([np.maximum.accumulate(r[0][::-1])[::-1], [1.0]])
+    ring_sum = np.concatenate([np.cumsum(r[0][::-1])[::-1], [0.0]])
+    hd_sum = np.concatenate([[0.0], np.cumsum(r[1])])
+    best_key, bi, bj = (math.inf, math.inf), 0, 0
+    for i in range(k + 1):
+        hd_worst = np.concatenate([[1.0], np.maximum.accumulate(r[1][i:])])  # over grid[i:j], j = i..k
+        js = np.arange(i, k + 1)
+        worst = np.maximum(np.maximum(rd_worst[i], hd_worst), ring_worst[js])
+        total = rd_sum[i] + (hd_sum[js] - hd_sum[i]) + ring_sum[js]
+        jj = int(np.lexsort((total, worst))[0])
+        key = (float(worst[jj]), float(total[jj]))
+        if key < best_key:
+            best_key, bi, bj = key, i, int(js[jj])
+    rd = int(grid[bi - 1]) if bi > 0 else 0
+    hd = int(grid[bj - 1]) if bj > 0 else 0
+    return rd, max(rd, hd)
+
+
+def best(costs, n: int, nbytes: int) -> str:
     """What algorithm="auto" runs for an all_reduce of `nbytes` on `n` host ranks."""
     if n <= 1:
         return "ring"
@@ -160,12 +263,16 @@ def best(costs: Costs, n: int, nbytes: int) -> str:
     return "recursive_doubling" if nbytes <= rd else "halving_doubling" if nbytes <= hd else "ring"
 
 
-def crossover_table(costs: Costs, ns=range(2, 65)) -> list[dict]:
-    """Per n: the byte limits of recursive doubling and halving-doubling."""
+def crossover_table(costs, ns=range(2, 65)) -> list[dict]:
+    """Per n: the byte limits of recursive doubling and halving-doubling.
+    `costs`: constants, or a function n -> constants (``costs_for``'s
+    answer for each world size)."""
     rows = []
     for n in ns:
-        rd, hd = auto_limits(costs, n)
-        rows.append({"n": n, "recursive_doubling_max": rd, "halving_doubling_max": hd})
+        c = costs(n) if callable(costs) else costs
+        rd, hd = auto_limits(c, n)
+        rows.append({"n": n, "recursive_doubling_max": rd, "halving_doubling_max": hd,
+                     "measured_here": isinstance(c, Measured)})
     return rows
 
 
@@ -203,22 +310,37 @@ def _transport_key(label: str) -> str:
     return "mpi" if label.startswith("mpi") else "inproc"
 
 
-def costs_for(label: str) -> Costs:
-    """The constants for a communicator of this kind ("mpi", "inproc"...):
-    the tuned ones if ``ringcomm tune`` wrote them, else the defaults."""
-    key = _transport_key(label)
-    try:
-        with open(tune_path()) as f:
-            doc = json.load(f)
-        vals = {k: float(doc[key][k]) for k in ("alpha", "beta", "gamma")}
-    except (OSError, KeyError, ValueError, TypeError):
-        return DEFAULTS[key]
+def _costs(d) -> Costs:
+    """Costs from a dict of the tune file; ValueError unless finite and >= 0
+    (a damaged or hand-edited file is not a model to choose by)."""
+    vals = {k: float(d[k]) for k in ("alpha", "beta", "gamma")}
     if not all(math.isfinite(v) and v >= 0 for v in vals.values()):
-        return DEFAULTS[key]  # a damaged or hand-edited file: not a model to choose by
+        raise ValueError("constants must be finite and >= 0")
     return Costs(**vals)
 
 
+def costs_for(label: str, n: int | None = None):
+    """What auto chooses by on a communicator of this kind ("mpi",
+    "inproc"...) and size: the times ``ringcomm tune`` measured on `n`
+    ranks if it did, else its fitted constants, else the defaults."""
+    key = _transport_key(label)
+    try:
+        with open(tune_path()) as f:
+            entry = json.load(f)[key]
+        shared = _costs(entry)
+    except (OSError, KeyError, ValueError, TypeError, AttributeError):
+        return DEFAULTS[key]
+    if n is not None and n > 1:
+        try:
+            return Measured.from_rows(entry.get("rows") or [], int(n))
+        except (KeyError, ValueError, TypeError):
+            pass  # not measured on n ranks (or damaged): the constants
+    return shared
+
+
 def save(key: str, costs: Costs, extra: dict | None = None) -> str:
+    """Write `costs` and `extra` (tune's rows: what ``Measured`` is read
+    from) for transport `key`, keeping the other transports' entries."""
     path = tune_path()
     try:
         with open(path) as f:

@@ -2,11 +2,14 @@
 
 Times every all_reduce algorithm at a few sizes (interleaved repetitions,
 median of the slowest rank) over MPI (N ranks under mpirun) and in process,
-fits alpha, beta and gamma to each set (selection.fit) and writes them to
-the cache file that ``algorithm="auto"`` reads (selection.tune_path()).
-Two ranks are enough to identify all three constants (recursive doubling,
-the ring and the master-centric scheme weigh steps, bytes sent and bytes
-reduced differently); more ranks, where cores allow, make the fit better.
+fits alpha, beta and gamma to each set (selection.fit) and writes them,
+with the measurements, to the cache file that ``algorithm="auto"`` reads
+(selection.tune_path()). A communicator with as many ranks as a run here
+chooses by those measurements (selection.Measured); others by the fitted
+constants. Two ranks are enough to identify all three constants (recursive
+doubling, the ring and the master-centric scheme weigh steps, bytes sent and
+bytes reduced differently); the default also measures 4 ranks, which may
+outnumber the cores and then cost what they cost there.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 from . import selection
 from .launch import mpirun_command
 
-SIZES = (8, 256, 8 << 10, 64 << 10, 512 << 10, 4 << 20)
+SIZES = (8, 256, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 
 
 def measure(comm, sizes=SIZES, reps: int = 5, budget_s: float = 0.05, barrier=None) -> list[dict]:
@@ -90,13 +93,11 @@ def _inproc_rows(n: int) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="ringcomm tune", description=__doc__.split("\n\n")[0])
-    p.add_argument("-n", default=None, help="MPI world sizes to measure, comma-separated (default: 2, and 4 "
-                   "when there are 4 cores)")
+    p.add_argument("-n", default="2,4", help="MPI world sizes to measure, comma-separated (default: 2,4)")
     p.add_argument("--no-mpi", action="store_true", help="only the in-process transport")
     p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     args = p.parse_args(argv)
-    import os
-    ns = [int(v) for v in args.n.split(",")] if args.n else [2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
+    ns = [int(v) for v in args.n.split(",")]
     results = {}
     if not args.no_mpi:
         rows = []
@@ -114,15 +115,20 @@ def main(argv=None) -> int:
     when = datetime.datetime.now().isoformat(timespec="seconds")
     for key, rows in results.items():
         costs = selection.fit(rows)
-        print(f"{key}: {costs}   ({len(rows)} measurements, N = {sorted({r['n'] for r in rows})})")
+        ranks = sorted({r["n"] for r in rows})
+        print(f"{key}: {costs}   ({len(rows)} measurements, N = {ranks})")
         print(f"  {'algorithm':<20}{'n':>3}{'bytes':>10}{'measured us':>13}{'model us':>10}{'ratio':>7}")
         for r in rows:
             m = float(selection.predict(costs, r["algorithm"], r["n"], r["bytes"]))
             print(f"  {r['algorithm']:<20}{r['n']:>3}{r['bytes']:>10}{r['seconds'] * 1e6:>13.2f}"
                   f"{m * 1e6:>10.2f}{m / r['seconds']:>7.2f}")
+        for n in ranks:
+            rd, hd = selection.auto_limits(selection.Measured.from_rows(rows, n), n)
+            mrd, mhd = selection.auto_limits(costs, n)
+            print(f"  auto on {n} ranks (measured): recursive doubling up to {rd} B, halving-doubling up to {hd} B, "
+                  f"the ring above (the fitted lines alone would say {mrd} B, {mhd} B)")
         if not args.dry_run:
-            path = selection.save(key, costs, {"measured": when, "ranks": sorted({r["n"] for r in rows}),
-                                               "rows": rows})
+            path = selection.save(key, costs, {"measured": when, "ranks": ranks, "rows": rows})
     if not args.dry_run:
         print(f"written to {path}")
     return 0

@@ -126,6 +126,82 @@ def test_tuned_constants_are_read_from_the_cache(tmp_path, monkeypatch):
     assert ringcomm.run_local(2, lambda comm: comm.costs)[0] == mine
 
 
+# Times shaped like this machine's at N = 4 (ringcomm tune): recursive
+# doubling wins small, halving-doubling medium, the ring large.
+TUNE_SIZES = [8, 256, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20]
+TUNE_US = {"ring": [13.4, 17.2, 28.5, 51.7, 70.1, 140.7, 504.5, 1777.1, 8804.3],
+           "recursive_doubling": [10.0, 12.6, 18.1, 23.4, 36.9, 122.9, 704.4, 3202.4, 17443.1],
+           "halving_doubling": [14.9, 15.2, 21.0, 37.6, 52.8, 107.9, 436.3, 1711.5, 9333.8]}
+
+
+def tune_rows(n, us=TUNE_US, sizes=TUNE_SIZES):
+    return [{"algorithm": a, "n": n, "bytes": b, "seconds": t * 1e-6}
+            for a, ts in us.items() for b, t in zip(sizes, ts)]
+
+
+def test_measured_times_choose_the_fastest_at_every_size_measured():
+    m = selection.Measured.from_rows(tune_rows(4), 4)
+    rd, hd = selection.auto_limits(m, 4)
+    assert 65536 <= rd < 262144 and 4 << 20 <= hd < 16 << 20, (rd, hd)
+    for i, b in enumerate(TUNE_SIZES):
+        fastest = min(TUNE_US, key=lambda a: TUNE_US[a][i])
+        assert selection.best(m, 4, b) == fastest, (b, fastest)
+        for a in TUNE_US:  # interpolation passes through every measurement
+            assert math.isclose(float(selection.predict(m, a, 4, b)), TUNE_US[a][i] * 1e-6, rel_tol=1e-9)
+    assert selection.best(m, 4, 1 << 30) == "ring"  # beyond what was measured: the ring
+    with pytest.raises(ValueError, match="measured on 4 ranks"):
+        selection.auto_limits(m, 8)
+
+
+def test_measured_times_with_noise_stay_near_the_fastest():
+    # 5% multiplicative noise on every measurement: what auto picks at each
+    # measured size is within 10% of the fastest there.
+    rng = np.random.default_rng(7)
+    for trial in range(20):
+        us = {a: [t * (1 + 0.05 * rng.uniform(-1, 1)) for t in ts] for a, ts in TUNE_US.items()}
+        m = selection.Measured.from_rows(tune_rows(4, us), 4)
+        for i, b in enumerate(TUNE_SIZES):
+            pick = selection.best(m, 4, b)
+            assert us[pick][i] <= 1.1 * min(v[i] for v in us.values()), (trial, b, pick)
+
+
+def test_costs_for_uses_measurements_on_the_same_number_of_ranks(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    shared = selection.Costs(2e-6, 1e-10, 0.0)
+    selection.save("inproc", shared, {"rows": tune_rows(4)})
+    got = selection.costs_for("inproc", 4)
+    assert isinstance(got, selection.Measured) and got.n == 4
+    assert selection.costs_for("inproc", 3) == shared  # not measured there: the fitted constants
+    assert selection.costs_for("inproc") == shared
+    assert selection.costs_for("mpi", 4) == selection.DEFAULTS["mpi"]
+    # A file whose rows lack an algorithm is not a table to choose by.
+    selection.save("inproc", shared, {"rows": [r for r in tune_rows(4) if r["algorithm"] != "halving_doubling"]})
+    assert selection.costs_for("inproc", 4) == shared
+    selection.save("inproc", shared, {"rows": [dict(r, seconds=-1.0) for r in tune_rows(4)]})
+    assert selection.costs_for("inproc", 4) == shared
+
+
+def test_auto_follows_measured_times_in_a_communicator(tmp_path, monkeypatch):
+    # run_local(4) reads the rows measured on 4 ranks; the engine switches
+    # algorithm exactly at the limits derived from them.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    selection.save("inproc", selection.Costs(2e-6, 1e-10, 0.0), {"rows": tune_rows(4)})
+
+    def body(comm):
+        assert isinstance(comm.costs, selection.Measured)
+        rd, hd = selection.auto_limits(comm.costs, comm.size)
+        got = []
+        for b in (1, rd, rd + 1, hd, hd + 1):
+            comm.all_reduce(np.ones(b, np.uint8), op="max")
+            got.append((b, comm.last_algorithm, selection.best(comm.costs, comm.size, b)))
+        return got
+    got = ringcomm.run_local(4, body, timeout=60)[0]
+    assert [ran for _, ran, _ in got] == ["recursive_doubling", "recursive_doubling", "halving_doubling",
+                                          "halving_doubling", "ring"], got
+    for b, ran, model in got:
+        assert ran == model, (b, ran, model)
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_ranks_that_choose_different_algorithms_fail_on_every_rank(n):
     # Rank 1's count is small (recursive doubling), the others' large (ring):
@@ -173,17 +249,22 @@ def test_invalid_algorithm_choices_are_refused_before_anything_moves():
     assert ringcomm.run_local(3, body) == [0, 0, 0]
 
 
-def test_ringcomm_info_prints_the_crossover_table():
+@pytest.mark.parametrize("tuned", [False, True])
+def test_ringcomm_info_prints_the_crossover_table(tmp_path, monkeypatch, tuned):
     import subprocess
     import sys
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if tuned:  # measured on 4 ranks: that row comes from the times (marked), the others from the constants
+        selection.save("mpi", selection.Costs(2e-6, 1e-10, 0.0), {"rows": tune_rows(4)})
     res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "info"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "crossover" in res.stdout
-    costs = selection.costs_for("mpi")
-    for n in (2, 3, 64):
+    for n in (2, 3, 4, 64):
+        costs = selection.costs_for("mpi", n)
+        assert isinstance(costs, selection.Measured) == (tuned and n == 4)
         rd, hd = selection.auto_limits(costs, n)
         line = next(ln for ln in res.stdout.splitlines() if ln.split()[:1] == [str(n)])
-        assert line.split()[1:3] == [str(rd), str(hd)], line
+        assert line.split()[1:] == [str(rd), str(hd)] + (["*"] if tuned and n == 4 else []), line
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -228,3 +309,21 @@ def test_fast_path_and_python_path_raise_the_same_errors():
             errs.append(comm.aborted)
         return errs
     assert ringcomm.run_local(2, body) == [[False] * 4] * 2
+
+
+def test_ringcomm_tune_measures_writes_and_auto_reads_it(tmp_path):
+    # End to end: `ringcomm tune` on 2 MPI ranks writes the constants and its
+    # measurements; a communicator of 2 ranks then chooses by those times.
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "tune", "-n", "2"], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "auto on 2 ranks (measured)" in res.stdout, res.stdout
+    probe = ("import ringcomm.selection as s; m = s.costs_for('mpi', 2); i = s.costs_for('inproc', 2); "
+             "print(type(m).__name__, m.n, len(m.sizes()), type(i).__name__, type(s.costs_for('mpi', 3)).__name__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.split() == ["Measured", "2", str(len(__import__("ringcomm.tune").tune.SIZES)), "Measured",
+                                  "Costs"], out.stdout + out.stderr

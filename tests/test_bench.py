@@ -94,13 +94,17 @@ def test_compare_algorithms_n4(tmp_path):
     rows = json.load(open(out))["rows"]
     assert {r["impl"] for r in rows} == {"ringcomm", "rc-ring", "rc-rd", "rc-hd"}
     forced = {"rc-ring": "ring", "rc-rd": "recursive_doubling", "rc-hd": "halving_doubling"}
-    costs = selection.costs_for("mpi")
+    costs = selection.costs_for("mpi", 4)  # what init() on 4 ranks chooses by (measured times, if tuned)
     for r in rows:
         want = forced.get(r["impl"]) or selection.best(costs, 4, r["size"])
         assert r["algorithm"] == want, (r["impl"], r["size"], r["algorithm"], want)
         assert r["sent_per_rank"] == r["expected_sent"] and r["wrong"] == 0, r
     assert "auto / best forced algorithm: at most" in res.stdout
     assert "all_reduce algorithms: model fitted here: alpha=" in res.stdout
+    assert "by this run's times (forced algorithms), auto would run recursive doubling up to" in res.stdout
+    assert f"auto ran by: {costs}" in res.stdout
+    assert "by this run's times (forced algorithms), auto would run recursive doubling up to" in res.stdout
+    assert f"auto ran by: {costs}" in res.stdout
 
 
 def test_planted_wrong_result_is_counted_and_fails(tmp_path):

@@ -163,7 +163,8 @@ def run_mpi(argv=None) -> int:
         lines: list[str] = []
         models = fit_models(all_rows, n, lines) if not args.rows_only else {}
         if not args.rows_only and args.device == "host":
-            models["all_reduce_algorithms"] = fit_algorithms(all_rows, n, lines)
+            from .. import selection  # what init() gave auto here (rank 0's constants)
+            models["all_reduce_algorithms"] = fit_algorithms(all_rows, n, lines, selection.costs_for("mpi", n))
         summary = footer(all_rows, n, lines) if not args.rows_only else {}
         if not args.rows_only:
             lines.append(f"# out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")

@@ -118,7 +118,7 @@ def footer(rows: list[dict], n: int, lines: list[str]) -> dict:
     return summary
 
 
-def fit_algorithms(rows: list[dict], n: int, lines: list[str]) -> dict:
+def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) -> dict:
     """all_reduce: fit the alpha-beta-gamma model (selection.py) to every
     algorithm that ran, print it against the measurements, and compare what
     auto ran with the best forced algorithm (rc-*) at each size."""
@@ -133,6 +133,20 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str]) -> dict:
            "gamma_ns_per_byte": costs.gamma * 1e9, "rd_max": rd, "hd_max": hd}
     lines.append(f"# all_reduce algorithms: model fitted here: {costs}; auto would run recursive doubling "
                  f"up to {rd} B, halving-doubling up to {hd} B, the ring above")
+    try:  # what auto would choose by this run's own times (as if `ringcomm tune` had measured them)
+        here = selection.Measured.from_rows(
+            [p for p, r in zip(pts, sel) if r["impl"].startswith("rc-")], n)
+    except ValueError:
+        here = None
+    if here is not None:
+        mrd, mhd = selection.auto_limits(here, n)
+        out.update(measured_rd_max=mrd, measured_hd_max=mhd)
+        lines.append(f"#   by this run's times (forced algorithms), auto would run recursive doubling up to {mrd} B, "
+                     f"halving-doubling up to {mhd} B, the ring above")
+    if comm_costs is not None:
+        rd_, hd_ = selection.auto_limits(comm_costs, n)
+        lines.append(f"#   auto ran by: {comm_costs} (recursive doubling up to {rd_} B, halving-doubling up to "
+                     f"{hd_} B, the ring above)")
     by_size: dict = {}
     for r in sel:
         by_size.setdefault((r["dtype"], r["op"], r["size"]), {})[r["impl"]] = r
