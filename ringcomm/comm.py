@@ -236,7 +236,8 @@ class Communicator:
         self._fast_numpy = self._device is None and not settings.debug
 
     def set_costs(self, costs) -> None:
-        """Use `costs` (a ``selection.Costs`` or ``selection.Fitted``) for ``algorithm="auto"``.
+        """Use `costs` for ``algorithm="auto"``: a ``selection.Costs``, or a
+        ``selection.Measured`` on this many ranks.
 
         Every rank must pass the same constants (init() and run_local() see to
         it), so that all choose alike; a rank that chose differently would
