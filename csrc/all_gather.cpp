@@ -15,9 +15,9 @@
 // Each rank sends n-1 chunks: (n-1)/n of the full buffer. Segments are
 // pipelined as in reduce_scatter.cpp.
 #include <algorithm>
-#include <vector>
 
 #include "algorithms.h"
+#include "small_array.h"
 
 namespace ringcomm {
 
@@ -40,10 +40,10 @@ void ring_all_gather(Link& link, const RingPlan& plan, const char* own, char* ou
     link.send(link.right(), own + (plan.seg_begin(rank, k) - plan.chunk_begin(rank)) * es, bytes(rank, k), k);
   link.copy(own_place, own, plan.chunk_count(rank) * es);  // overlaps the sends
 
-  std::vector<Request*> recv(units, nullptr);
+  SmallArray<Request*> recv(window);  // receives in flight: unit u uses entry u % window
   auto post_recv = [&](int u) {
     const int c = plan.ag_recv_chunk(rank, u / K), k = u % K;
-    recv[u] = link.recv(link.left(), out_at(c, k), bytes(c, k), u);
+    recv[u % window] = link.recv(link.left(), out_at(c, k), bytes(c, k), u);
   };
   for (int u = 0; u < std::min(window, units); ++u) post_recv(u);
 
@@ -54,7 +54,7 @@ void ring_all_gather(Link& link, const RingPlan& plan, const char* own, char* ou
       link.trace_start(Phase::all_gather, step, link.right(), sent, plan.chunk_count(sent) * es, link.left(), c,
                        plan.chunk_count(c) * es);
     }
-    link.wait(recv[u], "an all-gather segment", step, k);
+    link.wait(recv[u % window], "an all-gather segment", step, k);
     if (u + window < units) post_recv(u + window);
     if (step + 1 < steps) link.send(link.right(), out_at(c, k), bytes(c, k), u + K);
     if (k == K - 1) link.trace_finish(out_at(c, 0), plan.chunk_count(c) * es);

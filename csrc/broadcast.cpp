@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "algorithms.h"
+#include "small_array.h"
 
 namespace ringcomm {
 
@@ -32,11 +33,12 @@ void chain_broadcast(Link& link, size_t count, size_t elem_size, int root, char*
     for (int k = 0; k < K; ++k) link.send(link.right(), at(k), bytes(k), k);
   } else {
     const int window = std::max(2, link.options().window);
-    std::vector<Request*> recv(K, nullptr);
+    SmallArray<Request*> recv(window);  // receives in flight: segment k uses entry k % window
     for (int k = 0; k < std::min(window, K); ++k) recv[k] = link.recv(link.left(), at(k), bytes(k), k);
     for (int k = 0; k < K; ++k) {
-      link.wait(recv[k], "a broadcast segment", hop - 1, k);
-      if (k + window < K) recv[k + window] = link.recv(link.left(), at(k + window), bytes(k + window), k + window);
+      link.wait(recv[k % window], "a broadcast segment", hop - 1, k);
+      if (k + window < K)
+        recv[(k + window) % window] = link.recv(link.left(), at(k + window), bytes(k + window), k + window);
       if (hop < n - 1) link.send(link.right(), at(k), bytes(k), k);
     }
   }

@@ -33,6 +33,16 @@ std::shared_ptr<Hold> Work::hold() {
   return hold_;
 }
 
+void Work::reset() {
+  std::lock_guard<std::mutex> g(m_);
+  done_ = false;
+  err_.reset();
+  seq_ = 0;
+  done_event_.reset();
+  device_.reset();
+  hold_.reset();
+}
+
 void Work::finish(std::unique_ptr<RingError> err) {
   std::lock_guard<std::mutex> g(m_);
   err_ = std::move(err);
@@ -111,10 +121,19 @@ void Engine::validate(Task& t) {
 }
 
 std::shared_ptr<Work> Engine::enqueue(const Task& t, bool inline_if_idle, bool* run_here) {
-  auto w = std::make_shared<Work>();
   std::lock_guard<std::mutex> g(m_);
-  w->seq_ = t.abort ? 0 : ++next_seq_;
   const bool here = inline_if_idle && queue_.empty() && !busy_;
+  std::shared_ptr<Work> w;
+  if (here && spare_work_.use_count() == 1) {
+    // The last call run here is over and its caller let go of it: reuse it
+    // (no allocation on the small path). Only this engine can hand it out.
+    w = spare_work_;
+    w->reset();
+  } else {
+    w = std::make_shared<Work>();
+    if (here) spare_work_ = w;
+  }
+  w->seq_ = t.abort ? 0 : ++next_seq_;
   if (!t.abort && recorder_.capacity()) {
     FlightRecord r;
     r.seq = w->seq_;

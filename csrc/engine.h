@@ -39,6 +39,7 @@ class Work {
  private:
   friend class Engine;
   void finish(std::unique_ptr<RingError> err);
+  void reset();  // back to "not complete", for reuse (Engine::enqueue)
   std::mutex m_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -156,6 +157,7 @@ class Engine {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::pair<Task, std::shared_ptr<Work>>> queue_;
+  std::shared_ptr<Work> spare_work_;  // the Work of the last call run on its caller's thread (reused)
   bool stop_ = false;
   bool busy_ = false;  // a collective is executing (on the worker or a caller)
   uint64_t next_seq_ = 0;

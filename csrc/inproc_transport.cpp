@@ -1,4 +1,5 @@
 #include "inproc_transport.h"
+#include "recycled.h"
 
 #include <algorithm>
 #include <atomic>
@@ -53,7 +54,7 @@ struct Queue {
   std::deque<InprocRequest*> recvs;
 };
 
-struct InprocRequest : Request {
+struct InprocRequest : Request, Recycled<InprocRequest> {
   void* dst = nullptr;  // recv: where the message goes
   Waker* owner = nullptr;
   Queue* queue = nullptr;

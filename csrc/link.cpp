@@ -126,13 +126,25 @@ void Link::take_control(int side) {
 }
 
 void Link::send_control(const ControlMsg& m, int peer) {
-  // Reap control sends that have completed (they are tiny and complete eagerly).
-  while (!ctrl_out_.empty()) {
-    Request* r = ctrl_out_.front().second.get();
-    if (!r->done && !t_->test(*r)) break;
-    ctrl_out_.pop_front();
+  // Reap control sends that have completed (they are tiny and complete
+  // eagerly); keep their messages for reuse (no allocation per call).
+  size_t reaped = 0;
+  while (reaped < ctrl_out_.size()) {
+    auto& [msg, req] = ctrl_out_[reaped];
+    if (!req->done && !t_->test(*req)) break;
+    req.reset();
+    if (msg.use_count() == 1) ctrl_spare_.push_back(std::move(msg));  // else a quarantine holds it
+    ++reaped;
   }
-  auto msg = std::make_shared<ControlMsg>(m);
+  ctrl_out_.erase(ctrl_out_.begin(), ctrl_out_.begin() + long(reaped));
+  std::shared_ptr<ControlMsg> msg;
+  if (ctrl_spare_.empty()) {
+    msg = std::make_shared<ControlMsg>(m);
+  } else {
+    msg = std::move(ctrl_spare_.back());
+    ctrl_spare_.pop_back();
+    *msg = m;
+  }
   RequestPtr req = t_->isend(peer, Channel::control, msg.get(), sizeof(ControlMsg));
   ledger_.sent(Coll(m.fp.coll), peer, true, sizeof(ControlMsg));
   ctrl_out_.emplace_back(std::move(msg), std::move(req));
@@ -238,7 +250,7 @@ void Link::await_header() {
     take_control(got);
   }
   ControlMsg theirs = early_headers_.front();
-  early_headers_.pop_front();
+  early_headers_.erase(early_headers_.begin());
   check_call(theirs.fp, left());
 }
 

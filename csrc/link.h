@@ -214,11 +214,15 @@ class Link {
   // right (ABORT notices travelling the other way round).
   std::shared_ptr<ControlMsg> ctrl_in_[2];
   RequestPtr ctrl_req_[2];
-  std::deque<ControlMsg> early_headers_;  // headers of later collectives that arrived early
+  // Headers of later collectives that arrived early, oldest first (a vector:
+  // it holds one or two, and keeps its memory between calls).
+  std::vector<ControlMsg> early_headers_;
   uint64_t left_seq_ = 0;  // the newest call the left neighbour has announced
   Clock::time_point last_end_{};  // when the last collective drained
-  // control messages to the right (kept alive until their send completes)
-  std::deque<std::pair<std::shared_ptr<ControlMsg>, RequestPtr>> ctrl_out_;
+  // control messages to the right (kept alive until their send completes),
+  // oldest first, and completed ones no one else holds, for reuse
+  std::vector<std::pair<std::shared_ptr<ControlMsg>, RequestPtr>> ctrl_out_;
+  std::vector<std::shared_ptr<ControlMsg>> ctrl_spare_;
 
   bool aborted_ = false;
   std::atomic<bool> user_interrupted_{false};  // Ctrl-C, on this thread or via Engine::abort

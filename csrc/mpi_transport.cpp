@@ -1,4 +1,5 @@
 #include "mpi_transport.h"
+#include "recycled.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -26,7 +27,7 @@ std::string mpi_error(const char* call, int rc, const char* file, int line) {
   return std::string(call) + " failed: " + std::string(text, len) + " (" + file + ":" + std::to_string(line) + ")";
 }
 
-struct MpiRequest : Request {
+struct MpiRequest : Request, Recycled<MpiRequest> {
   MPI_Request req = MPI_REQUEST_NULL;
 };
 

@@ -13,21 +13,7 @@ struct Cut {  // a whole buffer of `count` elements, as messages
 };
 }  // namespace
 
-// Requests of one exchange: inline for the few segments of a small buffer
-// (no allocation on the small-message path).
-class Reqs {
- public:
-  explicit Reqs(int n) : n_(n) {
-    if (n > kInline) heap_.resize(size_t(n));
-  }
-  Request*& operator[](int i) { return n_ > kInline ? heap_[size_t(i)] : inline_[i]; }
-
- private:
-  static constexpr int kInline = 8;
-  int n_;
-  Request* inline_[kInline] = {};
-  std::vector<Request*> heap_;
-};
+using Reqs = SmallArray<Request*>;  // requests of one exchange, one per segment (pairwise.h)
 
 static void post_sends(Link& link, int peer, const char* src, const Cut& c, int& unit, Reqs* sent = nullptr) {
   for (int k = 0; k < c.K; ++k) {

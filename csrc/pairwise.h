@@ -22,6 +22,7 @@
 #include "link.h"
 #include "plan.h"
 #include "reducer.h"
+#include "small_array.h"
 
 namespace ringcomm {
 
@@ -54,9 +55,8 @@ void recv_all(Link& link, int peer, char* dst, size_t count, size_t es, int step
 // the lower rank's first, so two partners compute the same bits). If `sent` is given, its
 // segment k is waited for before dst's segment k is written (dst may then
 // be the buffer those sends read: an in-place exchange).
-class Reqs;
 void recv_reduce(Link& link, const Reducer& red, int peer, const char* a, char* dst, size_t count, size_t es,
-                 int step, int& unit, Reqs* sent = nullptr);
+                 int step, int& unit, SmallArray<Request*>* sent = nullptr);
 // Both at once with one partner: send `count` from `src`, dst = a op theirs.
 void exchange_reduce(Link& link, const Reducer& red, int peer, const char* src, const char* a, char* dst,
                      size_t count, size_t es, int step, int& unit);

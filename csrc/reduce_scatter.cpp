@@ -23,9 +23,9 @@
 // s+1, while later segments are still on the wire; `window` receives are
 // kept in flight, so reduction overlaps transfer.
 #include <algorithm>
-#include <vector>
 
 #include "algorithms.h"
+#include "small_array.h"
 
 namespace ringcomm {
 
@@ -56,8 +56,9 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
   // misalignment across its pointers and vectorizes (vector_split.h).
   const size_t slot_bytes = round_up(plan.seg_count(0, 0) * es + 16, 256);
   char* slots = nullptr;
-  std::vector<Request*> recv(units, nullptr);
-  std::vector<const char*> arrived(units, nullptr);
+  // Receives in flight: at most `window`, so unit u uses entry u % window.
+  SmallArray<Request*> recv(window);
+  SmallArray<const char*> arrived(window);
   auto post_recv = [&](int u) {
     const int step = u / K, k = u % K, c = plan.rs_recv_chunk(rank, step);
     char* dst = acc_at(c, k);
@@ -65,8 +66,8 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
       if (!slots) slots = link.scratch(0, size_t(window) * slot_bytes);
       dst = slots + size_t(u % window) * slot_bytes + reinterpret_cast<uintptr_t>(in_at(c, k)) % 16;
     }
-    arrived[u] = dst;
-    recv[u] = link.recv(link.left(), dst, bytes(c, k), u);
+    arrived[u % window] = dst;
+    recv[u % window] = link.recv(link.left(), dst, bytes(c, k), u);
   };
 
   // Step 0 sends our own contribution, straight from the input.
@@ -81,8 +82,8 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
       link.trace_start(Phase::reduce_scatter, step, link.right(), sent, plan.chunk_count(sent) * es, link.left(), c,
                        plan.chunk_count(c) * es);
     }
-    link.wait(recv[u], "a reduce-scatter segment", step, k);
-    red.reduce(acc_at(c, k), in_at(c, k), arrived[u], plan.seg_count(c, k));
+    link.wait(recv[u % window], "a reduce-scatter segment", step, k);
+    red.reduce(acc_at(c, k), in_at(c, k), arrived[u % window], plan.seg_count(c, k));
     if (u + window < units) post_recv(u + window);  // reuses the slot just consumed
     // What arrived at step s is what we send at step s+1 (plan.h).
     if (step + 1 < steps) link.send(link.right(), acc_at(c, k), bytes(c, k), u + K);
