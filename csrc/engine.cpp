@@ -92,18 +92,18 @@ void Engine::validate(Task& t) {
   } else if (int(a) < 0 || a >= Algo::kCount) {
     throw_invalid("unknown algorithm code " + std::to_string(t.algo));
   } else if (a != Algo::ring) {
-    const std::string name = algo_name(a);
+    const char* name = algo_name(a);  // (no std::string: this runs on every call)
     if (a == Algo::halving_doubling && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather)) {
       if (!pow2)
         throw_invalid("algorithm 'halving_doubling' runs " + std::string(coll_name(t.coll)) +
                       " on a power-of-two number of ranks only (this communicator has " + std::to_string(size()) +
                       "): its blocks are the split rule's chunks only then; all_reduce folds any number");
     } else if (t.coll != Coll::all_reduce) {
-      throw_invalid("algorithm '" + name + "' exists for all_reduce" +
+      throw_invalid("algorithm '" + std::string(name) + "' exists for all_reduce" +
                     (a == Algo::halving_doubling ? ", reduce_scatter and all_gather" : "") + " only");
     }
     if (!host)
-      throw_invalid("algorithm '" + name +
+      throw_invalid("algorithm '" + std::string(name) +
                     "' runs on host communicators only (a device communicator runs the ring: its messages to "
                     "ranks other than its neighbours cannot carry the call's fingerprint yet)");
   }
