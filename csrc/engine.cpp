@@ -81,7 +81,9 @@ void Engine::validate(Task& t) {
   if (a == Algo::automatic) {
     // Every rank resolves the same way: from the call's size and limits all
     // ranks were given alike (a disagreement is still caught: the resolved
-    // algorithm is part of the fingerprint).
+    // algorithm is part of the fingerprint). A device communicator runs the
+    // ring: `ringcomm tune` measures host transports only, so nothing says
+    // another algorithm is faster on a GPU (they run there when asked for).
     Algo pick = Algo::ring;
     if (t.coll == Coll::all_reduce && host && size() > 1) {
       const size_t bytes = t.count * dtype_size(t.dtype);
@@ -102,10 +104,6 @@ void Engine::validate(Task& t) {
       throw_invalid("algorithm '" + std::string(name) + "' exists for all_reduce" +
                     (a == Algo::halving_doubling ? ", reduce_scatter and all_gather" : "") + " only");
     }
-    if (!host)
-      throw_invalid("algorithm '" + std::string(name) +
-                    "' runs on host communicators only (a device communicator runs the ring: its messages to "
-                    "ranks other than its neighbours cannot carry the call's fingerprint yet)");
   }
   last_algo_.store(t.algo, std::memory_order_relaxed);
   if (t.coll == Coll::broadcast && (t.root < 0 || t.root >= size()))
@@ -356,7 +354,8 @@ void Engine::run(const Task& t, Work& w) {
   const size_t es = dtype_size(t.dtype);
   // Pairwise algorithms on two ranks: the partner is both neighbours, and the
   // first message goes to it at once, so the header rides inside it.
-  const bool inline_header = size() == 2 && t.count > 0 &&
+  // (Host memory only: a header cannot ride in device memory.)
+  const bool inline_header = size() == 2 && t.count > 0 && !dev &&
                              (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
   link_.begin(fp, inline_header);
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work

@@ -18,7 +18,8 @@
 // ready; receive: its buffer is free), so a unit's transfer overlaps the
 // reduction of the one before; "done" means the main queue waits for the
 // unit's group, so the reduction that follows sees the data. Nothing waits
-// on the host. Control messages and zero-byte tokens go through `host`.
+// on the host. Control and check messages and zero-byte tokens go through
+// `host`.
 //
 // A subclass supplies issue_group() (NCCL: ncclGroupStart, ncclSend/ncclRecv,
 // ncclGroupEnd on the transfer stream) and abort_groups().

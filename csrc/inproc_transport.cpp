@@ -88,11 +88,13 @@ void match(const Message& msg, InprocRequest* recv) {
 
 class InprocWorld {
  public:
-  explicit InprocWorld(int n) : n(n), wakers(n), queues(size_t(n) * n * 2) {
+  explicit InprocWorld(int n) : n(n), wakers(n), queues(size_t(n) * n * size_t(Channel::kCount)) {
     for (auto& w : wakers) w = std::make_unique<Waker>();
     for (auto& q : queues) q = std::make_unique<Queue>();
   }
-  Queue* queue(int src, int dst, Channel ch) { return queues[(size_t(src) * n + dst) * 2 + int(ch)].get(); }
+  Queue* queue(int src, int dst, Channel ch) {
+    return queues[(size_t(src) * n + dst) * size_t(Channel::kCount) + size_t(ch)].get();
+  }
   int n;
   std::vector<std::unique_ptr<Waker>> wakers;
   std::vector<std::unique_ptr<Queue>> queues;

@@ -310,8 +310,19 @@ char* Link::stage(size_t bytes) {
 Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
   if (first_to(peer)) {
-    if (device_)  // a fingerprint cannot ride in device memory (Engine::validate refuses this)
-      throw RingError(ErrKind::invalid, rank_, peer, fp_.seq, "this algorithm needs host memory");
+    if (device_) {
+      // Payload in device memory cannot carry it: the fingerprint goes on its
+      // own, in host memory, on the check channel; the receiver reads it
+      // before it posts the payload's receive (recv()).
+      char* f = stage(kFpBytes);
+      std::memcpy(f, &fp_, kFpBytes);
+      live_.push_back(t_->isend(peer, Channel::check, f, kFpBytes));
+      live_.back()->counted = true;  // control bytes: not payload progress
+      ledger_.sent(coll_, peer, true, kFpBytes);
+      live_.push_back(t_->isend(peer, Channel::data, buf, bytes, unit));
+      ledger_.sent(coll_, peer, false, bytes);
+      return live_.back().get();
+    }
     if (bytes <= kPiggybackMax) {
       char* m = stage(kFpBytes + bytes);
       std::memcpy(m, &fp_, kFpBytes);
@@ -335,8 +346,23 @@ Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
 Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
   await_header();
-  if (first_from(peer)) {
-    if (device_) throw RingError(ErrKind::invalid, rank_, peer, fp_.seq, "this algorithm needs host memory");
+  const bool first = first_from(peer);
+  if (first && device_) {
+    // Device memory: wait for the peer's fingerprint (host memory, check
+    // channel) and check it before the payload's receive is posted, like the
+    // left neighbour's header (a device transfer of another size could not
+    // be stopped once issued). The left neighbour's header was checked
+    // above, so a disagreement there is caught before this waits.
+    if (mem_->fp_in.size() <= fp_used_) mem_->fp_in.resize(fp_used_ + 1);
+    Fingerprint* f = &mem_->fp_in[fp_used_++];
+    live_.push_back(t_->irecv(peer, Channel::check, f, kFpBytes));
+    Request* fr = live_.back().get();
+    fr->counted = true;
+    ledger_.received(coll_, peer, true, kFpBytes);
+    wait(fr, "its call's fingerprint");
+    if (!plausible(*f, peer)) throw_foreign(*fr);
+    check_call(*f, peer);
+  } else if (first) {
     Check c{nullptr, nullptr, nullptr, buf, bytes};
     if (bytes <= kPiggybackMax) {
       char* m = stage(kFpBytes + bytes);

@@ -21,7 +21,9 @@
 //     it carries the sender's fingerprint, inside the message for a small
 //     payload (one message, no extra latency), as a message of its own just
 //     before a large one. Data from a peer is never handed to the algorithm
-//     before its call was checked.
+//     before its call was checked. Payload in device memory cannot carry
+//     it: there it goes on its own, in host memory (Channel::check), and is
+//     checked before the payload's receive is even posted.
 //   * failure hygiene: requests a failed collective cannot withdraw go to
 //     the quarantine (quarantine.h) with the memory they may touch; a
 //     failure the ring reported while this rank was away is raised when it

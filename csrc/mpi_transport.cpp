@@ -32,7 +32,7 @@ struct MpiRequest : Request, Recycled<MpiRequest> {
 };
 
 constexpr long kMinPolls = 64;  // polls before the clock is consulted at all
-constexpr int kTag[2] = {0x5243, 0x5244};  // data, control
+constexpr int kTag[int(Channel::kCount)] = {0x5243, 0x5244, 0x5245};  // data, control, check
 constexpr size_t kMaxMessage = size_t(1) << 30;
 
 class MpiTransport final : public Transport {

@@ -18,7 +18,10 @@
 
 namespace ringcomm {
 
-enum class Channel : int { data = 0, control = 1 };
+// data: payload (the Device's memory, if any); control: headers and ABORT
+// notices between ring neighbours; check: a call's fingerprint sent on its
+// own to a peer beyond the neighbours. control and check are host memory.
+enum class Channel : int { data = 0, control = 1, check = 2, kCount };
 
 // wait_any's answer when interrupt() was called.
 constexpr int kInterrupted = -2;

@@ -4,6 +4,7 @@ and ledger == traffic.expected for the algorithm that ran), auto follows the
 cost model's decision table, and ranks that disagree still fail cleanly."""
 
 import math
+import re
 import time
 
 import numpy as np
@@ -38,18 +39,52 @@ def test_every_algorithm_passes_the_suite_in_process(n, algorithm):
     assert not errs, "\n".join(errs[:20])
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 16])
-def test_every_algorithm_passes_the_suite_on_the_emulated_device_path_or_is_refused(n):
-    # A device communicator runs the ring: the pairwise algorithms are refused
-    # there with a clear error (their fingerprints cannot ride in device memory).
+@pytest.mark.parametrize("device", ["emulated", "emulated-nccl"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_every_algorithm_passes_the_suite_on_the_emulated_device_path(n, device):
+    # Device memory: the fingerprint to a peer beyond the neighbours goes on
+    # its own (host memory) and is checked before the payload's receive is
+    # posted. "emulated-nccl" issues payload in NCCL-like groups, one at a
+    # time per rank: a pairwise schedule that could deadlock NCCL hangs here.
     def body(comm):
-        errs = suite.run_cases(comm, [0, 1, n + 1], [("float32", "sum"), ("int32", "max")], algorithm="auto")
-        for a in PAIRWISE:
-            with pytest.raises(InvalidArgument, match="host communicators only"):
-                comm.all_reduce(np.ones(4, np.float32), algorithm=a)
+        errs = []
+        for a in PAIRWISE + ["naive"]:
+            comm.segment_bytes = 1 << 20
+            errs += suite.run_cases(comm, [0, 1, n + 1, 101], [("float32", "sum"), ("int32", "max"),
+                                                               ("float16", "avg")], algorithm=a)
+            comm.segment_bytes = 16
+            errs += suite.run_cases(comm, [7 * n + 3], [("float32", "sum"), ("int8", "min")], algorithm=a)
+        comm.all_reduce(np.ones(4, np.float32))
+        if comm.last_algorithm != "ring":  # nothing measured says another one is faster on a device
+            errs.append(f"rank {comm.rank}: auto ran {comm.last_algorithm} on a device communicator")
         return errs
-    errs = flat(ringcomm.run_local(n, body, device="emulated", timeout=60))
+    errs = flat(ringcomm.run_local(n, body, device=device, jitter_us=50, timeout=60))
     assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("device", ["emulated", "emulated-nccl"])
+@pytest.mark.parametrize("case", ["count", "algorithm"])
+def test_a_mismatch_on_the_device_path_fails_on_every_rank(device, case):
+    # count: rank 2's count differs, and its partners are not its left
+    # neighbour: the fingerprint on the check channel catches it, naming both
+    # calls. algorithm: rank 1 runs recursive doubling, the others the ring.
+    # No hang: every rank gets an error within seconds.
+    def body(comm):
+        if case == "count":
+            count, algorithm = 10 + 2 * (comm.rank == 2), "recursive_doubling"
+        else:
+            count, algorithm = 300, "recursive_doubling" if comm.rank == 1 else "ring"
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(np.ones(count, np.float32), algorithm=algorithm)
+        except RingcommError as exc:
+            return type(exc).__name__, str(exc), time.monotonic() - t0
+        return None, comm.last_algorithm, time.monotonic() - t0
+    for r, (kind, msg, dt) in enumerate(ringcomm.run_local(4, body, device=device, timeout=20)):
+        assert kind is not None and dt < 10, f"rank {r}: {kind}: {msg} ({dt:.1f} s)"
+        assert "disagree" in msg, f"rank {r}: {msg}"
+        if case == "count" and r in (0, 3):  # rank 2's partners (2^1 = 3, 2^2 = 0) check it themselves
+            assert re.search("count=10.*count=12|count=12.*count=10", msg), f"rank {r}: {msg}"
 
 
 def test_results_are_bitwise_identical_on_every_rank_for_every_algorithm():

@@ -152,6 +152,22 @@ def test_suite_on_one_gpu_many_segments_and_prime(n):
     assert not errs, "\n".join(errs[:20])
 
 
+@gpu
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "halving_doubling", "naive"])
+def test_every_algorithm_on_one_gpu(n, algorithm):
+    # The fingerprint to a peer beyond the neighbours goes on its own in host
+    # memory on a device (csrc/link.cpp): each algorithm's full suite on GPU
+    # memory, many segments included.
+    pytest.importorskip("cupy")
+    import suite
+    combos = [("float32", "sum"), ("int32", "max"), ("float16", "avg"), ("int8", "min")]
+    errs = flat(on_gpu(n, suite.run_cases, [0, 1, n + 1, 1000], combos, arrays=CupyArrays, algorithm=algorithm))
+    errs += flat(on_gpu(n, suite.run_cases, [7 * n + 3], combos[:2], segment_bytes=16, arrays=CupyArrays,
+                        algorithm=algorithm))
+    assert not errs, "\n".join(errs[:20])
+
+
 class Typed:
     """A typed __cuda_array_interface__ over raw cupy bytes (cupy has no bfloat16)."""
 

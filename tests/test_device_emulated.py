@@ -12,7 +12,7 @@ import pytest
 
 import ringcomm
 import suite
-from ringcomm import InvalidArgument
+from ringcomm import InvalidArgument, traffic
 
 SIZES = [1, 2, 3, 4, 5, 8]
 
@@ -98,13 +98,20 @@ def test_ledger_is_the_same_as_on_the_host():
     assert dev[0] == (2 * 3 * 1000 * 4 // 4,) * 2
 
 
-def test_naive_algorithm_is_host_only():
+@pytest.mark.parametrize("algorithm", ["naive", "recursive_doubling", "halving_doubling"])
+def test_every_algorithm_moves_the_same_payload_as_on_the_host(algorithm):
+    # Per peer, byte for byte. Only the fingerprints travel differently: on
+    # their own (host memory) instead of inside the first payload message.
     def body(comm):
-        with pytest.raises(InvalidArgument, match="host communicators only"):
-            comm.all_reduce(np.ones(4), algorithm="naive")
-        comm.all_reduce(np.ones(4))  # the communicator is still usable
-        return True
-    assert all(run(2, body))
+        comm.all_reduce(np.arange(1000, dtype=np.float32), algorithm=algorithm)
+        t = comm.traffic()
+        return (t.per_peer("bytes_sent", "all_reduce"), t.per_peer("bytes_received", "all_reduce"),
+                t.per_peer("msgs_sent", "all_reduce"))
+    for n in (3, 4, 5):
+        dev, host = run(n, body), ringcomm.run_local(n, body)
+        for r in range(n):
+            assert dev[r][:2] == host[r][:2], (n, r, dev[r], host[r])
+            assert dev[r][0] == traffic.expected("all_reduce", 1000, "float32", n, r, algorithm=algorithm).sent
 
 
 def test_trace_records_steps_but_not_device_values():
