@@ -352,7 +352,11 @@ Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
     // channel) and check it before the payload's receive is posted, like the
     // left neighbour's header (a device transfer of another size could not
     // be stopped once issued). The left neighbour's header was checked
-    // above, so a disagreement there is caught before this waits.
+    // above, so a disagreement there is caught before this waits. This
+    // blocks until the peer posts its first send to us: every schedule
+    // (pairwise.h, naive.cpp) posts its sends to a peer before its receives
+    // from it, or has nothing else to post; one that received first from a
+    // peer doing the same would wait here until the deadline.
     if (mem_->fp_in.size() <= fp_used_) mem_->fp_in.resize(fp_used_ + 1);
     Fingerprint* f = &mem_->fp_in[fp_used_++];
     live_.push_back(t_->irecv(peer, Channel::check, f, kFpBytes));

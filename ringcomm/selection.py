@@ -79,7 +79,7 @@ class Measured:
     (``ringcomm tune``): ``times`` is ((algorithm, ((bytes, seconds), ...)), ...),
     sizes ascending. Between two sizes the time is interpolated on log-log
     axes; below the smallest it is the smallest's; above the largest it
-    grows linearly (the last two sizes' slope)."""
+    grows linearly (the last two sizes' slope, if positive)."""
     n: int
     times: tuple
 
@@ -116,7 +116,8 @@ class Measured:
         ys = np.log([y for _, y in pts])
         t = np.exp(np.interp(np.log(b), xs, ys))
         (b0, t0), (b1, t1) = pts[-2], pts[-1]
-        return np.where(b > b1, t1 + (b - b1) * (t1 - t0) / (b1 - b0), t)
+        slope = max(0.0, (t1 - t0) / (b1 - b0))  # noise may make the last point faster: never below t1
+        return np.where(b > b1, t1 + (b - b1) * slope, t)
 
     def __str__(self) -> str:
         s = self.sizes()

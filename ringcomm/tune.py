@@ -123,8 +123,13 @@ def main(argv=None) -> int:
             print(f"  {r['algorithm']:<20}{r['n']:>3}{r['bytes']:>10}{r['seconds'] * 1e6:>13.2f}"
                   f"{m * 1e6:>10.2f}{m / r['seconds']:>7.2f}")
         for n in ranks:
-            rd, hd = selection.auto_limits(selection.Measured.from_rows(rows, n), n)
             mrd, mhd = selection.auto_limits(costs, n)
+            try:
+                rd, hd = selection.auto_limits(selection.Measured.from_rows(rows, n), n)
+            except ValueError as exc:  # e.g. a time of 0 (timer resolution): the lines decide on n ranks
+                print(f"  auto on {n} ranks: the fitted lines ({mrd} B, {mhd} B): the measurements are unusable "
+                      f"({exc})")
+                continue
             print(f"  auto on {n} ranks (measured): recursive doubling up to {rd} B, halving-doubling up to {hd} B, "
                   f"the ring above (the fitted lines alone would say {mrd} B, {mhd} B)")
         if not args.dry_run:

@@ -103,8 +103,6 @@ def test_compare_algorithms_n4(tmp_path):
     assert "all_reduce algorithms: model fitted here: alpha=" in res.stdout
     assert "by this run's times (forced algorithms), auto would run recursive doubling up to" in res.stdout
     assert f"auto ran by: {costs}" in res.stdout
-    assert "by this run's times (forced algorithms), auto would run recursive doubling up to" in res.stdout
-    assert f"auto ran by: {costs}" in res.stdout
 
 
 def test_planted_wrong_result_is_counted_and_fails(tmp_path):

@@ -134,8 +134,9 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
     lines.append(f"# all_reduce algorithms: model fitted here: {costs}; auto would run recursive doubling "
                  f"up to {rd} B, halving-doubling up to {hd} B, the ring above")
     try:  # what auto would choose by this run's own times (as if `ringcomm tune` had measured them)
+        first = (sel[0]["dtype"], sel[0]["op"])  # one dtype and op: the times of one kind of call
         here = selection.Measured.from_rows(
-            [p for p, r in zip(pts, sel) if r["impl"].startswith("rc-")], n)
+            [p for p, r in zip(pts, sel) if r["impl"].startswith("rc-") and (r["dtype"], r["op"]) == first], n)
     except ValueError:
         here = None
     if here is not None:
