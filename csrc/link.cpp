@@ -310,20 +310,7 @@ char* Link::stage(size_t bytes) {
 Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
   if (first_to(peer)) {
-    if (device_) {
-      // Payload in device memory cannot carry it: the fingerprint goes on its
-      // own, in host memory, on the check channel; the receiver reads it
-      // before it posts the payload's receive (recv()).
-      char* f = stage(kFpBytes);
-      std::memcpy(f, &fp_, kFpBytes);
-      live_.push_back(t_->isend(peer, Channel::check, f, kFpBytes));
-      live_.back()->counted = true;  // control bytes: not payload progress
-      ledger_.sent(coll_, peer, true, kFpBytes);
-      live_.push_back(t_->isend(peer, Channel::data, buf, bytes, unit));
-      ledger_.sent(coll_, peer, false, bytes);
-      return live_.back().get();
-    }
-    if (bytes <= kPiggybackMax) {
+    if (!device_ && bytes <= kPiggybackMax) {
       char* m = stage(kFpBytes + bytes);
       std::memcpy(m, &fp_, kFpBytes);
       std::memcpy(m + kFpBytes, buf, bytes);
@@ -332,9 +319,13 @@ Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
       ledger_.sent(coll_, peer, true, kFpBytes, 0);  // same message: bytes only
       return live_.back().get();
     }
+    // On its own, just before the payload: on the data channel, or, where the
+    // payload is in device memory (which cannot carry it), in host memory on
+    // the check channel; the receiver then reads it before it posts the
+    // payload's receive (recv()).
     char* f = stage(kFpBytes);  // one slot per message: a send may still read an earlier one
     std::memcpy(f, &fp_, kFpBytes);
-    live_.push_back(t_->isend(peer, Channel::data, f, kFpBytes));
+    live_.push_back(t_->isend(peer, device_ ? Channel::check : Channel::data, f, kFpBytes));
     live_.back()->counted = true;  // control bytes: not payload progress
     ledger_.sent(coll_, peer, true, kFpBytes);
   }
@@ -357,12 +348,8 @@ Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
     // (pairwise.h, naive.cpp) posts its sends to a peer before its receives
     // from it, or has nothing else to post; one that received first from a
     // peer doing the same would wait here until the deadline.
-    if (mem_->fp_in.size() <= fp_used_) mem_->fp_in.resize(fp_used_ + 1);
-    Fingerprint* f = &mem_->fp_in[fp_used_++];
-    live_.push_back(t_->irecv(peer, Channel::check, f, kFpBytes));
-    Request* fr = live_.back().get();
-    fr->counted = true;
-    ledger_.received(coll_, peer, true, kFpBytes);
+    Fingerprint* f;
+    Request* fr = recv_fingerprint(peer, Channel::check, &f);
     wait(fr, "its call's fingerprint");
     if (!plausible(*f, peer)) throw_foreign(*fr);
     check_call(*f, peer);
@@ -374,12 +361,8 @@ Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
       ledger_.received(coll_, peer, true, kFpBytes, 0);
       c.staged = m;
     } else {
-      if (mem_->fp_in.size() <= fp_used_) mem_->fp_in.resize(fp_used_ + 1);
-      Fingerprint* f = &mem_->fp_in[fp_used_++];
-      live_.push_back(t_->irecv(peer, Channel::data, f, kFpBytes));
-      live_.back()->counted = true;
-      ledger_.received(coll_, peer, true, kFpBytes);
-      c.fp_req = live_.back().get();
+      Fingerprint* f;
+      c.fp_req = recv_fingerprint(peer, Channel::data, &f);
       c.staged = reinterpret_cast<const char*>(f);
       live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit));
     }
@@ -390,6 +373,17 @@ Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
   }
   live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit));
   ledger_.received(coll_, peer, false, bytes);
+  return live_.back().get();
+}
+
+// A fingerprint sent on its own: into a slot of Link memory (a quarantined
+// request keeps it alive), counted as control.
+Request* Link::recv_fingerprint(int peer, Channel ch, Fingerprint** slot) {
+  if (mem_->fp_in.size() <= fp_used_) mem_->fp_in.resize(fp_used_ + 1);  // a deque: earlier slots stay put
+  *slot = &mem_->fp_in[fp_used_++];
+  live_.push_back(t_->irecv(peer, ch, *slot, kFpBytes));
+  live_.back()->counted = true;  // control bytes: not payload progress
+  ledger_.received(coll_, peer, true, kFpBytes);
   return live_.back().get();
 }
 

@@ -183,6 +183,7 @@ class Link {
   bool first_to(int peer);
   bool first_from(int peer);
   char* stage(size_t bytes);  // staging memory for one piggybacked message
+  Request* recv_fingerprint(int peer, Channel ch, Fingerprint** slot);  // a fingerprint sent on its own
   struct Check {  // a receive whose sender's fingerprint is checked before use
     Request* req;
     Request* fp_req;   // separate fingerprint message (large payload), else null
