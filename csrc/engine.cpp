@@ -353,9 +353,9 @@ void Engine::run(const Task& t, Work& w) {
 
   const size_t es = dtype_size(t.dtype);
   // Pairwise algorithms on two ranks: the partner is both neighbours, and the
-  // first message goes to it at once, so the header rides inside it.
-  // (Host memory only: a header cannot ride in device memory.)
-  const bool inline_header = size() == 2 && t.count > 0 && !dev &&
+  // first message goes to it at once, so its stamp is the header. (Stamped
+  // transports only: not in device memory.)
+  const bool inline_header = size() == 2 && t.count > 0 && link_.stamped() &&
                              (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
   link_.begin(fp, inline_header);
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work

@@ -4,13 +4,13 @@
 
 namespace ringcomm {
 
-RequestPtr GroupedTransport::isend(int peer, Channel ch, const void* buf, size_t bytes, int unit) {
-  if (ch != Channel::data || bytes == 0) return host_->isend(peer, ch, buf, bytes, unit);
+RequestPtr GroupedTransport::isend(int peer, Channel ch, const void* buf, size_t bytes, int unit, uint32_t stamp) {
+  if (ch != Channel::data || bytes == 0) return host_->isend(peer, ch, buf, bytes, unit, stamp);
   return post(peer, true, const_cast<void*>(buf), bytes, unit);
 }
 
-RequestPtr GroupedTransport::irecv(int peer, Channel ch, void* buf, size_t bytes, int unit) {
-  if (ch != Channel::data || bytes == 0) return host_->irecv(peer, ch, buf, bytes, unit);
+RequestPtr GroupedTransport::irecv(int peer, Channel ch, void* buf, size_t bytes, int unit, Guard guard) {
+  if (ch != Channel::data || bytes == 0) return host_->irecv(peer, ch, buf, bytes, unit, guard);
   return post(peer, false, buf, bytes, unit);
 }
 

@@ -43,6 +43,7 @@ struct Message {
   InprocRequest* sender = nullptr;  // null for an eager or device message
   const void* src = nullptr;
   size_t bytes = 0;
+  uint32_t stamp = 0;
   std::unique_ptr<char[]> copy;
   std::shared_ptr<DeviceHandoff> handoff;
 };
@@ -59,7 +60,8 @@ struct InprocRequest : Request, Recycled<InprocRequest> {
   Waker* owner = nullptr;
   Queue* queue = nullptr;
   std::atomic<bool> complete{false};  // host: transfer done; device recv: matched
-  std::atomic<bool> size_error{false};
+  std::atomic<bool> size_error{false};  // matched a message of another size (or, guarded, stamp)
+  Guard guard;
   std::shared_ptr<DeviceHandoff> handoff;  // device messages only
   EventPtr posted;  // device receive: the receiver's main queue when it was posted (the buffer is free after it)
 };
@@ -73,9 +75,9 @@ void finish(InprocRequest* r) {
 // Called with the queue's lock held: move the message, complete both sides.
 // A device message is only paired here; its receiver enqueues the copy.
 void match(const Message& msg, InprocRequest* recv) {
-  if (msg.bytes != recv->bytes) {
-    recv->size_error = true;  // as MPI: what fits lands (a fingerprint in front can still be read)
-    if (!msg.handoff && msg.bytes && recv->bytes) std::memcpy(recv->dst, msg.src, std::min(msg.bytes, recv->bytes));
+  recv->stamp = msg.stamp;
+  if (msg.bytes != recv->bytes || (recv->guard.on && msg.stamp != recv->guard.stamp)) {
+    recv->size_error = true;  // another call's message: none of it lands
   } else if (msg.handoff) {
     recv->handoff = msg.handoff;
   } else if (msg.bytes) {
@@ -114,12 +116,14 @@ class InprocTransport final : public Transport {
   int size() const override { return w_->n; }
   std::string name() const override { return dev_ ? "inproc(" + dev_->name() + ")" : "inproc"; }
   std::shared_ptr<Device> device() const override { return dev_; }
+  uint32_t stamp_mask() const override { return 0xffffffffu; }
 
-  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int /*unit*/) override {
+  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int /*unit*/, uint32_t stamp) override {
     auto r = make(peer, true, bytes, w_->queue(rank_, peer, ch));
     Message msg;
     msg.src = buf;
     msg.bytes = bytes;
+    msg.stamp = stamp;
     msg.sender = r.get();
     if (on_device(ch, bytes)) {
       // Paired on the host, copied by the receiver on its device (see DeviceHandoff).
@@ -149,9 +153,10 @@ class InprocTransport final : public Transport {
     return r;
   }
 
-  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/) override {
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/, Guard guard) override {
     auto r = make(peer, false, bytes, w_->queue(peer, rank_, ch));
     r->dst = buf;
+    r->guard = guard;
     if (on_device(ch, bytes)) r->posted = dev_->record();
     Queue* q = r->queue;
     std::lock_guard<std::mutex> g(q->m);
@@ -182,6 +187,7 @@ class InprocTransport final : public Transport {
         if (r->complete.load(std::memory_order_acquire)) {
           if (r->size_error) {
             r->done = true;  // matched: the transport is done with its buffer
+            r->wrong_message = true;
             throw RingError(ErrKind::transport, rank_, r->peer, 0,
                             "in-process message of unexpected size from rank " + std::to_string(r->peer));
           }

@@ -24,15 +24,14 @@ class Ledger {
  public:
   explicit Ledger(int nranks) : n_(nranks), cells_(size_t(Coll::kCount) * nranks * 2 * 4) {}
 
-  // msgs = 0: bytes that travel inside a message counted elsewhere (a
-  // fingerprint riding in a payload message).
-  void sent(Coll c, int peer, bool control, uint64_t bytes, uint64_t msgs = 1) {
+  // One message of `bytes`.
+  void sent(Coll c, int peer, bool control, uint64_t bytes) {
     add(at(c, peer, control) + 0, bytes);
-    add(at(c, peer, control) + 1, msgs);
+    add(at(c, peer, control) + 1, 1);
   }
-  void received(Coll c, int peer, bool control, uint64_t bytes, uint64_t msgs = 1) {
+  void received(Coll c, int peer, bool control, uint64_t bytes) {
     add(at(c, peer, control) + 2, bytes);
-    add(at(c, peer, control) + 3, msgs);
+    add(at(c, peer, control) + 3, 1);
   }
   // Flat copy indexed [(coll * nranks + peer) * 2 + control].
   std::vector<Counters> snapshot() const {

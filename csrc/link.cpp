@@ -11,10 +11,10 @@ enum : uint32_t { kHeader = 1, kAbort = 2 };
 constexpr int kUserInterrupt = -3;  // wait_for(): the interrupt check said stop
 // How often a blocked wait polls the interrupt check (Ctrl-C is seen within this).
 constexpr auto kInterruptSlice = std::chrono::milliseconds(100);
-// Payloads up to this size carry a peer's fingerprint inside the message
-// (a copy of at most this much costs less than a second message).
-constexpr size_t kPiggybackMax = 8192;
 constexpr size_t kFpBytes = sizeof(Fingerprint);
+// How long a rank that found a message of another call waits for that
+// peer's fingerprint, to name its call (throw_foreign_call).
+constexpr double kNameWaitS = 2.0;
 }  // namespace
 
 const char* algo_name(Algo a) {
@@ -65,6 +65,18 @@ std::string describe(const Fingerprint& f) {
   return s;
 }
 
+// A call's stamp (transport.h): FNV-1a over what same_call() compares.
+static uint32_t stamp_of(const Fingerprint& f) {
+  const int64_t v[] = {int64_t(f.seq), f.count, f.segment_bytes, f.coll, f.dtype, f.op, f.root, f.algo};
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t x : v)
+    for (int i = 0; i < 8; ++i) {
+      h ^= uint64_t(x >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  return uint32_t(h ^ (h >> 32));
+}
+
 static bool same_call(const Fingerprint& a, const Fingerprint& b) {
   return a.seq == b.seq && a.count == b.count && a.coll == b.coll && a.dtype == b.dtype &&
          a.op == b.op && a.root == b.root && a.segment_bytes == b.segment_bytes && a.algo == b.algo;
@@ -78,6 +90,7 @@ static std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
 
 Link::Link(std::shared_ptr<Transport> t, Options opts)
     : t_(std::move(t)), device_(t_->device()), opts_(opts), rank_(t_->rank()), size_(t_->size()), ledger_(t_->size()) {
+  stamp_mask_ = device_ ? 0 : t_->stamp_mask();
   for (auto& in : ctrl_in_) in = std::make_shared<ControlMsg>();
   if (size_ > 1) post_control_recv(0);
   if (size_ > 2) post_control_recv(1);
@@ -92,6 +105,8 @@ Link::~Link() {
   for (auto& p : ctrl_out_)
     if (p.second && !p.second->done && !t_->test(*p.second) && !t_->cancel(*p.second))
       quarantine(std::move(p.second), false);
+  for (auto& r : fp_sends_)
+    if (r && !r->done && !t_->test(*r) && !t_->cancel(*r)) quarantine(std::move(r), false);
 }
 
 void Link::quarantine(RequestPtr r, bool payload) {
@@ -169,9 +184,11 @@ void Link::handle_control(const ControlMsg& m, int side) {
   abort_from_ = from;
   std::string why;
   ErrKind kind = ErrKind(m.kind);
-  if (kind == ErrKind::mismatch && m.other.coll == 0 && m.other.seq == 0) {
-    why = "rank " + std::to_string(m.origin) + " in " + describe(m.fp) + " got a message of another size from rank " +
-          std::to_string(m.peer) + ": the ranks disagree on the call (count, dtype or algorithm)";
+  if (kind == ErrKind::mismatch && m.other.coll == 0 && m.other.seq == 0 && m.peer == rank_) {
+    why = mismatch_text(m.fp, fp_);  // the message of another call was ours: we know both
+  } else if (kind == ErrKind::mismatch && m.other.coll == 0 && m.other.seq == 0) {
+    why = "rank " + std::to_string(m.origin) + " in " + describe(m.fp) + " got a message from rank " +
+          std::to_string(m.peer) + " that belongs to another call: the ranks disagree on the call";
   } else if (kind == ErrKind::mismatch) {
     why = mismatch_text(m.fp, m.other);
   } else if (kind == ErrKind::timeout) {
@@ -196,6 +213,7 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
   if (aborted_) throw RingError(ErrKind::aborted, rank_, -1, fp.seq, "communicator was aborted: " + abort_reason_);
   fp_ = fp;
   fp_.rank = rank_;
+  stamp_ = stamp_of(fp_) & stamp_mask_;
   coll_ = Coll(fp.coll);
   header_inline_ = header_inline;
   // Normally empty (drain() or fail() emptied it); a request left by a
@@ -212,8 +230,8 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
   live_.clear();
   told_.clear();
   heard_.clear();
-  checks_.clear();
-  staged_ = fp_used_ = 0;
+  fp_told_.clear();
+  fp_used_ = fp_sent_ = 0;
   progress_.reset();
   if (size_ == 1) return;
   // A failure the ring reported while this rank was away (a straggler):
@@ -283,7 +301,7 @@ void Link::check_call(const Fingerprint& theirs, int peer) {
 }
 
 bool Link::first_to(int peer) {
-  if (peer == right() && !header_inline_) return false;  // our header vouches for us there
+  if (peer == right() && !header_inline_ && !stamp_mask_) return false;  // our header vouches for us there
   for (int p : told_)
     if (p == peer) return false;
   told_.push_back(peer);
@@ -298,38 +316,28 @@ bool Link::first_from(int peer) {
   return true;
 }
 
-// Staging buffers and fingerprints live in Link memory (never the stack),
-// which a quarantined request keeps alive if the collective fails meanwhile.
-char* Link::stage(size_t bytes) {
-  if (mem_->stage.size() <= staged_) mem_->stage.emplace_back();
-  auto& b = mem_->stage[staged_++];
-  if (b.size() < bytes) b.resize(std::max(bytes, size_t(256)));
-  return b.data();
+// Fingerprints live in Link memory (never the stack), which a quarantined
+// request keeps alive if the collective fails meanwhile; a deque, so earlier
+// slots stay put.
+Fingerprint* Link::fp_slot(std::deque<Fingerprint>& slots, size_t& used) {
+  if (slots.size() <= used) slots.resize(used + 1);
+  return &slots[used++];
 }
 
 Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
-  if (first_to(peer)) {
-    if (!device_ && bytes <= kPiggybackMax) {
-      char* m = stage(kFpBytes + bytes);
-      std::memcpy(m, &fp_, kFpBytes);
-      std::memcpy(m + kFpBytes, buf, bytes);
-      live_.push_back(t_->isend(peer, Channel::data, m, kFpBytes + bytes, unit));
-      ledger_.sent(coll_, peer, false, bytes);
-      ledger_.sent(coll_, peer, true, kFpBytes, 0);  // same message: bytes only
-      return live_.back().get();
-    }
-    // On its own, just before the payload: on the data channel, or, where the
-    // payload is in device memory (which cannot carry it), in host memory on
-    // the check channel; the receiver then reads it before it posts the
-    // payload's receive (recv()).
-    char* f = stage(kFpBytes);  // one slot per message: a send may still read an earlier one
-    std::memcpy(f, &fp_, kFpBytes);
-    live_.push_back(t_->isend(peer, device_ ? Channel::check : Channel::data, f, kFpBytes));
+  const bool first = first_to(peer);
+  if (first && !stamp_mask_) {
+    // On its own, in host memory on the check channel, just before the
+    // payload; the receiver reads it before it posts the payload's receive
+    // (recv()).
+    Fingerprint* f = fp_slot(mem_->fp_out, fp_sent_);
+    *f = fp_;
+    live_.push_back(t_->isend(peer, Channel::check, f, kFpBytes));
     live_.back()->counted = true;  // control bytes: not payload progress
     ledger_.sent(coll_, peer, true, kFpBytes);
   }
-  live_.push_back(t_->isend(peer, Channel::data, buf, bytes, unit));
+  live_.push_back(t_->isend(peer, Channel::data, buf, bytes, unit, stamp_));
   ledger_.sent(coll_, peer, false, bytes);
   return live_.back().get();
 }
@@ -337,72 +345,42 @@ Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
 Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
   await_header();
-  const bool first = first_from(peer);
-  if (first && device_) {
-    // Device memory: wait for the peer's fingerprint (host memory, check
-    // channel) and check it before the payload's receive is posted, like the
-    // left neighbour's header (a device transfer of another size could not
-    // be stopped once issued). The left neighbour's header was checked
-    // above, so a disagreement there is caught before this waits. This
-    // blocks until the peer posts its first send to us: every schedule
-    // (pairwise.h, naive.cpp) posts its sends to a peer before its receives
-    // from it, or has nothing else to post; one that received first from a
-    // peer doing the same would wait here until the deadline.
+  Guard guard;
+  if (stamp_mask_) {
+    // The first message of this call from a peer not vouched for by a
+    // header: the transport checks its size and stamp before any byte
+    // lands, and matches later ones from that peer only after it.
+    guard.on = first_from(peer);
+    guard.stamp = stamp_;
+  } else if (first_from(peer)) {
+    // No stamps (device memory): wait for the peer's fingerprint (host
+    // memory, check channel) and check it before the payload's receive is
+    // posted, like the left neighbour's header (a device transfer of another
+    // size could not be stopped once issued). The left neighbour's header
+    // was checked above, so a disagreement there is caught before this
+    // waits. This blocks until the peer posts its first send to us: every
+    // schedule (pairwise.h, naive.cpp) posts its sends to a peer before its
+    // receives from it, or has nothing else to post; one that received first
+    // from a peer doing the same would wait here until the deadline.
     Fingerprint* f;
-    Request* fr = recv_fingerprint(peer, Channel::check, &f);
+    Request* fr = recv_fingerprint(peer, &f);
     wait(fr, "its call's fingerprint");
     if (!plausible(*f, peer)) throw_foreign(*fr);
     check_call(*f, peer);
-  } else if (first) {
-    Check c{nullptr, nullptr, nullptr, buf, bytes};
-    if (bytes <= kPiggybackMax) {
-      char* m = stage(kFpBytes + bytes);
-      live_.push_back(t_->irecv(peer, Channel::data, m, kFpBytes + bytes, unit));
-      ledger_.received(coll_, peer, true, kFpBytes, 0);
-      c.staged = m;
-    } else {
-      Fingerprint* f;
-      c.fp_req = recv_fingerprint(peer, Channel::data, &f);
-      c.staged = reinterpret_cast<const char*>(f);
-      live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit));
-    }
-    ledger_.received(coll_, peer, false, bytes);
-    c.req = live_.back().get();
-    checks_.push_back(c);
-    return c.req;
   }
-  live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit));
+  // With stamps, wait() also checks every message's call before anyone uses it.
+  live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit, guard));
   ledger_.received(coll_, peer, false, bytes);
   return live_.back().get();
 }
 
-// A fingerprint sent on its own: into a slot of Link memory (a quarantined
-// request keeps it alive), counted as control.
-Request* Link::recv_fingerprint(int peer, Channel ch, Fingerprint** slot) {
-  if (mem_->fp_in.size() <= fp_used_) mem_->fp_in.resize(fp_used_ + 1);  // a deque: earlier slots stay put
-  *slot = &mem_->fp_in[fp_used_++];
-  live_.push_back(t_->irecv(peer, ch, *slot, kFpBytes));
+// A fingerprint sent on its own: into a slot of Link memory, counted as control.
+Request* Link::recv_fingerprint(int peer, Fingerprint** slot) {
+  *slot = fp_slot(mem_->fp_in, fp_used_);
+  live_.push_back(t_->irecv(peer, Channel::check, *slot, kFpBytes));
   live_.back()->counted = true;  // control bytes: not payload progress
   ledger_.received(coll_, peer, true, kFpBytes);
   return live_.back().get();
-}
-
-// A receive from a peer beyond the left neighbour completed: check the call
-// it was made for before the algorithm may use the data.
-void Link::run_check(Request* r) {
-  for (size_t i = 0; i < checks_.size(); ++i) {
-    if (checks_[i].req != r) continue;
-    Check c = checks_[i];
-    checks_.erase(checks_.begin() + long(i));
-    if (c.fp_req) wait(c.fp_req, "its call's fingerprint");  // sent just before, so already here
-    Fingerprint theirs;
-    std::memcpy(&theirs, c.staged, kFpBytes);
-    if (!plausible(theirs, r->peer))  // not a fingerprint at all: the peer sent plain payload
-      throw_foreign(*r);
-    check_call(theirs, r->peer);
-    if (!c.fp_req) std::memcpy(c.dst, c.staged + kFpBytes, c.bytes);
-    return;
-  }
 }
 
 bool Link::plausible(const Fingerprint& f, int peer) const {
@@ -417,19 +395,73 @@ bool Link::plausible(const Fingerprint& f, int peer) const {
                       " that does not belong to this call (it runs another count or algorithm)");
 }
 
+// Our fingerprint to `peer` on the check channel, once per call (with
+// stamps: after a failure, or when its message was found to be another call's).
+void Link::send_fingerprint(int peer) {
+  for (int p : fp_told_)
+    if (p == peer) return;
+  fp_told_.push_back(peer);
+  Fingerprint* f = fp_slot(mem_->fp_out, fp_sent_);
+  *f = fp_;
+  fp_sends_.push_back(t_->isend(peer, Channel::check, f, kFpBytes));
+  ledger_.sent(coll_, peer, true, kFpBytes);
+}
+
+// A payload message from `peer` belongs to another call (its stamp, or its
+// size): exchange fingerprints with it on the check channel, so the error,
+// and the ABORT notice every other rank hears it from, name both calls.
+// The peer sends its own when it finds ours foreign too (two ranks: each
+// finds the other's), or when it fails, which a rank whose left neighbour
+// disagrees does at its header check. Bounded: without it within
+// kNameWaitS, the error names our call only.
+[[noreturn]] void Link::throw_foreign_call(const Request& r, const std::string& unnamed) {
+  const int peer = r.peer;
+  Fingerprint* f = nullptr;
+  RequestPtr in;
+  int got = -1;
+  auto withdraw = [&] {
+    if (in && !in->done && !t_->cancel(*in)) quarantine(std::move(in), false);
+  };
+  try {
+    send_fingerprint(peer);
+    f = fp_slot(mem_->fp_in, fp_used_);
+    in = t_->irecv(peer, Channel::check, f, kFpBytes);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(std::min(opts_.timeout_s, kNameWaitS)));
+    // The control streams too: a left neighbour that sent its header on its
+    // own (it runs another algorithm) is named by it (handle_control), and an
+    // ABORT notice ends the wait.
+    for (;;) {
+      Request* reqs[3] = {in.get(), ctrl_req_[0].get(), ctrl_req_[1].get()};
+      got = t_->wait_any(reqs, 3, deadline);
+      if (got < 1) break;
+      take_control(got - 1);
+    }
+  } catch (const RingError&) {
+    withdraw();
+    if (received_abort_) throw;  // named by a header, or an ABORT notice
+  } catch (const std::exception&) {
+  }
+  withdraw();
+  if (got == 0) {
+    ledger_.received(coll_, peer, true, kFpBytes);
+    if (plausible(*f, peer) && !same_call(fp_, *f)) check_call(*f, peer);  // throws, naming both
+  }
+  throw_mismatch(peer, nullptr, unnamed);
+}
+
+[[noreturn]] void Link::throw_foreign_stamp(const Request& r) {
+  char stamps[64];
+  std::snprintf(stamps, sizeof stamps, "call stamp %08x, this call's %08x", unsigned(r.stamp), unsigned(stamp_));
+  throw_foreign_call(r, "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " +
+                            describe(fp_) + " got a message from rank " + std::to_string(r.peer) +
+                            " that belongs to another call (" + stamps + ")");
+}
+
 [[noreturn]] void Link::throw_size_mismatch(const Request& r, const RingError& e) {
   // Both sides of a message derive its size from the call, so a message of
   // another size means the sender runs another call (or another algorithm).
-  // A message expected to open with the peer's fingerprint usually still
-  // does (the peer's own first message to us opens with it, or is it): name
-  // both calls then.
-  for (const Check& c : checks_) {
-    if (c.req != &r && c.fp_req != &r) continue;
-    if (c.fp_req && c.fp_req != &r && !c.fp_req->done && !t_->test(*c.fp_req)) continue;
-    Fingerprint theirs;
-    std::memcpy(&theirs, c.staged, kFpBytes);
-    if (theirs.seq == fp_.seq && plausible(theirs, r.peer) && !same_call(fp_, theirs)) check_call(theirs, r.peer);
-  }
+  if (stamp_mask_ && r.stamp != stamp_) throw_foreign_stamp(r);
   // A left neighbour that sent its header on its own (another algorithm):
   // it was sent first, so it is usually here by now.
   if (r.peer == left() && size_ > 1) {
@@ -437,10 +469,12 @@ bool Link::plausible(const Fingerprint& f, int peer) const {
     for (const ControlMsg& h : early_headers_)
       if (h.fp.seq == fp_.seq) check_call(h.fp, r.peer);
   }
-  throw_mismatch(r.peer, nullptr,
-                  "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " + describe(fp_) +
-                      " got a message of another size from rank " + std::to_string(r.peer) + " (" + e.what() +
-                      "): every rank must issue the same collectives with the same count, dtype and algorithm");
+  const std::string text = "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " +
+                           describe(fp_) + " got a message of another size from rank " + std::to_string(r.peer) +
+                           " (" + e.what() +
+                           "): every rank must issue the same collectives with the same count, dtype and algorithm";
+  if (stamp_mask_) throw_foreign_call(r, text);
+  throw_mismatch(r.peer, nullptr, text);
 }
 
 void Link::counted(const Request& r) {
@@ -466,7 +500,7 @@ void Link::wait(Request* r, const char* what, int step, int segment) {
   if (!r) return;
   if (!r->done && !quick_wait(r)) slow_wait(r, what, step, segment);
   counted(*r);
-  if (!checks_.empty()) run_check(r);
+  if (stamp_mask_ && !r->is_send && r->stamp != stamp_) throw_foreign_stamp(*r);
 }
 
 // The small-message case: the request completes within the transport's
@@ -478,7 +512,7 @@ bool Link::quick_wait(Request* r) {
   try {
     i = t_->wait_any(reqs, 3, Clock::time_point::min());
   } catch (const RingError& e) {
-    if (e.kind == ErrKind::transport && !r->is_send && r->done) throw_size_mismatch(*r, e);
+    if (e.kind == ErrKind::transport && !r->is_send && r->wrong_message) throw_size_mismatch(*r, e);
     throw;
   }
   if (i == 0) return true;
@@ -501,7 +535,7 @@ void Link::slow_wait(Request* r, const char* what, int step, int segment) {
     try {
       i = wait_for(reqs, 3, now, now + timeout);
     } catch (const RingError& e) {
-      if (e.kind == ErrKind::transport && !r->is_send && r->done) throw_size_mismatch(*r, e);
+      if (e.kind == ErrKind::transport && !r->is_send && r->wrong_message) throw_size_mismatch(*r, e);
       throw;
     }
     now = Clock::now();
@@ -562,7 +596,7 @@ void Link::drain() {
 }
 
 Request* Link::send_token(int peer) {
-  live_.push_back(t_->isend(peer, Channel::data, nullptr, 0));
+  live_.push_back(t_->isend(peer, Channel::data, nullptr, 0, -1, stamp_));
   ledger_.sent(coll_, peer, false, 0);
   return live_.back().get();
 }
@@ -606,6 +640,17 @@ void Link::fail(const RingError& e) {
     if (peer == notice.origin || peer == abort_from_) continue;
     try {
       send_control(notice, peer);  // best effort: the ring may already be broken
+    } catch (const std::exception&) {
+    }
+  }
+  // With stamps, a peer that got a payload message from us may have found it
+  // belongs to another call: our fingerprint lets it name ours
+  // (name_foreign_call). Host memory only, where the check channel is
+  // otherwise unused.
+  if (!stamp_mask_) return;
+  for (int peer : told_) {
+    try {
+      send_fingerprint(peer);
     } catch (const std::exception&) {
     }
   }

@@ -15,14 +15,18 @@
 //     ABORT notice to both neighbours, which each rank forwards onwards, so
 //     every rank that is waiting on the ring fails within one trip around it
 //     instead of hanging until its deadline, even when one rank is away.
-//   * peers beyond the left neighbour: algorithms that talk to other ranks
-//     (recursive doubling, halving-doubling, master-centric) get the same
-//     guarantee from the first message of each collective from such a peer:
-//     it carries the sender's fingerprint, inside the message for a small
-//     payload (one message, no extra latency), as a message of its own just
-//     before a large one. Data from a peer is never handed to the algorithm
-//     before its call was checked. Payload in device memory cannot carry
-//     it: there it goes on its own, in host memory (Channel::check), and is
+//   * every payload message is checked: on a host transport that carries
+//     stamps (transport.h: MPI's tag, a field in process) each one carries a
+//     32-bit hash of its call outside its bytes, and a receive whose stamp
+//     or size is not this call's fails before the algorithm sees the data.
+//     That covers peers beyond the left neighbour (recursive doubling,
+//     halving-doubling, master-centric) at no cost: no byte is added to a
+//     message (an extra byte can cost a protocol step: Open MPI sends up to
+//     256 bytes inline). To name both calls in the error, the two ranks
+//     then exchange fingerprints on the check channel (every failing rank
+//     also sends its own to the peers it sent to). Elsewhere (payload in device memory) the first
+//     message to a peer beyond the neighbours is preceded by the sender's
+//     fingerprint on its own, in host memory (Channel::check), and it is
 //     checked before the payload's receive is even posted.
 //   * failure hygiene: requests a failed collective cannot withdraw go to
 //     the quarantine (quarantine.h) with the memory they may touch; a
@@ -86,10 +90,10 @@ class Link {
 
   // ---- collective lifecycle (called by the Engine) ----
   // Send this collective's header to the right neighbour. With
-  // `header_inline` it instead rides in the first payload message to the
-  // right neighbour, and the left neighbour's in its first to us (for
-  // algorithms whose first message goes there anyway: one message less per
-  // call; Engine decides, alike on every rank).
+  // `header_inline` (stamped links only) none is sent: the stamps of the
+  // first payload messages each way are the header (for algorithms whose
+  // first message goes to the neighbour anyway: one message less per call;
+  // Engine decides, alike on every rank).
   void begin(const Fingerprint& fp, bool header_inline = false);
   // Receive and check the left neighbour's header (once per collective;
   // recv() and drain() call it). Throws MismatchError on disagreement.
@@ -112,6 +116,9 @@ class Link {
   // when no request that may touch them outlived it).
   std::shared_ptr<Hold> hold() const { return hold_; }
   bool aborted() const { return aborted_; }
+  // Payload messages carry the call's stamp (host memory, a stamping transport).
+  bool stamped() const { return stamp_mask_ != 0; }
+
   // The coming abort is a user interrupt (Ctrl-C): the ring is told so. Any thread.
   void mark_user_interrupt() { user_interrupted_.store(true); }
   const std::string& abort_reason() const { return abort_reason_; }
@@ -178,23 +185,17 @@ class Link {
   [[noreturn]] void throw_user_interrupt(const Request& r);
   void check_call(const Fingerprint& theirs, int peer);  // throws MismatchError
   void send_control(const ControlMsg& m, int peer);
-  // The first message of a collective to/from a peer that is not our
-  // right/left neighbour carries (or is preceded by) a fingerprint.
+  // Without stamps, the first message of a collective to/from a peer that
+  // is not our right/left neighbour is preceded by a fingerprint.
   bool first_to(int peer);
   bool first_from(int peer);
-  char* stage(size_t bytes);  // staging memory for one piggybacked message
-  Request* recv_fingerprint(int peer, Channel ch, Fingerprint** slot);  // a fingerprint sent on its own
-  struct Check {  // a receive whose sender's fingerprint is checked before use
-    Request* req;
-    Request* fp_req;   // separate fingerprint message (large payload), else null
-    const char* staged;  // piggybacked: where the message landed (fingerprint first)
-    void* dst;
-    size_t bytes;
-  };
-  void run_check(Request* r);
+  Request* recv_fingerprint(int peer, Fingerprint** slot);  // a fingerprint sent on its own (check channel)
   [[noreturn]] void throw_size_mismatch(const Request& r, const RingError& e);
   bool plausible(const Fingerprint& f, int peer) const;  // could these bytes be peer's fingerprint?
   [[noreturn]] void throw_foreign(const Request& r);
+  [[noreturn]] void throw_foreign_stamp(const Request& r);
+  [[noreturn]] void throw_foreign_call(const Request& r, const std::string& unnamed);
+  void send_fingerprint(int peer);  // ours, on the check channel, once per call and peer
   [[noreturn]] void throw_mismatch(int peer, const Fingerprint* theirs, const std::string& text);
 
   std::shared_ptr<Transport> t_;
@@ -203,14 +204,20 @@ class Link {
   int rank_, size_;
   Ledger ledger_;
   Fingerprint fp_;
+  uint32_t stamp_mask_ = 0;  // the transport's stamp bits; 0: no stamps (device memory, or none carried)
+  uint32_t stamp_ = 0;       // this call's stamp
   Coll coll_ = Coll::barrier;
   bool header_checked_ = true;
   bool header_inline_ = false;
 
   std::vector<RequestPtr> live_;  // payload requests of the current collective
-  std::vector<int> told_, heard_;  // peers (not neighbours) that got / gave our fingerprints this call
-  std::vector<Check> checks_;      // receives still to be checked
-  size_t staged_ = 0, fp_used_ = 0;  // staging buffers / fingerprint slots used this call
+  // peers that got a payload message from us / gave us a fingerprint this
+  // call (with stamps: all we sent to; without: those beyond the neighbours)
+  std::vector<int> told_, heard_;
+  std::vector<int> fp_told_;  // peers our fingerprint went to on the check channel this call (stamps)
+  size_t fp_used_ = 0, fp_sent_ = 0;  // fingerprint slots (in, out) used this call
+  Fingerprint* fp_slot(std::deque<Fingerprint>& slots, size_t& used);
+  std::vector<RequestPtr> fp_sends_;  // our fingerprint to the peers told, after a failure
 
   // Control streams: one receive always posted from the left neighbour
   // (headers and ABORT notices) and, with more than two ranks, one from the
@@ -237,8 +244,8 @@ class Link {
   // quarantined request can keep it alive after the Link is gone.
   struct Memory {
     std::vector<char> scratch[2];
-    std::deque<Fingerprint> fp_in;        // separate fingerprint messages received this call
-    std::vector<std::vector<char>> stage;  // piggybacked messages, in and out
+    std::deque<Fingerprint> fp_in;   // fingerprint messages received this call
+    std::deque<Fingerprint> fp_out;  // fingerprint messages sent
   };
   std::shared_ptr<Memory> mem_ = std::make_shared<Memory>();
   std::shared_ptr<Hold> hold_;

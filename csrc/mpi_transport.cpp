@@ -4,8 +4,10 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <cstdio>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 namespace ringcomm {
 
@@ -29,10 +31,20 @@ std::string mpi_error(const char* call, int rc, const char* file, int line) {
 
 struct MpiRequest : Request, Recycled<MpiRequest> {
   MPI_Request req = MPI_REQUEST_NULL;
+  // A receive not yet handed to MPI (guarded, or behind a guarded one from
+  // the same peer): matched by probe, in order, from the peer's queue.
+  bool queued = false;
+  MpiRequest* next = nullptr;  // the peer's queue
+  void* buf = nullptr;
+  Guard guard;
+  std::vector<char> sink;  // the message matched was another call's: it drains here
 };
 
 constexpr long kMinPolls = 64;  // polls before the clock is consulted at all
-constexpr int kTag[int(Channel::kCount)] = {0x5243, 0x5244, 0x5245};  // data, control, check
+// control and check; data messages travel on a communicator of their own
+// with the stamp as their tag, received with MPI_ANY_TAG (so messages from
+// one peer still match in order whatever their stamps).
+constexpr int kTag[int(Channel::kCount)] = {0, 0x5244, 0x5245};  // data (unused), control, check
 constexpr size_t kMaxMessage = size_t(1) << 30;
 
 class MpiTransport final : public Transport {
@@ -51,8 +63,18 @@ class MpiTransport final : public Transport {
     rank_ = -1;
     RC_MPI(MPI_Comm_dup(parent, &comm_), -1);
     RC_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
+    RC_MPI(MPI_Comm_dup(comm_, &data_), -1);
+    RC_MPI(MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN), -1);
+    // Stamps are tags: as many low bits as every tag up to MPI_TAG_UB allows
+    // (at least 15 by the standard; 31 in Open MPI and MPICH).
+    int* ub = nullptr;
+    int found = 0;
+    RC_MPI(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found), -1);
+    const uint32_t tag_ub = found && ub ? uint32_t(*ub) : 32767u;
+    while (stamp_mask_ * 2 + 1 <= tag_ub && stamp_mask_ < 0x7fffffffu) stamp_mask_ = stamp_mask_ * 2 + 1;
     RC_MPI(MPI_Comm_rank(comm_, &rank_), -1);
     RC_MPI(MPI_Comm_size(comm_, &size_), -1);
+    queues_.resize(size_t(size_));
     // Busy-poll only when every rank on this node has a core of its own:
     // then a yield (a syscall and a trip through the scheduler) costs more than
     // the message. When ranks outnumber cores, spinning steals the core the
@@ -69,22 +91,45 @@ class MpiTransport final : public Transport {
   ~MpiTransport() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (!finalized) {
+      MPI_Comm_free(&data_);
+      MPI_Comm_free(&comm_);
+    }
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
 
-  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int /*unit*/) override {
+  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int /*unit*/, uint32_t stamp) override {
     auto r = make(peer, true, bytes);
-    RC_MPI(MPI_Isend(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
+    if (ch == Channel::data)
+      RC_MPI(MPI_Isend(buf, int(bytes), MPI_BYTE, peer, int(stamp & stamp_mask_), data_, &r->req), peer);
+    else
+      RC_MPI(MPI_Isend(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
     return r;
   }
-  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/) override {
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/, Guard guard) override {
     auto r = make(peer, false, bytes);
-    RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
+    if (ch != Channel::data) {
+      RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
+    } else if (guard.on || queues_[peer].head) {
+      // A posted receive would take a larger message and (single-copy path)
+      // write all of it: probe first, and keep later receives from this
+      // peer behind it so they match in order.
+      r->queued = true;
+      r->buf = buf;
+      r->guard = guard;
+      Queue& q = queues_[peer];
+      (q.head ? q.tail->next : q.head) = r.get();
+      q.tail = r.get();
+      ++queued_;
+      match_queued(peer);
+    } else {
+      RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, MPI_ANY_TAG, data_, &r->req), peer);
+    }
     return r;
   }
+  uint32_t stamp_mask() const override { return stamp_mask_; }
 
   // Poll with backoff: spin first (a neighbour on another core answers in
   // microseconds), then yield the core (ranks may outnumber cores), then
@@ -92,9 +137,14 @@ class MpiTransport final : public Transport {
   int wait_any(Request* const* reqs, int n, Clock::time_point deadline) override {
     Clock::time_point start{};  // taken once polling alone did not do (no clock on the fast path)
     for (long iter = 0;; ++iter) {
+      if (queued_)
+        for (int p = 0; p < size_; ++p)
+          if (queues_[p].head) match_queued(p);
       for (int i = 0; i < n; ++i) {
         auto* r = static_cast<MpiRequest*>(reqs[i]);
         if (!r) continue;
+        if (r->queued) continue;
+        if (r->wrong_message && !r->sink.empty()) throw_wrong_message(*r);
         if (!r->done) {
           int flag = 0;
           MPI_Status st;
@@ -104,6 +154,8 @@ class MpiTransport final : public Transport {
           if (cls == MPI_ERR_TRUNCATE || (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR == MPI_ERR_TRUNCATE)) {
             // A larger message than posted: it is over (its first bytes landed).
             r->done = true;
+            r->wrong_message = true;
+            r->stamp = uint32_t(st.MPI_TAG);
             throw RingError(ErrKind::transport, rank_, r->peer, 0,
                             "MPI message from rank " + std::to_string(r->peer) + " larger than the " +
                                 std::to_string(r->bytes) + " bytes expected (truncated)");
@@ -112,12 +164,15 @@ class MpiTransport final : public Transport {
           if (!flag) continue;
           r->done = true;
           if (!r->is_send) {
+            r->stamp = uint32_t(st.MPI_TAG);
             int got = 0;
             MPI_Get_count(&st, MPI_BYTE, &got);
-            if (size_t(got) != r->bytes)
+            if (size_t(got) != r->bytes) {
+              r->wrong_message = true;
               throw RingError(ErrKind::transport, rank_, r->peer, 0,
                               "MPI message of " + std::to_string(got) + " bytes from rank " +
                                   std::to_string(r->peer) + ", expected " + std::to_string(r->bytes));
+            }
           }
         }
         return i;
@@ -138,6 +193,10 @@ class MpiTransport final : public Transport {
 
   bool cancel(Request& req) override {
     auto& r = static_cast<MpiRequest&>(req);
+    if (r.queued) {  // nothing matched yet: just leave the queue
+      unqueue(r);
+      return true;
+    }
     if (r.req == MPI_REQUEST_NULL || test(r)) return true;
     // A send cannot be withdrawn (MPI 4 deprecates MPI_Cancel for sends and
     // Open MPI's ob1 ignores it): once posted, the library reads the buffer
@@ -158,6 +217,7 @@ class MpiTransport final : public Transport {
 
   bool test(Request& req) override {
     auto& r = static_cast<MpiRequest&>(req);
+    if (r.queued) return false;
     if (r.req == MPI_REQUEST_NULL) return true;
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -172,6 +232,60 @@ class MpiTransport final : public Transport {
   }
 
  private:
+  // Match the peer's queued receives, oldest first, to the messages that
+  // have arrived (a matched probe takes the message out of MPI's matching,
+  // so nothing else can receive it). One of another size or stamp than a
+  // guarded receive expects drains into the request's own sink instead of
+  // the caller's buffer; wait_any then reports it.
+  void match_queued(int peer) {
+    Queue& q = queues_[peer];
+    while (MpiRequest* r = q.head) {
+      int flag = 0;
+      MPI_Message msg;
+      MPI_Status st;
+      RC_MPI(MPI_Improbe(peer, MPI_ANY_TAG, data_, &flag, &msg, &st), peer);
+      if (!flag) return;
+      unqueue(*r);
+      int got = 0;
+      MPI_Get_count(&st, MPI_BYTE, &got);
+      r->stamp = uint32_t(st.MPI_TAG);
+      void* dst = r->buf;
+      if (size_t(got) != r->bytes || (r->guard.on && r->stamp != (r->guard.stamp & stamp_mask_))) {
+        r->wrong_message = true;
+        r->sink.resize(size_t(got) + 1);
+        dst = r->sink.data();
+      }
+      RC_MPI(MPI_Imrecv(dst, got, MPI_BYTE, &msg, &r->req), peer);
+    }
+  }
+  void unqueue(MpiRequest& r) {
+    Queue& q = queues_[r.peer];
+    MpiRequest** link = &q.head;
+    MpiRequest* prev = nullptr;
+    while (*link && *link != &r) {
+      prev = *link;
+      link = &(*link)->next;
+    }
+    if (!*link) return;
+    *link = r.next;
+    if (q.tail == &r) q.tail = prev;
+    r.next = nullptr;
+    r.queued = false;
+    --queued_;
+  }
+  [[noreturn]] void throw_wrong_message(MpiRequest& r) {
+    char what[160];
+    std::snprintf(what, sizeof what, "MPI message of %zu bytes and tag %u from rank %d, expected %zu bytes%s",
+                  r.sink.size() - 1, unsigned(r.stamp), r.peer, r.bytes,
+                  r.guard.on ? " of this call's stamp (it did not touch the buffer)" : "");
+    if (!r.sink.empty()) {  // guarded: the message drains into the sink
+      int flag = 0;
+      MPI_Test(&r.req, &flag, MPI_STATUS_IGNORE);
+      if (flag) r.done = true;
+    }
+    throw RingError(ErrKind::transport, rank_, r.peer, 0, what);
+  }
+
   std::unique_ptr<MpiRequest> make(int peer, bool is_send, size_t bytes) {
     if (peer < 0 || peer >= size_) throw_invalid("peer rank out of range: " + std::to_string(peer));
     if (bytes > kMaxMessage) throw_invalid("message larger than 1 GiB; lower the segment size");
@@ -181,7 +295,15 @@ class MpiTransport final : public Transport {
     r->bytes = bytes;
     return r;
   }
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // control and check
+  MPI_Comm data_ = MPI_COMM_NULL;  // payload, tagged with stamps
+  uint32_t stamp_mask_ = 0;
+  struct Queue {
+    MpiRequest* head = nullptr;
+    MpiRequest* tail = nullptr;
+  };
+  std::vector<Queue> queues_;  // per peer: receives matched by probe (see irecv)
+  int queued_ = 0;             // receives in all queues
   int rank_ = -1, size_ = 0;
   Clock::duration spin_{0};  // how long a wait busy-polls before yielding
 };

@@ -36,6 +36,23 @@ struct Request {
   size_t bytes = 0;
   bool done = false;  // set by Transport::wait_any once complete
   bool counted = false;  // its bytes are in the Link's progress (flight.h)
+  uint32_t stamp = 0;    // a completed data receive: the stamp its message carried
+  // A receive matched a message of another size (or, guarded, of another
+  // stamp) and the transport threw: none of it reached the buffer when
+  // guarded. The request may still be draining the message elsewhere (then
+  // not `done`).
+  bool wrong_message = false;
+};
+
+// A receive whose sender's call is not yet known to be ours (Link::recv):
+// the message may be of any size or call. The transport must not let a
+// message of another size or stamp touch the buffer, and must not match a
+// later receive from the same peer before this one (which a posted MPI
+// receive would, in order, but a message larger than posted would overrun
+// it: Open MPI 5.0's single-copy path writes a truncated message in full).
+struct Guard {
+  bool on = false;
+  uint32_t stamp = 0;  // the stamp the message must carry
 };
 using RequestPtr = std::unique_ptr<Request>;
 
@@ -52,8 +69,18 @@ class Transport {
   // neighbours, by their sends and receives of the same unit. Host transports
   // ignore it; NCCL must issue each unit's send and receive together in one
   // group (nccl_transport.cpp), and this is how it knows which belong together.
-  virtual RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int unit = -1) = 0;
-  virtual RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int unit = -1) = 0;
+  // `stamp` (data channel, stamping transports only): a number carried with
+  // the message outside its bytes and reported on the receive
+  // (Request::stamp); Link stamps every payload message with its call's
+  // identity, so a receiver checks the call of each message without a byte
+  // added to it (an extra byte can cost a protocol step: Open MPI sends up
+  // to 256 bytes inline).
+  virtual RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int unit = -1,
+                           uint32_t stamp = 0) = 0;
+  virtual RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int unit = -1, Guard guard = {}) = 0;
+  // The bits of a stamp this transport carries (0: it carries none; Link then
+  // sends a call's fingerprint on its own, on Channel::check).
+  virtual uint32_t stamp_mask() const { return 0; }
 
   // Where payload (Channel::data) lives and is ordered: null for host memory
   // (requests complete on the host), else the rank's Device (device.h):

@@ -270,6 +270,29 @@ def test_a_count_mismatch_within_one_algorithm_names_both_calls(algorithm):
     assert all(ringcomm.run_local(4, body, timeout=20))
 
 
+@pytest.mark.parametrize("what", ["dtype", "op"])
+@pytest.mark.parametrize("n", [2, 4, 5])
+@pytest.mark.parametrize("algorithm", PAIRWISE)
+def test_a_mismatch_of_equal_message_sizes_is_caught_by_the_stamp_and_named_on_every_rank(algorithm, n, what):
+    # Same count and item size, so every message has the size the others
+    # expect: only the stamp each message carries (a hash of its call) tells
+    # them apart. Rank n-2's partners are not its left neighbour (on two
+    # ranks there is no header at all). Every rank names both calls.
+    culprit = n - 2
+
+    def body(comm):
+        odd = comm.rank == culprit
+        x = np.arange(1, 65, dtype=np.int32 if odd and what == "dtype" else np.float32)
+        y = np.full(64, -1, x.dtype)
+        with pytest.raises(MismatchError) as info:
+            comm.all_reduce(x, out=y, op="max" if odd and what == "op" else "sum", algorithm=algorithm)
+        text = str(info.value)
+        want = ("int32", "float32") if what == "dtype" else ("op=max", "op=sum")
+        assert all(w in text for w in want), f"rank {comm.rank}: {text}"
+        return True
+    assert all(ringcomm.run_local(n, body, timeout=20))
+
+
 def test_invalid_algorithm_choices_are_refused_before_anything_moves():
     def body(comm):
         x = np.ones(6, np.float32)

@@ -134,6 +134,81 @@ def test_naive_mismatch_over_mpi_is_detected_before_any_oversized_receive():
     assert time.monotonic() - t0 < 10
 
 
+# (collective, algorithm, world sizes it runs on)
+DISAGREEING_CALLS = [("all_reduce", "ring", None), ("all_reduce", "recursive_doubling", None),
+                     ("all_reduce", "halving_doubling", None), ("all_reduce", "naive", None),
+                     ("all_gather", "halving_doubling", (2, 4)), ("reduce_scatter", "halving_doubling", (2, 4)),
+                     ("all_gather", "ring", None)]
+
+
+@pytest.mark.parallel([2, 3, 4])
+def test_a_peer_with_a_larger_count_never_writes_past_the_output():
+    # Open MPI 5.0's single-copy path (smsc/cma) writes a message larger than
+    # the posted receive in full, past the buffer, though it reports
+    # MPI_ERR_TRUNCATE (tests/scripts/mpi_truncation.py shows it). Rank 1
+    # calls with 8x the others' count, in messages well above the eager
+    # limit: every rank must fail with MismatchError, naming both counts, and
+    # no byte past any rank's output may change.
+    from mpi4py import MPI
+    rank, n = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+
+    def one(coll, algorithm):
+        comm = ringcomm.init(timeout=20)
+        base = 16384 * n
+        count = base * (8 if rank == 1 else 1)
+        out_len = {"all_reduce": count, "all_gather": count, "reduce_scatter": count // n}[coll]
+        in_len = {"all_reduce": count, "all_gather": count // n, "reduce_scatter": count}[coll]
+        guard = 1 << 20
+        big = np.full(out_len + guard, -7.0, np.float32)
+        x = np.arange(in_len, dtype=np.float32) + rank
+        errs = []
+        try:
+            getattr(comm, coll)(x, out=big[:out_len], algorithm=algorithm)
+            errs.append(f"rank {rank}: {coll}/{algorithm} completed")
+        except MismatchError as exc:
+            if not (f"count={base}" in str(exc) and f"count={base * 8}" in str(exc)):
+                errs.append(f"rank {rank}: {coll}/{algorithm}: the error does not name both calls: {exc}")
+        except CommunicatorAborted as exc:
+            errs.append(f"rank {rank}: {coll}/{algorithm}: aborted, not a mismatch: {exc}")
+        changed = np.flatnonzero(big[out_len:] != -7.0)
+        if changed.size:
+            errs.append(f"rank {rank}: {coll}/{algorithm}: {changed.size * 4} bytes past the output overwritten, "
+                        f"from index {out_len + changed[0]}")
+        MPI.COMM_WORLD.Barrier()
+        return errs
+
+    def body():
+        errs = []
+        for coll, algorithm, sizes in DISAGREEING_CALLS:
+            if sizes is None or n in sizes:
+                errs += one(coll, algorithm)
+        return errs
+    assert_no_errors_anywhere(guarded(body))
+
+
+@pytest.mark.parallel([2, 4])
+def test_a_dtype_mismatch_of_equal_sizes_is_caught_by_the_tag_over_mpi():
+    # float32 against int32, same count: every message has the expected
+    # size; only its MPI tag (the call's stamp) differs. Named on every rank.
+    from mpi4py import MPI
+    rank = MPI.COMM_WORLD.rank
+
+    def body():
+        errs = []
+        for algorithm in ("recursive_doubling", "halving_doubling"):
+            comm = ringcomm.init(timeout=20)
+            x = np.arange(1, 65, dtype=np.int32 if rank == 0 else np.float32)
+            try:
+                comm.all_reduce(x, algorithm=algorithm)
+                errs.append(f"rank {rank}: {algorithm} completed")
+            except MismatchError as exc:
+                if not ("int32" in str(exc) and "float32" in str(exc)):
+                    errs.append(f"rank {rank}: {algorithm}: the error does not name both calls: {exc}")
+            MPI.COMM_WORLD.Barrier()
+        return errs
+    assert_no_errors_anywhere(guarded(body))
+
+
 @pytest.mark.parallel(3)
 def test_abort_from_a_watchdog_thread_over_mpi():
     import threading
