@@ -123,7 +123,6 @@ class MpiTransport final : public Transport {
       (q.head ? q.tail->next : q.head) = r.get();
       q.tail = r.get();
       ++queued_;
-      match_queued(peer);
     } else {
       RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, MPI_ANY_TAG, data_, &r->req), peer);
     }
@@ -137,13 +136,13 @@ class MpiTransport final : public Transport {
   int wait_any(Request* const* reqs, int n, Clock::time_point deadline) override {
     Clock::time_point start{};  // taken once polling alone did not do (no clock on the fast path)
     for (long iter = 0;; ++iter) {
-      if (queued_)
-        for (int p = 0; p < size_; ++p)
-          if (queues_[p].head) match_queued(p);
       for (int i = 0; i < n; ++i) {
         auto* r = static_cast<MpiRequest*>(reqs[i]);
         if (!r) continue;
-        if (r->queued) continue;
+        if (r->queued) {
+          match_queued(r->peer);
+          if (r->queued) continue;
+        }
         if (r->wrong_message && !r->sink.empty()) throw_wrong_message(*r);
         if (!r->done) {
           int flag = 0;
@@ -178,6 +177,13 @@ class MpiTransport final : public Transport {
         return i;
       }
       if (iter < kMinPolls) continue;
+      // Receives queued behind a probe that this wait does not cover: match
+      // them too while it waits longer (their senders may wait on them), but
+      // not on every poll (a probe that finds nothing is a progress call,
+      // and with more ranks than cores each one may yield the core).
+      if (queued_)
+        for (int p = 0; p < size_; ++p)
+          if (queues_[p].head) match_queued(p);
       if (interrupted()) return kInterrupted;
       const auto now = Clock::now();
       if (iter == kMinPolls) start = now;
