@@ -405,6 +405,7 @@ void Engine::run(const Task& t, Work& w) {
       throw_invalid("unknown collective");
   }
   link_.drain();
+  link_.end_call();
   if (dev) {
     std::lock_guard<std::mutex> g(w.m_);
     w.done_event_ = dev->record();

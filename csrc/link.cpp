@@ -241,7 +241,19 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
   const auto now = Clock::now();
   if (now - last_end_ > std::chrono::milliseconds(1)) poll_control();
 
-  if (header_inline) return;  // checked by first_from(left()) / sent by first_to(right())
+  if (header_inline) {
+    // The stamps are the header; but a left neighbour that runs another
+    // call may have sent one on its own, already here (it arrived while we
+    // waited in an earlier call): check it now, or nothing would.
+    for (size_t i = 0; i < early_headers_.size(); ++i)
+      if (early_headers_[i].fp.seq == fp_.seq) {
+        const Fingerprint theirs = early_headers_[i].fp;
+        early_headers_.erase(early_headers_.begin() + long(i));
+        check_call(theirs, left());
+        break;
+      }
+    return;
+  }
   ControlMsg mine;
   mine.type = kHeader;
   mine.fp = fp_;
@@ -423,17 +435,21 @@ void Link::send_fingerprint(int peer) {
     if (in && !in->done && !t_->cancel(*in)) quarantine(std::move(in), false);
   };
   try {
+    // A left neighbour that sent its header on its own (it runs another
+    // algorithm) is named by it: already here, or while we wait
+    // (handle_control); an ABORT notice ends the wait too.
+    if (peer == left())
+      for (const ControlMsg& h : early_headers_)
+        if (h.fp.seq == fp_.seq) check_call(h.fp, peer);
     send_fingerprint(peer);
     f = fp_slot(mem_->fp_in, fp_used_);
     in = t_->irecv(peer, Channel::check, f, kFpBytes);
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(std::min(opts_.timeout_s, kNameWaitS)));
-    // The control streams too: a left neighbour that sent its header on its
-    // own (it runs another algorithm) is named by it (handle_control), and an
-    // ABORT notice ends the wait.
+    const auto now = Clock::now();
+    const auto deadline = now + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(std::min(opts_.timeout_s, kNameWaitS)));
     for (;;) {
       Request* reqs[3] = {in.get(), ctrl_req_[0].get(), ctrl_req_[1].get()};
-      got = t_->wait_any(reqs, 3, deadline);
+      got = wait_for(reqs, 3, Clock::now(), deadline);  // polls Ctrl-C
       if (got < 1) break;
       take_control(got - 1);
     }
@@ -616,8 +632,8 @@ void Link::fail(const RingError& e) {
   // Withdraw everything still posted, so no late message lands in a buffer
   // the caller gets back; what cannot be withdrawn keeps its memory in the
   // quarantine (and holds the caller's arrays: hold()).
-  for (auto& r : live_)
-    if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), true);
+  for (auto& r : live_)  // one that matched another call's message drains elsewhere: no hold on the caller's arrays
+    if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), !r->wrong_message);
   live_.clear();
   if (size_ == 1) return;
   ControlMsg notice;
@@ -645,7 +661,7 @@ void Link::fail(const RingError& e) {
   }
   // With stamps, a peer that got a payload message from us may have found it
   // belongs to another call: our fingerprint lets it name ours
-  // (name_foreign_call). Host memory only, where the check channel is
+  // (throw_foreign_call). Host memory only, where the check channel is
   // otherwise unused.
   if (!stamp_mask_) return;
   for (int peer : told_) {

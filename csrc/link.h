@@ -107,6 +107,9 @@ class Link {
   // Wait for every request posted so far in this collective; forget them.
   // Algorithms call it before reusing memory that a send may still read.
   void drain();
+  // The collective is over (after its last drain()): a failure heard between
+  // calls sends no fingerprint (fail()).
+  void end_call() { told_.clear(); }
   // After any exception escaped a collective: withdraw outstanding requests
   // (those that cannot be withdrawn go to the quarantine with the memory
   // they may touch), pass an ABORT notice to the right, and mark this link

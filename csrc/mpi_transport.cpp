@@ -72,6 +72,9 @@ class MpiTransport final : public Transport {
     RC_MPI(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found), -1);
     const uint32_t tag_ub = found && ub ? uint32_t(*ub) : 32767u;
     while (stamp_mask_ * 2 + 1 <= tag_ub && stamp_mask_ < 0x7fffffffu) stamp_mask_ = stamp_mask_ * 2 + 1;
+    // Fewer bits would let a mismatch of equal message sizes pass too often
+    // (1 in 2^bits): then no stamps, and Link sends fingerprints instead.
+    if (stamp_mask_ < 0xffffffu) stamp_mask_ = 0;
     RC_MPI(MPI_Comm_rank(comm_, &rank_), -1);
     RC_MPI(MPI_Comm_size(comm_, &size_), -1);
     queues_.resize(size_t(size_));
@@ -112,7 +115,7 @@ class MpiTransport final : public Transport {
     auto r = make(peer, false, bytes);
     if (ch != Channel::data) {
       RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
-    } else if (guard.on || queues_[peer].head) {
+    } else if (guard.on || queues_[peer].head || queues_[peer].foreign) {
       // A posted receive would take a larger message and (single-copy path)
       // write all of it: probe first, and keep later receives from this
       // peer behind it so they match in order.
@@ -147,6 +150,7 @@ class MpiTransport final : public Transport {
         if (!r->done) {
           int flag = 0;
           MPI_Status st;
+          st.MPI_TAG = -1;  // read below only where MPI set it (-1: no stamp)
           const int rc = MPI_Test(&r->req, &flag, &st);
           int cls = MPI_SUCCESS;
           if (rc != MPI_SUCCESS) MPI_Error_class(rc, &cls);
@@ -246,21 +250,23 @@ class MpiTransport final : public Transport {
   void match_queued(int peer) {
     Queue& q = queues_[peer];
     while (MpiRequest* r = q.head) {
+      if (q.foreign) return;  // after another call's message nothing more is matched: fail() withdraws the rest
       int flag = 0;
       MPI_Message msg;
       MPI_Status st;
       RC_MPI(MPI_Improbe(peer, MPI_ANY_TAG, data_, &flag, &msg, &st), peer);
       if (!flag) return;
-      unqueue(*r);
       int got = 0;
       MPI_Get_count(&st, MPI_BYTE, &got);
-      r->stamp = uint32_t(st.MPI_TAG);
       void* dst = r->buf;
-      if (size_t(got) != r->bytes || (r->guard.on && r->stamp != (r->guard.stamp & stamp_mask_))) {
-        r->wrong_message = true;
+      if (size_t(got) != r->bytes || uint32_t(st.MPI_TAG) != (r->guard.stamp & stamp_mask_)) {
         r->sink.resize(size_t(got) + 1);
         dst = r->sink.data();
+        r->wrong_message = true;
+        q.foreign = true;  // and later receives from this peer stay queued
       }
+      unqueue(*r);
+      r->stamp = uint32_t(st.MPI_TAG);
       RC_MPI(MPI_Imrecv(dst, got, MPI_BYTE, &msg, &r->req), peer);
     }
   }
@@ -307,6 +313,7 @@ class MpiTransport final : public Transport {
   struct Queue {
     MpiRequest* head = nullptr;
     MpiRequest* tail = nullptr;
+    bool foreign = false;  // a message of another call matched: the link fails
   };
   std::vector<Queue> queues_;  // per peer: receives matched by probe (see irecv)
   int queued_ = 0;             // receives in all queues

@@ -44,15 +44,19 @@ struct Request {
   bool wrong_message = false;
 };
 
-// A receive whose sender's call is not yet known to be ours (Link::recv):
-// the message may be of any size or call. The transport must not let a
-// message of another size or stamp touch the buffer, and must not match a
-// later receive from the same peer before this one (which a posted MPI
-// receive would, in order, but a message larger than posted would overrun
-// it: Open MPI 5.0's single-copy path writes a truncated message in full).
+// Guard.on: a receive whose sender's call is not yet known to be ours
+// (Link::recv): the message may be of any size or call. The transport must
+// not let a message of another size or stamp touch the buffer, and must not
+// match a later receive from the same peer before this one (a posted MPI
+// receive would match in order, but a message larger than posted would
+// overrun it: Open MPI 5.0's single-copy path writes a truncated message in
+// full). After a message of another call, the transport may deliver nothing
+// more from that peer (the link fails). In process, where a message of
+// another size never lands, only the guarded receive itself is held to its
+// stamp; Link checks every stamp before the data is used.
 struct Guard {
   bool on = false;
-  uint32_t stamp = 0;  // the stamp the message must carry
+  uint32_t stamp = 0;  // the stamp the message must carry (every receive of a stamped link)
 };
 using RequestPtr = std::unique_ptr<Request>;
 
