@@ -184,9 +184,10 @@ void Link::handle_control(const ControlMsg& m, int side) {
   abort_from_ = from;
   std::string why;
   ErrKind kind = ErrKind(m.kind);
-  if (kind == ErrKind::mismatch && m.other.coll == 0 && m.other.seq == 0 && m.peer == rank_) {
+  const bool other_unknown = m.other.coll == 0 && m.other.seq == 0;  // found by a message, not a fingerprint
+  if (kind == ErrKind::mismatch && other_unknown && m.peer == rank_) {
     why = mismatch_text(m.fp, fp_);  // the message of another call was ours: we know both
-  } else if (kind == ErrKind::mismatch && m.other.coll == 0 && m.other.seq == 0) {
+  } else if (kind == ErrKind::mismatch && other_unknown) {
     why = "rank " + std::to_string(m.origin) + " in " + describe(m.fp) + " got a message from rank " +
           std::to_string(m.peer) + " that belongs to another call: the ranks disagree on the call";
   } else if (kind == ErrKind::mismatch) {
@@ -245,13 +246,7 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
     // The stamps are the header; but a left neighbour that runs another
     // call may have sent one on its own, already here (it arrived while we
     // waited in an earlier call): check it now, or nothing would.
-    for (size_t i = 0; i < early_headers_.size(); ++i)
-      if (early_headers_[i].fp.seq == fp_.seq) {
-        const Fingerprint theirs = early_headers_[i].fp;
-        early_headers_.erase(early_headers_.begin() + long(i));
-        check_call(theirs, left());
-        break;
-      }
+    check_early_header();
     return;
   }
   ControlMsg mine;
@@ -282,6 +277,18 @@ void Link::await_header() {
   ControlMsg theirs = early_headers_.front();
   early_headers_.erase(early_headers_.begin());
   check_call(theirs.fp, left());
+}
+
+// A header of this call that the left neighbour sent on its own and that
+// is already here (early_headers_): take it and check it.
+void Link::check_early_header() {
+  for (size_t i = 0; i < early_headers_.size(); ++i)
+    if (early_headers_[i].fp.seq == fp_.seq) {
+      const Fingerprint theirs = early_headers_[i].fp;
+      early_headers_.erase(early_headers_.begin() + long(i));
+      check_call(theirs, left());
+      return;
+    }
 }
 
 void Link::poll_control() {
@@ -438,9 +445,7 @@ void Link::send_fingerprint(int peer) {
     // A left neighbour that sent its header on its own (it runs another
     // algorithm) is named by it: already here, or while we wait
     // (handle_control); an ABORT notice ends the wait too.
-    if (peer == left())
-      for (const ControlMsg& h : early_headers_)
-        if (h.fp.seq == fp_.seq) check_call(h.fp, peer);
+    if (peer == left()) check_early_header();
     send_fingerprint(peer);
     f = fp_slot(mem_->fp_in, fp_used_);
     in = t_->irecv(peer, Channel::check, f, kFpBytes);
@@ -478,18 +483,17 @@ void Link::send_fingerprint(int peer) {
   // Both sides of a message derive its size from the call, so a message of
   // another size means the sender runs another call (or another algorithm).
   if (stamp_mask_ && r.stamp != stamp_) throw_foreign_stamp(r);
-  // A left neighbour that sent its header on its own (another algorithm):
-  // it was sent first, so it is usually here by now.
-  if (r.peer == left() && size_ > 1) {
-    poll_control();
-    for (const ControlMsg& h : early_headers_)
-      if (h.fp.seq == fp_.seq) check_call(h.fp, r.peer);
-  }
   const std::string text = "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " +
                            describe(fp_) + " got a message of another size from rank " + std::to_string(r.peer) +
                            " (" + e.what() +
                            "): every rank must issue the same collectives with the same count, dtype and algorithm";
-  if (stamp_mask_) throw_foreign_call(r, text);
+  if (stamp_mask_) throw_foreign_call(r, text);  // names the peer's call
+  // A left neighbour that sent its header on its own (another algorithm):
+  // it was sent first, so it is usually here by now.
+  if (r.peer == left() && size_ > 1) {
+    poll_control();
+    check_early_header();
+  }
   throw_mismatch(r.peer, nullptr, text);
 }
 

@@ -187,6 +187,7 @@ class Link {
   [[noreturn]] void throw_interrupted(const Request& r);
   [[noreturn]] void throw_user_interrupt(const Request& r);
   void check_call(const Fingerprint& theirs, int peer);  // throws MismatchError
+  void check_early_header();  // this call's header from the left, if it came on its own already
   void send_control(const ControlMsg& m, int peer);
   // Without stamps, the first message of a collective to/from a peer that
   // is not our right/left neighbour is preceded by a fingerprint.

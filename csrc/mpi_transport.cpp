@@ -36,7 +36,7 @@ struct MpiRequest : Request, Recycled<MpiRequest> {
   bool queued = false;
   MpiRequest* next = nullptr;  // the peer's queue
   void* buf = nullptr;
-  Guard guard;
+  uint32_t expect = 0;     // the stamp its message must carry
   std::vector<char> sink;  // the message matched was another call's: it drains here
 };
 
@@ -121,7 +121,7 @@ class MpiTransport final : public Transport {
       // peer behind it so they match in order.
       r->queued = true;
       r->buf = buf;
-      r->guard = guard;
+      r->expect = guard.stamp & stamp_mask_;
       Queue& q = queues_[peer];
       (q.head ? q.tail->next : q.head) = r.get();
       q.tail = r.get();
@@ -259,7 +259,7 @@ class MpiTransport final : public Transport {
       int got = 0;
       MPI_Get_count(&st, MPI_BYTE, &got);
       void* dst = r->buf;
-      if (size_t(got) != r->bytes || uint32_t(st.MPI_TAG) != (r->guard.stamp & stamp_mask_)) {
+      if (size_t(got) != r->bytes || uint32_t(st.MPI_TAG) != r->expect) {
         r->sink.resize(size_t(got) + 1);
         dst = r->sink.data();
         r->wrong_message = true;
@@ -285,16 +285,16 @@ class MpiTransport final : public Transport {
     r.queued = false;
     --queued_;
   }
+  // A probe-matched message of another call, draining into the sink.
   [[noreturn]] void throw_wrong_message(MpiRequest& r) {
-    char what[160];
-    std::snprintf(what, sizeof what, "MPI message of %zu bytes and tag %u from rank %d, expected %zu bytes%s",
-                  r.sink.size() - 1, unsigned(r.stamp), r.peer, r.bytes,
-                  r.guard.on ? " of this call's stamp (it did not touch the buffer)" : "");
-    if (!r.sink.empty()) {  // guarded: the message drains into the sink
-      int flag = 0;
-      MPI_Test(&r.req, &flag, MPI_STATUS_IGNORE);
-      if (flag) r.done = true;
-    }
+    char what[200];
+    std::snprintf(what, sizeof what,
+                  "MPI message of %zu bytes and tag %u from rank %d, expected %zu bytes and tag %u "
+                  "(it did not touch the buffer)",
+                  r.sink.size() - 1, unsigned(r.stamp), r.peer, r.bytes, unsigned(r.expect));
+    int flag = 0;
+    MPI_Test(&r.req, &flag, MPI_STATUS_IGNORE);
+    if (flag) r.done = true;
     throw RingError(ErrKind::transport, rank_, r.peer, 0, what);
   }
 
