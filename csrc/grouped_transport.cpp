@@ -9,8 +9,8 @@ RequestPtr GroupedTransport::isend(int peer, Channel ch, const void* buf, size_t
   return post(peer, true, const_cast<void*>(buf), bytes, unit);
 }
 
-RequestPtr GroupedTransport::irecv(int peer, Channel ch, void* buf, size_t bytes, int unit, Guard guard) {
-  if (ch != Channel::data || bytes == 0) return host_->irecv(peer, ch, buf, bytes, unit, guard);
+RequestPtr GroupedTransport::irecv(int peer, Channel ch, void* buf, size_t bytes, int unit, uint32_t stamp) {
+  if (ch != Channel::data || bytes == 0) return host_->irecv(peer, ch, buf, bytes, unit, stamp);
   return post(peer, false, buf, bytes, unit);
 }
 

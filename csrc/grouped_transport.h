@@ -50,7 +50,7 @@ class GroupedTransport : public Transport {
   std::shared_ptr<Device> device() const override { return dev_; }
 
   RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int unit, uint32_t stamp) override;
-  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int unit, Guard guard) override;
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int unit, uint32_t stamp) override;
   int wait_any(Request* const* reqs, int n, Clock::time_point deadline) override;
   bool cancel(Request& req) override;
   bool test(Request& req) override;

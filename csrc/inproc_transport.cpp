@@ -60,8 +60,8 @@ struct InprocRequest : Request, Recycled<InprocRequest> {
   Waker* owner = nullptr;
   Queue* queue = nullptr;
   std::atomic<bool> complete{false};  // host: transfer done; device recv: matched
-  std::atomic<bool> size_error{false};  // matched a message of another size (or, guarded, stamp)
-  Guard guard;
+  std::atomic<bool> size_error{false};  // matched a message of another size or stamp
+  uint32_t expect = 0;                  // the stamp its message must carry
   std::shared_ptr<DeviceHandoff> handoff;  // device messages only
   EventPtr posted;  // device receive: the receiver's main queue when it was posted (the buffer is free after it)
 };
@@ -76,7 +76,7 @@ void finish(InprocRequest* r) {
 // A device message is only paired here; its receiver enqueues the copy.
 void match(const Message& msg, InprocRequest* recv) {
   recv->stamp = msg.stamp;
-  if (msg.bytes != recv->bytes || (recv->guard.on && msg.stamp != recv->guard.stamp)) {
+  if (msg.bytes != recv->bytes || msg.stamp != recv->expect) {
     recv->size_error = true;  // another call's message: none of it lands
   } else if (msg.handoff) {
     recv->handoff = msg.handoff;
@@ -153,10 +153,10 @@ class InprocTransport final : public Transport {
     return r;
   }
 
-  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/, Guard guard) override {
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/, uint32_t stamp) override {
     auto r = make(peer, false, bytes, w_->queue(peer, rank_, ch));
     r->dst = buf;
-    r->guard = guard;
+    r->expect = stamp;
     if (on_device(ch, bytes)) r->posted = dev_->record();
     Queue* q = r->queue;
     std::lock_guard<std::mutex> g(q->m);

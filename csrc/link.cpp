@@ -364,14 +364,7 @@ Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
 Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
   await_header();
-  Guard guard;
-  if (stamp_mask_) {
-    // The first message of this call from a peer not vouched for by a
-    // header: the transport checks its size and stamp before any byte
-    // lands, and matches later ones from that peer only after it.
-    guard.on = first_from(peer);
-    guard.stamp = stamp_;
-  } else if (first_from(peer)) {
+  if (!stamp_mask_ && first_from(peer)) {
     // No stamps (device memory): wait for the peer's fingerprint (host
     // memory, check channel) and check it before the payload's receive is
     // posted, like the left neighbour's header (a device transfer of another
@@ -387,8 +380,10 @@ Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
     if (!plausible(*f, peer)) throw_foreign(*fr);
     check_call(*f, peer);
   }
-  // With stamps, wait() also checks every message's call before anyone uses it.
-  live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit, guard));
+  // With stamps the transport takes only a message of this call (no byte of
+  // another call's lands here), and wait() checks the stamp again before
+  // anyone uses the data.
+  live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit, stamp_));
   ledger_.received(coll_, peer, false, bytes);
   return live_.back().get();
 }
@@ -623,7 +618,7 @@ Request* Link::send_token(int peer) {
 
 Request* Link::recv_token(int peer) {
   await_header();
-  live_.push_back(t_->irecv(peer, Channel::data, nullptr, 0));
+  live_.push_back(t_->irecv(peer, Channel::data, nullptr, 0, -1, stamp_));
   ledger_.received(coll_, peer, false, 0);
   return live_.back().get();
 }

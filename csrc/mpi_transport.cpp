@@ -31,19 +31,20 @@ std::string mpi_error(const char* call, int rc, const char* file, int line) {
 
 struct MpiRequest : Request, Recycled<MpiRequest> {
   MPI_Request req = MPI_REQUEST_NULL;
-  // A receive not yet handed to MPI (guarded, or behind a guarded one from
-  // the same peer): matched by probe, in order, from the peer's queue.
-  bool queued = false;
-  MpiRequest* next = nullptr;  // the peer's queue
-  void* buf = nullptr;
-  uint32_t expect = 0;     // the stamp its message must carry
-  std::vector<char> sink;  // the message matched was another call's: it drains here
+  int tag = -1;  // a data receive: the one tag (its call's stamp) it matches
+  // A message of another tag is next from the peer: the receive was
+  // cancelled, and if the cancel takes, that message is another call's.
+  bool withdrawing = false;
+  int foreign_tag = -1;
+  int foreign_bytes = 0;
+  std::vector<char> sink;  // the other call's message drains here
 };
 
 constexpr long kMinPolls = 64;  // polls before the clock is consulted at all
 // control and check; data messages travel on a communicator of their own
-// with the stamp as their tag, received with MPI_ANY_TAG (so messages from
-// one peer still match in order whatever their stamps).
+// with their call's stamp as the tag, and a receive names the tag: the
+// messages of one call from one peer match in order, and a message of
+// another call matches no receive of this one.
 constexpr int kTag[int(Channel::kCount)] = {0, 0x5244, 0x5245};  // data (unused), control, check
 constexpr size_t kMaxMessage = size_t(1) << 30;
 
@@ -77,7 +78,6 @@ class MpiTransport final : public Transport {
     if (stamp_mask_ < 0xffffffu) stamp_mask_ = 0;
     RC_MPI(MPI_Comm_rank(comm_, &rank_), -1);
     RC_MPI(MPI_Comm_size(comm_, &size_), -1);
-    queues_.resize(size_t(size_));
     // Busy-poll only when every rank on this node has a core of its own:
     // then a yield (a syscall and a trip through the scheduler) costs more than
     // the message. When ranks outnumber cores, spinning steals the core the
@@ -111,23 +111,17 @@ class MpiTransport final : public Transport {
       RC_MPI(MPI_Isend(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
     return r;
   }
-  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/, Guard guard) override {
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/, uint32_t stamp) override {
     auto r = make(peer, false, bytes);
-    if (ch != Channel::data) {
-      RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
-    } else if (guard.on || queues_[peer].head || queues_[peer].foreign) {
-      // A posted receive would take a larger message and (single-copy path)
-      // write all of it: probe first, and keep later receives from this
-      // peer behind it so they match in order.
-      r->queued = true;
-      r->buf = buf;
-      r->expect = guard.stamp & stamp_mask_;
-      Queue& q = queues_[peer];
-      (q.head ? q.tail->next : q.head) = r.get();
-      q.tail = r.get();
-      ++queued_;
+    if (ch == Channel::data) {
+      // Only a message of this call can match: one of another call, whatever
+      // its size, never touches the buffer (a posted receive that matched a
+      // larger message would be overrun: Open MPI's single-copy path writes
+      // it in full).
+      r->tag = int(stamp & stamp_mask_);
+      RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, r->tag, data_, &r->req), peer);
     } else {
-      RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, MPI_ANY_TAG, data_, &r->req), peer);
+      RC_MPI(MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, kTag[int(ch)], comm_, &r->req), peer);
     }
     return r;
   }
@@ -142,10 +136,6 @@ class MpiTransport final : public Transport {
       for (int i = 0; i < n; ++i) {
         auto* r = static_cast<MpiRequest*>(reqs[i]);
         if (!r) continue;
-        if (r->queued) {
-          match_queued(r->peer);
-          if (r->queued) continue;
-        }
         if (r->wrong_message && !r->sink.empty()) throw_wrong_message(*r);
         if (!r->done) {
           int flag = 0;
@@ -167,6 +157,11 @@ class MpiTransport final : public Transport {
           if (!flag) continue;
           r->done = true;
           if (!r->is_send) {
+            if (r->withdrawing) {
+              int cancelled = 0;
+              MPI_Test_cancelled(&st, &cancelled);
+              if (cancelled) drain_foreign(*r);  // throws
+            }
             r->stamp = uint32_t(st.MPI_TAG);
             int got = 0;
             MPI_Get_count(&st, MPI_BYTE, &got);
@@ -181,13 +176,15 @@ class MpiTransport final : public Transport {
         return i;
       }
       if (iter < kMinPolls) continue;
-      // Receives queued behind a probe that this wait does not cover: match
-      // them too while it waits longer (their senders may wait on them), but
-      // not on every poll (a probe that finds nothing is a progress call,
-      // and with more ranks than cores each one may yield the core).
-      if (queued_)
-        for (int p = 0; p < size_; ++p)
-          if (queues_[p].head) match_queued(p);
+      // Waiting longer than a message takes: is a message of another call
+      // what comes next from a peer we wait for? (Not on every poll: a probe
+      // that finds nothing is a progress call, and with more ranks than
+      // cores each one may yield the core.)
+      if ((iter & 15) == 0)
+        for (int i = 0; i < n; ++i) {
+          auto* r = static_cast<MpiRequest*>(reqs[i]);
+          if (r && !r->done && r->tag >= 0 && !r->withdrawing) look_for_foreign(*r);
+        }
       if (interrupted()) return kInterrupted;
       const auto now = Clock::now();
       if (iter == kMinPolls) start = now;
@@ -203,10 +200,6 @@ class MpiTransport final : public Transport {
 
   bool cancel(Request& req) override {
     auto& r = static_cast<MpiRequest&>(req);
-    if (r.queued) {  // nothing matched yet: just leave the queue
-      unqueue(r);
-      return true;
-    }
     if (r.req == MPI_REQUEST_NULL || test(r)) return true;
     // A send cannot be withdrawn (MPI 4 deprecates MPI_Cancel for sends and
     // Open MPI's ob1 ignores it): once posted, the library reads the buffer
@@ -227,7 +220,6 @@ class MpiTransport final : public Transport {
 
   bool test(Request& req) override {
     auto& r = static_cast<MpiRequest&>(req);
-    if (r.queued) return false;
     if (r.req == MPI_REQUEST_NULL) return true;
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -242,58 +234,50 @@ class MpiTransport final : public Transport {
   }
 
  private:
-  // Match the peer's queued receives, oldest first, to the messages that
-  // have arrived (a matched probe takes the message out of MPI's matching,
-  // so nothing else can receive it). One of another size or stamp than a
-  // guarded receive expects drains into the request's own sink instead of
-  // the caller's buffer; wait_any then reports it.
-  void match_queued(int peer) {
-    Queue& q = queues_[peer];
-    while (MpiRequest* r = q.head) {
-      if (q.foreign) return;  // after another call's message nothing more is matched: fail() withdraws the rest
-      int flag = 0;
-      MPI_Message msg;
-      MPI_Status st;
-      RC_MPI(MPI_Improbe(peer, MPI_ANY_TAG, data_, &flag, &msg, &st), peer);
-      if (!flag) return;
-      int got = 0;
-      MPI_Get_count(&st, MPI_BYTE, &got);
-      void* dst = r->buf;
-      if (size_t(got) != r->bytes || uint32_t(st.MPI_TAG) != r->expect) {
-        r->sink.resize(size_t(got) + 1);
-        dst = r->sink.data();
-        r->wrong_message = true;
-        q.foreign = true;  // and later receives from this peer stay queued
-      }
-      unqueue(*r);
-      r->stamp = uint32_t(st.MPI_TAG);
-      RC_MPI(MPI_Imrecv(dst, got, MPI_BYTE, &msg, &r->req), peer);
-    }
+  // The next message from r's peer carries another tag while r waits:
+  // the peer has moved past this call's message to r, or never sent it.
+  // Which, only a cancel tells: it takes only if no message matched r (one
+  // that matched, its data still arriving, completes r as usual). MPI keeps
+  // one sender's messages in order for a probe that matches them all, so a
+  // message of this call sent before the other would have been found first.
+  void look_for_foreign(MpiRequest& r) {
+    int flag = 0;
+    MPI_Status st;
+    RC_MPI(MPI_Iprobe(r.peer, MPI_ANY_TAG, data_, &flag, &st), r.peer);
+    if (!flag || st.MPI_TAG == r.tag) return;
+    r.withdrawing = true;
+    r.foreign_tag = st.MPI_TAG;
+    MPI_Get_count(&st, MPI_BYTE, &r.foreign_bytes);
+    RC_MPI(MPI_Cancel(&r.req), r.peer);
   }
-  void unqueue(MpiRequest& r) {
-    Queue& q = queues_[r.peer];
-    MpiRequest** link = &q.head;
-    MpiRequest* prev = nullptr;
-    while (*link && *link != &r) {
-      prev = *link;
-      link = &(*link)->next;
-    }
-    if (!*link) return;
-    *link = r.next;
-    if (q.tail == &r) q.tail = prev;
-    r.next = nullptr;
-    r.queued = false;
-    --queued_;
+  // r was cancelled before any message matched it: the message found is
+  // another call's. Receive it into r's own sink (its sender's send then
+  // completes instead of waiting for a receive forever) and report it.
+  [[noreturn]] void drain_foreign(MpiRequest& r) {
+    r.done = false;  // until the sink has it
+    r.wrong_message = true;
+    r.stamp = uint32_t(r.foreign_tag);
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    RC_MPI(MPI_Improbe(r.peer, r.foreign_tag, data_, &flag, &msg, &st), r.peer);
+    if (flag) MPI_Get_count(&st, MPI_BYTE, &r.foreign_bytes);
+    r.sink.resize(size_t(r.foreign_bytes) + 1);
+    if (flag)
+      RC_MPI(MPI_Imrecv(r.sink.data(), r.foreign_bytes, MPI_BYTE, &msg, &r.req), r.peer);
+    else
+      r.done = true;  // (gone since the probe: nothing to drain)
+    throw_wrong_message(r);
   }
-  // A probe-matched message of another call, draining into the sink.
+  // A message of another call, draining into the sink.
   [[noreturn]] void throw_wrong_message(MpiRequest& r) {
     char what[200];
     std::snprintf(what, sizeof what,
                   "MPI message of %zu bytes and tag %u from rank %d, expected %zu bytes and tag %u "
                   "(it did not touch the buffer)",
-                  r.sink.size() - 1, unsigned(r.stamp), r.peer, r.bytes, unsigned(r.expect));
+                  size_t(r.foreign_bytes), unsigned(r.stamp), r.peer, r.bytes, unsigned(r.tag));
     int flag = 0;
-    MPI_Test(&r.req, &flag, MPI_STATUS_IGNORE);
+    if (!r.done) MPI_Test(&r.req, &flag, MPI_STATUS_IGNORE);
     if (flag) r.done = true;
     throw RingError(ErrKind::transport, rank_, r.peer, 0, what);
   }
@@ -310,13 +294,6 @@ class MpiTransport final : public Transport {
   MPI_Comm comm_ = MPI_COMM_NULL;  // control and check
   MPI_Comm data_ = MPI_COMM_NULL;  // payload, tagged with stamps
   uint32_t stamp_mask_ = 0;
-  struct Queue {
-    MpiRequest* head = nullptr;
-    MpiRequest* tail = nullptr;
-    bool foreign = false;  // a message of another call matched: the link fails
-  };
-  std::vector<Queue> queues_;  // per peer: receives matched by probe (see irecv)
-  int queued_ = 0;             // receives in all queues
   int rank_ = -1, size_ = 0;
   Clock::duration spin_{0};  // how long a wait busy-polls before yielding
 };

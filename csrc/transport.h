@@ -37,27 +37,20 @@ struct Request {
   bool done = false;  // set by Transport::wait_any once complete
   bool counted = false;  // its bytes are in the Link's progress (flight.h)
   uint32_t stamp = 0;    // a completed data receive: the stamp its message carried
-  // A receive matched a message of another size (or, guarded, of another
-  // stamp) and the transport threw: none of it reached the buffer when
-  // guarded. The request may still be draining the message elsewhere (then
-  // not `done`).
+  // A receive met a message of another size or stamp and the transport
+  // threw: none of it reached the buffer when the stamp differed. The
+  // request may still be draining the message elsewhere (then not `done`).
   bool wrong_message = false;
 };
 
-// Guard.on: a receive whose sender's call is not yet known to be ours
-// (Link::recv): the message may be of any size or call. The transport must
-// not let a message of another size or stamp touch the buffer, and must not
-// match a later receive from the same peer before this one (a posted MPI
-// receive would match in order, but a message larger than posted would
-// overrun it: Open MPI 5.0's single-copy path writes a truncated message in
-// full). After a message of another call, the transport may deliver nothing
-// more from that peer (the link fails). In process, where a message of
-// another size never lands, only the guarded receive itself is held to its
-// stamp; Link checks every stamp before the data is used.
-struct Guard {
-  bool on = false;
-  uint32_t stamp = 0;  // the stamp the message must carry (every receive of a stamped link)
-};
+// A receive's stamp (data channel): the receive takes only a message that
+// carries it, so a message of another call never lands in its buffer (nor
+// past it: Open MPI 5.0's single-copy path writes a message larger than the
+// posted receive in full, tests/scripts/mpi_truncation.py). How a transport
+// reports a message of another stamp waiting where this receive's belongs
+// is its own (MPI: a probe, then a cancelled receive proves it, see
+// mpi_transport.cpp); it then throws with the request's wrong_message set
+// and its stamp that of the message found. Unstamped links pass 0 and send 0.
 using RequestPtr = std::unique_ptr<Request>;
 
 class Transport {
@@ -81,7 +74,8 @@ class Transport {
   // to 256 bytes inline).
   virtual RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int unit = -1,
                            uint32_t stamp = 0) = 0;
-  virtual RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int unit = -1, Guard guard = {}) = 0;
+  virtual RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int unit = -1,
+                           uint32_t stamp = 0) = 0;
   // The bits of a stamp this transport carries (0: it carries none; Link then
   // sends a call's fingerprint on its own, on Channel::check).
   virtual uint32_t stamp_mask() const { return 0; }

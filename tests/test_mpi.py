@@ -209,6 +209,39 @@ def test_a_dtype_mismatch_of_equal_sizes_is_caught_by_the_tag_over_mpi():
     assert_no_errors_anywhere(guarded(body))
 
 
+@pytest.mark.parallel([2, 3, 4])
+def test_peers_running_ahead_into_the_next_call_are_not_taken_for_another_call():
+    # A receive kept waiting probes what comes next from its peer, and a
+    # message of another stamp there makes it cancel itself: only a cancel
+    # that takes (nothing matched yet) proves the other call. Here the peers
+    # legitimately race ahead: one rank at a time lags (sleeps) before each
+    # call, so the others' next-call messages queue up while receives of this
+    # call wait, matched or not, eager and rendezvous sizes alike. Every call
+    # must complete with exact results.
+    from mpi4py import MPI
+    rank, n = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+
+    def body():
+        errs = []
+        comm = ringcomm.init(timeout=30)
+        comm.segment_bytes = 16384
+        for i in range(48):
+            algorithm = ("ring", "recursive_doubling", "halving_doubling", "naive")[i % 4]
+            count = (1, 1000, 3001, 70001)[(i // 4) % 4]
+            if rank == (i // 2) % n:
+                time.sleep(0.003)
+            base = (np.arange(count, dtype=np.int64) % 997) + i
+            got = comm.all_reduce((base + 7 * rank).astype(np.int32), algorithm=algorithm)
+            want = (n * base + 7 * n * (n - 1) // 2).astype(np.int32)
+            bad = np.flatnonzero(got != want)
+            if bad.size:
+                errs.append(f"rank {rank}: call {i} ({algorithm}, count {count}): index {bad[0]} is "
+                            f"{got[bad[0]]}, expected {want[bad[0]]}")
+        comm.close()
+        return errs
+    assert_no_errors_anywhere(guarded(body))
+
+
 @pytest.mark.parallel(3)
 def test_abort_from_a_watchdog_thread_over_mpi():
     import threading

@@ -8,9 +8,9 @@ of `size` bytes and reports MPI's error and how many bytes of the second
 half changed. MPI requires those bytes untouched (MPI_ERR_TRUNCATE). On
 Open MPI 5.0.11 with its single-copy component (smsc/cma), messages above
 the eager limit (4 KiB) are written in full: 2500 bytes past a 2500-byte
-buffer for a 5000-byte message. Without cma: none. This is why ringcomm
-never posts a receive for a message whose size it has not checked
-(csrc/mpi_transport.cpp, guarded receives).
+buffer for a 5000-byte message. Without cma: none. This is why every
+ringcomm receive names its call's stamp as the MPI tag: a message of another
+call (another size) can never match it (csrc/mpi_transport.cpp).
 """
 import numpy as np
 from mpi4py import MPI
