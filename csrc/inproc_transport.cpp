@@ -189,7 +189,7 @@ class InprocTransport final : public Transport {
             r->done = true;  // matched: the transport is done with its buffer
             r->wrong_message = true;
             throw RingError(ErrKind::transport, rank_, r->peer, 0,
-                            "in-process message of unexpected size from rank " + std::to_string(r->peer));
+                            "in-process message of another size or stamp from rank " + std::to_string(r->peer));
           }
           if (r->handoff) {
             lk.unlock();

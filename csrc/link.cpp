@@ -632,7 +632,10 @@ void Link::fail(const RingError& e) {
   // the caller gets back; what cannot be withdrawn keeps its memory in the
   // quarantine (and holds the caller's arrays: hold()).
   for (auto& r : live_)  // one that matched another call's message drains elsewhere: no hold on the caller's arrays
-    if (r && !r->done && !t_->cancel(*r)) quarantine(std::move(r), !r->wrong_message);
+    if (r && !r->done && !t_->cancel(*r)) {
+      const bool holds_caller_memory = !r->wrong_message;  // read before the move (argument order is unspecified)
+      quarantine(std::move(r), holds_caller_memory);
+    }
   live_.clear();
   if (size_ == 1) return;
   ControlMsg notice;

@@ -17,8 +17,9 @@
 //     instead of hanging until its deadline, even when one rank is away.
 //   * every payload message is checked: on a host transport that carries
 //     stamps (transport.h: MPI's tag, a field in process) each one carries a
-//     32-bit hash of its call outside its bytes, and a receive whose stamp
-//     or size is not this call's fails before the algorithm sees the data.
+//     32-bit hash of its call outside its bytes; a receive takes only a
+//     message with its call's stamp (another call's is found by probe and
+//     fails the call), and its size is checked before the algorithm sees it.
 //     That covers peers beyond the left neighbour (recursive doubling,
 //     halving-doubling, master-centric) at no cost: no byte is added to a
 //     message (an extra byte can cost a protocol step: Open MPI sends up to

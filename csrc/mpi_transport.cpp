@@ -136,7 +136,7 @@ class MpiTransport final : public Transport {
       for (int i = 0; i < n; ++i) {
         auto* r = static_cast<MpiRequest*>(reqs[i]);
         if (!r) continue;
-        if (r->wrong_message && !r->sink.empty()) throw_wrong_message(*r);
+        if (r->wrong_message && r->foreign_tag >= 0) throw_wrong_message(*r);  // asked again
         if (!r->done) {
           int flag = 0;
           MPI_Status st;
@@ -183,7 +183,7 @@ class MpiTransport final : public Transport {
       if ((iter & 15) == 0)
         for (int i = 0; i < n; ++i) {
           auto* r = static_cast<MpiRequest*>(reqs[i]);
-          if (r && !r->done && r->tag >= 0 && !r->withdrawing) look_for_foreign(*r);
+          if (r && !r->done && r->tag >= 0 && !r->withdrawing && stamp_mask_) look_for_foreign(*r);
         }
       if (interrupted()) return kInterrupted;
       const auto now = Clock::now();
@@ -225,10 +225,16 @@ class MpiTransport final : public Transport {
     MPI_Finalized(&finalized);
     if (finalized) return false;  // MPI is gone: the request can never be freed
     int flag = 0;
-    if (MPI_Test(&r.req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+    MPI_Status st;
+    if (MPI_Test(&r.req, &flag, &st) != MPI_SUCCESS) {
       // An error completes the request as far as the buffer is concerned
       // only if MPI released it; otherwise keep it.
       return r.req == MPI_REQUEST_NULL;
+    }
+    if (flag && r.withdrawing) {  // cancelled after a probe, and wait_any did not see it end
+      int cancelled = 0;
+      MPI_Test_cancelled(&st, &cancelled);
+      if (cancelled && start_drain(r)) return false;  // the other call's message drains: test again
     }
     return flag != 0;
   }
@@ -251,22 +257,23 @@ class MpiTransport final : public Transport {
     RC_MPI(MPI_Cancel(&r.req), r.peer);
   }
   // r was cancelled before any message matched it: the message found is
-  // another call's. Receive it into r's own sink (its sender's send then
-  // completes instead of waiting for a receive forever) and report it.
-  [[noreturn]] void drain_foreign(MpiRequest& r) {
-    r.done = false;  // until the sink has it
+  // another call's. Receive it into r's own sink, so its sender's send
+  // completes instead of waiting forever for a receive. False: nothing to
+  // drain (it went since the probe). Never throws (test() calls it).
+  bool start_drain(MpiRequest& r) {
+    r.withdrawing = false;
     r.wrong_message = true;
     r.stamp = uint32_t(r.foreign_tag);
     int flag = 0;
     MPI_Message msg;
     MPI_Status st;
-    RC_MPI(MPI_Improbe(r.peer, r.foreign_tag, data_, &flag, &msg, &st), r.peer);
-    if (flag) MPI_Get_count(&st, MPI_BYTE, &r.foreign_bytes);
+    if (MPI_Improbe(r.peer, r.foreign_tag, data_, &flag, &msg, &st) != MPI_SUCCESS || !flag) return false;
+    MPI_Get_count(&st, MPI_BYTE, &r.foreign_bytes);
     r.sink.resize(size_t(r.foreign_bytes) + 1);
-    if (flag)
-      RC_MPI(MPI_Imrecv(r.sink.data(), r.foreign_bytes, MPI_BYTE, &msg, &r.req), r.peer);
-    else
-      r.done = true;  // (gone since the probe: nothing to drain)
+    return MPI_Imrecv(r.sink.data(), r.foreign_bytes, MPI_BYTE, &msg, &r.req) == MPI_SUCCESS;
+  }
+  [[noreturn]] void drain_foreign(MpiRequest& r) {
+    r.done = !start_drain(r);  // draining: not done until the sink has it
     throw_wrong_message(r);
   }
   // A message of another call, draining into the sink.

@@ -3,9 +3,10 @@
 // control stream). A transport fills exactly these methods; it knows nothing
 // about rings or collectives.
 //
-// Matching rule (MPI's): messages from one sender on one channel are received
-// in the order they were sent, and a receive posted for `bytes` gets a
-// message of exactly `bytes` (Link guarantees both sides agree on sizes).
+// Matching rule (MPI's): messages from one sender on one channel (on the
+// data channel: with one stamp) are received in the order they were sent,
+// and a receive posted for `bytes` gets a message of exactly `bytes` (Link
+// guarantees both sides agree on sizes).
 #pragma once
 
 #include <atomic>
