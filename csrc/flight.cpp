@@ -9,6 +9,7 @@ namespace ringcomm {
 void FlightRecorder::set_capacity(size_t k) {
   std::lock_guard<std::mutex> g(m_);
   std::vector<FlightRecord> keep;
+  keep.reserve(k);
   for (size_t i = used_ > k ? used_ - k : 0; i < used_; ++i) keep.push_back(records_[(first_ + i) % records_.size()]);
   capacity_ = k;
   records_ = std::move(keep);

@@ -67,7 +67,9 @@ inline int64_t wall_ns() {
 
 class FlightRecorder {
  public:
-  explicit FlightRecorder(size_t capacity) : capacity_(capacity) {}
+  // The slots are reserved up front: a collective never grows the vector
+  // (tests/test_mpi.py counts the mallocs of a call).
+  explicit FlightRecorder(size_t capacity) : capacity_(capacity) { records_.reserve(capacity); }
   size_t capacity() const { return capacity_.load(std::memory_order_relaxed); }
   void set_capacity(size_t k);
   void issued(const FlightRecord& r);  // state queued, t_issue set by the caller
