@@ -25,10 +25,11 @@
 //     message (an extra byte can cost a protocol step: Open MPI sends up to
 //     256 bytes inline). To name both calls in the error, the two ranks
 //     then exchange fingerprints on the check channel (every failing rank
-//     also sends its own to the peers it sent to). Elsewhere (payload in device memory) the first
-//     message to a peer beyond the neighbours is preceded by the sender's
-//     fingerprint on its own, in host memory (Channel::check), and it is
-//     checked before the payload's receive is even posted.
+//     also sends its own to the peers it sent to). Elsewhere (payload in
+//     device memory) the first message to a peer beyond the neighbours is
+//     preceded by the sender's fingerprint on its own, in host memory
+//     (Channel::check), and it is checked before the payload's receive is
+//     even posted.
 //   * failure hygiene: requests a failed collective cannot withdraw go to
 //     the quarantine (quarantine.h) with the memory they may touch; a
 //     failure the ring reported while this rank was away is raised when it
