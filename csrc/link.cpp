@@ -271,8 +271,11 @@ void Link::await_header() {
     if (got == kInterrupted) throw_interrupted(*ctrl_req_[0]);
     if (got == kUserInterrupt) throw_user_interrupt(*ctrl_req_[0]);
     if (got < 0) throw_timeout(*ctrl_req_[0], "its header", -1, -1);
-    progress_.waiting.store(0, std::memory_order_relaxed);
+    // Still waiting while the message is handled: an ABORT throws here, and
+    // the flight record must say what this rank was waiting for when the
+    // ring failed (the left neighbour's header), not that it waited for none.
     take_control(got);
+    progress_.waiting.store(0, std::memory_order_relaxed);
   }
   ControlMsg theirs = early_headers_.front();
   early_headers_.erase(early_headers_.begin());
