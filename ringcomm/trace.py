@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _dtypes
+from . import vocab
 
 __all__ = ["Trace", "Step", "PHASES", "to_chrome", "table", "merge"]
 
@@ -62,7 +62,7 @@ class Trace:
             none = lambda v: None if v < 0 else v  # noqa: E731
             vals = None
             if d["values"]:
-                dt = _dtypes.NUMPY[d["dtype"]]
+                dt = vocab.NUMPY[d["dtype"]]
                 vals = np.frombuffer(d["values"], dtype=dt).copy()
             self.steps.append(Step(d["seq"], d["collective"], PHASES[d["phase"]], d["step"], d["rank"],
                                    none(d["send_peer"]), none(d["send_chunk"]), d["send_bytes"],

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm.bucketer import (DivergenceError, GradBucketer, RegistrationMismatchError,
+from ringcomm.train.bucketer import (DivergenceError, GradBucketer, RegistrationMismatchError,
                                UnusedParametersError, broadcast_parameters, check_consistency)
 
 # Shapes include a scalar, an empty tensor and one larger than the small caps.
@@ -379,7 +379,7 @@ def test_timeline_and_chrome_trace(tmp_path):
         trace = json.load(open(path))
         xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
         assert len(xs) == 3 * nb + 3 and all(e["pid"] == rank and e["dur"] >= 0 for e in xs)
-    merged = ringcomm.bucketer.merge_chrome_traces([p for *_, p in res])
+    merged = ringcomm.train.bucketer.merge_chrome_traces([p for *_, p in res])
     assert {e["pid"] for e in merged["traceEvents"]} == {0, 1}
 
 

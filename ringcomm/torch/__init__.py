@@ -22,9 +22,9 @@ import functools
 
 import torch as _torch
 
-from .bucketer import GradBucketer, broadcast_parameters
+from ..train.bucketer import GradBucketer, broadcast_parameters
 
-from ._torch_backend import ProcessGroupRingcomm, communicator, launcher_env, register
+from .backend import ProcessGroupRingcomm, communicator, launcher_env, register
 
 __all__ = ["DistributedDataParallel", "ProcessGroupRingcomm", "communicator", "register", "launcher_env"]
 

@@ -51,8 +51,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import _dtypes
-from .errors import InvalidArgument, RingcommError
+from .. import vocab
+from ..errors import InvalidArgument, RingcommError
 
 __all__ = [
     "GradBucketer", "broadcast_parameters", "check_consistency", "ConsistencyReport",
@@ -105,17 +105,10 @@ class _Spec:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * _dtypes.itemsize(self.dtype)
+        return self.numel * vocab.itemsize(self.dtype)
 
     def describe(self) -> str:
         return f"{self.shape} {self.dtype}" + ("" if self.device == "cpu" else f" on {self.device}")
-
-
-def _torch_dtypes() -> dict:
-    import torch
-    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-            torch.float64: "float64", torch.int8: "int8", torch.uint8: "uint8",
-            torch.int32: "int32", torch.int64: "int64"}
 
 
 def _family(x) -> str:
@@ -127,14 +120,14 @@ def _family(x) -> str:
 def _describe(p, what: str) -> _Spec:
     fam = _family(p)
     if fam == "numpy":
-        name = _dtypes.numpy_name(p.dtype)
+        name = vocab.numpy_name(p.dtype)
         if name is None:
-            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {_dtypes.SUPPORTED}")
+            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {vocab.SUPPORTED}")
         return _Spec("numpy", tuple(p.shape), name, "cpu", int(p.size))
     if fam == "torch":
-        name = _torch_dtypes().get(p.dtype)
+        name = vocab.torch_name(p.dtype)
         if name is None:
-            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {_dtypes.SUPPORTED}")
+            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {vocab.SUPPORTED}")
         if p.device.type != "cpu":
             raise InvalidArgument(
                 f"{what} lives on {p.device}; ringcomm's communicator takes host memory only "
@@ -150,9 +143,8 @@ def _alloc(spec_key: tuple, count: int):
     family, dtype, device = spec_key
     if family == "torch":
         import torch
-        inv = {v: k for k, v in _torch_dtypes().items()}
-        return torch.zeros(count, dtype=inv[dtype], device=device)
-    return np.zeros(count, dtype=_dtypes.NUMPY[dtype])
+        return torch.zeros(count, dtype=vocab.torch_dtype(dtype), device=device)
+    return np.zeros(count, dtype=vocab.NUMPY[dtype])
 
 
 def _slice(flat, off: int, numel: int, shape: tuple):
@@ -204,9 +196,9 @@ def _to_numpy(x) -> np.ndarray:
     if _family(x) == "numpy":
         return x
     t = x.detach().contiguous().reshape(-1)
-    name = _torch_dtypes()[t.dtype]
+    name = vocab.torch_name(t.dtype)
     import torch
-    return t.view(torch.uint8).numpy().view(_dtypes.NUMPY[name])
+    return t.view(torch.uint8).numpy().view(vocab.NUMPY[name])
 
 
 def _bytes_of(x) -> np.ndarray:
@@ -243,7 +235,7 @@ def assign_buckets(items: Sequence[tuple], order: Sequence[int], cap: int, first
     `first_cap`). Returns [(key, [parameter indices in fill order])] in the
     order the buckets are expected to complete (position of their last
     parameter in `order`), which is the order they are launched in. Shared by
-    GradBucketer and ringcomm.zero_torch (ZeRO-1/2 gradient buckets)."""
+    GradBucketer and ringcomm.torch.zero (ZeRO-1/2 gradient buckets)."""
     open_: dict[tuple, list] = {}
     firsts: set = set()
     closed = []
@@ -289,7 +281,7 @@ class BucketInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * _dtypes.itemsize(self.dtype)
+        return self.numel * vocab.itemsize(self.dtype)
 
 
 class GradBucketer:
@@ -337,7 +329,7 @@ class GradBucketer:
         self._average = bool(average)
         self._find_unused = bool(find_unused)  # read-only: checked across ranks at construction
         if self._average:
-            bad = [i for i, s in enumerate(self._specs) if s.dtype not in _dtypes.FLOATING]
+            bad = [i for i, s in enumerate(self._specs) if s.dtype not in vocab.FLOATING]
             if bad:
                 raise InvalidArgument(
                     f"average=True needs floating parameters; parameter {_label(bad[0], self._names)} is "
@@ -578,9 +570,9 @@ class GradBucketer:
                 j = int(diff[0])
                 s = self._specs[j]
                 dims = list(s.shape)[:8]
-                desc = [_dtypes.DTYPES[s.dtype], len(s.shape)] + dims + [-1] * (8 - len(dims))
+                desc = [vocab.DTYPES[s.dtype], len(s.shape)] + dims + [-1] * (8 - len(dims))
                 d = _gather_rows(self._comm, np.array(desc))
-                names = {v: k for k, v in _dtypes.DTYPES.items()}
+                names = {v: k for k, v in vocab.DTYPES.items()}
                 lines.append(f"first difference at parameter {_label(j, self._names)}: " + ", ".join(
                     f"rank {r} has {tuple(int(x) for x in d[r, 2:2 + min(int(d[r, 1]), 8)])} "
                     f"{names[int(d[r, 0])]}" for r in range(n)))
@@ -668,7 +660,7 @@ class GradBucketer:
             self._events.append({
                 "kind": "bucket", "iteration": it, "bucket": b.index, "launch": b.launch_t,
                 "complete": b.complete_t if b.complete_t is not None else time.perf_counter(),
-                "bytes": (b.count + 1) * _dtypes.itemsize(b.key[1]), "dtype": b.key[1],
+                "bytes": (b.count + 1) * vocab.itemsize(b.key[1]), "dtype": b.key[1],
                 "params": len(b.params), "status": b.status})
         self._events.append({"kind": "finalize", "iteration": it, "start": t0, "end": time.perf_counter()})
 

@@ -2,7 +2,7 @@
 
 The torch counterpart of ``ringcomm.zero.ZeroOptimizer`` (numpy units), on the
 same machinery: the split rule (rank r owns chunk r of every flat buffer, no
-padding), one Adam formula on fp32 master weights (``_sharding._adam_update``), the
+padding), one Adam formula on fp32 master weights (``train.sharding.adam_update``), the
 same memory ledger and the same checkpoint files (``zero.consolidate`` reads
 them). Every stage gives DDP's parameters bit for bit (a ring all_reduce *is*
 a reduce_scatter followed by an all_gather of the same buffer)::
@@ -65,10 +65,10 @@ import functools
 import numpy as np
 import torch
 
-from . import _dtypes
-from .bucketer import MB, _torch_dtypes, assign_buckets, broadcast_parameters
-from .errors import InvalidArgument
-from ._sharding import _adam_update, _load_shards, _save_shards, _split
+from .. import vocab
+from ..train.bucketer import MB, assign_buckets, broadcast_parameters
+from ..errors import InvalidArgument
+from ..train.sharding import adam_update, load_shards, save_shards
 
 __all__ = ["TorchZero"]
 
@@ -157,11 +157,10 @@ class TorchZero:
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         index = {id(p): i for i, p in enumerate(self._params)}
-        dnames = _torch_dtypes()
         for n, p in named:
             if p.device.type != "cpu":
                 raise InvalidArgument(f"parameter {n!r} is on {p.device}; TorchZero takes CPU tensors only")
-            if dnames.get(p.dtype) not in _dtypes.FLOATING:
+            if vocab.torch_name(p.dtype) not in vocab.FLOATING:
                 raise InvalidArgument(f"parameter {n!r} is {p.dtype}; TorchZero needs floating parameters "
                                       "(float32, or bfloat16/float16 with fp32 master weights)")
         # Frozen parameters and buffers stay whole: rank 0's values, once.
@@ -210,7 +209,7 @@ class TorchZero:
                 raise InvalidArgument(f"unit {k} mixes dtypes {sorted(map(str, dts))}: a unit's parameters must "
                                       "share one dtype")
             u = _Flat(k, idx, ps, [self._names[i] for i in idx], mod if stage == 3 else None)
-            u.lo, u.hi = _split(u.count, n, r)
+            u.lo, u.hi = vocab.chunk_range(u.count, n, r)
             with torch.no_grad():
                 u.flat = torch.cat([p.detach().reshape(-1) for p in ps])
                 comm.broadcast(u.flat, root=0)  # every rank starts from rank 0's values
@@ -393,7 +392,7 @@ class TorchZero:
         for u in self._units:
             self._settle(u)
             g = (u.grads if self.stage == 0 else u.grad_shard).float().numpy()
-            _adam_update(u.master, u.m, u.v, g, self.t, self.lr, self.betas, self.eps, self.weight_decay,
+            adam_update(u.master, u.m, u.v, g, self.t, self.lr, self.betas, self.eps, self.weight_decay,
                          self.optimizer)
             gathers += self._publish(u)
             if self.stage < 2:
@@ -456,7 +455,7 @@ class TorchZero:
         ``{prefix}.rank{r}.npz``, the format of ``ZeroOptimizer.save``
         (``ringcomm.zero.consolidate`` assembles the full state, one entry per
         flat buffer of ``layout``). Returns the path."""
-        return _save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
+        return save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
                             [self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay],
                             [(u.master, u.m, u.v) for u in self._units])
 
@@ -464,7 +463,7 @@ class TorchZero:
         """Restore this rank's shard written by ``save(prefix)`` (same stage,
         N and layout); parameters are rebuilt from the master weights, so
         training continues bit for bit. Collective (stages 1-2 re-gather)."""
-        self.t = _load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
+        self.t = load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
                               [(u.master, u.m, u.v) for u in self._units], what="this TorchZero")
         gathers = []
         for u in self._units:

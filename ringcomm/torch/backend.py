@@ -46,19 +46,14 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import _dtypes
-from .errors import InvalidArgument, RingcommError
+from .. import vocab
+from ..errors import InvalidArgument, RingcommError
 
 __all__ = ["ProcessGroupRingcomm", "register", "launcher_env"]
 
 BACKEND = "ringcomm"
 _RedOp = dist.ReduceOp.RedOpType
 _OPS = {_RedOp.SUM: "sum", _RedOp.PRODUCT: "prod", _RedOp.MIN: "min", _RedOp.MAX: "max", _RedOp.AVG: "avg"}
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
-                     torch.int32, torch.int64)
-_DTYPE_CODES = {d: _dtypes.DTYPES[str(d).replace("torch.", "")] for d in _SUPPORTED_DTYPES}
-_OP_CODES = {k: _dtypes.OPS[v] for k, v in _OPS.items()}
-_AVG, _FLOAT_CODES = _dtypes.OPS["avg"], {_DTYPE_CODES[d] for d in _SUPPORTED_DTYPES if d.is_floating_point}
 
 
 # ---------------------------------------------------------------------------
@@ -255,9 +250,8 @@ class _Completer:
 
 # ---------------------------------------------------------------------------
 def _check_dtype(t: torch.Tensor, op: str) -> None:
-    if t.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"ringcomm backend: {op} on a {t.dtype} tensor; supported dtypes: "
-                        f"{', '.join(str(d).replace('torch.', '') for d in _SUPPORTED_DTYPES)}")
+    if vocab.torch_name(t.dtype) is None:
+        raise TypeError(f"ringcomm backend: {op} on a {t.dtype} tensor; supported dtypes: {vocab.SUPPORTED}")
     if t.device.type != "cpu":
         raise NotImplementedError(f"ringcomm backend: {op} on a {t.device} tensor; this backend is registered "
                                   "for CPU tensors (GPU collectives: ringcomm.init(device='cuda'))")
@@ -332,12 +326,13 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if not opts.asyncOp and len(tensors) == 1:
             # The common synchronous call (dist.all_reduce(t)): checked here
             # once, then straight to the engine, on this thread.
+            # The communicator's native fast lane takes a contiguous CPU
+            # tensor of a supported dtype as it takes a numpy array.
             t = tensors[0]
-            code = _DTYPE_CODES.get(t.dtype)
-            op = _OP_CODES.get(opts.reduceOp.op)
-            if code is not None and op is not None and t.is_cpu and t.is_contiguous() and \
-                    (op != _AVG or code in _FLOAT_CODES):
-                self.comm._run_host_all_reduce(t.data_ptr(), t.numel(), code, op, tensors)
+            op = _OPS.get(opts.reduceOp.op)
+            if op is not None and t.is_cpu and t.is_contiguous() and vocab.torch_name(t.dtype) is not None and \
+                    (op != "avg" or t.is_floating_point()):
+                self.comm.all_reduce(t, op=op)
                 return _Done(tensors)
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
