@@ -1,6 +1,6 @@
 """PyTorch integration: ``ringcomm.torch.DistributedDataParallel``, and the
 torch.distributed backend ``"ringcomm"`` (registered on import; see
-ringcomm/_torch_backend.py) so PyTorch's own DDP and FSDP2 run over ringcomm:
+ringcomm/torch/backend.py) so PyTorch's own DDP and FSDP2 run over ringcomm:
 
     import torch.distributed as dist, ringcomm.torch
     dist.init_process_group("ringcomm")     # under `ringcomm run -n N` or mpirun
@@ -24,7 +24,8 @@ import torch as _torch
 
 from ..train.bucketer import GradBucketer, broadcast_parameters
 
-from .backend import ProcessGroupRingcomm, communicator, launcher_env, register
+from .backend import ProcessGroupRingcomm, communicator, register
+from .env import launcher_env
 
 __all__ = ["DistributedDataParallel", "ProcessGroupRingcomm", "communicator", "register", "launcher_env"]
 
