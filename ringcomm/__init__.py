@@ -25,6 +25,7 @@ __all__ = [
     "RingcommError", "InvalidArgument", "CollectiveTimeout", "MismatchError",
     "CommunicatorAborted", "TransportError", "WaitTimeout", "__version__",
 ]
-from .train.bucketer import GradBucketer, broadcast_parameters, check_consistency  # noqa: E402
+from .train.bucketer import GradBucketer  # noqa: E402
+from .train.consistency import broadcast_parameters, check_consistency  # noqa: E402
 
 __all__ += ["GradBucketer", "broadcast_parameters", "check_consistency"]

@@ -22,7 +22,8 @@ import functools
 
 import torch as _torch
 
-from ..train.bucketer import GradBucketer, broadcast_parameters
+from ..train.bucketer import GradBucketer
+from ..train.consistency import broadcast_parameters
 
 from .backend import ProcessGroupRingcomm, communicator, register
 from .env import launcher_env

@@ -21,7 +21,7 @@ How it works:
 
 * Parameters are laid out in flat buffers, one dtype each: at stages 0-2
   *buckets* (``bucket_cap_mb``, filled in reverse parameter order as the
-  gradient bucketer does: ``bucketer.assign_buckets``), or one buffer per unit
+  gradient bucketer does: ``train.buckets.assign_buckets``), or one buffer per unit
   when ``units`` is given; at stage 3 one buffer per *unit* (``units``: the
   modules to gather and free as a whole, default: the root's direct children
   that have parameters; parameters in no unit form a unit of the root module,
@@ -66,7 +66,8 @@ import numpy as np
 import torch
 
 from .. import vocab
-from ..train.bucketer import MB, assign_buckets, broadcast_parameters
+from ..train.buckets import MB, assign_buckets
+from ..train.consistency import broadcast_parameters
 from ..errors import InvalidArgument
 from ..train.sharding import adam_update, load_shards, save_shards
 
