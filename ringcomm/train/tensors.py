@@ -20,7 +20,7 @@ from .. import vocab
 from ..errors import InvalidArgument
 
 __all__ = ["Spec", "family", "describe", "zeros", "flat_view", "copy_into", "add_into", "zero", "scale_half",
-           "item", "to_numpy", "bytes_of"]
+           "item", "as_numpy", "bytes_of"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def copy_into(dst, src) -> None:
         with torch.no_grad():
             dst.copy_(src if family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
     else:
-        dst[...] = np.asarray(src).reshape(dst.shape) if family(src) == "numpy" else to_numpy(src)
+        dst[...] = np.asarray(src).reshape(dst.shape) if family(src) == "numpy" else as_numpy(src)
 
 
 def add_into(dst, src) -> None:
@@ -97,7 +97,7 @@ def add_into(dst, src) -> None:
         with torch.no_grad():
             dst.add_(src if family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
     else:
-        dst += np.asarray(src).reshape(dst.shape) if family(src) == "numpy" else to_numpy(src)
+        dst += np.asarray(src).reshape(dst.shape) if family(src) == "numpy" else as_numpy(src)
 
 
 def zero(x) -> None:
@@ -121,8 +121,11 @@ def item(x) -> float:
     return float(x.item()) if family(x) == "torch" else float(x)
 
 
-def to_numpy(x) -> np.ndarray:
-    """A host numpy array with x's bytes (torch bfloat16 comes back as ml_dtypes.bfloat16)."""
+def as_numpy(x) -> np.ndarray:
+    """A host numpy array with x's bytes (torch bfloat16 comes back as ml_dtypes.bfloat16).
+    Not ``_arrays.to_numpy``, which copies a result to the host: this one
+    shares a CPU tensor's memory, bfloat16 included (numpy has no bfloat16 of
+    its own, so torch's ``.numpy()`` refuses it)."""
     if family(x) == "numpy":
         return x
     t = x.detach().contiguous().reshape(-1)
@@ -132,5 +135,5 @@ def to_numpy(x) -> np.ndarray:
 
 
 def bytes_of(x) -> np.ndarray:
-    a = np.ascontiguousarray(to_numpy(x)).reshape(-1)
+    a = np.ascontiguousarray(as_numpy(x)).reshape(-1)
     return a.view(np.uint8)
