@@ -69,7 +69,7 @@ from .. import vocab
 from ..train.buckets import MB, assign_buckets
 from ..train.consistency import broadcast_parameters
 from ..errors import InvalidArgument
-from ..train.sharding import adam_update, load_shards, save_shards
+from ..train.sharding import MemoryLedger, adam_update, load_shards, save_shards
 
 __all__ = ["TorchZero"]
 
@@ -146,8 +146,7 @@ class TorchZero:
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.prefetch = bool(prefetch)
         self.t = 0
-        self._alive = {"params": 0, "grads": 0, "optimizer": 0}
-        self._peak = 0
+        self._ledger = MemoryLedger()
         self._hooks = []
         self._in_backward = False
         self._next_launch = 0
@@ -219,24 +218,24 @@ class TorchZero:
                     self._unit_of[i] = (u, j)
             own = u.flat if stage == 0 else u.flat[u.lo:u.hi]
             u.master = own.to(torch.float32, copy=True).numpy()  # (.numpy() on own would make its storage non-resizable)
-            self._count("optimizer", u.master.nbytes)
+            self._ledger.count("optimizer", u.master.nbytes)
             if optimizer == "adam":
                 u.m, u.v = np.zeros_like(u.master), np.zeros_like(u.master)
-                self._count("optimizer", u.m.nbytes + u.v.nbytes)
+                self._ledger.count("optimizer", u.m.nbytes + u.v.nbytes)
             if stage < 3:
-                self._count("params", u.flat.numel() * u.itemsize)
+                self._ledger.count("params", u.flat.numel() * u.itemsize)
             else:
                 u.shard = u.flat[u.lo:u.hi].clone()
-                self._count("params", u.shard.numel() * u.itemsize)
+                self._ledger.count("params", u.shard.numel() * u.itemsize)
                 u.flat.untyped_storage().resize_(0)  # the parameters keep their shapes, hold 0 bytes
             if stage < 2:
                 u.grads = torch.zeros(u.count, dtype=u.dtype)
-                self._count("grads", u.count * u.itemsize)
+                self._ledger.count("grads", u.count * u.itemsize)
             if stage == 1:  # reduce-scattered in place: this rank's chunk of the full buffer
                 u.grad_shard = u.grads[u.lo:u.hi]
             elif stage >= 2:
                 u.grad_shard = torch.zeros(u.hi - u.lo, dtype=u.dtype)
-                self._count("grads", (u.hi - u.lo) * u.itemsize)
+                self._ledger.count("grads", (u.hi - u.lo) * u.itemsize)
             self._units.append(u)
         self.layout = [list(u.names) for u in self._units]
 
@@ -253,18 +252,14 @@ class TorchZero:
                 self._hooks.append(u.module.register_forward_hook(functools.partial(self._post_forward, fi)))
 
     # ---- memory ledger --------------------------------------------------------
-    def _count(self, kind: str, nbytes: int) -> None:
-        self._alive[kind] += nbytes
-        self._peak = max(self._peak, sum(self._alive.values()))
-
     def memory(self) -> dict:
         """Bytes this rank holds now: {"params", "grads", "optimizer"} (the
         buffers alive, counted as they are allocated and freed; autograd's own
         temporaries and activations are not counted), and "peak"."""
-        return dict(self._alive, peak=self._peak)
+        return self._ledger.memory()
 
     def reset_peak(self) -> None:
-        self._peak = sum(self._alive.values())
+        self._ledger.reset_peak()
 
     # ---- stage 3: gather / free -------------------------------------------------
     def _prefetch(self, u: _Flat) -> None:
@@ -272,7 +267,7 @@ class TorchZero:
             return
         u.flat.untyped_storage().resize_(u.count * u.itemsize)
         u.full = True
-        self._count("params", u.count * u.itemsize)
+        self._ledger.count("params", u.count * u.itemsize)
         u.gather_work = self.comm.all_gather(u.shard, out=u.flat, async_op=True)
 
     def _gather(self, u: _Flat) -> None:
@@ -289,7 +284,7 @@ class TorchZero:
             u.gather_work = None
         u.flat.untyped_storage().resize_(0)
         u.full = False
-        self._count("params", -u.count * u.itemsize)
+        self._ledger.count("params", -u.count * u.itemsize)
 
     def _pre_forward(self, fi: int, module, args) -> None:
         self._gather(self._fwd[fi])
@@ -333,7 +328,7 @@ class TorchZero:
                 "TorchZero reduces each parameter's gradient once per step (one backward per step)")
         if u.grads is None:
             u.grads = torch.zeros(u.count, dtype=u.dtype)
-            self._count("grads", u.count * u.itemsize)
+            self._ledger.count("grads", u.count * u.itemsize)
         with torch.no_grad():
             u.view(u.grads, j).copy_(p.grad)
         p.grad = None
@@ -363,7 +358,7 @@ class TorchZero:
             u.work.wait()
             u.work = None
             if self.stage >= 2:
-                self._count("grads", -u.count * u.itemsize)
+                self._ledger.count("grads", -u.count * u.itemsize)
                 u.grads = None
 
     def _on_backward_end(self) -> None:
@@ -372,7 +367,7 @@ class TorchZero:
             if u.pending:
                 if u.grads is None:
                     u.grads = torch.zeros(u.count, dtype=u.dtype)
-                    self._count("grads", u.count * u.itemsize)
+                    self._ledger.count("grads", u.count * u.itemsize)
                 u.pending.clear()
             if self.stage == 3:
                 self._release(u)

@@ -1,7 +1,8 @@
 """What the two ZeRO front ends (``train.zero.ZeroOptimizer`` on numpy units,
 ``torch.zero.TorchZero`` on torch modules) share: the optimizer formula
-applied to a shard, and the per-rank checkpoint files
-(``train.zero.consolidate`` reads them). Chunks follow vocab's split rule."""
+applied to a shard, the per-rank checkpoint files (``train.zero.consolidate``
+reads them) and the memory ledger behind their ``memory()``. Chunks follow
+vocab's split rule."""
 
 from __future__ import annotations
 
@@ -29,6 +30,25 @@ def adam_update(p: np.ndarray, m, v, g: np.ndarray, t: int, lr: float, betas, ep
     c1 = np.float32(1 - betas[0] ** t)
     c2 = np.float32(1 - betas[1] ** t)
     p -= np.float32(lr) * (m / c1) / (np.sqrt(v / c2) + np.float32(eps))
+
+
+class MemoryLedger:
+    """Bytes of parameters, gradients and optimizer state a rank holds, by
+    kind, counted as buffers are allocated and freed, with their peak."""
+
+    def __init__(self):
+        self.alive = {"params": 0, "grads": 0, "optimizer": 0}
+        self.peak = 0
+
+    def count(self, kind: str, nbytes: int) -> None:
+        self.alive[kind] += nbytes
+        self.peak = max(self.peak, sum(self.alive.values()))
+
+    def memory(self) -> dict:
+        return dict(self.alive, peak=self.peak)
+
+    def reset_peak(self) -> None:
+        self.peak = sum(self.alive.values())
 
 
 def _host(a) -> np.ndarray:

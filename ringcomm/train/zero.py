@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import vocab
-from .sharding import adam_update, load_shards, save_shards
+from .sharding import MemoryLedger, adam_update, load_shards, save_shards
 from ..errors import InvalidArgument
 
 __all__ = ["ZeroOptimizer", "consolidate", "expected_memory", "expected_traffic"]
@@ -131,8 +131,7 @@ class ZeroOptimizer:
         self.t = 0
         n, r = comm.size, comm.rank
         self._units: list[_Unit] = []
-        self._alive = {"params": 0, "grads": 0, "optimizer": 0}
-        self._peak = 0
+        self._ledger = MemoryLedger()
         for arrays in units:
             sizes = [int(p.size) for p in arrays]
             count = sum(sizes)
@@ -146,38 +145,34 @@ class ZeroOptimizer:
             u = _Unit([p.shape for p in arrays], sizes, count, lo, hi, None, None, None, None)
             if stage < 3:
                 u.params = flat
-                self._count("params", flat.nbytes)
+                self._ledger.count("params", flat.nbytes)
             else:
                 u.param_shard = flat[lo:hi].copy()
-                self._count("params", u.param_shard.nbytes)
+                self._ledger.count("params", u.param_shard.nbytes)
             if stage < 2:
                 u.grads = xp.zeros(count, self.dtype)
-                self._count("grads", u.grads.nbytes)
+                self._ledger.count("grads", u.grads.nbytes)
             if stage == 1:  # reduce-scattered in place: the shard is this rank's chunk of the full buffer
                 u.grad_shard = u.grads[lo:hi]
             elif stage >= 2:
                 u.grad_shard = xp.zeros(hi - lo, self.dtype)
-                self._count("grads", u.grad_shard.nbytes)
+                self._ledger.count("grads", u.grad_shard.nbytes)
             own = flat if stage == 0 else flat[lo:hi]
             u.master = own.astype(np.float32)
-            self._count("optimizer", u.master.nbytes)
+            self._ledger.count("optimizer", u.master.nbytes)
             if optimizer == "adam":
                 u.m, u.v = xp.zeros_like(u.master), xp.zeros_like(u.master)
-                self._count("optimizer", u.m.nbytes + u.v.nbytes)
+                self._ledger.count("optimizer", u.m.nbytes + u.v.nbytes)
             self._units.append(u)
 
     # ---- memory ledger ------------------------------------------------------
-    def _count(self, kind: str, nbytes: int) -> None:
-        self._alive[kind] += nbytes
-        self._peak = max(self._peak, sum(self._alive.values()))
-
     def memory(self) -> dict:
         """Bytes this rank holds now: {"params", "grads", "optimizer"} (the
         arrays alive, counted as they are allocated and freed), and "peak"."""
-        return dict(self._alive, peak=self._peak)
+        return self._ledger.memory()
 
     def reset_peak(self) -> None:
-        self._peak = sum(self._alive.values())
+        self._ledger.reset_peak()
 
     # ---- parameters -----------------------------------------------------------
     @staticmethod
@@ -206,7 +201,7 @@ class ZeroOptimizer:
         if self.stage < 3 or u.params is not None or u.gather_work is not None:
             return
         u.params = self.xp.empty(u.count, self.dtype)
-        self._count("params", u.params.nbytes)
+        self._ledger.count("params", u.params.nbytes)
         u.gather_work = self.comm.all_gather(u.param_shard, out=u.params, async_op=True)
 
     @contextlib.contextmanager
@@ -223,7 +218,7 @@ class ZeroOptimizer:
         try:
             yield self._views(u)
         finally:
-            self._count("params", -u.params.nbytes)
+            self._ledger.count("params", -u.params.nbytes)
             u.params = None
 
     def full_parameters(self) -> list[list[np.ndarray]]:
@@ -246,7 +241,7 @@ class ZeroOptimizer:
                     self._settle(self._inflight[0])
                 self._inflight.append(u)
             u.grads = self.xp.zeros(u.count, self.dtype)
-            self._count("grads", u.grads.nbytes)
+            self._ledger.count("grads", u.grads.nbytes)
         return self._unflatten(u, u.grads)
 
     def reduce(self, i: int) -> None:
@@ -277,7 +272,7 @@ class ZeroOptimizer:
             u.work.wait()
             u.work = None
             if self.stage >= 2:  # the full gradient buffer is not kept
-                self._count("grads", -u.grads.nbytes)
+                self._ledger.count("grads", -u.grads.nbytes)
                 u.grads = None
                 self._inflight.remove(u)
 
