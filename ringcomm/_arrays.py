@@ -185,6 +185,18 @@ def _know_torch() -> None:
     _torch_known = True
 
 
+def _torch_dtype_name(x, what: str) -> str:
+    """Our name for a torch tensor's dtype, once it is known to be one we
+    take, in memory we can read as one block."""
+    name = vocab.torch_name(x.dtype)
+    if name is None:
+        raise InvalidArgument(f"{what}: unsupported dtype {x.dtype}; supported: {vocab.SUPPORTED}")
+    if not x.is_contiguous():
+        raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
+                              "pass x.contiguous()")
+    return name
+
+
 def _from_torch_cpu(x, what: str) -> Buf:
     # Straight from the tensor (pointer, dtype, size): several times cheaper
     # than a DLPack round trip, which matters for small collectives (the
@@ -193,12 +205,7 @@ def _from_torch_cpu(x, what: str) -> Buf:
     # torch.distributed does.
     if not _torch_known:
         _know_torch()
-    name = vocab.torch_name(x.dtype)
-    if name is None:
-        raise InvalidArgument(f"{what}: unsupported dtype {x.dtype}; supported: {vocab.SUPPORTED}")
-    if not x.is_contiguous():
-        raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
-                              "pass x.contiguous()")
+    name = _torch_dtype_name(x, what)
     # (Conjugate and negative-bit views exist for complex dtypes only, refused above.)
     return Buf(x, x.data_ptr(), x.numel(), name, tuple(x.shape), False, "torch", None)
 
@@ -208,12 +215,7 @@ def _from_torch_cuda(x, what: str) -> Buf:
     # handshake would synchronize streams behind our back: ordering is done
     # explicitly, after torch's current stream (comm.py).
     import torch
-    name = vocab.torch_name(x.dtype)
-    if name is None:
-        raise InvalidArgument(f"{what}: unsupported dtype {x.dtype}; supported: {vocab.SUPPORTED}")
-    if not x.is_contiguous():
-        raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
-                              "pass x.contiguous()")
+    name = _torch_dtype_name(x, what)
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     src = x.detach()
     return _aligned(Buf(x, src.data_ptr(), src.numel(), name, tuple(x.shape), False, "torch", src, device=dev,
