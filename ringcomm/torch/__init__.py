@@ -95,7 +95,7 @@ class DistributedDataParallel(_torch.nn.Module):
                     p.grad = v
 
     def forward(self, *args, **kwargs):
-        if self.broadcast_buffers and self._buffers_list and self.bucketer._sync:
+        if self.broadcast_buffers and self._buffers_list and self.bucketer.syncing:
             with _torch.no_grad():
                 broadcast_parameters(self._buffers_list, self.comm, root=0)
         return self.module(*args, **kwargs)

@@ -196,6 +196,11 @@ class GradBucketer:
         for b in self._buckets:
             zero(b.flat)
 
+    @property
+    def syncing(self) -> bool:
+        """False inside no_sync(): this iteration's gradients stay local."""
+        return self._sync
+
     @contextlib.contextmanager
     def no_sync(self):
         """Within this context mark_ready() only records local contributions and
