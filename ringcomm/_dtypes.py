@@ -1,11 +1,11 @@
-"""The dtypes and ops ringcomm supports, and their native codes (csrc/common.h)."""
+"""The dtypes and ops ringcomm supports, and their native codes (csrc/core/vocabulary.h)."""
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 
-# name -> native code; order is the DType enum in csrc/common.h
+# name -> native code; order is the DType enum in csrc/core/vocabulary.h
 DTYPES = {
     "float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
     "int8": 4, "uint8": 5, "int32": 6, "int64": 7,

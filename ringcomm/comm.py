@@ -89,7 +89,7 @@ def _at_exit() -> None:
 atexit.register(_at_exit)
 
 
-# csrc/link.h Algo; "auto" is resolved per call by the engine (selection.py).
+# csrc/core/vocabulary.h Algo; "auto" is resolved per call by the engine (selection.py).
 _ALGORITHMS = {"auto": -1, "ring": 0, "naive": 1, "recursive_doubling": 2, "halving_doubling": 3}
 
 

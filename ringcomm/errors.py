@@ -62,7 +62,7 @@ class WaitTimeout(RingcommError, TimeoutError):
     collective is still running; wait again or let its own deadline expire."""
 
 
-# Order matches ErrKind in csrc/common.h.
+# Order matches ErrKind in csrc/core/vocabulary.h.
 _KINDS = [InvalidArgument, CollectiveTimeout, MismatchError, CommunicatorAborted, TransportError]
 
 

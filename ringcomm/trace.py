@@ -23,7 +23,7 @@ from . import _dtypes
 
 __all__ = ["Trace", "Step", "PHASES", "to_chrome", "table", "merge"]
 
-PHASES = ("reduce-scatter", "all-gather", "broadcast", "gather", "scatter", "fold", "exchange", "unfold")  # csrc/trace.h order
+PHASES = ("reduce-scatter", "all-gather", "broadcast", "gather", "scatter", "fold", "exchange", "unfold")  # csrc/core/trace.h order
 
 
 @dataclass(frozen=True)
