@@ -75,7 +75,7 @@ static void doubling(Link& link, const Fold& f, int v, const Blocks& B, char* ou
 
 void halving_doubling_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* acc,
                                      char* own) {
-  const Fold f(link.size());  // a power of two here (Engine::validate)
+  const Fold f(link.size());  // a power of two here (Engine::choose_algorithm)
   const Blocks B{plan.count(), plan.elem_size(), f.p};
   int unit = 0;
   if (f.p == 1) return link.copy(own, in, plan.count() * plan.elem_size());

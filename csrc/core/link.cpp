@@ -8,12 +8,13 @@ namespace ringcomm {
 namespace {
 constexpr uint32_t kMagic = 0x52434d31;  // "RCM1"
 enum : uint32_t { kHeader = 1, kAbort = 2 };
-constexpr int kUserInterrupt = -3;  // wait_for(): the interrupt check said stop
+constexpr int kUserInterrupt = -3;  // wait_for(): the interrupt check said stop (Ctrl-C)
+constexpr int kControl = 1;         // wait_or_control(): a control message came, and was handled
 // How often a blocked wait polls the interrupt check (Ctrl-C is seen within this).
 constexpr auto kInterruptSlice = std::chrono::milliseconds(100);
 constexpr size_t kFpBytes = sizeof(Fingerprint);
 // How long a rank that found a message of another call waits for that
-// peer's fingerprint, to name its call (throw_foreign_call).
+// peer's fingerprint, to name its call (throw_foreign_message).
 constexpr double kNameWaitS = 2.0;
 }  // namespace
 
@@ -29,54 +30,6 @@ struct Link::ControlMsg {
   int32_t peer = -1;   // abort: the peer involved (for a timeout: the one waited for)
   int32_t interrupted = 0;  // abort: `origin` was interrupted (Ctrl-C), not aborted by a call
 };
-
-std::string describe(const Fingerprint& f) {
-  char buf[240];
-  Coll c = Coll(f.coll);
-  switch (c) {
-    case Coll::all_reduce: case Coll::reduce_scatter:
-      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, op=%s)", (unsigned long long)f.seq,
-                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), op_name(Op(f.op)));
-      break;
-    case Coll::all_gather:
-      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s)", (unsigned long long)f.seq,
-                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)));
-      break;
-    case Coll::broadcast:
-      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, root=%d)", (unsigned long long)f.seq,
-                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), f.root);
-      break;
-    default:
-      std::snprintf(buf, sizeof buf, "#%llu %s()", (unsigned long long)f.seq, coll_name(c));
-  }
-  std::string s = buf;
-  if (f.algo != 0) s += std::string(" [algorithm=") + algo_name(Algo(f.algo)) + "]";
-  if (c != Coll::barrier) s += " with segment_bytes=" + std::to_string(f.segment_bytes);
-  return s;
-}
-
-// A call's stamp (transport.h): FNV-1a over what same_call() compares.
-static uint32_t stamp_of(const Fingerprint& f) {
-  const int64_t v[] = {int64_t(f.seq), f.count, f.segment_bytes, f.coll, f.dtype, f.op, f.root, f.algo};
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t x : v)
-    for (int i = 0; i < 8; ++i) {
-      h ^= uint64_t(x >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  return uint32_t(h ^ (h >> 32));
-}
-
-static bool same_call(const Fingerprint& a, const Fingerprint& b) {
-  return a.seq == b.seq && a.count == b.count && a.coll == b.coll && a.dtype == b.dtype &&
-         a.op == b.op && a.root == b.root && a.segment_bytes == b.segment_bytes && a.algo == b.algo;
-}
-
-static std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
-  return "ranks disagree on a collective call: rank " + std::to_string(a.rank) + " called " + describe(a) +
-         " but rank " + std::to_string(b.rank) + " called " + describe(b) +
-         " (every rank must issue the same collectives, in the same order, with the same count, dtype, op and root)";
-}
 
 Link::Link(std::shared_ptr<Transport> t, Options opts)
     : t_(std::move(t)), device_(t_->device()), opts_(opts), rank_(t_->rank()), size_(t_->size()), ledger_(t_->size()) {
@@ -251,20 +204,13 @@ void Link::await_header() {
   header_checked_ = true;
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
   while (early_headers_.empty()) {
-    Request* r[2] = {ctrl_req_[0].get(), ctrl_req_[1].get()};
-    progress_.peer.store(left(), std::memory_order_relaxed);
-    progress_.waiting.store(1, std::memory_order_relaxed);
-    progress_.what.store("its header", std::memory_order_relaxed);
     const auto now = Clock::now();
-    progress_.wait_since.store(now.time_since_epoch().count(), std::memory_order_relaxed);
-    int got = wait_for(r, 2, now, now + timeout);
-    if (got == kInterrupted) throw_interrupted(*ctrl_req_[0]);
-    if (got == kUserInterrupt) throw_user_interrupt(*ctrl_req_[0]);
-    if (got < 0) throw_timeout(*ctrl_req_[0], "its header", -1, -1);
-    // Still waiting while the message is handled: an ABORT throws here, and
-    // the flight record must say what this rank was waiting for when the
-    // ring failed (the left neighbour's header), not that it waited for none.
-    take_control(got);
+    publish_wait(left(), 1, "its header", now);
+    // Still waiting while the message is handled: an ABORT throws in there,
+    // and the flight record must say what this rank was waiting for when
+    // the ring failed (the left neighbour's header), not that it waited for none.
+    const int got = wait_or_control(nullptr, now, now + timeout);
+    if (got < 0) throw_wait_failure(got, *ctrl_req_[0], "its header", -1, -1);
     progress_.waiting.store(0, std::memory_order_relaxed);
   }
   ControlMsg theirs = early_headers_.front();
@@ -288,7 +234,7 @@ void Link::poll_control() {
   if (aborted_) return;
   t_->check_async();
   if (size_ == 1) return;
-  if (t_->interrupted()) throw_interrupted(*ctrl_req_[0]);
+  if (t_->interrupted()) throw_aborted(*ctrl_req_[0], false);
   // One test per message and side: cheap enough for the start of a collective.
   for (int side = 0; side < (size_ > 2 ? 2 : 1); ++side)
     while (t_->test(*ctrl_req_[side])) take_control(side);
@@ -370,7 +316,11 @@ Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
     Fingerprint* f;
     Request* fr = recv_fingerprint(peer, &f);
     wait(fr, "its call's fingerprint");
-    if (!plausible(*f, peer)) throw_foreign(*fr);
+    if (!plausible(*f, peer))
+      throw_mismatch(peer, nullptr,
+                     "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " + describe(fp_) +
+                         " got a message from rank " + std::to_string(peer) +
+                         " that does not belong to this call (it runs another count or algorithm)");
     check_call(*f, peer);
   }
   // With stamps the transport takes only a message of this call (no byte of
@@ -387,18 +337,6 @@ Request* Link::recv_fingerprint(int peer, Fingerprint** slot) {
   live_.back()->counted = true;  // control bytes: not payload progress
   ledger_.received(coll_, peer, true, kFpBytes);
   return live_.back().get();
-}
-
-bool Link::plausible(const Fingerprint& f, int peer) const {
-  return f.rank == peer && f.coll >= 0 && f.coll < int32_t(Coll::kCount) && f.dtype >= 0 &&
-         f.dtype < int32_t(DType::kCount) && f.algo >= 0 && f.algo < int32_t(Algo::kCount) && f.count >= 0;
-}
-
-[[noreturn]] void Link::throw_foreign(const Request& r) {
-  throw_mismatch(r.peer, nullptr,
-                  "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " + describe(fp_) +
-                      " got a message from rank " + std::to_string(r.peer) +
-                      " that does not belong to this call (it runs another count or algorithm)");
 }
 
 // Our fingerprint to `peer` on the check channel, once per call (with
@@ -420,7 +358,7 @@ void Link::send_fingerprint(int peer) {
 // finds the other's), or when it fails, which a rank whose left neighbour
 // disagrees does at its header check. Bounded: without it within
 // kNameWaitS, the error names our call only.
-[[noreturn]] void Link::throw_foreign_call(const Request& r, const std::string& unnamed) {
+[[noreturn]] void Link::throw_foreign_message(const Request& r, const std::string& unnamed) {
   const int peer = r.peer;
   Fingerprint* f = nullptr;
   RequestPtr in;
@@ -439,12 +377,8 @@ void Link::send_fingerprint(int peer) {
     const auto now = Clock::now();
     const auto deadline = now + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(std::min(opts_.timeout_s, kNameWaitS)));
-    for (;;) {
-      Request* reqs[3] = {in.get(), ctrl_req_[0].get(), ctrl_req_[1].get()};
-      got = wait_for(reqs, 3, Clock::now(), deadline);  // polls Ctrl-C
-      if (got < 1) break;
-      take_control(got - 1);
-    }
+    do got = wait_or_control(in.get(), Clock::now(), deadline);  // polls Ctrl-C
+    while (got == kControl);
   } catch (const RingError&) {
     withdraw();
     if (received_abort_) throw;  // named by a header, or an ABORT notice
@@ -458,23 +392,23 @@ void Link::send_fingerprint(int peer) {
   throw_mismatch(peer, nullptr, unnamed);
 }
 
-[[noreturn]] void Link::throw_foreign_stamp(const Request& r) {
-  char stamps[64];
-  std::snprintf(stamps, sizeof stamps, "call stamp %08x, this call's %08x", unsigned(r.stamp), unsigned(stamp_));
-  throw_foreign_call(r, "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " +
-                            describe(fp_) + " got a message from rank " + std::to_string(r.peer) +
-                            " that belongs to another call (" + stamps + ")");
-}
-
-[[noreturn]] void Link::throw_size_mismatch(const Request& r, const RingError& e) {
+// A receive that failed on a message of another call (transport.h:
+// wrong_message): its stamp, or its size, is not this call's.
+[[noreturn]] void Link::throw_wrong_message(const Request& r, const RingError& e) {
+  if (stamp_mask_ && r.stamp != stamp_) {
+    char stamps[64];
+    std::snprintf(stamps, sizeof stamps, "call stamp %08x, this call's %08x", unsigned(r.stamp), unsigned(stamp_));
+    throw_foreign_message(r, "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " +
+                                 describe(fp_) + " got a message from rank " + std::to_string(r.peer) +
+                                 " that belongs to another call (" + stamps + ")");
+  }
   // Both sides of a message derive its size from the call, so a message of
   // another size means the sender runs another call (or another algorithm).
-  if (stamp_mask_ && r.stamp != stamp_) throw_foreign_stamp(r);
   const std::string text = "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " +
                            describe(fp_) + " got a message of another size from rank " + std::to_string(r.peer) +
                            " (" + e.what() +
                            "): every rank must issue the same collectives with the same count, dtype and algorithm";
-  if (stamp_mask_) throw_foreign_call(r, text);  // names the peer's call
+  if (stamp_mask_) throw_foreign_message(r, text);  // names the peer's call
   // A left neighbour that sent its header on its own (another algorithm):
   // it was sent first, so it is usually here by now.
   if (r.peer == left() && size_ > 1) {
@@ -503,6 +437,21 @@ int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::ti
   }
 }
 
+int Link::wait_or_control(Request* r, Clock::time_point now, Clock::time_point deadline) {
+  Request* reqs[3] = {r, ctrl_req_[0].get(), ctrl_req_[1].get()};
+  const int got = wait_for(reqs, 3, now, deadline);
+  if (got < 1) return got;
+  take_control(got - 1);  // a neighbour said something: header of a later call, or ABORT
+  return kControl;
+}
+
+void Link::publish_wait(int peer, int waiting, const char* what, Clock::time_point since) {
+  progress_.peer.store(peer, std::memory_order_relaxed);
+  progress_.waiting.store(waiting, std::memory_order_relaxed);
+  progress_.what.store(what, std::memory_order_relaxed);
+  progress_.wait_since.store(since.time_since_epoch().count(), std::memory_order_relaxed);
+}
+
 void Link::wait(Request* r, const char* what, int step, int segment) {
   if (!r) return;
   if (!r->done && !quick_wait(r)) slow_wait(r, what, step, segment);
@@ -522,8 +471,7 @@ bool Link::quick_wait(Request* r) {
   try {
     i = t_->wait_any(&r, 1, Clock::time_point::min());
   } catch (const RingError& e) {
-    if (e.kind == ErrKind::transport && !r->is_send && r->wrong_message) throw_size_mismatch(*r, e);
-    throw;
+    rethrow_wait_error(*r, e);
   }
   return i == 0;  // else -1 (not yet) or kInterrupted: the full wait sees to it
 }
@@ -533,25 +481,17 @@ void Link::slow_wait(Request* r, const char* what, int step, int segment) {
   auto now = Clock::now();
   progress_.step.store(step, std::memory_order_relaxed);
   progress_.segment.store(segment, std::memory_order_relaxed);
-  progress_.peer.store(r->peer, std::memory_order_relaxed);
-  progress_.waiting.store(r->is_send ? 2 : 1, std::memory_order_relaxed);
-  progress_.what.store(what, std::memory_order_relaxed);
-  progress_.wait_since.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  publish_wait(r->peer, r->is_send ? 2 : 1, what, now);
   for (;;) {
-    Request* reqs[3] = {r, ctrl_req_[0].get(), ctrl_req_[1].get()};
-    int i;
+    int got;
     try {
-      i = wait_for(reqs, 3, now, now + timeout);
+      got = wait_or_control(r, now, now + timeout);
     } catch (const RingError& e) {
-      if (e.kind == ErrKind::transport && !r->is_send && r->wrong_message) throw_size_mismatch(*r, e);
-      throw;
+      rethrow_wait_error(*r, e);
     }
     now = Clock::now();
-    if (i == 0) break;
-    if (i == kInterrupted) throw_interrupted(*r);
-    if (i == kUserInterrupt) throw_user_interrupt(*r);
-    if (i < 0) throw_timeout(*r, what, step, segment);
-    take_control(i - 1);  // a neighbour said something: header of a later call, or ABORT
+    if (got == 0) break;
+    if (got < 0) throw_wait_failure(got, *r, what, step, segment);
   }
   progress_.waiting.store(0, std::memory_order_relaxed);
 }
@@ -570,6 +510,21 @@ std::string Link::peer_note(int peer) {
   return "";
 }
 
+// A receive that failed on a message of another size or call is a mismatch
+// (the ranks disagree on the call); anything else goes on as it is.
+[[noreturn]] void Link::rethrow_wait_error(const Request& r, const RingError& e) {
+  if (e.kind == ErrKind::transport && !r.is_send && r.wrong_message) throw_wrong_message(r, e);
+  throw;  // (called from a handler: rethrows e)
+}
+
+// A wait ended without its request: the deadline passed, the communicator
+// was aborted (Engine::abort), or Ctrl-C.
+[[noreturn]] void Link::throw_wait_failure(int why, const Request& r, const char* what, int step, int segment) {
+  if (why == kInterrupted) throw_aborted(r, false);
+  if (why == kUserInterrupt) throw_aborted(r, true);
+  throw_timeout(r, what, step, segment);
+}
+
 void Link::throw_timeout(const Request& r, const char* what, int step, int segment) {
   char where[96] = "";
   if (step >= 0) std::snprintf(where, sizeof where, " (step %d, segment %d)", step, segment);
@@ -582,18 +537,15 @@ void Link::throw_timeout(const Request& r, const char* what, int step, int segme
   throw RingError(ErrKind::timeout, rank_, r.peer, fp_.seq, msg);
 }
 
-void Link::throw_interrupted(const Request& r) {
+// Aborted while waiting on r: on purpose (Engine::abort), or by Ctrl-C
+// (by_ctrl_c here, or marked earlier: mark_user_interrupt), which the ring
+// is then told (fail()).
+void Link::throw_aborted(const Request& r, bool by_ctrl_c) {
+  if (by_ctrl_c) user_interrupted_ = true;
   throw RingError(ErrKind::aborted, rank_, r.peer, fp_.seq,
                   "rank " + std::to_string(rank_) +
                       (user_interrupted_ ? " was interrupted (KeyboardInterrupt) while " : " aborted the communicator while ") +
                       describe(fp_) + " waited for rank " + std::to_string(r.peer));
-}
-
-void Link::throw_user_interrupt(const Request& r) {
-  user_interrupted_ = true;
-  throw RingError(ErrKind::aborted, rank_, r.peer, fp_.seq,
-                  "rank " + std::to_string(rank_) + " was interrupted (KeyboardInterrupt) while " + describe(fp_) +
-                      " waited for rank " + std::to_string(r.peer));
 }
 
 void Link::drain() {
@@ -656,7 +608,7 @@ void Link::fail(const RingError& e) {
   }
   // With stamps, a peer that got a payload message from us may have found it
   // belongs to another call: our fingerprint lets it name ours
-  // (throw_foreign_call). Host memory only, where the check channel is
+  // (throw_foreign_message). Host memory only, where the check channel is
   // otherwise unused.
   if (!stamp_mask_) return;
   for (int peer : told_) {

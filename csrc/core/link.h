@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "core/vocabulary.h"
+#include "core/fingerprint.h"
 #include "core/flight.h"
 #include "core/ledger.h"
 #include "core/quarantine.h"
@@ -58,18 +59,6 @@ struct Options {
   size_t segment_bytes = 1u << 20;  // largest payload message (the pipelining unit)
   int window = 4;                   // receives in flight per pass (>= 2)
 };
-
-// What all ranks must agree on for one collective call.
-struct Fingerprint {
-  uint64_t seq = 0;
-  int64_t count = 0;          // total elements of the full buffer
-  int64_t segment_bytes = 0;  // ranks must cut messages alike
-  int32_t coll = 0, dtype = 0, op = 0, root = 0;
-  int32_t rank = 0;           // who sent it (not compared)
-  int32_t algo = 0;           // Algo: which algorithm runs (ranks must agree)
-};
-
-std::string describe(const Fingerprint& f);
 
 class Link {
  public:
@@ -175,14 +164,30 @@ class Link {
   // Block on reqs until one is done or `deadline`, in slices that poll the
   // interrupt check. Returns wait_any's answer.
   int wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::time_point deadline);
+  // Block on r (null: the control streams alone) and both control streams,
+  // until one is done or `deadline` (wait_for). A control message that
+  // arrives is handled (a later call's header is kept; an ABORT notice
+  // throws) and kControl returned; else 0 (r is done) or wait_for's answer.
+  int wait_or_control(Request* r, Clock::time_point now, Clock::time_point deadline);
   bool quick_wait(Request* r);  // wait()'s first polls, without the clock
   void slow_wait(Request* r, const char* what, int step, int segment);
+  // What this rank waits for, for the flight recorder (waiting: 1 receive, 2 send).
+  void publish_wait(int peer, int waiting, const char* what, Clock::time_point since);
   void counted(const Request& r);  // a payload request completed: progress
   void quarantine(RequestPtr r, bool payload);
   std::string peer_note(int peer);
+  // ---- how a collective fails; each error is built in one place ----
+  // A wait ended without r: deadline (throw_timeout), abort or Ctrl-C (throw_aborted).
+  [[noreturn]] void throw_wait_failure(int why, const Request& r, const char* what, int step, int segment);
   [[noreturn]] void throw_timeout(const Request& r, const char* what, int step, int segment);
-  [[noreturn]] void throw_interrupted(const Request& r);
-  [[noreturn]] void throw_user_interrupt(const Request& r);
+  [[noreturn]] void throw_aborted(const Request& r, bool by_ctrl_c);
+  // Called from a handler: a receive that matched another call's message becomes a mismatch.
+  [[noreturn]] void rethrow_wait_error(const Request& r, const RingError& e);
+  [[noreturn]] void throw_wrong_message(const Request& r, const RingError& e);  // r got another call's message
+  // A message from r.peer belongs to another call: name both calls (fingerprints on the check channel).
+  [[noreturn]] void throw_foreign_message(const Request& r, const std::string& unnamed);
+  // Throws MismatchError; the ABORT notice fail() forwards names the other call when known.
+  [[noreturn]] void throw_mismatch(int peer, const Fingerprint* theirs, const std::string& text);
   void check_call(const Fingerprint& theirs, int peer);  // throws MismatchError
   void check_early_header();  // this call's header from the left, if it came on its own already
   void send_control(const ControlMsg& m, int peer);
@@ -191,13 +196,7 @@ class Link {
   bool first_to(int peer);
   bool first_from(int peer);
   Request* recv_fingerprint(int peer, Fingerprint** slot);  // a fingerprint sent on its own (check channel)
-  [[noreturn]] void throw_size_mismatch(const Request& r, const RingError& e);
-  bool plausible(const Fingerprint& f, int peer) const;  // could these bytes be peer's fingerprint?
-  [[noreturn]] void throw_foreign(const Request& r);
-  [[noreturn]] void throw_foreign_stamp(const Request& r);
-  [[noreturn]] void throw_foreign_call(const Request& r, const std::string& unnamed);
   void send_fingerprint(int peer);  // ours, on the check channel, once per call and peer
-  [[noreturn]] void throw_mismatch(int peer, const Fingerprint* theirs, const std::string& text);
 
   std::shared_ptr<Transport> t_;
   std::shared_ptr<Device> device_;  // t_->device(): null for host memory

@@ -76,35 +76,7 @@ void Engine::validate(Task& t) {
   if (int(t.coll) < 0 || t.coll >= Coll::kCount) throw_invalid("unknown collective code");
   if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) check_reducer(t.dtype, t.op);
   else dtype_size(t.dtype);
-  const Algo a = Algo(t.algo);
-  const bool host = !link_.device(), pow2 = (size() & (size() - 1)) == 0;
-  if (a == Algo::automatic) {
-    // Every rank resolves the same way: from the call's size and limits all
-    // ranks were given alike (a disagreement is still caught: the resolved
-    // algorithm is part of the fingerprint). A device communicator runs the
-    // ring: `ringcomm tune` measures host transports only, so nothing says
-    // another algorithm is faster on a GPU (they run there when asked for).
-    Algo pick = Algo::ring;
-    if (t.coll == Coll::all_reduce && host && size() > 1) {
-      const size_t bytes = t.count * dtype_size(t.dtype);
-      if (bytes <= auto_rd_max_.load(std::memory_order_relaxed)) pick = Algo::recursive_doubling;
-      else if (bytes <= auto_hd_max_.load(std::memory_order_relaxed)) pick = Algo::halving_doubling;
-    }
-    t.algo = int(pick);
-  } else if (int(a) < 0 || a >= Algo::kCount) {
-    throw_invalid("unknown algorithm code " + std::to_string(t.algo));
-  } else if (a != Algo::ring) {
-    const char* name = algo_name(a);  // (no std::string: this runs on every call)
-    if (a == Algo::halving_doubling && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather)) {
-      if (!pow2)
-        throw_invalid("algorithm 'halving_doubling' runs " + std::string(coll_name(t.coll)) +
-                      " on a power-of-two number of ranks only (this communicator has " + std::to_string(size()) +
-                      "): its blocks are the split rule's chunks only then; all_reduce folds any number");
-    } else if (t.coll != Coll::all_reduce) {
-      throw_invalid("algorithm '" + std::string(name) + "' exists for all_reduce" +
-                    (a == Algo::halving_doubling ? ", reduce_scatter and all_gather" : "") + " only");
-    }
-  }
+  t.algo = int(choose_algorithm(t));
   last_algo_.store(t.algo, std::memory_order_relaxed);
   if (t.coll == Coll::broadcast && (t.root < 0 || t.root >= size()))
     throw_invalid("broadcast root " + std::to_string(t.root) + " is out of range for " + std::to_string(size()) +
@@ -116,6 +88,47 @@ void Engine::validate(Task& t) {
     e.cause = abort_cause_;
     throw e;
   }
+}
+
+Algo Engine::choose_algorithm(const Task& t) const {
+  const Algo a = Algo(t.algo);
+  if (a == Algo::automatic) {
+    // Every rank resolves the same way: from the call's size and limits all
+    // ranks were given alike (a disagreement is still caught: the resolved
+    // algorithm is part of the fingerprint). A device communicator runs the
+    // ring: `ringcomm tune` measures host transports only, so nothing says
+    // another algorithm is faster on a GPU (they run there when asked for).
+    const bool host = !link_.device();
+    if (t.coll == Coll::all_reduce && host && size() > 1) {
+      const size_t bytes = t.count * dtype_size(t.dtype);
+      if (bytes <= auto_rd_max_.load(std::memory_order_relaxed)) return Algo::recursive_doubling;
+      if (bytes <= auto_hd_max_.load(std::memory_order_relaxed)) return Algo::halving_doubling;
+    }
+    return Algo::ring;
+  }
+  if (int(a) < 0 || a >= Algo::kCount) throw_invalid("unknown algorithm code " + std::to_string(t.algo));
+  if (a == Algo::ring) return a;
+  const char* name = algo_name(a);  // (no std::string: this runs on every call)
+  const bool pow2 = (size() & (size() - 1)) == 0;
+  if (a == Algo::halving_doubling && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather)) {
+    if (!pow2)
+      throw_invalid("algorithm 'halving_doubling' runs " + std::string(coll_name(t.coll)) +
+                    " on a power-of-two number of ranks only (this communicator has " + std::to_string(size()) +
+                    "): its blocks are the split rule's chunks only then; all_reduce folds any number");
+  } else if (t.coll != Coll::all_reduce) {
+    throw_invalid("algorithm '" + std::string(name) + "' exists for all_reduce" +
+                  (a == Algo::halving_doubling ? ", reduce_scatter and all_gather" : "") + " only");
+  }
+  return a;
+}
+
+void Engine::record_abort(const std::string& reason, int origin, ErrKind cause) {
+  std::lock_guard<std::mutex> g(state_m_);
+  if (aborted_) return;  // the first failure is the reason
+  aborted_ = true;
+  abort_reason_ = reason;
+  abort_origin_ = origin;
+  abort_cause_ = cause;
 }
 
 std::shared_ptr<Work> Engine::enqueue(const Task& t, bool inline_if_idle, bool* run_here) {
@@ -170,7 +183,7 @@ std::shared_ptr<Work> Engine::submit(const Task& t) {
   return enqueue(task, false, &run_here);
 }
 
-std::shared_ptr<Work> Engine::run_sync(const Task& t, const std::function<bool()>* interrupted) {
+std::shared_ptr<Work> Engine::submit_and_wait(const Task& t, const std::function<bool()>* interrupted) {
   Task task = t;  // (interrupted is set below only when it runs here: a queued task runs on the worker)
   validate(task);
   {
@@ -257,7 +270,7 @@ void Engine::execute(const Task& t, Work& w) {
   if (!t.abort && !t.started) recorder_.started(w.seq());
   link_.set_interrupt_check(t.interrupted);
   try {
-    run(t, w);
+    perform(t, w);
   } catch (const RingError& e) {
     err = std::make_unique<RingError>(e);
   } catch (const std::exception& e) {
@@ -265,13 +278,7 @@ void Engine::execute(const Task& t, Work& w) {
   }
   if (err && t.abort) {  // the abort itself succeeded
     link_.fail(*err);
-    std::lock_guard<std::mutex> g(state_m_);
-    if (!aborted_) {
-      aborted_ = true;
-      abort_reason_ = err->what();
-      abort_origin_ = rank();
-      abort_cause_ = ErrKind::aborted;
-    }
+    record_abort(err->what(), rank(), ErrKind::aborted);
     err.reset();
   }
   link_.set_interrupt_check(nullptr);
@@ -281,13 +288,7 @@ void Engine::execute(const Task& t, Work& w) {
     if (err->origin < 0) err->origin = err->rank;
     if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
       link_.fail(*err);
-      std::lock_guard<std::mutex> g(state_m_);
-      if (!aborted_) {
-        aborted_ = true;
-        abort_reason_ = err->what();
-        abort_origin_ = err->origin;
-        abort_cause_ = err->cause;
-      }
+      record_abort(err->what(), err->origin, err->cause);
     }
   }
   if (!t.abort) {
@@ -326,7 +327,7 @@ const Reducer& Engine::reducer(DType dtype, Op op) {
   return *slot;
 }
 
-void Engine::run(const Task& t, Work& w) {
+void Engine::perform(const Task& t, Work& w) {
   const uint64_t seq = w.seq();
   Device* dev = link_.device();
   if (t.abort) {
@@ -429,13 +430,7 @@ std::unique_ptr<RingError> Engine::check_peers() {
   } catch (const RingError& e) {
     err = std::make_unique<RingError>(e);
     link_.fail(e);
-    std::lock_guard<std::mutex> g(state_m_);
-    if (!aborted_) {
-      aborted_ = true;
-      abort_reason_ = e.what();
-      abort_origin_ = e.origin;
-      abort_cause_ = e.cause;
-    }
+    record_abort(e.what(), e.origin, e.cause);
   }
   {
     std::lock_guard<std::mutex> g(m_);

@@ -58,14 +58,14 @@ struct Task {
   DType dtype = DType::f32;
   Op op = Op::sum;
   int root = 0;
-  int algo = 0;  // Algo (link.h); Algo::automatic is resolved by validate()
+  int algo = 0;  // Algo (core/vocabulary.h); Algo::automatic is resolved by choose_algorithm()
   // Device communicators: the collective starts after this point (the
   // caller's stream at the time of the call; device.h). May be null.
   EventPtr after;
   std::shared_ptr<Tracer> tracer;  // filled by submit(): the tracer in force, if any
   Options opts;  // filled by submit(): the options in force when it was issued
   bool abort = false;  // not a collective: abort the communicator (Engine::abort)
-  const std::function<bool()>* interrupted = nullptr;  // run_sync on the caller's thread: Ctrl-C check
+  const std::function<bool()>* interrupted = nullptr;  // submit_and_wait on the caller's thread: Ctrl-C check
   bool started = false;  // its flight record already says running (an inline run)
 };
 
@@ -96,7 +96,7 @@ class Engine {
   // only one in flight). `interrupted` (may be null) is polled every 100 ms
   // while it waits; when it returns true the collective fails, the
   // communicator is aborted and the ring told (Ctrl-C).
-  std::shared_ptr<Work> run_sync(const Task& t, const std::function<bool()>* interrupted = nullptr);
+  std::shared_ptr<Work> submit_and_wait(const Task& t, const std::function<bool()>* interrupted = nullptr);
   // Wait for `w` like Work::wait, polling `interrupted` every 100 ms; on
   // true, abort the communicator, wait (bounded) for `w` to end, and return
   // false. Returns true once `w` is complete.
@@ -108,7 +108,7 @@ class Engine {
   std::shared_ptr<Work> abort(bool by_interrupt = false);
   bool aborted();
   std::string abort_reason();
-  // A collective is running inline on the calling thread (run_sync), e.g.
+  // A collective is running inline on the calling thread (submit_and_wait), e.g.
   // a signal handler called from its interrupt check is calling back in:
   // waiting for queued work here would wait for ourselves.
   bool running_here() const;
@@ -146,9 +146,17 @@ class Engine {
  private:
   void loop();
   std::shared_ptr<Work> enqueue(const Task& t, bool inline_if_idle, bool* run_here);
-  void execute(const Task& t, Work& w);  // run and record the outcome
-  void run(const Task& t, Work& w);
-  void validate(Task& t);  // also resolves Algo::automatic
+  void execute(const Task& t, Work& w);  // perform() and record the outcome (Work, flight record, abort state)
+  void perform(const Task& t, Work& w);  // the collective itself: header, algorithm, drain
+  // Throws RingError(invalid) for what can be checked locally, or (aborted)
+  // on an aborted communicator; fills t.algo (choose_algorithm).
+  void validate(Task& t);
+  // The algorithm the call runs: t.algo when it exists for this collective
+  // and communicator (else RingError(invalid)); for Algo::automatic, by size
+  // against the limits of set_auto_limits(), alike on every rank.
+  Algo choose_algorithm(const Task& t) const;
+  // The communicator is aborted (the first failure's reason stays). Thread-safe.
+  void record_abort(const std::string& reason, int origin, ErrKind cause);
   const Reducer& reducer(DType dtype, Op op);  // the worker's (or inline caller's) only
   std::unique_ptr<Reducer> reducers_[size_t(DType::kCount) * size_t(Op::kCount)];
 

@@ -1,23 +1,26 @@
 // The Engine's Python bindings, shared by ringcomm._core (host transports)
 // and ringcomm._cuda (device transports): each module compiles the engine and
 // registers these classes as module-local types, so the two never clash and
-// the Python layer drives both through the same methods.
+// the Python layer drives both through the same methods. This file is the
+// registration list; the conversions are in converters.h, Ctrl-C in
+// signals.h, errors in py_errors.h.
 #pragma once
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "engine/engine.h"
-#include "transports/inproc_transport.h"
-#include "python/py_errors.h"
 #include "core/quarantine.h"
+#include "engine/engine.h"
+#include "python/converters.h"
+#include "python/py_errors.h"
+#include "python/signals.h"
+#include "transports/inproc_transport.h"
 
 namespace ringcomm {
 namespace bind {
 
 namespace py = pybind11;
-
 
 // Owns an Engine; close() stops it deterministically (before MPI_Finalize).
 // Shared, so that a collective running on another thread when close() is
@@ -33,91 +36,14 @@ struct EngineHandle {
   }
 };
 
-inline Task make_task(int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root, int algo) {
-  Task t;
-  t.algo = algo;
-  t.coll = Coll(coll);
-  t.in = reinterpret_cast<const void*>(in);
-  t.out = reinterpret_cast<void*>(out);
-  t.count = count;
-  t.dtype = DType(dtype);
-  t.op = Op(op);
-  t.root = root;
-  return t;
-}
-
-// Ctrl-C while a collective waits with the GIL released: Python's C signal
-// handler only sets a flag, which PyErr_CheckSignals() turns into the
-// KeyboardInterrupt (running the Python-level handler). Waits poll this
-// every 100 ms (Link::wait_for, Engine::wait_interruptible); the exception
-// is kept and raised once the collective has failed and the ring was told.
-// Only the main thread runs Python signal handlers, so other threads get no
-// check at all.
-struct SignalCheck {
-  bool fired = false;
-  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
-  std::function<bool()> fn;
-  SignalCheck() {
-    fn = [this] {
-      if (fired) return true;
-      py::gil_scoped_acquire g;
-      if (PyErr_CheckSignals() == 0) return false;
-      PyErr_Fetch(&type, &value, &tb);
-      fired = true;
-      return true;
-    };
-  }
-  ~SignalCheck() {  // never raised (it cannot happen, but leak nothing)
-    if (type || value || tb) {
-      py::gil_scoped_acquire g;
-      Py_XDECREF(type);
-      Py_XDECREF(value);
-      Py_XDECREF(tb);
-    }
-  }
-  // With the GIL held: raise the kept exception; with `hold` (requests of
-  // the interrupted collective still in flight) attached as `_hold`, like a
-  // RingcommError, so the Python layer keeps the arrays they use.
-  [[noreturn]] void raise(std::shared_ptr<Hold> hold = nullptr) {
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (hold && hold->pending.load() > 0 && value) {
-      py::object v = py::reinterpret_borrow<py::object>(value);
-      try {
-        v.attr("_hold") = py::cast(hold);
-      } catch (const py::error_already_set&) {
-      }
-    }
-    PyErr_Restore(type, value, tb);
-    type = value = tb = nullptr;
-    throw py::error_already_set();
-  }
+// The in-process world, opaque to Python.
+struct WorldHandle {
+  std::shared_ptr<InprocWorld> world;
 };
-
-// Python's main thread (threading.main_thread().ident, set at import by
-// ringcomm._native): the only one that runs signal handlers.
-inline unsigned long& main_thread_ident() {
-  static unsigned long ident = PyThread_get_thread_ident();
-  return ident;
-}
-inline bool on_main_thread() { return PyThread_get_thread_ident() == main_thread_ident(); }
-
-// A failed collective's error as a Python exception; with `hold` (requests
-// that outlived it may still use the caller's arrays) attached as `_hold`,
-// for ringcomm.comm to keep those arrays alive.
-inline py::object failure_object(const RingError& e, std::shared_ptr<Hold> hold) {
-  py::object err = error_object(e);
-  if (hold && hold->pending.load() > 0) err.attr("_hold") = py::cast(hold);
-  return err;
-}
-
-[[noreturn]] inline void raise_object(py::object err) {
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
-  throw py::error_already_set();
-}
 
 // Run a host collective to completion (on this thread when the engine is
 // idle), polling Ctrl-C on the main thread; raises the failure.
-inline void run_host(EngineHandle& h, const Task& t) {
+inline void call_host(EngineHandle& h, const Task& t) {
   std::shared_ptr<Engine> e = h.shared();
   // Device collectives must keep their arrays until the device is
   // done with them, which only a Work can track: use submit().
@@ -127,116 +53,17 @@ inline void run_host(EngineHandle& h, const Task& t) {
     SignalCheck check;
     {
       py::gil_scoped_release nogil;
-      w = e->run_sync(t, &check.fn);
+      w = e->submit_and_wait(t, &check.fn);
       e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
     }
     if (check.fired) check.raise(w->hold());  // the communicator is aborted and the ring told
   } else {
     py::gil_scoped_release nogil;
-    w = e->run_sync(t);
+    w = e->submit_and_wait(t);
     e.reset();
   }
   if (const RingError* err = w->error()) raise_object(failure_object(*err, w->hold()));
 }
-
-// all_reduce(x, out=y) of numpy arrays, checked as the Python adapter
-// (_arrays.py, comm.py) would: both C-contiguous ndarrays of one supported
-// dtype and shape, the output writable, in place or not overlapping, `op`
-// valid for the dtype. False when any of it fails (or is unusual, like
-// bfloat16, whose numpy type number is not fixed): the caller then takes the
-// Python path, whose errors say what is wrong.
-inline bool numpy_all_reduce_args(py::handle x, py::handle out, int op, size_t& count, int& dtype,
-                                  uintptr_t& in_ptr, uintptr_t& out_ptr) {
-  if (!py::isinstance<py::array>(x) || !py::isinstance<py::array>(out)) return false;
-  auto a = py::reinterpret_borrow<py::array>(x), b = py::reinterpret_borrow<py::array>(out);
-  constexpr int c_contig = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_;
-  if (!(a.flags() & c_contig) || !(b.flags() & c_contig) || !b.writeable()) return false;
-  const py::dtype da = a.dtype(), db = b.dtype();
-  const int num = da.num();
-  if (db.num() != num || da.itemsize() != db.itemsize()) return false;
-  // Native byte order only ('=' or '|'; the explicit native letter too).
-  constexpr char native = __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__ ? '>' : '<';
-  for (char bo : {da.byteorder(), db.byteorder()})
-    if (bo != '=' && bo != '|' && bo != native) return false;
-  const ssize_t size = da.itemsize();
-  switch (num) {  // numpy type numbers (fixed by numpy's ABI)
-    case 23: dtype = int(DType::f16); break;  // NPY_HALF
-    case 11: dtype = int(DType::f32); break;  // NPY_FLOAT
-    case 12: dtype = int(DType::f64); break;  // NPY_DOUBLE
-    case 1: dtype = int(DType::i8); break;    // NPY_BYTE
-    case 2: dtype = int(DType::u8); break;    // NPY_UBYTE
-    case 5: case 7: case 9:                   // NPY_INT, NPY_LONG, NPY_LONGLONG
-      if (size == 4) dtype = int(DType::i32);
-      else if (size == 8) dtype = int(DType::i64);
-      else return false;
-      break;
-    default: return false;
-  }
-  if (op < 0 || op >= int(Op::kCount) || (Op(op) == Op::avg && dtype >= int(DType::i8))) return false;
-  if (a.ndim() != b.ndim()) return false;
-  for (ssize_t i = 0; i < a.ndim(); ++i)
-    if (a.shape(i) != b.shape(i)) return false;
-  count = size_t(a.size());
-  in_ptr = reinterpret_cast<uintptr_t>(a.data());
-  out_ptr = reinterpret_cast<uintptr_t>(b.mutable_data());
-  const size_t bytes = count * size_t(size);
-  if (in_ptr != out_ptr && in_ptr < out_ptr + bytes && out_ptr < in_ptr + bytes) return false;  // partial overlap
-  return true;
-}
-
-inline py::list flight_list(const std::vector<FlightRecord>& recs) {
-  static const char* states[] = {"queued", "running", "done", "failed"};
-  static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter",
-                                 "fold", "exchange", "unfold"};
-  py::list out;
-  for (const FlightRecord& r : recs) {
-    py::dict d;
-    d["seq"] = r.seq;
-    d["collective"] = coll_name(Coll(r.coll));
-    d["count"] = r.count;
-    const bool has_dtype = Coll(r.coll) != Coll::barrier;
-    d["dtype"] = has_dtype ? py::object(py::str(dtype_name(DType(r.dtype)))) : py::object(py::none());
-    const bool has_op = Coll(r.coll) == Coll::all_reduce || Coll(r.coll) == Coll::reduce_scatter;
-    d["op"] = has_op ? py::object(py::str(op_name(Op(r.op)))) : py::object(py::none());
-    d["root"] = Coll(r.coll) == Coll::broadcast ? py::object(py::int_(r.root)) : py::object(py::none());
-    d["algorithm"] = algo_name(Algo(r.algo));
-    d["state"] = states[int(r.state)];
-    d["t_issue"] = double(r.t_issue_ns) * 1e-9;
-    d["t_start"] = r.t_start_ns ? py::object(py::float_(double(r.t_start_ns) * 1e-9)) : py::object(py::none());
-    d["t_end"] = r.t_end_ns ? py::object(py::float_(double(r.t_end_ns) * 1e-9)) : py::object(py::none());
-    d["phase"] = r.phase >= 0 && r.phase < int(Phase::kCount) ? py::object(py::str(phases[r.phase])) : py::object(py::none());
-    d["step"] = r.step >= 0 ? py::object(py::int_(r.step)) : py::object(py::none());
-    d["segment"] = r.segment >= 0 ? py::object(py::int_(r.segment)) : py::object(py::none());
-    const bool waiting = r.waiting != 0 && r.peer >= 0;
-    d["waiting_for"] = waiting ? py::object(py::int_(r.peer)) : py::object(py::none());
-    d["waiting_to"] = waiting ? py::object(py::str(r.waiting == 1 ? "receive" : "send")) : py::object(py::none());
-    d["waiting_what"] = waiting ? py::object(py::str(r.what)) : py::object(py::none());
-    d["waiting_since"] = waiting ? py::object(py::float_(double(r.wait_since_ns) * 1e-9)) : py::object(py::none());
-    d["bytes_sent"] = r.bytes_sent;
-    d["bytes_received"] = r.bytes_received;
-    d["error"] = r.error.empty() ? py::object(py::none()) : py::object(py::str(r.error));
-    out.append(d);
-  }
-  return out;
-}
-
-// The in-process world, opaque to Python.
-struct WorldHandle {
-  std::shared_ptr<InprocWorld> world;
-};
-
-inline Options make_options(double timeout, size_t segment_bytes, int window) {
-  Options o;
-  o.timeout_s = timeout;
-  o.segment_bytes = segment_bytes;
-  o.window = window;
-  if (!(timeout > 0)) throw_invalid("timeout must be positive");
-  if (segment_bytes == 0 || segment_bytes > (size_t(1) << 30))
-    throw_invalid("segment_bytes must be between 1 and 2**30");
-  if (window < 2) throw_invalid("window must be at least 2");
-  return o;
-}
-
 
 // Registers Work, Tracer, InprocWorld, Engine and inproc_world() in `m`.
 inline void bind_engine(py::module_& m) {
@@ -305,29 +132,7 @@ inline void bind_engine(py::module_& m) {
   py::class_<Tracer, std::shared_ptr<Tracer>>(m, "Tracer", py::module_local())
       .def(py::init<bool>(), py::arg("values") = false)
       .def("take",
-           [](Tracer& t) {
-             py::list out;
-             for (const TraceStep& s : t.take()) {
-               py::dict d;
-               d["seq"] = s.seq;
-               d["collective"] = coll_name(Coll(s.coll));
-               d["dtype"] = dtype_name(DType(s.dtype));
-               d["phase"] = s.phase;
-               d["step"] = s.step;
-               d["rank"] = s.rank;
-               d["send_peer"] = s.send_peer;
-               d["send_chunk"] = s.send_chunk;
-               d["send_bytes"] = s.send_bytes;
-               d["recv_peer"] = s.recv_peer;
-               d["recv_chunk"] = s.recv_chunk;
-               d["recv_bytes"] = s.recv_bytes;
-               d["t_start_ns"] = s.t_start_ns;
-               d["t_end_ns"] = s.t_end_ns;
-               d["values"] = py::bytes(s.values.data(), s.values.size());
-               out.append(d);
-             }
-             return out;
-           },
+           [](Tracer& t) { return trace_list(t.take()); },
            "Recorded steps so far, as dicts (and forget them).");
 
   py::class_<WorldHandle>(m, "InprocWorld", py::module_local());
@@ -361,14 +166,14 @@ inline void bind_engine(py::module_& m) {
              uintptr_t in_ptr = 0, out_ptr = 0;
              if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
              if (!numpy_all_reduce_args(x, out, op, count, dtype, in_ptr, out_ptr)) return false;
-             run_host(h, make_task(int(Coll::all_reduce), in_ptr, out_ptr, count, dtype, op, 0, algo));
+             call_host(h, make_task(int(Coll::all_reduce), in_ptr, out_ptr, count, dtype, op, 0, algo));
              return true;
            },
            py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"))
       .def("run",
            [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
               int algo) {
-             run_host(h, make_task(coll, in, out, count, dtype, op, root, algo));
+             call_host(h, make_task(coll, in, out, count, dtype, op, root, algo));
            },
            py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
            py::arg("op"), py::arg("root"), py::arg("algo") = 0,
@@ -383,22 +188,7 @@ inline void bind_engine(py::module_& m) {
       .def("make_tracer", [](EngineHandle&, bool values) { return std::make_shared<Tracer>(values); },
            py::arg("values") = false, "A step tracer of this module's type, for set_tracer().")
       .def("traffic",
-           [](EngineHandle& h) {
-             auto cells = h.get().ledger().snapshot();
-             const int n = h.get().size();
-             py::array_t<uint64_t> a({int(Coll::kCount), n, 2, 4});
-             auto v = a.mutable_unchecked<4>();
-             for (int c = 0; c < int(Coll::kCount); ++c)
-               for (int p = 0; p < n; ++p)
-                 for (int k = 0; k < 2; ++k) {
-                   const Counters& x = cells[(size_t(c) * n + p) * 2 + k];
-                   v(c, p, k, 0) = x.bytes_sent;
-                   v(c, p, k, 1) = x.msgs_sent;
-                   v(c, p, k, 2) = x.bytes_recv;
-                   v(c, p, k, 3) = x.msgs_recv;
-                 }
-             return a;
-           },
+           [](EngineHandle& h) { return traffic_array(h.get().ledger().snapshot(), h.get().size()); },
            "Ledger as uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)]")
       .def("abort", [](EngineHandle& h) { return h.get().abort(); })
       .def_property_readonly("running_here", [](EngineHandle& h) { return h.engine && h.engine->running_here(); },
