@@ -82,13 +82,13 @@ struct Half {
 struct BFloat16 {
   using S = uint16_t;
   using C = float;
-  static RC_HD C load(S x) { return from_bits(uint32_t(x) << 16); }
+  static RC_HD C load(S x) { return bit_cast<float>(uint32_t(x) << 16); }
   static RC_HD S store(C f) {
 #if defined(__CUDA_ARCH__)
     // The device's own conversion (one instruction from sm_80 on).
     return __nv_bfloat16_raw(__float2bfloat16_rn(f)).x;
 #else
-    const uint32_t u = to_bits(f);
+    const uint32_t u = bit_cast<uint32_t>(f);
     const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;  // nearest, ties to even
     const uint32_t quiet_nan = (u >> 16) | 0x40u;                     // keep NaN a NaN
     return S(f != f ? quiet_nan : rounded);
@@ -96,23 +96,12 @@ struct BFloat16 {
   }
 
  private:
-  static RC_HD float from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-#endif
-  }
-  static RC_HD uint32_t to_bits(float f) {
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-#endif
+  template <class To, class From>
+  static RC_HD To bit_cast(From x) {  // (memcpy is a register move here, on host and device)
+    static_assert(sizeof(To) == sizeof(From), "same size");
+    To y;
+    std::memcpy(&y, &x, sizeof y);
+    return y;
   }
 };
 
