@@ -130,16 +130,19 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         if not opts.asyncOp and len(tensors) == 1:
-            # The common synchronous call (dist.all_reduce(t)): checked here
-            # once, then straight to the engine, on this thread.
-            # The communicator's native fast lane takes a contiguous CPU
-            # tensor of a supported dtype as it takes a numpy array.
-            t = tensors[0]
+            # The common synchronous call (dist.all_reduce(t)): straight to
+            # the communicator, on this thread; its native fast lane checks
+            # and takes a contiguous CPU tensor as it takes a numpy array. What
+            # it refuses (InvalidArgument, raised before any byte moves: a
+            # non-contiguous tensor, a dtype or op it lacks) takes the general
+            # path below, which copies or raises torch's kind of error.
             op = _OPS.get(opts.reduceOp.op)
-            if op is not None and t.is_cpu and t.is_contiguous() and vocab.torch_name(t.dtype) is not None and \
-                    (op != "avg" or t.is_floating_point()):
-                self.comm.all_reduce(t, op=op)
-                return DoneWork(tensors)
+            if op is not None:
+                try:
+                    self.comm.all_reduce(tensors[0], op=op)
+                    return DoneWork(tensors)
+                except InvalidArgument:
+                    pass
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
