@@ -398,7 +398,10 @@ void Engine::perform(const Task& t, Work& w) {
   if (coll_has_root(t.coll)) fp.root = t.root;
   // Per-rank counts: every rank passes the same list (gather, scatter);
   // all_to_all's splits differ by rank, and each block's message checks them.
-  if (t.coll == Coll::all_to_all && !t.counts.empty()) fp.counts = kPerPeer;
+  if (t.coll == Coll::all_to_all && !t.counts.empty()) {
+    fp.counts = kPerPeer;
+    fp.count = 0;  // each rank's own total
+  }
   else if (!t.counts.empty()) fp.counts = counts_hash(t.counts.data(), t.counts.size());
   fp.algo = t.algo;
 
