@@ -69,7 +69,7 @@ class Communicator:
         from .tuning import selection
         self.costs = costs
         rd, hd = selection.auto_limits(costs, self.size)
-        self._engine.set_auto_limits(rd, hd)
+        self._engine.set_auto_limits(rd, hd, selection.reduce_limit(costs, self.size))
 
     @property
     def last_algorithm(self) -> str:
@@ -197,6 +197,64 @@ class Communicator:
     def barrier(self, *, async_op: bool = False):
         """Return once every rank has entered the barrier."""
         return self._submit(self._door.barrier(), async_op)
+
+    def reduce(self, x, root: int = 0, op: str = "sum", *, out=None, async_op: bool = False,
+               algorithm: str = "auto"):
+        """Reduce `x` elementwise over all ranks; only rank `root` gets the result.
+
+        On the root the result is written in place (returns `x`) or into `out`
+        (same dtype and shape; `x` is then not modified). On every other rank
+        `x` is only read, `out` is ignored, and the call returns None. op: sum,
+        prod, min, max, avg (floating dtypes only). algorithm: "auto" (the
+        binomial tree up to a size limit from this communicator's cost model,
+        ``selection.reduce_limit``; the ring reduce-scatter + gather above; a
+        device communicator runs the ring), "binomial" or "ring".
+        """
+        return self._submit(self._door.reduce(x, root, op, out, algorithm), async_op)
+
+    def gather(self, x, root: int = 0, *, counts=None, out=None, async_op: bool = False):
+        """Concatenate every rank's `x` in rank order on rank `root`.
+
+        Without `counts` every rank passes the same number of elements (equal
+        blocks; a rank that differs gets a MismatchError, as do all others).
+        With ``counts`` (one int per rank, the same list on every rank: gatherv)
+        rank r passes counts[r] elements; for the split rule of a total T pass
+        ``ringcomm.vocab.chunk_counts(T, size)``. The root returns a new 1-D
+        array of the total (same family as `x`) or `out`; other ranks return
+        None (`out` is ignored there). Linear: every rank sends its block
+        straight to the root (csrc/algorithms/gather_scatter.cpp).
+        """
+        return self._submit(self._door.gather(x, root, counts, out, empty_like), async_op)
+
+    def scatter(self, x, root: int = 0, *, counts=None, out=None, async_op: bool = False):
+        """Hand block r of the root's `x` to rank r; returns this rank's block.
+
+        On the root `x` is the full buffer. Without `counts` the blocks are
+        equal (its length must be divisible by the number of ranks) and the
+        other ranks pass `out` (their block's buffer: its size tells them the
+        block's). With ``counts`` (one int per rank, the same list on every
+        rank: scatterv) rank r gets counts[r] elements; for the split rule of a
+        total T pass ``ringcomm.vocab.chunk_counts(T, size)``. Off the root
+        `x` is not read: pass None with `out`, or any array of the right
+        dtype and family as the template of a new output.
+        """
+        return self._submit(self._door.scatter(x, root, counts, out, empty_like), async_op)
+
+    def all_to_all(self, x, splits=None, out_splits=None, *, out=None, async_op: bool = False):
+        """Every rank sends block p of `x` to rank p; returns the blocks received,
+        in rank order (torch's ``all_to_all_single``).
+
+        Without splits the blocks are equal: ``len(x)`` must be divisible by the
+        number of ranks, and the output has as many elements. ``splits`` (what
+        this rank sends to each rank, summing to ``len(x)``) and ``out_splits``
+        (what it receives from each) work as torch's ``input_split_sizes`` and
+        ``output_split_sizes``; either may be left out to mean equal blocks
+        (of `x`, of `out`). A rank whose splits disagree with a peer's gets a
+        MismatchError (every block travels as one message, checked in size),
+        and so do the others. Returns a new 1-D array unless `out` is given.
+        Pairwise exchange, n-1 steps (csrc/algorithms/all_to_all.cpp).
+        """
+        return self._submit(self._door.all_to_all(x, splits, out_splits, out, empty_like), async_op)
 
     # ---- ledger, lifecycle ------------------------------------------------
     def traffic(self) -> Traffic:

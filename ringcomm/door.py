@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from . import vocab
 from ._arrays import Buf, view
 from ._native import core
@@ -94,6 +96,145 @@ class Door:
     def barrier(self) -> Described:
         return self._call("barrier", None, None, 0, 0, 0, 0, None)
 
+    def reduce(self, x, root, op: str, out, algorithm: str) -> Described:
+        """The root gets the reduction (in x, or in out); elsewhere x is only read and out is ignored."""
+        root = self._root(root, "reduce")
+        xb = self.view(x, "reduce input")
+        opc = vocab.op_code(op, xb.dtype)
+        algo = vocab.algorithm_code(algorithm)
+        if algorithm not in ("auto", "ring", "binomial"):
+            raise InvalidArgument(f"reduce runs algorithm 'auto', 'ring' or 'binomial', not {algorithm!r}")
+        if self.rank != root:
+            return self._call("reduce", xb, None, xb.count, opc, root, algo, None)
+        if out is None:
+            ob = _writable(xb, "reduce input on the root (in place; pass out= for a read-only input)")
+        else:
+            ob = self._out(out, xb, xb.count, "reduce", in_place_at=0)
+            if ob.shape != xb.shape:
+                raise InvalidArgument(f"reduce out has shape {ob.shape}, expected the input's shape {xb.shape}")
+        return self._call("reduce", xb, ob, xb.count, opc, root, algo, ob.obj)
+
+    def gather(self, x, root, counts, out, new_array) -> Described:
+        root = self._root(root, "gather")
+        xb = self.view(x, "gather input")
+        counts = self._counts(counts, "gather counts")
+        if counts is None:
+            total = xb.count * self.size
+        else:
+            if xb.count != counts[self.rank]:
+                raise InvalidArgument(f"gather input has {xb.count} elements but counts[{self.rank}] is "
+                                      f"{counts[self.rank]} (rank {self.rank}'s block)")
+            total = sum(counts)
+        if self.rank != root:
+            return self._call("gather", xb, None, total, 0, root, -1, None, counts)
+        if out is None:
+            out = new_array(xb, total)
+        offset = (sum(counts[:self.rank]) if counts is not None else xb.count * self.rank) * vocab.itemsize(xb.dtype)
+        ob = self._out(out, xb, total, "gather", why="the gathered total", in_place_at=-offset)
+        return self._call("gather", xb, ob, total, 0, root, -1, ob.obj, counts)
+
+    def scatter(self, x, root, counts, out, new_array) -> Described:
+        root = self._root(root, "scatter")
+        counts = self._counts(counts, "scatter counts")
+        xb = None
+        if self.rank == root or (x is not None and out is None):
+            xb = self.view(x, "scatter input" if self.rank == root else "scatter input (the template of out)")
+        if self.rank == root:
+            total = xb.count
+            if counts is None:
+                if total % self.size:
+                    raise InvalidArgument(
+                        f"scatter input has {total} elements, not divisible by {self.size} ranks; pass counts= "
+                        f"(for the split rule: ringcomm.vocab.chunk_counts({total}, {self.size}))")
+                counts_mine = total // self.size
+            elif total != sum(counts):
+                raise InvalidArgument(f"scatter counts sum to {sum(counts)} but the root's input has {total} elements")
+        if counts is not None:
+            mine = counts[self.rank]
+            total = sum(counts)
+        elif self.rank == root:
+            mine = counts_mine
+        else:
+            if out is None:
+                raise InvalidArgument("scatter on a rank other than the root needs out= (its block) or counts=")
+            mine = self.view(out, "scatter out").count
+            total = mine * self.size
+        if out is None:
+            if xb is None:
+                raise InvalidArgument("scatter on a rank other than the root needs out= or an input x as the "
+                                      "template of its block (dtype and array family)")
+            out = new_array(xb, mine)
+        ob = self.view(out, "scatter out")
+        if xb is not None:
+            in_place = (sum(counts[:self.rank]) if counts is not None else mine * self.rank) * vocab.itemsize(xb.dtype)
+            self._out(out, xb, mine, "scatter", why=f"rank {self.rank}'s block", outbuf=ob, in_place_at=in_place)
+        else:
+            _writable(ob, "scatter out")
+            if ob.count != mine:
+                raise InvalidArgument(f"scatter out has {ob.count} elements, expected {mine} (rank {self.rank}'s block)")
+        lead = xb if self.rank == root else None
+        if lead is None:  # only the dtype travels from out: the input is not read here
+            return self._call("scatter", None, ob, total, 0, root, -1, ob.obj, counts)
+        return self._call("scatter", xb, ob, total, 0, root, -1, ob.obj, counts)
+
+    def all_to_all(self, x, splits, out_splits, out, new_array) -> Described:
+        xb = self.view(x, "all_to_all input")
+        n = self.size
+        splits = self._counts(splits, "all_to_all splits")
+        out_splits = self._counts(out_splits, "all_to_all out_splits")
+        if splits is not None and sum(splits) != xb.count:
+            raise InvalidArgument(f"all_to_all splits sum to {sum(splits)}, but the input has {xb.count} elements")
+        if splits is None and out_splits is None and (out is None or self.view(out, "all_to_all out").count == xb.count):
+            if xb.count % n:
+                raise InvalidArgument(f"all_to_all input has {xb.count} elements, not divisible by {n} ranks; "
+                                      "pass splits= and out_splits=")
+            total_out, splits_arg, out_arg = xb.count, None, None
+        else:
+            if splits is None:
+                if xb.count % n:
+                    raise InvalidArgument(f"all_to_all input has {xb.count} elements, not divisible by {n} ranks; "
+                                          "pass splits=")
+                splits = [xb.count // n] * n
+            if out_splits is None:
+                if out is None:
+                    raise InvalidArgument("all_to_all with splits needs out_splits= (what each rank sends here) "
+                                          "or out= (split equally)")
+                oc = self.view(out, "all_to_all out").count
+                if oc % n:
+                    raise InvalidArgument(f"all_to_all out has {oc} elements, not divisible by {n} ranks; "
+                                          "pass out_splits=")
+                out_splits = [oc // n] * n
+            total_out, splits_arg, out_arg = sum(out_splits), splits, out_splits
+        if out is None:
+            out = new_array(xb, total_out)
+        ob = self._out(out, xb, total_out, "all_to_all", why="the sum of out_splits" if out_arg else "the input's count",
+                       in_place_at=None)
+        return self._call("all_to_all", xb, ob, xb.count, 0, 0, -1, ob.obj, splits_arg, out_arg)
+
+    def _root(self, root, coll: str) -> int:
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+            raise InvalidArgument(f"{coll} root must be an int, got {type(root).__name__}")
+        root = int(root)
+        if not 0 <= root < self.size:
+            raise InvalidArgument(f"{coll} root {root} is out of range (expected 0 <= root < {self.size})")
+        return root
+
+    def _counts(self, counts, what: str) -> list[int] | None:
+        """None, or one non-negative int per rank."""
+        if counts is None:
+            return None
+        try:
+            c = [int(v) for v in counts]
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"{what} must be a sequence of ints, got {counts!r}") from None
+        if any(isinstance(v, bool) for v in counts) or any(float(v) != int(v) for v in counts):
+            raise InvalidArgument(f"{what} must be ints, got {counts!r}")
+        if len(c) != self.size:
+            raise InvalidArgument(f"{what} has {len(c)} entries, expected one per rank ({self.size})")
+        if any(v < 0 for v in c):
+            raise InvalidArgument(f"{what} has a negative entry: {c}")
+        return c
+
     # ---- arrays ---------------------------------------------------------------
     def view(self, x, what: str) -> Buf:
         """view(x), plus: the array lives where this communicator's payload does."""
@@ -124,7 +265,8 @@ class Door:
             raise InvalidArgument(f"{coll} out has dtype {ob.dtype}, expected the input's dtype {xb.dtype}")
         if ob.count != count:
             raise InvalidArgument(f"{coll} out has {ob.count} elements (shape {ob.shape}), expected {count} ({why})")
-        exact = ob.same_memory(xb) if coll == "all_reduce" else ob.ptr - xb.ptr == in_place_at
+        exact = ob.same_memory(xb) if coll == "all_reduce" else (
+            in_place_at is not None and ob.ptr - xb.ptr == in_place_at and (coll != "reduce" or ob.same_memory(xb)))
         if ob.overlaps(xb) and not exact:
             raise InvalidArgument(f"{coll} out overlaps the input; pass separate buffers"
                                   + (" or call in place (out=None)" if coll == "all_reduce" else
@@ -133,10 +275,14 @@ class Door:
 
     @staticmethod
     def _call(coll: str, xb: Buf | None, ob: Buf | None, count: int, opc: int, root: int, algo: int,
-              result) -> Described:
+              result, counts=None, out_counts=None) -> Described:
         lead = xb or ob
-        call = core.Call(vocab.COLLECTIVES[coll], vocab.DTYPES[lead.dtype] if lead else 0, opc, algo,
-                         xb.ptr if xb else 0, ob.ptr if ob else 0, count, root)
+        if counts is None:
+            call = core.Call(vocab.COLLECTIVES[coll], vocab.DTYPES[lead.dtype] if lead else 0, opc, algo,
+                             xb.ptr if xb else 0, ob.ptr if ob else 0, count, root)
+        else:
+            call = core.Call(vocab.COLLECTIVES[coll], vocab.DTYPES[lead.dtype], opc, algo, xb.ptr if xb else 0,
+                             ob.ptr if ob else 0, count, root, counts, out_counts or [])
         return Described(call, result, (xb, ob), lead.stream_fn if lead is not None else None)
 
 

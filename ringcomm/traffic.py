@@ -16,6 +16,12 @@ broadcast         count (except root-1)       count (except root)
 barrier           0                           0
 ================  ==========================  ==========================
 
+The rooted collectives and all_to_all talk to other peers (see
+``expected``'s docstring): reduce (binomial tree, or the ring's
+reduce-scatter + the chunks to the root), gather and scatter (linear: each
+block straight to or from the root), all_to_all (pairwise: block p of rank
+r's input to rank p).
+
 For count divisible by n this is (n-1)/n of the buffer per half, and
 2(n-1)/n for all_reduce. (For all_gather, ``count`` is the gathered total.)
 
@@ -63,7 +69,7 @@ class Expected:
 
 
 def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: int = 0,
-             algorithm: str = "ring") -> Expected:
+             algorithm: str = "ring", counts=None, splits=None) -> Expected:
     """Exact payload bytes `rank` sends to / receives from each peer in one call.
 
     algorithm="naive" (all_reduce only): the master-centric scheme, where rank 0
@@ -71,6 +77,15 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     "recursive_doubling" (all_reduce) and "halving_doubling" (all_reduce; its
     reduce_scatter and all_gather on a power-of-two n): see the module
     docstring. ``comm.last_algorithm`` says which one a call ran.
+
+    reduce: algorithm "binomial" or "ring" (its reduce-scatter, then the
+    chunks to the root); not symmetric: the root only receives (binomial)
+    or receives more. gather, scatter: `count` is the total; `counts`, the
+    per-rank counts when the call had them (else equal blocks of count // n);
+    the root receives (gather) or sends (scatter) every other rank's block,
+    the others send or receive their own once. all_to_all: `count` is one
+    rank's input length (equal blocks of count // n), or `splits` the n x n
+    matrix splits[q][p] of elements rank q sends to rank p.
     """
     if collective not in vocab.COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
@@ -79,6 +94,8 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     size = vocab.itemsize(str(np.dtype(dtype)) if dtype not in vocab.NUMPY else dtype)
     if n == 1:
         return Expected()
+    if collective in _ROOTED:
+        return _ROOTED[collective](count, size, n, rank, root, algorithm, counts, splits)
     if algorithm == "naive":
         if collective != "all_reduce":
             raise ValueError("algorithm 'naive' exists for all_reduce only")
@@ -164,6 +181,74 @@ def _pairwise(collective: str, count: int, size: int, n: int, rank: int, algorit
             mine, theirs = v & ~(g - 1), (v ^ g) & ~(g - 1)
             move(real(v ^ g), elems(mine, mine + g), elems(theirs, theirs + g))
     return Expected(sent, received)
+
+
+def _reduce(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
+    """reduce: "binomial" (relative rank v = rank - root mod n; at step k,
+    v with bit k set sends the whole buffer to v - 2^k and stops; v below
+    it receives from v + 2^k when that is < n), or "ring" (the ring
+    reduce-scatter, then every chunk but the root's to the root)."""
+    if algorithm == "binomial":
+        v = (rank - root) % n
+        sent, received = {}, {}
+        m = 1
+        while m < n:
+            if v & m:
+                if count:
+                    sent[(v - m + root) % n] = count * size
+                break
+            if v + m < n and count:
+                received[(v + m + root) % n] = count * size
+            m <<= 1
+        return Expected(sent, received)
+    if algorithm != "ring":
+        raise ValueError(f"reduce runs 'binomial' or 'ring', not {algorithm!r}")
+    rs = expected("reduce_scatter", count, "uint8", n, rank)  # elements (itemsize 1), on the ring
+    sent = {p: b * size for p, b in rs.sent.items()}
+    received = {p: b * size for p, b in rs.received.items()}
+    if rank != root:
+        c = vocab.chunk_count(count, n, rank)
+        if c:
+            sent[root] = sent.get(root, 0) + c * size
+    else:
+        for q in range(n):
+            c = vocab.chunk_count(count, n, q)
+            if q != root and c:
+                received[q] = received.get(q, 0) + c * size
+    return Expected(sent, received)
+
+
+def _blocks(count, n, counts) -> list[int]:
+    """Per-rank counts, or equal blocks of count // n (gather, scatter: `count` is the total)."""
+    return list(counts) if counts is not None else [count // n] * n
+
+
+def _gather(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
+    """gather (linear): rank q != root sends its block to the root, once."""
+    b = _blocks(count, n, counts)
+    if rank != root:
+        return Expected({root: b[rank] * size} if b[rank] else {}, {})
+    return Expected({}, {q: b[q] * size for q in range(n) if q != root and b[q]})
+
+
+def _scatter(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
+    """scatter (linear): the root sends block q to rank q, once."""
+    g = _gather(count, size, n, rank, root, algorithm, counts, splits)
+    return Expected(g.received, g.sent)
+
+
+def _all_to_all(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
+    """all_to_all (pairwise): block p of this rank's input to rank p, block q
+    of its output from rank q. `splits`: the n x n matrix, splits[q][p] =
+    elements rank q sends to rank p (None: equal blocks of count // n)."""
+    if splits is None:
+        splits = [[count // n] * n for _ in range(n)]
+    sent = {p: splits[rank][p] * size for p in range(n) if p != rank and splits[rank][p]}
+    received = {q: splits[q][rank] * size for q in range(n) if q != rank and splits[q][rank]}
+    return Expected(sent, received)
+
+
+_ROOTED = {"reduce": _reduce, "gather": _gather, "scatter": _scatter, "all_to_all": _all_to_all}
 
 
 class Traffic:

@@ -29,10 +29,14 @@ DTYPES = {
 }
 FLOATING = ("float16", "bfloat16", "float32", "float64")
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
-COLLECTIVES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "barrier": 4}
+COLLECTIVES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "barrier": 4,
+               "reduce": 5, "gather": 6, "scatter": 7, "all_to_all": 8}
 # "auto" (-1) is resolved per call by the engine, from the limits the cost
 # model gives it (ringcomm/tuning/selection.py).
-ALGORITHMS = {"auto": -1, "ring": 0, "naive": 1, "recursive_doubling": 2, "halving_doubling": 3}
+# binomial: reduce's tree; linear: gather/scatter through the root;
+# pairwise: all_to_all's exchanges.
+ALGORITHMS = {"auto": -1, "ring": 0, "naive": 1, "recursive_doubling": 2, "halving_doubling": 3,
+              "binomial": 4, "linear": 5, "pairwise": 6}
 
 NUMPY = {
     "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),

@@ -51,6 +51,32 @@ def test_suite_over_mpi():
     assert_no_errors_anywhere(guarded(body))
 
 
+@pytest.mark.parallel([2, 3])
+def test_reduce_gather_scatter_all_to_all_over_mpi():
+    def body():
+        import collectives_suite as cs
+        comm = ringcomm.init()
+        n = comm.size
+        errs = cs.run_all(comm, [0, 1, max(n - 1, 0), n + 1, 101])
+        comm.segment_bytes = 16
+        errs += cs.run_all(comm, [7 * n + 3], reduce_combos=[("float32", "sum"), ("bfloat16", "avg"), ("int8", "prod")])
+        comm.close()
+        return errs
+    assert_no_errors_anywhere(guarded(body))
+
+
+@pytest.mark.parallel([2, 3])
+def test_all_to_all_splits_mismatch_over_mpi_is_an_error():
+    comm = ringcomm.init(timeout=30)
+    n = comm.size
+    out_splits = [1] * n if comm.rank != 1 else [0, 2] + [1] * (n - 2)
+    t0 = time.monotonic()
+    with pytest.raises((MismatchError, CommunicatorAborted)):
+        comm.all_to_all(np.zeros(n, np.int32), [1] * n, out_splits)
+        comm.barrier()  # a rank whose blocks all matched hears of it here
+    assert time.monotonic() - t0 < 10
+
+
 @pytest.mark.parallel([2, 3, 5])
 def test_async_over_mpi():
     def body():

@@ -7,6 +7,8 @@
 #include "algorithms/plan.h"
 #include "core/reducer.h"
 
+#include <vector>
+
 namespace ringcomm {
 
 // Ring reduce-scatter (reduce_scatter.cpp). `in` holds `plan.count()`
@@ -40,6 +42,47 @@ void naive_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, cons
 
 // Broadcast pipelined along the ring root -> root+1 -> ... -> root-1 (broadcast.cpp).
 void chain_broadcast(Link& link, size_t count, size_t elem_size, int root, char* buf);
+
+// ---- rooted and personalized collectives ----------------------------------
+// BlockSplit of a buffer, one per rank: per-rank counts when given (gatherv,
+// scatterv, all_to_all's splits; `counts` points at n of them), else the
+// split rule over `total` elements. Offsets are prefix sums, in rank order.
+class BlockSplit {
+ public:
+  BlockSplit(size_t total, int n, const int64_t* counts) : total_(total), n_(n), counts_(counts) {
+    if (counts_) {
+      offsets_.resize(size_t(n) + 1);
+      for (int r = 0; r < n; ++r) offsets_[size_t(r) + 1] = offsets_[size_t(r)] + size_t(counts_[r]);
+    }
+  }
+  size_t count(int r) const { return counts_ ? size_t(counts_[r]) : split_size(total_, size_t(n_), size_t(r)); }
+  size_t offset(int r) const { return counts_ ? offsets_[size_t(r)] : split_offset(total_, size_t(n_), size_t(r)); }
+
+ private:
+  size_t total_;
+  int n_;
+  const int64_t* counts_;
+  std::vector<size_t> offsets_;
+};
+
+// Reduce to `root` (reduce.cpp): `out` (count elements, may be `in`) is
+// written on the root only; `in` is never written. Binomial tree (small
+// buffers), or the ring's reduce-scatter followed by a gather of the chunks.
+void binomial_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out);
+void ring_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out);
+
+// Gather to / scatter from `root` (gather_scatter.cpp), linearly. Gather:
+// `in` is this rank's block; the root's `out` gets every block in rank order.
+// Scatter: the root's `in` holds every block; `out` gets this rank's.
+void linear_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
+void linear_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
+
+// All-to-all by pairwise exchange (all_to_all.cpp): block p of `in` (`send`)
+// goes to rank p; block q of `out` (`recv`) comes from rank q. `exact`: the
+// blocks' sizes are per-peer splits (one message per block, sent even when
+// empty, so every size disagreement is caught).
+void pairwise_all_to_all(Link& link, const BlockSplit& send, const BlockSplit& recv, bool exact, size_t es, const char* in,
+                         char* out);
 
 // Barrier: a zero-byte token passed n-1 hops around the ring (broadcast.cpp).
 void ring_barrier(Link& link);

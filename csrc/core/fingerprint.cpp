@@ -16,7 +16,15 @@ std::string describe(const Fingerprint& f) {
       std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s)", (unsigned long long)f.seq,
                     coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)));
       break;
-    case Coll::broadcast:
+    case Coll::reduce:
+      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, op=%s, root=%d)", (unsigned long long)f.seq,
+                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), op_name(Op(f.op)), f.root);
+      break;
+    case Coll::all_to_all:
+      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s)", (unsigned long long)f.seq,
+                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)));
+      break;
+    case Coll::broadcast: case Coll::gather: case Coll::scatter:
       std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, root=%d)", (unsigned long long)f.seq,
                     coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), f.root);
       break;
@@ -24,6 +32,13 @@ std::string describe(const Fingerprint& f) {
       std::snprintf(buf, sizeof buf, "#%llu %s()", (unsigned long long)f.seq, coll_name(c));
   }
   std::string s = buf;
+  if (f.counts == kPerPeer) {
+    s += " with per-peer splits";
+  } else if (f.counts) {
+    char h[48];
+    std::snprintf(h, sizeof h, " with per-rank counts (hash %016llx)", (unsigned long long)f.counts);
+    s += h;
+  }
   if (f.algo != 0) s += std::string(" [algorithm=") + algo_name(Algo(f.algo)) + "]";
   if (c != Coll::barrier) s += " with segment_bytes=" + std::to_string(f.segment_bytes);
   return s;
@@ -31,7 +46,8 @@ std::string describe(const Fingerprint& f) {
 
 // FNV-1a over what same_call() compares.
 uint32_t stamp_of(const Fingerprint& f) {
-  const int64_t v[] = {int64_t(f.seq), f.count, f.segment_bytes, f.coll, f.dtype, f.op, f.root, f.algo};
+  const int64_t v[] = {int64_t(f.seq), f.count, f.segment_bytes, f.coll, f.dtype, f.op, f.root, f.algo,
+                       int64_t(f.counts)};
   uint64_t h = 1469598103934665603ull;
   for (int64_t x : v)
     for (int i = 0; i < 8; ++i) {
@@ -43,13 +59,24 @@ uint32_t stamp_of(const Fingerprint& f) {
 
 bool same_call(const Fingerprint& a, const Fingerprint& b) {
   return a.seq == b.seq && a.count == b.count && a.coll == b.coll && a.dtype == b.dtype &&
-         a.op == b.op && a.root == b.root && a.segment_bytes == b.segment_bytes && a.algo == b.algo;
+         a.op == b.op && a.root == b.root && a.segment_bytes == b.segment_bytes && a.algo == b.algo &&
+         a.counts == b.counts;
 }
 
 std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
   return "ranks disagree on a collective call: rank " + std::to_string(a.rank) + " called " + describe(a) +
          " but rank " + std::to_string(b.rank) + " called " + describe(b) +
-         " (every rank must issue the same collectives, in the same order, with the same count, dtype, op and root)";
+         " (every rank must issue the same collectives, in the same order, with the same count, dtype, op, root and per-rank counts)";
+}
+
+uint64_t counts_hash(const int64_t* counts, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t k = 0; k < n; ++k)
+    for (int i = 0; i < 8; ++i) {
+      h ^= uint64_t(counts[k] >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  return h <= kPerPeer ? h + 2 : h;
 }
 
 bool plausible(const Fingerprint& f, int peer) {

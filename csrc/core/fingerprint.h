@@ -18,7 +18,16 @@ struct Fingerprint {
   int32_t coll = 0, dtype = 0, op = 0, root = 0;
   int32_t rank = 0;           // who sent it (not compared)
   int32_t algo = 0;           // Algo: which algorithm runs (ranks must agree)
+  int32_t pad = 0;
+  // Per-rank counts (gatherv, scatterv): a hash of the list every rank
+  // passes (counts_hash()); all_to_all with per-peer splits: kPerPeer (the
+  // splits differ by rank; each pair's sizes are checked by its message).
+  // 0: the split rule.
+  uint64_t counts = 0;
 };
+constexpr uint64_t kPerPeer = 1;
+// A hash of a per-rank count list, never 0 or kPerPeer.
+uint64_t counts_hash(const int64_t* counts, size_t n);
 
 // "#7 all_reduce(count=..., dtype=..., op=...) [algorithm=...] with segment_bytes=..."
 std::string describe(const Fingerprint& f);

@@ -284,6 +284,14 @@ Fingerprint* Link::fp_slot(std::deque<Fingerprint>& slots, size_t& used) {
 
 Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
+  return send_exact_impl(peer, buf, bytes, unit);
+}
+
+Request* Link::send_exact(int peer, const void* buf, size_t bytes, int unit) {
+  return send_exact_impl(peer, buf, bytes, unit);
+}
+
+Request* Link::send_exact_impl(int peer, const void* buf, size_t bytes, int unit) {
   const bool first = first_to(peer);
   if (first && !stamp_mask_) {
     // On its own, in host memory on the check channel, just before the
@@ -302,6 +310,14 @@ Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
 
 Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
+  return recv_exact_impl(peer, buf, bytes, unit);
+}
+
+Request* Link::recv_exact(int peer, void* buf, size_t bytes, int unit) {
+  return recv_exact_impl(peer, buf, bytes, unit);
+}
+
+Request* Link::recv_exact_impl(int peer, void* buf, size_t bytes, int unit) {
   await_header();
   if (!stamp_mask_ && first_from(peer)) {
     // No stamps (device memory): wait for the peer's fingerprint (host

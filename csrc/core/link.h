@@ -119,6 +119,11 @@ class Link {
   // `unit`: the algorithm's (step, segment) index of this message (transport.h).
   Request* send(int peer, const void* buf, size_t bytes, int unit = -1);
   Request* recv(int peer, void* buf, size_t bytes, int unit = -1);
+  // The same, but a message travels even when bytes == 0: for sizes that
+  // only the sender knows (all_to_all's per-peer splits), so the receiver's
+  // size check (transport.h) sees every disagreement, an empty one included.
+  Request* send_exact(int peer, const void* buf, size_t bytes, int unit = -1);
+  Request* recv_exact(int peer, void* buf, size_t bytes, int unit = -1);
   // Copy within this rank's memory: memcpy on the host, enqueued on a Device.
   void copy(void* dst, const void* src, size_t bytes);
   // Null for host memory; else where payload lives and work is ordered (device.h).
@@ -155,6 +160,8 @@ class Link {
 
  private:
   struct ControlMsg;
+  Request* send_exact_impl(int peer, const void* buf, size_t bytes, int unit);
+  Request* recv_exact_impl(int peer, void* buf, size_t bytes, int unit);
   void trace_start_impl(Phase phase, int step, int send_peer, int send_chunk, size_t send_bytes, int recv_peer,
                         int recv_chunk, size_t recv_bytes);
   void trace_finish_impl(const void* values, size_t bytes);

@@ -10,7 +10,10 @@
 
 namespace ringcomm {
 
-enum class Phase : int32_t { reduce_scatter = 0, all_gather, broadcast, gather, scatter, fold, exchange, unfold, kCount };
+// tree: a step of reduce's binomial tree; all_to_all: one pairwise exchange.
+enum class Phase : int32_t {
+  reduce_scatter = 0, all_gather, broadcast, gather, scatter, fold, exchange, unfold, tree, all_to_all, kCount
+};
 
 struct TraceStep {
   uint64_t seq = 0;

@@ -30,7 +30,8 @@ const char* op_name(Op o) {
 }
 
 const char* coll_name(Coll c) {
-  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
+  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
+                                 "reduce",     "gather",         "scatter",    "all_to_all"};
   int i = int(c);
   return (i >= 0 && i < int(Coll::kCount)) ? names[i] : "?";
 }
@@ -41,8 +42,17 @@ const char* algo_name(Algo a) {
     case Algo::naive: return "naive";
     case Algo::recursive_doubling: return "recursive_doubling";
     case Algo::halving_doubling: return "halving_doubling";
+    case Algo::binomial: return "binomial";
+    case Algo::linear: return "linear";
+    case Algo::pairwise: return "pairwise";
     default: return "auto";
   }
+}
+
+bool coll_reduces(Coll c) { return c == Coll::all_reduce || c == Coll::reduce_scatter || c == Coll::reduce; }
+
+bool coll_has_root(Coll c) {
+  return c == Coll::broadcast || c == Coll::reduce || c == Coll::gather || c == Coll::scatter;
 }
 
 void throw_invalid(const std::string& msg) { throw RingError(ErrKind::invalid, -1, -1, 0, msg); }

@@ -37,11 +37,17 @@ namespace ringcomm {
 // ---- codes ------------------------------------------------------------------
 enum class DType : int32_t { f16 = 0, bf16, f32, f64, i8, u8, i32, i64, kCount };
 enum class Op : int32_t { sum = 0, prod, min, max, avg, kCount };
-enum class Coll : int32_t { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, kCount };
+enum class Coll : int32_t {
+  all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, reduce, gather, scatter, all_to_all, kCount
+};
 // The algorithms a collective can run (algorithms/algorithms.h). `automatic`
 // is resolved by the Engine before the call starts (Engine::choose_algorithm,
 // with the crossovers ringcomm/selection.py computes); it never travels.
-enum class Algo : int32_t { ring = 0, naive, recursive_doubling, halving_doubling, kCount, automatic = -1 };
+// binomial: reduce's tree (small buffers); linear: gather and scatter through
+// the root, one message stream per rank; pairwise: all_to_all's n-1 exchanges.
+enum class Algo : int32_t {
+  ring = 0, naive, recursive_doubling, halving_doubling, binomial, linear, pairwise, kCount, automatic = -1
+};
 // Error kinds map one-to-one onto the Python exception classes in ringcomm/errors.py.
 enum class ErrKind : int32_t { invalid = 0, timeout, mismatch, aborted, transport };
 
@@ -51,6 +57,10 @@ const char* dtype_name(DType t);
 const char* op_name(Op o);
 const char* coll_name(Coll c);
 const char* algo_name(Algo a);
+// The collective combines values with an op (all_reduce, reduce_scatter, reduce).
+bool coll_reduces(Coll c);
+// The collective has a root (broadcast, reduce, gather, scatter).
+bool coll_has_root(Coll c);
 
 // ---- element traits: storage type S, compute type C, load/store -------------
 // Half types are widened to float, combined, and rounded back

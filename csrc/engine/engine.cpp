@@ -74,19 +74,51 @@ Engine::~Engine() {
 
 void Engine::validate(Task& t) {
   if (int(t.coll) < 0 || t.coll >= Coll::kCount) throw_invalid("unknown collective code");
-  if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) check_reducer(t.dtype, t.op);
+  if (coll_reduces(t.coll)) check_reducer(t.dtype, t.op);
   else dtype_size(t.dtype);
   t.algo = int(choose_algorithm(t));
   last_algo_.store(t.algo, std::memory_order_relaxed);
-  if (t.coll == Coll::broadcast && (t.root < 0 || t.root >= size()))
-    throw_invalid("broadcast root " + std::to_string(t.root) + " is out of range for " + std::to_string(size()) +
-                  " ranks (expected 0 <= root < " + std::to_string(size()) + ")");
+  if (coll_has_root(t.coll) && (t.root < 0 || t.root >= size()))
+    throw_invalid(std::string(coll_name(t.coll)) + " root " + std::to_string(t.root) + " is out of range for " +
+                  std::to_string(size()) + " ranks (expected 0 <= root < " + std::to_string(size()) + ")");
+  if (!t.counts.empty() || !t.out_counts.empty()) check_counts(t);
+  else if (t.coll == Coll::all_to_all && t.count % size_t(size()))
+    throw_invalid("all_to_all of " + std::to_string(t.count) + " elements over " + std::to_string(size()) +
+                  " ranks: equal blocks need a count divisible by the number of ranks (else pass splits)");
   std::lock_guard<std::mutex> g(state_m_);
   if (aborted_) {
     RingError e(ErrKind::aborted, rank(), -1, 0, "communicator was aborted earlier: " + abort_reason_);
     e.origin = abort_origin_;
     e.cause = abort_cause_;
     throw e;
+  }
+}
+
+// Per-rank counts: n of them, none negative, summing to the buffer they cut.
+void Engine::check_counts(const Task& t) const {
+  auto check = [&](const std::vector<int64_t>& c, const char* what, size_t total) {
+    if (c.size() != size_t(size()))
+      throw_invalid(std::string(coll_name(t.coll)) + " " + what + " has " + std::to_string(c.size()) +
+                    " entries, expected one per rank (" + std::to_string(size()) + ")");
+    size_t sum = 0;
+    for (int64_t x : c) {
+      if (x < 0) throw_invalid(std::string(coll_name(t.coll)) + " " + what + " has a negative entry");
+      sum += size_t(x);
+    }
+    if (sum != total)
+      throw_invalid(std::string(coll_name(t.coll)) + " " + what + " sum to " + std::to_string(sum) + ", expected " +
+                    std::to_string(total));
+  };
+  if (t.coll == Coll::gather || t.coll == Coll::scatter) {
+    if (!t.out_counts.empty()) throw_invalid(std::string(coll_name(t.coll)) + " takes one count list");
+    check(t.counts, "counts", t.count);
+  } else if (t.coll == Coll::all_to_all) {
+    check(t.counts, "splits", t.count);
+    size_t out_total = 0;
+    for (int64_t x : t.out_counts) out_total += size_t(x < 0 ? 0 : x);
+    check(t.out_counts, "out_splits", out_total);
+  } else {
+    throw_invalid(std::string(coll_name(t.coll)) + " takes no per-rank counts");
   }
 }
 
@@ -99,6 +131,12 @@ Algo Engine::choose_algorithm(const Task& t) const {
     // ring: `ringcomm tune` measures host transports only, so nothing says
     // another algorithm is faster on a GPU (they run there when asked for).
     const bool host = !link_.device();
+    if (t.coll == Coll::gather || t.coll == Coll::scatter) return Algo::linear;
+    if (t.coll == Coll::all_to_all) return Algo::pairwise;
+    if (t.coll == Coll::reduce)  // (the ring on a device, as all_reduce)
+      return host && t.count * dtype_size(t.dtype) <= auto_reduce_max_.load(std::memory_order_relaxed)
+                 ? Algo::binomial
+                 : Algo::ring;
     if (t.coll == Coll::all_reduce && host && size() > 1) {
       const size_t bytes = t.count * dtype_size(t.dtype);
       if (bytes <= auto_rd_max_.load(std::memory_order_relaxed)) return Algo::recursive_doubling;
@@ -107,7 +145,15 @@ Algo Engine::choose_algorithm(const Task& t) const {
     return Algo::ring;
   }
   if (int(a) < 0 || a >= Algo::kCount) throw_invalid("unknown algorithm code " + std::to_string(t.algo));
-  if (a == Algo::ring) return a;
+  // The rooted and personalized collectives: their own algorithms.
+  const bool fits = t.coll == Coll::reduce ? (a == Algo::ring || a == Algo::binomial)
+                    : t.coll == Coll::gather || t.coll == Coll::scatter ? a == Algo::linear
+                    : t.coll == Coll::all_to_all ? a == Algo::pairwise
+                                                 : a != Algo::binomial && a != Algo::linear && a != Algo::pairwise;
+  if (!fits)
+    throw_invalid("algorithm '" + std::string(algo_name(a)) + "' does not run " + coll_name(t.coll) +
+                  " (reduce: ring, binomial; gather, scatter: linear; all_to_all: pairwise)");
+  if (a == Algo::ring || int(t.coll) >= int(Coll::reduce)) return a;
   const char* name = algo_name(a);  // (no std::string: this runs on every call)
   const bool pow2 = (size() & (size() - 1)) == 0;
   if (a == Algo::halving_doubling && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather)) {
@@ -348,8 +394,15 @@ void Engine::perform(const Task& t, Work& w) {
   fp.count = int64_t(t.count);
   // Only what the collective uses is compared: the rest stays 0 on every rank.
   if (t.coll != Coll::barrier) fp.dtype = int32_t(t.dtype);
-  if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) fp.op = int32_t(t.op);
-  if (t.coll == Coll::broadcast) fp.root = t.root;
+  if (coll_reduces(t.coll)) fp.op = int32_t(t.op);
+  if (coll_has_root(t.coll)) fp.root = t.root;
+  // Per-rank counts: every rank passes the same list (gather, scatter);
+  // all_to_all's splits differ by rank, and each block's message checks them.
+  if (t.coll == Coll::all_to_all && !t.counts.empty()) {
+    fp.counts = kPerPeer;
+    fp.count = 0;  // each rank's own total
+  }
+  else if (!t.counts.empty()) fp.counts = counts_hash(t.counts.data(), t.counts.size());
   fp.algo = t.algo;
 
   const size_t es = dtype_size(t.dtype);
@@ -402,6 +455,31 @@ void Engine::perform(const Task& t, Work& w) {
     case Coll::barrier:
       ring_barrier(link_);
       break;
+    case Coll::reduce: {
+      const Reducer* red = &reducer(t.dtype, t.op);
+      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
+      auto in = static_cast<const char*>(t.in);
+      auto out = static_cast<char*>(t.out);
+      if (Algo(t.algo) == Algo::binomial) binomial_reduce(link_, plan, *red, t.root, in, out);
+      else ring_reduce(link_, plan, *red, t.root, in, out);
+      break;
+    }
+    case Coll::gather:
+    case Coll::scatter: {
+      const BlockSplit blocks(t.count, size(), t.counts.empty() ? nullptr : t.counts.data());
+      auto in = static_cast<const char*>(t.in);
+      auto out = static_cast<char*>(t.out);
+      if (t.coll == Coll::gather) linear_gather(link_, blocks, es, t.root, in, out);
+      else linear_scatter(link_, blocks, es, t.root, in, out);
+      break;
+    }
+    case Coll::all_to_all: {
+      const bool splits = !t.counts.empty();
+      const BlockSplit send(t.count, size(), splits ? t.counts.data() : nullptr);
+      const BlockSplit recv(t.count, size(), splits ? t.out_counts.data() : nullptr);
+      pairwise_all_to_all(link_, send, recv, splits, es, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      break;
+    }
     default:
       throw_invalid("unknown collective");
   }

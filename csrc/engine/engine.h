@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/link.h"
 #include "core/reducer.h"
@@ -59,6 +60,11 @@ struct Task {
   Op op = Op::sum;
   int root = 0;
   int algo = 0;  // Algo (core/vocabulary.h); Algo::automatic is resolved by choose_algorithm()
+  // Per-rank counts (gather, scatter: n of them, the same list on every
+  // rank; empty: the split rule) and all_to_all's per-peer splits (`counts`:
+  // what this rank sends each peer, `out_counts`: what it receives from
+  // each; both empty: equal blocks of count / n).
+  std::vector<int64_t> counts, out_counts;
   // Device communicators: the collective starts after this point (the
   // caller's stream at the time of the call; device.h). May be null.
   EventPtr after;
@@ -86,6 +92,10 @@ class Engine {
   //   all_gather     in: this rank's chunk, out: count elements
   //   broadcast      out: count elements (in is ignored)
   //   barrier        none
+  //   reduce         in: count elements; out: count elements on the root (may be in; ignored elsewhere)
+  //   gather         in: this rank's block; out: count elements on the root (ignored elsewhere)
+  //   scatter        in: count elements on the root (ignored elsewhere); out: this rank's block
+  //   all_to_all     in: count elements (the sum of counts); out: as many (the sum of out_counts)
   // Checks what can be checked locally (dtype, op, root) and throws
   // RingError(invalid) before anything is queued; throws RingError(aborted)
   // at once on an aborted communicator.
@@ -123,9 +133,12 @@ class Engine {
   // rd_max bytes, halving-doubling up to hd_max, the ring above (the cost
   // model's crossovers for this communicator: ringcomm/selection.py).
   // Device communicators always run the ring.
-  void set_auto_limits(size_t rd_max, size_t hd_max) {
+  // reduce: the binomial tree up to reduce_max bytes, the ring reduce-scatter
+  // + gather above.
+  void set_auto_limits(size_t rd_max, size_t hd_max, size_t reduce_max) {
     auto_rd_max_.store(rd_max);
     auto_hd_max_.store(hd_max);
+    auto_reduce_max_.store(reduce_max);
   }
   // Algo of the collective submitted last (what "auto" chose).
   int last_algo() const { return last_algo_.load(std::memory_order_relaxed); }
@@ -151,6 +164,7 @@ class Engine {
   // Throws RingError(invalid) for what can be checked locally, or (aborted)
   // on an aborted communicator; fills t.algo (choose_algorithm).
   void validate(Task& t);
+  void check_counts(const Task& t) const;  // per-rank counts: one per rank, summing to their buffer
   // The algorithm the call runs: t.algo when it exists for this collective
   // and communicator (else RingError(invalid)); for Algo::automatic, by size
   // against the limits of set_auto_limits(), alike on every rank.
@@ -176,7 +190,7 @@ class Engine {
   ErrKind abort_cause_ = ErrKind::aborted;
   Options opts_;  // guarded by m_; copied into each task
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
-  std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0};
+  std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0};
   std::atomic<int> last_algo_{0};
   std::atomic<std::thread::id> inline_thread_{};  // the thread running a collective inline, if any
   std::thread worker_;

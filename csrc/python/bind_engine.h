@@ -77,11 +77,16 @@ inline void bind_engine(py::module_& m) {
         "Keep `o` alive until the process ends (arrays a request still in flight may use at exit).");
   py::class_<Call>(m, "Call", py::module_local(),
                    "One collective call as the engine takes it (ringcomm/door.py fills it).")
-      .def(py::init([](int coll, int dtype, int op, int algo, uintptr_t in, uintptr_t out, size_t count, int root) {
-             return Call{coll, dtype, op, algo, in, out, count, root};
+      .def(py::init([](int coll, int dtype, int op, int algo, uintptr_t in, uintptr_t out, size_t count, int root,
+                       std::vector<int64_t> counts, std::vector<int64_t> out_counts) {
+             Call c{coll, dtype, op, algo, in, out, count, root, {}, {}};
+             c.counts = std::move(counts);
+             c.out_counts = std::move(out_counts);
+             return c;
            }),
            py::arg("coll"), py::arg("dtype"), py::arg("op"), py::arg("algo"), py::arg("in_ptr"),
-           py::arg("out_ptr"), py::arg("count"), py::arg("root"))
+           py::arg("out_ptr"), py::arg("count"), py::arg("root"), py::arg("counts") = std::vector<int64_t>(),
+           py::arg("out_counts") = std::vector<int64_t>())
       .def_readonly("coll", &Call::coll)
       .def_readonly("dtype", &Call::dtype)
       .def_readonly("op", &Call::op)
@@ -89,7 +94,9 @@ inline void bind_engine(py::module_& m) {
       .def_readonly("in_ptr", &Call::in)
       .def_readonly("out_ptr", &Call::out)
       .def_readonly("count", &Call::count)
-      .def_readonly("root", &Call::root);
+      .def_readonly("root", &Call::root)
+      .def_readonly("counts", &Call::counts)
+      .def_readonly("out_counts", &Call::out_counts);
   m.def("register_torch",
         [](py::object tensor_type, py::dict codes) {
           torch_types().tensor = tensor_type;
@@ -236,8 +243,9 @@ inline void bind_engine(py::module_& m) {
       .def("reset_traffic", [](EngineHandle& h) { h.get().ledger().reset(); })
       .def("set_segment_bytes", [](EngineHandle& h, size_t b) { h.get().set_segment_bytes(b); })
       .def("set_timeout", [](EngineHandle& h, double s) { h.get().set_timeout(s); })
-      .def("set_auto_limits", [](EngineHandle& h, size_t rd, size_t hd) { h.get().set_auto_limits(rd, hd); },
-           py::arg("rd_max"), py::arg("hd_max"))
+      .def("set_auto_limits",
+           [](EngineHandle& h, size_t rd, size_t hd, size_t reduce) { h.get().set_auto_limits(rd, hd, reduce); },
+           py::arg("rd_max"), py::arg("hd_max"), py::arg("reduce_max") = 0)
       .def("last_algorithm", [](EngineHandle& h) { return std::string(algo_name(Algo(h.get().last_algo()))); })
       .def_property_readonly("segment_bytes", [](EngineHandle& h) { return h.get().options().segment_bytes; })
       .def_property_readonly("timeout", [](EngineHandle& h) { return h.get().options().timeout_s; })

@@ -35,6 +35,7 @@ struct Call {
   uintptr_t out = 0;
   size_t count = 0;
   int root = 0;
+  std::vector<int64_t> counts, out_counts;  // per-rank counts / all_to_all splits (Task)
 };
 
 inline Task make_task(const Call& c) {
@@ -47,6 +48,8 @@ inline Task make_task(const Call& c) {
   t.dtype = DType(c.dtype);
   t.op = Op(c.op);
   t.root = c.root;
+  t.counts = c.counts;
+  t.out_counts = c.out_counts;
   return t;
 }
 
@@ -161,7 +164,7 @@ inline bool host_all_reduce_call(py::handle x, py::handle out, int op, int algo,
 inline py::list flight_list(const std::vector<FlightRecord>& recs) {
   static const char* states[] = {"queued", "running", "done", "failed"};
   static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter",
-                                 "fold", "exchange", "unfold"};
+                                 "fold", "exchange", "unfold", "tree", "all_to_all"};
   py::list out;
   for (const FlightRecord& r : recs) {
     py::dict d;
@@ -170,9 +173,9 @@ inline py::list flight_list(const std::vector<FlightRecord>& recs) {
     d["count"] = r.count;
     const bool has_dtype = Coll(r.coll) != Coll::barrier;
     d["dtype"] = has_dtype ? py::object(py::str(dtype_name(DType(r.dtype)))) : py::object(py::none());
-    const bool has_op = Coll(r.coll) == Coll::all_reduce || Coll(r.coll) == Coll::reduce_scatter;
+    const bool has_op = coll_reduces(Coll(r.coll));
     d["op"] = has_op ? py::object(py::str(op_name(Op(r.op)))) : py::object(py::none());
-    d["root"] = Coll(r.coll) == Coll::broadcast ? py::object(py::int_(r.root)) : py::object(py::none());
+    d["root"] = coll_has_root(Coll(r.coll)) ? py::object(py::int_(r.root)) : py::object(py::none());
     d["algorithm"] = algo_name(Algo(r.algo));
     d["state"] = states[int(r.state)];
     d["t_issue"] = double(r.t_issue_ns) * 1e-9;

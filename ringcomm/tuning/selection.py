@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 __all__ = ["Costs", "Measured", "ALGORITHMS", "terms", "predict", "best", "auto_limits", "crossover_table", "fit",
-           "costs_for", "tune_path", "save", "DEFAULTS", "MARGIN"]
+           "costs_for", "tune_path", "save", "DEFAULTS", "MARGIN", "reduce_limit"]
 
 ALGORITHMS = ("ring", "recursive_doubling", "halving_doubling", "naive")
 AUTO_CANDIDATES = ("ring", "halving_doubling", "recursive_doubling")
@@ -254,6 +254,33 @@ def _measured_limits(m: Measured, n: int, per_octave: int = 16) -> tuple[int, in
     rd = int(grid[bi - 1]) if bi > 0 else 0
     hd = int(grid[bj - 1]) if bj > 0 else 0
     return rd, max(rd, hd)
+
+
+def reduce_limit(costs, n: int) -> int:
+    """reduce's crossover: the binomial tree up to this many bytes, the ring
+    reduce-scatter + gather above (csrc/algorithms/reduce.cpp).
+
+    On one rank's critical path, with L = ceil(log2 n):
+
+    ==========  ============  ========================  ==================
+    algorithm   steps         sent (bytes)              reduced (bytes)
+    ==========  ============  ========================  ==================
+    binomial    L             L * B                     L * B
+    ring        2(n-1)        2(n-1)/n * B              (n-1)/n * B
+    ==========  ============  ========================  ==================
+
+    (the tree's root waits for L whole buffers, one after the other; the
+    ring's root runs the reduce-scatter, then receives n-1 chunks.) The
+    tree runs where it is predicted faster; a ``Measured`` model, which has
+    no reduce measurements, uses the built-in constants of its transport's
+    kind (the lines), scaled by nothing: a simple, documented crossover."""
+    if n <= 1:
+        return 0
+    c = costs if isinstance(costs, Costs) else DEFAULTS["mpi"]
+    L = (n - 1).bit_length()
+    t0, t1 = L * c.alpha, L * (c.beta + c.gamma)
+    r0, r1 = 2 * (n - 1) * c.alpha, 2 * (n - 1) / n * c.beta + (n - 1) / n * c.gamma
+    return int(_last(_below(t0, t1, r0, r1)))
 
 
 def best(costs, n: int, nbytes: int) -> str:

@@ -1,0 +1,152 @@
+"""The shared suite of reduce, gather, scatter and all_to_all, bound to every
+transport (tests/test_collectives.py in process, tests/scripts/mpi_collectives.py
+over MPI). Data are exact, rank-dependent functions of (rank, index) from
+suite.rank_data (never all-ones); results are compared with an independent
+numpy reference, and each call's ledger with traffic.expected, per peer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import suite
+from ringcomm import traffic
+from ringcomm.vocab import NUMPY
+
+COPY_DTYPES = ["float32", "bfloat16", "int8", "int64", "float16"]
+
+
+def block_counts(count: int, n: int) -> list[int]:
+    """Uneven per-rank counts (zeros included) derived from `count`."""
+    return [(count + 3 * q) % 5 + (q % 2) * (count % 3) for q in range(n)]
+
+
+def split_matrix(count: int, n: int) -> list[list[int]]:
+    """splits[q][p]: elements rank q sends to rank p (zeros included)."""
+    return [[(count + 3 * q + 5 * p) % 4 for p in range(n)] for q in range(n)]
+
+
+def values(dtype: str, n: int, count: int, rank: int) -> np.ndarray:
+    return suite.rank_data(dtype, "min", n, count, [rank])[0]
+
+
+def ledger(comm, before, coll, count, dtype, what, root=0, counts=None, splits=None) -> list[str]:
+    delta = comm.traffic() - before
+    exp = traffic.expected(coll, count, dtype, comm.size, comm.rank, root=root, algorithm=comm.last_algorithm,
+                           counts=counts, splits=splits)
+    sent, recv = delta.per_peer("bytes_sent", coll), delta.per_peer("bytes_received", coll)
+    errs = []
+    if sent != exp.sent or recv != exp.received:
+        errs.append(f"rank {comm.rank}: {what}: ledger sent {sent} received {recv}, "
+                    f"expected sent {exp.sent} received {exp.received}")
+    for other in traffic.COLLECTIVES:
+        if other != coll and delta.bytes_sent(other) + delta.bytes_received(other):
+            errs.append(f"rank {comm.rank}: {what}: traffic booked under {other}")
+    return errs
+
+
+def run_reduce(comm, counts, combos=suite.COMBOS, algorithms=("binomial", "ring", "auto")) -> list[str]:
+    n, r = comm.size, comm.rank
+    errs: list[str] = []
+    for count in counts:
+        for dtype, op in combos:
+            want = suite.cached_reference(dtype, op, n, count)
+            mine = suite.rank_data(dtype, op, n, count, [r])[0]
+            for algorithm in algorithms:
+                for root in sorted({0, n - 1, n // 2}):
+                    tag = f"reduce n={n} count={count} {dtype} {op} root={root} algorithm={algorithm} " \
+                          f"seg={comm.segment_bytes}"
+                    x = mine.copy()
+                    before = comm.traffic()
+                    got = comm.reduce(x, root=root, op=op, algorithm=algorithm)
+                    if algorithm != "auto" and comm.last_algorithm != algorithm:
+                        errs.append(f"rank {r}: {tag}: ran {comm.last_algorithm}")
+                    if r == root:
+                        errs += suite.compare(got, want, f"{tag} (in place)", r)
+                    else:
+                        if got is not None:
+                            errs.append(f"rank {r}: {tag}: returned {type(got).__name__}, expected None off the root")
+                        errs += suite.compare(x, mine, f"{tag}: input modified off the root", r)
+                    errs += ledger(comm, before, "reduce", count, dtype, tag, root=root)
+                    if r == root and algorithm != "auto":  # out of place: the input untouched
+                        x = mine.copy()
+                        out = np.full(count, 99, mine.dtype)
+                        comm.reduce(x, root=root, op=op, out=out, algorithm=algorithm)
+                        errs += suite.compare(out, want, f"{tag} (out)", r)
+                        errs += suite.compare(x, mine, f"{tag}: input modified by out=", r)
+                    elif algorithm != "auto":
+                        comm.reduce(mine.copy(), root=root, op=op, algorithm=algorithm)
+            if len(errs) > 20:
+                return errs
+    return errs
+
+
+def run_gather_scatter(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
+    n, r = comm.size, comm.rank
+    errs: list[str] = []
+    for count in counts:
+        for dtype in dtypes:
+            for uneven in (False, True):
+                blocks = block_counts(count, n) if uneven else [count] * n
+                cl = blocks if uneven else None
+                total = sum(blocks)
+                every = [values(dtype, n, blocks[q], q) for q in range(n)]
+                whole = np.concatenate(every) if total else np.empty(0, NUMPY[dtype])
+                for root in sorted({0, n - 1}):
+                    tag = f"n={n} count={count} {dtype} counts={cl} root={root} seg={comm.segment_bytes}"
+                    # gather
+                    x = every[r].copy()
+                    before = comm.traffic()
+                    got = comm.gather(x, root=root, counts=cl)
+                    if r == root:
+                        errs += suite.compare(got, whole, f"gather {tag}", r)
+                    elif got is not None:
+                        errs.append(f"rank {r}: gather {tag}: returned something off the root")
+                    errs += suite.compare(x, every[r], f"gather {tag}: input modified", r)
+                    errs += ledger(comm, before, "gather", total, dtype, f"gather {tag}", root, cl)
+                    # scatter: the root's buffer is the concatenation
+                    src = whole.copy() if r == root else None
+                    out = np.full(blocks[r], 77, NUMPY[dtype])
+                    before = comm.traffic()
+                    got = comm.scatter(src, root=root, counts=cl, out=out)
+                    errs += suite.compare(got, every[r], f"scatter {tag}", r)
+                    errs += ledger(comm, before, "scatter", total, dtype, f"scatter {tag}", root, cl)
+            if len(errs) > 20:
+                return errs
+    return errs
+
+
+def run_all_to_all(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
+    n, r = comm.size, comm.rank
+    errs: list[str] = []
+    for count in counts:
+        for dtype in dtypes:
+            # equal blocks: `count` elements per block
+            inputs = [values(dtype, n, count * n, q) for q in range(n)]
+            want = np.concatenate([inputs[q][r * count:(r + 1) * count] for q in range(n)])
+            tag = f"all_to_all n={n} block={count} {dtype} seg={comm.segment_bytes}"
+            x = inputs[r].copy()
+            before = comm.traffic()
+            got = comm.all_to_all(x)
+            errs += suite.compare(got, want, tag, r)
+            errs += suite.compare(x, inputs[r], f"{tag}: input modified", r)
+            errs += ledger(comm, before, "all_to_all", count * n, dtype, tag)
+            # per-peer splits
+            m = split_matrix(count, n)
+            ins = [values(dtype, n, sum(m[q]), q) for q in range(n)]
+            offs = [np.concatenate([[0], np.cumsum(m[q])]).astype(int) for q in range(n)]
+            want = np.concatenate([ins[q][offs[q][r]:offs[q][r + 1]] for q in range(n)])
+            out_splits = [m[q][r] for q in range(n)]
+            tag = f"all_to_all n={n} splits={m[r]} out_splits={out_splits} {dtype} seg={comm.segment_bytes}"
+            out = np.full(sum(out_splits), 55, NUMPY[dtype])
+            before = comm.traffic()
+            comm.all_to_all(ins[r].copy(), m[r], out_splits, out=out)
+            errs += suite.compare(out, want, tag, r)
+            errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, tag, splits=m)
+            if len(errs) > 20:
+                return errs
+    return errs
+
+
+def run_all(comm, counts, reduce_combos=suite.COMBOS) -> list[str]:
+    return (run_reduce(comm, counts, reduce_combos) + run_gather_scatter(comm, counts)
+            + run_all_to_all(comm, counts))

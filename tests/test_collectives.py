@@ -1,0 +1,224 @@
+"""reduce, gather, scatter and all_to_all in process: the shared suite
+(tests/collectives_suite.py), bad input, mismatches, async, torch tensors."""
+
+import time
+
+import numpy as np
+import pytest
+
+import collectives_suite as cs
+import ringcomm
+import suite
+from ringcomm import InvalidArgument, MismatchError, CommunicatorAborted, traffic
+
+WORLD_SIZES = [1, 2, 3, 4, 5, 8]
+
+
+def flat(results):
+    return [e for errs in results for e in errs]
+
+
+def sizes(n):
+    return sorted({0, 1, max(n - 1, 0), n + 1, 101})
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_reduce_every_dtype_and_op(n):
+    errs = flat(ringcomm.run_local(n, cs.run_reduce, sizes(n)))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_gather_scatter_all_to_all(n):
+    def body(comm):
+        return cs.run_gather_scatter(comm, sizes(n)) + cs.run_all_to_all(comm, sizes(n))
+    errs = flat(ringcomm.run_local(n, body))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_many_segments(n):
+    def body(comm):
+        comm.segment_bytes = 16
+        return cs.run_all(comm, [7 * n + 3], reduce_combos=[("float32", "sum"), ("bfloat16", "avg"),
+                                                           ("int8", "prod"), ("uint8", "max"), ("int64", "min")])
+    errs = flat(ringcomm.run_local(n, body))
+    assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_prime_count_large(n):
+    def body(comm):
+        comm.segment_bytes = 65536
+        return (cs.run_reduce(comm, [100003], [("float32", "sum"), ("int32", "max")], ("binomial", "ring"))
+                + cs.run_gather_scatter(comm, [100003], ["float64"]) + cs.run_all_to_all(comm, [10007], ["int32"]))
+    errs = flat(ringcomm.run_local(n, body))
+    assert not errs, "\n".join(errs[:20])
+
+
+def test_reduce_auto_follows_the_cost_model():
+    from ringcomm.tuning import selection
+    costs = selection.DEFAULTS["inproc"]
+    limit = selection.reduce_limit(costs, 4)
+    assert 0 < limit < 1 << 40
+
+    def body(comm):
+        comm.set_costs(costs)
+        comm.reduce(np.zeros(limit // 4, np.float32), root=0)
+        small = comm.last_algorithm
+        comm.reduce(np.zeros(limit // 4 + 1, np.float32), root=0)
+        return small, comm.last_algorithm
+    assert ringcomm.run_local(4, body) == [("binomial", "ring")] * 4
+
+
+def test_torch_tensors():
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        n, r = comm.size, comm.rank
+        x = torch.arange(6, dtype=torch.float32) + 10 * r
+        red = comm.reduce(x.clone(), root=1)
+        g = comm.gather(torch.full((2,), r, dtype=torch.int64), root=0)
+        a = comm.all_to_all(torch.arange(2 * n, dtype=torch.int32) + 100 * r)
+        s = comm.scatter(torch.arange(3 * n, dtype=torch.float64) if r == 0 else None, root=0,
+                         out=torch.zeros(3, dtype=torch.float64))
+        return red, g, a, s
+    res = ringcomm.run_local(3, body)
+    assert torch.equal(res[1][0], sum(torch.arange(6, dtype=torch.float32) + 10 * q for q in range(3)))
+    assert res[0][0] is None and torch.equal(res[0][1], torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert torch.equal(res[2][2], torch.tensor([4, 5, 104, 105, 204, 205], dtype=torch.int32))
+    assert torch.equal(res[1][3], torch.tensor([3.0, 4.0, 5.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_async(n):
+    def body(comm):
+        r = comm.rank
+        x = np.arange(12, dtype=np.float64) * (r + 1)
+        works = [comm.reduce(x.copy(), root=0, async_op=True), comm.gather(x, root=n - 1, async_op=True),
+                 comm.all_to_all(np.arange(2 * n, dtype=np.int64) + 10 * r, async_op=True)]
+        return [w.wait() for w in works]
+    res = ringcomm.run_local(n, body)
+    np.testing.assert_array_equal(res[0][0], np.arange(12) * (n * (n + 1) // 2))
+    assert res[0][1] is None
+    np.testing.assert_array_equal(res[n - 1][1], np.concatenate([np.arange(12) * (q + 1) for q in range(n)]))
+    np.testing.assert_array_equal(res[1][2], np.array([v for q in range(n) for v in (10 * q + 2, 10 * q + 3)]))
+
+
+def ro(n):
+    a = np.zeros(n)
+    a.setflags(write=False)
+    return a
+
+
+BAD = [
+    ("reduce root", lambda c: c.reduce(np.zeros(4), root=2), "root 2 is out of range"),
+    ("reduce root type", lambda c: c.reduce(np.zeros(4), root=0.5), "root must be an int"),
+    ("reduce avg int", lambda c: c.reduce(np.zeros(4, np.int32), op="avg"), "avg"),
+    ("reduce out size", lambda c: c.reduce(np.zeros(4), out=np.zeros(5)), "5 elements"),
+    ("reduce out dtype", lambda c: c.reduce(np.zeros(4), out=np.zeros(4, np.float32)), "dtype"),
+    ("reduce algorithm", lambda c: c.reduce(np.zeros(4), algorithm="linear"), "not 'linear'"),
+    ("reduce read-only", lambda c: c.reduce(ro(4), root=0), "read-only"),
+    ("gather counts sum", lambda c: c.gather(np.zeros(3), counts=[3]), "one per rank"),
+    ("gather counts mine", lambda c: c.gather(np.zeros(3), counts=[2, 3]), "counts\\[0\\]"),
+    ("gather negative", lambda c: c.gather(np.zeros(3), counts=[3, -1]), "negative"),
+    ("gather out size", lambda c: c.gather(np.zeros(3), out=np.zeros(5)), "6"),
+    ("gather non-contiguous", lambda c: c.gather(np.zeros(8)[::2]), "contiguous"),
+    ("scatter indivisible", lambda c: c.scatter(np.zeros(5)), "not divisible"),
+    ("scatter counts sum", lambda c: c.scatter(np.zeros(5), counts=[1, 1]), "sum to 2"),
+    ("scatter out read-only", lambda c: c.scatter(np.zeros(4), out=ro(2)), "read-only"),
+    ("all_to_all indivisible", lambda c: c.all_to_all(np.zeros(5)), "not divisible"),
+    ("all_to_all splits sum", lambda c: c.all_to_all(np.zeros(5), [1, 1], [1, 1]), "sum to 2"),
+    ("all_to_all no out_splits", lambda c: c.all_to_all(np.zeros(5), [2, 3]), "out_splits"),
+    ("all_to_all out size", lambda c: c.all_to_all(np.zeros(4), [2, 2], [1, 1], out=np.zeros(3)), "3 elements"),
+    ("all_to_all overlap", lambda c: (lambda a: c.all_to_all(a[:4], out=a[2:6]))(np.zeros(8)), "overlaps"),
+]
+
+
+@pytest.mark.parametrize("name,call,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_rejected_before_any_byte_moves(name, call, message):
+    def body(comm):
+        before = comm.traffic()
+        if comm.rank == 0:
+            with pytest.raises(InvalidArgument, match=message):
+                call(comm)
+        after = comm.traffic() - before
+        assert after.bytes_sent(kind="all") == 0 and after.bytes_received(kind="all") == 0
+        comm.barrier()  # the communicator still works
+        return True
+    assert ringcomm.run_local(2, body) == [True, True]
+
+
+MISMATCH = {
+    "reduce count": lambda c: c.reduce(np.zeros(10 + (c.rank == 1), np.float32), root=0),
+    "reduce root": lambda c: c.reduce(np.zeros(10, np.float32), root=int(c.rank == 1)),
+    "reduce op": lambda c: c.reduce(np.zeros(10, np.float32), op="max" if c.rank == 1 else "sum"),
+    "reduce dtype": lambda c: c.reduce(np.zeros(10, np.float64 if c.rank == 1 else np.float32)),
+    "gather count": lambda c: c.gather(np.zeros(3 + (c.rank == 1), np.int32), root=0),
+    "gather counts": lambda c: c.gather(np.zeros(2 + (c.rank == 1), np.int32), root=0,
+                                        counts=[2 + (q == 1) + 3 * (q == 0 and c.rank == 2)
+                                                for q in range(c.size)]),
+    "scatter counts": lambda c: c.scatter(np.zeros(3 * c.size, np.int32), root=0,
+                                          counts=[3] * c.size if c.rank != 1 else [4, 2] + [3] * (c.size - 2)),
+    "all_to_all count": lambda c: c.all_to_all(np.zeros(c.size * (2 + (c.rank == 1)), np.int32)),
+    "all_to_all splits": lambda c: c.all_to_all(np.zeros(c.size, np.int32), [1] * c.size,
+                                                [1] * c.size if c.rank != 1 else [2, 0] + [1] * (c.size - 2)),
+    "all_to_all empty block": lambda c: c.all_to_all(np.zeros(c.size, np.int32), [1] * c.size,
+                                                     [1] * c.size if c.rank != 2 else [0, 2] + [1] * (c.size - 2)),
+}
+
+
+@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("what", list(MISMATCH))
+def test_mismatch_raises_on_every_rank(what, n):
+    def body(comm):
+        comm.timeout = 20
+        t0 = time.monotonic()
+        try:
+            MISMATCH[what](comm)
+            # A rank whose part of a rooted or pairwise call did not depend
+            # on the ranks that disagree may finish it before the mismatch
+            # is found: the ring's notice then fails its next call at once.
+            try:
+                comm.barrier()
+                return "no error"
+            except (MismatchError, CommunicatorAborted) as e2:
+                e, kind = e2, "next call"
+        except MismatchError as e1:
+            e, kind = e1, "mismatch"
+        except CommunicatorAborted as e1:
+            e, kind = e1, "aborted"
+        took = time.monotonic() - t0
+        assert took < 10, f"rank {comm.rank} took {took:.1f} s: {e}"
+        assert comm.aborted
+        return kind
+    res = ringcomm.run_local(n, body)
+    assert "no error" not in res, res
+    assert "mismatch" in res and all(k in ("mismatch", "aborted", "next call") for k in res), res
+
+
+def test_flight_record_and_trace_name_the_new_collectives():
+    def body(comm):
+        with comm.trace() as t:
+            comm.reduce(np.arange(4, dtype=np.float32), root=1, algorithm="binomial")
+            comm.all_to_all(np.arange(3, dtype=np.float32))
+        rec = comm.flight_record()[-2:]
+        return [(d["collective"], d["algorithm"], d["root"], d["op"]) for d in rec], {s.phase for s in t.steps}
+    res = ringcomm.run_local(3, body)
+    assert res[0][0] == [("reduce", "binomial", 1, "sum"), ("all_to_all", "pairwise", None, None)]
+    assert "tree" in res[0][1] and "all-to-all" in res[0][1]
+
+
+def test_expected_is_consistent():
+    for n in (2, 3, 5, 8):
+        for coll, kw in (("reduce", {"algorithm": "binomial"}), ("reduce", {"algorithm": "ring"}),
+                         ("gather", {"counts": cs.block_counts(7, n)}), ("scatter", {}),
+                         ("all_to_all", {"splits": cs.split_matrix(5, n)})):
+            count = sum(kw["counts"]) if "counts" in kw else 7 * n
+            exp = [traffic.expected(coll, count, "float32", n, r, root=n // 2, **kw) for r in range(n)]
+            for r in range(n):
+                for peer, b in exp[r].sent.items():
+                    assert exp[peer].received.get(r) == b, (coll, n, r, peer)
+    # the root of a binomial reduce only receives; the leaves only send
+    e = [traffic.expected("reduce", 10, "float32", 4, r, root=0, algorithm="binomial") for r in range(4)]
+    assert e[0].sent == {} and e[0].received == {1: 40, 2: 40} and e[3].sent == {2: 40}
