@@ -496,6 +496,8 @@ class Communicator:
         KeyboardInterrupt): keep the arrays a request still in flight may use,
         and dump the flight record once."""
         _hold_arrays(exc, arrays)
+        from ._failfast import explain
+        explain(self, exc)  # a peer died of an exception: name it
         if self._settings.dump_dir and not self._dumped:
             self._dumped = True
             try:
@@ -659,7 +661,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     (ncclSend/ncclRecv) and reduced by ringcomm's kernels; control messages
     still go through MPI. Arrays must then be GPU arrays on that GPU.
     """
-    from mpi4py import MPI
+    from . import _failfast, _singleton
+    MPI = _singleton.mpi()  # starts MPI (as a singleton: without /dev/shm files)
 
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     s = config.settings(timeout, segment_bytes, window)
@@ -691,6 +694,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     c.set_costs(comm.bcast(selection.costs_for(label, comm.Get_size()) if comm.Get_rank() == 0 else None, root=0))
     c._index = next(_mpi_index)
     _mpi_comms.add(c)
+    _failfast.register(c, comm)  # a rank dying of an exception aborts c: its peers fail at once
+    _singleton.notice_once(comm.Get_size())
     return c
 
 
