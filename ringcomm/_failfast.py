@@ -172,7 +172,7 @@ def _at_exit() -> None:
     if not _failed:
         last = getattr(sys, "last_value", None)  # an uncaught exception whose hook was replaced
         if _exit_status:
-            fail(f"sys.exit({_exit_status})", _exit_status)
+            fail(f"SystemExit({_exit_status})", _exit_status)
         elif last is not None and not isinstance(last, KeyboardInterrupt):
             fail(_describe(last), 1)
     dups = _told + _heard
