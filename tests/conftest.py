@@ -28,3 +28,18 @@ from ringcomm import _singleton  # noqa: E402
 
 _singleton.mpi()
 pytest_plugins = ["pytest_mpi.plugin"]
+
+
+import pytest  # noqa: E402
+
+NO_GPU_PREFIX = "the GPU tests need a GPU"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # pytest -ra lists skips per (file, line, reason): give every GPU test's
+    # skip one location, so a machine without a GPU gets one short line.
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and isinstance(rep.longrepr, tuple) and NO_GPU_PREFIX in str(rep.longrepr[2]):
+        rep.longrepr = (rep.fspath, 1, rep.longrepr[2])
