@@ -40,6 +40,8 @@ def launch(n, case, peer="wait", runner=True):
     stamps = [float(l.split()[1]) for l in res.stderr.splitlines() if l.startswith("FAILING ")]
     assert len(stamps) == 1, text[-4000:]
     heard = [json.loads(l[6:]) for l in res.stderr.splitlines() if l.startswith("HEARD ")]
+    for h in heard:
+        h["after_s"] = h["t"] - stamps[0]  # from the failure to this rank's error
     return res, text, wall, end - stamps[0], heard
 
 
@@ -48,8 +50,10 @@ def launch(n, case, peer="wait", runner=True):
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_rank_dying_ends_the_job_and_names_itself(n, case, runner):
     res, text, wall, after_failure, heard = launch(n, case, runner=runner)
+    peers = ", ".join(f"{h['after_s'] * 1e3:.1f}" for h in heard)
     print(f"\nN={n} {case:5} {'ringcomm run' if runner else 'mpirun      '}: job {wall:.2f} s, "
-          f"ended {after_failure:.2f} s after the failure, MPI_Abort used: {'MPI_ABORT' in text}")
+          f"peers raised {peers} ms and the job ended "
+          f"{after_failure:.2f} s after the failure; MPI_Abort used: {'MPI_ABORT' in text}")
     assert res.returncode != 0, text[-4000:]
     assert after_failure < 5.0, f"the job lasted {after_failure:.1f} s after the failure\n{text[-4000:]}"
     assert wall < TIMEOUT / 4
