@@ -237,6 +237,17 @@ def _status_of(status) -> int:
 
 
 # ------------------------------------------------------------------- runner
+def _warn_shadow(folder: str) -> None:
+    """A folder named ringcomm/ next to the script (a checkout) is what the
+    script's `import ringcomm` finds, not the installed package: say so."""
+    here = os.path.join(folder, "ringcomm")
+    real = os.path.dirname(os.path.realpath(__file__))
+    if os.path.isdir(here) and os.path.realpath(here) != real:
+        print(f"ringcomm: {here} shadows the installed ringcomm ({real}) for this script: `import ringcomm` "
+              "finds that folder (AttributeError: module 'ringcomm' has no attribute ...); run the script "
+              "from another folder", file=sys.stderr, flush=True)
+
+
 _PY_FLAGS_WITH_ARG = ("-W", "-X")
 
 
@@ -280,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            _warn_shadow(sys.path[0])
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         status = _status_of(exc.code)

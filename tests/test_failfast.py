@@ -107,3 +107,17 @@ def test_runner_keeps_the_program_semantics(tmp_path):
                          text=True, timeout=60)
     assert bad.returncode == 1
     assert "KeyError: 'k'" in bad.stderr and "runpy" not in bad.stderr and "_failfast" not in bad.stderr
+
+
+def test_runner_says_when_a_folder_shadows_the_package(tmp_path):
+    # a script next to a folder named ringcomm/ (a checkout): plain python fails
+    # with the AttributeError the README shows; `ringcomm run` says why first
+    (tmp_path / "ringcomm").mkdir()
+    (tmp_path / "s.py").write_text("import ringcomm\nringcomm.run_local\n")
+    plain = subprocess.run([sys.executable, str(tmp_path / "s.py")], capture_output=True, text=True, timeout=60)
+    assert "AttributeError: module 'ringcomm' has no attribute 'run_local'" in plain.stderr
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "run", "-n", "1", "--", "python", "s.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert f"ringcomm: {tmp_path / 'ringcomm'} shadows the installed ringcomm" in res.stderr, res.stderr
+    assert "has no attribute 'run_local'" in res.stderr
