@@ -22,7 +22,7 @@ import numpy as np
 
 import ringcomm
 import ringcomm.cuda as rcuda
-from ringcomm._dtypes import DTYPES, FLOATING, NUMPY, OPS
+from ringcomm.vocab import DTYPES, FLOATING, NUMPY, OPS
 from ringcomm._native import core
 
 

@@ -20,7 +20,7 @@ class View:
     """A typed __cuda_array_interface__ over a raw cupy byte buffer (cupy has no bfloat16)."""
 
     def __init__(self, raw, n, dtype):
-        np_dtype = rcuda._dtypes.NUMPY[dtype]
+        np_dtype = rcuda.vocab.NUMPY[dtype]
         self.__cuda_array_interface__ = {"shape": (n,), "typestr": np_dtype.str, "data": (raw.data.ptr, False),
                                          "version": 3, "strides": None}
         self.dtype = np_dtype
@@ -41,7 +41,7 @@ def main() -> int:
     ratios = {}
     for dtype, op in (("float32", "sum"), ("float16", "sum"), ("bfloat16", "sum"), ("float64", "max"),
                       ("int8", "sum"), ("int32", "prod")):
-        n = nbytes // np.dtype(rcuda._dtypes.NUMPY[dtype]).itemsize
+        n = nbytes // np.dtype(rcuda.vocab.NUMPY[dtype]).itemsize
         raw = [cupy.ones(nbytes, cupy.uint8) for _ in range(3)]
 
         d, a, b = (View(r, n, dtype) for r in raw)

@@ -30,7 +30,8 @@ import warnings  # noqa: E402
 import numpy as np  # noqa: E402
 
 import ringcomm
-from ringcomm.zero import ZeroOptimizer, _mlp_units, _train_step
+from ringcomm.teach.zero_demo import mlp_units, train_step
+from ringcomm.zero import ZeroOptimizer
 
 warnings.filterwarnings("ignore")
 
@@ -56,11 +57,11 @@ def main() -> None:
     impls = {}
     for stage, prefetch, name in ((0, False, "ddp"), (1, False, "zero1"), (2, False, "zero2"),
                                   (3, False, "zero3"), (3, True, "zero3+prefetch")):
-        zero = ZeroOptimizer(_mlp_units(widths, dtype), comm, stage=stage, lr=1e-4)
+        zero = ZeroOptimizer(mlp_units(widths, dtype), comm, stage=stage, lr=1e-4)
 
         def run(zero=zero, prefetch=prefetch):
             for s in range(args.steps):
-                _train_step(zero, widths, comm.rank, s, dtype, prefetch=prefetch)
+                train_step(zero, widths, comm.rank, s, dtype, prefetch=prefetch)
         impls[name] = run
 
     if not args.no_fsdp:
@@ -95,10 +96,10 @@ def main() -> None:
     # Compute-only reference (one rank's work, no communication).
     def numpy_compute():
         def body(c):
-            z = ZeroOptimizer(_mlp_units(widths, dtype), c, stage=0, lr=1e-4)
+            z = ZeroOptimizer(mlp_units(widths, dtype), c, stage=0, lr=1e-4)
             t0 = time.perf_counter()
             for s in range(args.steps):
-                _train_step(z, widths, 0, s, dtype)
+                train_step(z, widths, 0, s, dtype)
             return time.perf_counter() - t0
         return ringcomm.run_local(1, body)[0]
 

@@ -33,16 +33,31 @@ struct EngineHandle {
   }
 };
 
-inline Task make_task(int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root, int algo) {
+// One collective call, described and checked by the array adapter
+// (ringcomm/door.py, or host_all_reduce_call below for the common case):
+// the only thing the Python layer hands the engine. Buffers per collective
+// are Engine::submit's; `count` is always the full buffer's length.
+struct Call {
+  int coll = 0;       // Coll
+  int dtype = 0;      // DType
+  int op = 0;         // Op
+  int algo = 0;       // Algo, or Algo::automatic
+  uintptr_t in = 0;   // addresses (host or device memory)
+  uintptr_t out = 0;
+  size_t count = 0;
+  int root = 0;
+};
+
+inline Task make_task(const Call& c) {
   Task t;
-  t.algo = algo;
-  t.coll = Coll(coll);
-  t.in = reinterpret_cast<const void*>(in);
-  t.out = reinterpret_cast<void*>(out);
-  t.count = count;
-  t.dtype = DType(dtype);
-  t.op = Op(op);
-  t.root = root;
+  t.algo = c.algo;
+  t.coll = Coll(c.coll);
+  t.in = reinterpret_cast<const void*>(c.in);
+  t.out = reinterpret_cast<void*>(c.out);
+  t.count = c.count;
+  t.dtype = DType(c.dtype);
+  t.op = Op(c.op);
+  t.root = c.root;
   return t;
 }
 
@@ -139,27 +154,35 @@ inline void run_host(EngineHandle& h, const Task& t) {
   if (const RingError* err = w->error()) raise_object(failure_object(*err, w->hold()));
 }
 
-// all_reduce(x, out=y) of numpy arrays, checked as the Python adapter
-// (_arrays.py, comm.py) would: both C-contiguous ndarrays of one supported
-// dtype and shape, the output writable, in place or not overlapping, `op`
-// valid for the dtype. False when any of it fails (or is unusual, like
-// bfloat16, whose numpy type number is not fixed): the caller then takes the
-// Python path, whose errors say what is wrong.
-inline bool numpy_all_reduce_args(py::handle x, py::handle out, int op, size_t& count, int& dtype,
-                                  uintptr_t& in_ptr, uintptr_t& out_ptr) {
-  if (!py::isinstance<py::array>(x) || !py::isinstance<py::array>(out)) return false;
-  auto a = py::reinterpret_borrow<py::array>(x), b = py::reinterpret_borrow<py::array>(out);
+// The array adapter's fast lane, for the common call: a synchronous
+// all_reduce of host arrays, numpy ndarrays or torch CPU tensors, described
+// here in about 0.3 us instead of the 3 us of the Python adapter
+// (ringcomm/door.py). It fills the same Call, with the same checks: both
+// arrays of one family, C-contiguous, of one supported dtype and shape, the
+// output writable, in place or not overlapping, `op` valid for the dtype.
+// False when any of it fails or is unusual (a numpy bfloat16, whose type
+// number is not fixed; torch before it was registered): the caller then
+// takes the Python adapter, whose errors say what is wrong.
+struct TorchTypes {
+  py::object tensor;  // torch.Tensor (set by register_torch, on the first torch array)
+  py::dict codes;     // torch.dtype -> DType code
+};
+inline TorchTypes& torch_types() {
+  static TorchTypes* t = new TorchTypes();  // never destroyed: outlives the interpreter's teardown
+  return *t;
+}
+
+inline bool numpy_array(py::handle x, bool writable, int& dtype, size_t& count, uintptr_t& ptr) {
+  auto a = py::reinterpret_borrow<py::array>(x);
   constexpr int c_contig = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_;
-  if (!(a.flags() & c_contig) || !(b.flags() & c_contig) || !b.writeable()) return false;
-  const py::dtype da = a.dtype(), db = b.dtype();
-  const int num = da.num();
-  if (db.num() != num || da.itemsize() != db.itemsize()) return false;
+  if (!(a.flags() & c_contig) || (writable && !a.writeable())) return false;
+  const py::dtype d = a.dtype();
   // Native byte order only ('=' or '|'; the explicit native letter too).
   constexpr char native = __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__ ? '>' : '<';
-  for (char bo : {da.byteorder(), db.byteorder()})
-    if (bo != '=' && bo != '|' && bo != native) return false;
-  const ssize_t size = da.itemsize();
-  switch (num) {  // numpy type numbers (fixed by numpy's ABI)
+  const char bo = d.byteorder();
+  if (bo != '=' && bo != '|' && bo != native) return false;
+  const ssize_t size = d.itemsize();
+  switch (d.num()) {  // numpy type numbers (fixed by numpy's ABI)
     case 23: dtype = int(DType::f16); break;  // NPY_HALF
     case 11: dtype = int(DType::f32); break;  // NPY_FLOAT
     case 12: dtype = int(DType::f64); break;  // NPY_DOUBLE
@@ -172,15 +195,56 @@ inline bool numpy_all_reduce_args(py::handle x, py::handle out, int op, size_t& 
       break;
     default: return false;
   }
-  if (op < 0 || op >= int(Op::kCount) || (Op(op) == Op::avg && dtype >= int(DType::i8))) return false;
-  if (a.ndim() != b.ndim()) return false;
-  for (ssize_t i = 0; i < a.ndim(); ++i)
-    if (a.shape(i) != b.shape(i)) return false;
   count = size_t(a.size());
-  in_ptr = reinterpret_cast<uintptr_t>(a.data());
-  out_ptr = reinterpret_cast<uintptr_t>(b.mutable_data());
-  const size_t bytes = count * size_t(size);
-  if (in_ptr != out_ptr && in_ptr < out_ptr + bytes && out_ptr < in_ptr + bytes) return false;  // partial overlap
+  ptr = reinterpret_cast<uintptr_t>(a.data());
+  return true;
+}
+
+inline bool torch_tensor(py::handle x, int& dtype, size_t& count, uintptr_t& ptr) {
+  static const py::str is_cpu("is_cpu"), dtype_attr("dtype"), is_contiguous("is_contiguous"),
+      data_ptr("data_ptr"), numel("numel");
+  if (!x.attr(is_cpu).cast<bool>()) return false;
+  PyObject* code = PyDict_GetItem(torch_types().codes.ptr(), x.attr(dtype_attr).ptr());  // borrowed
+  if (!code || !x.attr(is_contiguous)().cast<bool>()) return false;
+  dtype = int(PyLong_AsLong(code));
+  count = x.attr(numel)().cast<size_t>();
+  ptr = x.attr(data_ptr)().cast<uintptr_t>();
+  return true;
+}
+
+inline bool host_all_reduce_call(py::handle x, py::handle out, int op, int algo, Call& c) {
+  int dout = -1;
+  size_t nout = 0;
+  if (py::isinstance<py::array>(x)) {
+    if (!py::isinstance<py::array>(out) || !numpy_array(x, false, c.dtype, c.count, c.in) ||
+        !numpy_array(out, true, dout, nout, c.out))
+      return false;
+    auto a = py::reinterpret_borrow<py::array>(x), b = py::reinterpret_borrow<py::array>(out);
+    if (a.ndim() != b.ndim()) return false;
+    for (ssize_t i = 0; i < a.ndim(); ++i)
+      if (a.shape(i) != b.shape(i)) return false;
+  } else {
+    const py::object& tensor = torch_types().tensor;
+    if (!tensor || !PyObject_IsInstance(x.ptr(), tensor.ptr()) || !torch_tensor(x, c.dtype, c.count, c.in))
+      return false;
+    if (out.is(x)) {
+      dout = c.dtype, nout = c.count, c.out = c.in;
+    } else {
+      static const py::str shape("shape");
+      if (!PyObject_IsInstance(out.ptr(), tensor.ptr()) || !torch_tensor(out, dout, nout, c.out) ||
+          !x.attr(shape).equal(out.attr(shape)))
+        return false;
+    }
+  }
+  if (dout != c.dtype || nout != c.count) return false;
+  if (op < 0 || op >= int(Op::kCount) || (Op(op) == Op::avg && !dtype_is_floating(DType(c.dtype)))) return false;
+  if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
+  const size_t bytes = c.count * dtype_size(DType(c.dtype));
+  if (c.in != c.out && c.in < c.out + bytes && c.out < c.in + bytes) return false;  // partial overlap
+  c.coll = int(Coll::all_reduce);
+  c.op = op;
+  c.algo = algo;
+  c.root = 0;
   return true;
 }
 
@@ -248,6 +312,28 @@ inline void bind_engine(py::module_& m) {
         "Release completed quarantined requests until none is left or `seconds` pass; returns how many remain.");
   m.def("leak", [](py::object o) { o.inc_ref(); },
         "Keep `o` alive until the process ends (arrays a request still in flight may use at exit).");
+  py::class_<Call>(m, "Call", py::module_local(),
+                   "One collective call as the engine takes it (ringcomm/door.py fills it).")
+      .def(py::init([](int coll, int dtype, int op, int algo, uintptr_t in, uintptr_t out, size_t count, int root) {
+             return Call{coll, dtype, op, algo, in, out, count, root};
+           }),
+           py::arg("coll"), py::arg("dtype"), py::arg("op"), py::arg("algo"), py::arg("in_ptr"),
+           py::arg("out_ptr"), py::arg("count"), py::arg("root"))
+      .def_readonly("coll", &Call::coll)
+      .def_readonly("dtype", &Call::dtype)
+      .def_readonly("op", &Call::op)
+      .def_readonly("algo", &Call::algo)
+      .def_readonly("in_ptr", &Call::in)
+      .def_readonly("out_ptr", &Call::out)
+      .def_readonly("count", &Call::count)
+      .def_readonly("root", &Call::root);
+  m.def("register_torch",
+        [](py::object tensor_type, py::dict codes) {
+          torch_types().tensor = tensor_type;
+          torch_types().codes = codes;
+        },
+        py::arg("tensor_type"), py::arg("codes"),
+        "Let the fast lane take torch CPU tensors: torch.Tensor and {torch.dtype: DType code}.");
   py::class_<Hold, std::shared_ptr<Hold>>(m, "Hold", py::module_local())
       .def_property_readonly("pending", [](Hold& h) { return h.pending.load(); },
                              "Quarantined requests of a failed collective that may still use its caller's arrays.");
@@ -339,40 +425,29 @@ inline void bind_engine(py::module_& m) {
       .def_property_readonly("transport", [](EngineHandle& h) { return h.get().transport_name(); })
       .def_property_readonly("closed", [](EngineHandle& h) { return !h.engine; })
       .def("submit",
-           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
-              int algo, uintptr_t stream) {
+           [](EngineHandle& h, const Call& c, uintptr_t stream) {
              Engine& e = h.get();
-             Task t = make_task(coll, in, out, count, dtype, op, root, algo);
+             Task t = make_task(c);
              if (auto dev = e.device()) t.after = dev->record_external(stream);
              return e.submit(t);
            },
-           py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
-           py::arg("op"), py::arg("root"), py::arg("algo") = 0, py::arg("stream") = 0,
+           py::arg("call"), py::arg("stream") = 0,
            "Queue a collective; returns its Work. Device engines: it starts after the work queued so far on "
            "`stream` (the caller's, as an integer handle).")
-      .def("run_numpy",
+      .def("run", [](EngineHandle& h, const Call& c) { run_host(h, make_task(c)); }, py::arg("call"),
+           "Run a host collective to completion (on this thread when the engine is idle); raises on failure.")
+      .def("run_all_reduce",
            [](EngineHandle& h, py::handle x, py::handle out, int op, int algo) {
-             // The common call, a synchronous all_reduce of numpy arrays on a
-             // host engine, with the array adapter's checks done here (about
-             // 0.3 us instead of 3). Anything unusual returns False, and the
-             // Python path runs instead (and raises its clear errors).
-             size_t count = 0;
-             int dtype = -1;
-             uintptr_t in_ptr = 0, out_ptr = 0;
-             if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
-             if (!numpy_all_reduce_args(x, out, op, count, dtype, in_ptr, out_ptr)) return false;
-             run_host(h, make_task(int(Coll::all_reduce), in_ptr, out_ptr, count, dtype, op, 0, algo));
+             // The fast lane (host_all_reduce_call): False means "not described
+             // here", and the Python adapter runs instead.
+             Call c;
+             if (!host_all_reduce_call(x, out, op, algo, c)) return false;
+             run_host(h, make_task(c));
              return true;
            },
-           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"))
-      .def("run",
-           [](EngineHandle& h, int coll, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, int root,
-              int algo) {
-             run_host(h, make_task(coll, in, out, count, dtype, op, root, algo));
-           },
-           py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"),
-           py::arg("op"), py::arg("root"), py::arg("algo") = 0,
-           "Run a host collective to completion (on this thread when the engine is idle); raises on failure.")
+           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"),
+           "Synchronous all_reduce of numpy arrays or torch CPU tensors described natively; False when the "
+           "arrays need the Python adapter (ringcomm/door.py).")
       .def_property_readonly("device",
                              [](EngineHandle& h) -> py::object {
                                auto d = h.get().device();

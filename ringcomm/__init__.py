@@ -11,7 +11,10 @@ transports, with an exact traffic ledger.
 """
 
 from . import traffic
-from .comm import Communicator, Work, init, quarantined, run_local
+from .comm import Communicator
+from .quarantine import quarantined
+from .work import Work
+from .world import init, run_local
 from .errors import (CollectiveTimeout, CommunicatorAborted, InvalidArgument, MismatchError,
                      RingcommError, TransportError, WaitTimeout)
 
@@ -22,6 +25,7 @@ __all__ = [
     "RingcommError", "InvalidArgument", "CollectiveTimeout", "MismatchError",
     "CommunicatorAborted", "TransportError", "WaitTimeout", "__version__",
 ]
-from .bucketer import GradBucketer, broadcast_parameters, check_consistency  # noqa: E402
+from .train.bucketer import GradBucketer  # noqa: E402
+from .train.consistency import broadcast_parameters, check_consistency  # noqa: E402
 
 __all__ += ["GradBucketer", "broadcast_parameters", "check_consistency"]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes
+from . import vocab
 from ._native import core
 from .errors import InvalidArgument
 
@@ -54,7 +54,7 @@ class Buf:
 
     @property
     def nbytes(self) -> int:
-        return self.count * _dtypes.itemsize(self.dtype)
+        return self.count * vocab.itemsize(self.dtype)
 
     def overlaps(self, other: "Buf") -> bool:
         if not self.nbytes or not other.nbytes:
@@ -85,9 +85,9 @@ def _aligned(b: Buf, what: str) -> Buf:
     """Device arrays only: a misaligned device access is a sticky CUDA error
     that kills the context of every in-process rank on that GPU, so a pointer
     not aligned to the element size is refused here."""
-    if b.device is not None and b.count and b.ptr % _dtypes.itemsize(b.dtype):
+    if b.device is not None and b.count and b.ptr % vocab.itemsize(b.dtype):
         raise InvalidArgument(f"{what}: device pointer {b.ptr:#x} is not aligned to its element size "
-                              f"({_dtypes.itemsize(b.dtype)} bytes for {b.dtype}); pass an aligned copy")
+                              f"({vocab.itemsize(b.dtype)} bytes for {b.dtype}); pass an aligned copy")
     return b
 
 
@@ -114,9 +114,9 @@ def view(x, what: str = "input") -> Buf:
 
 
 def _from_numpy(a: np.ndarray, obj, what: str) -> Buf:
-    name = _dtypes.numpy_name(a.dtype)
+    name = vocab.numpy_name(a.dtype)
     if name is None:
-        raise InvalidArgument(f"{what}: unsupported dtype {a.dtype}; supported: {_dtypes.SUPPORTED}")
+        raise InvalidArgument(f"{what}: unsupported dtype {a.dtype}; supported: {vocab.SUPPORTED}")
     if not a.flags.c_contiguous:
         raise InvalidArgument(
             f"{what}: array is not C-contiguous (shape {a.shape}, strides {a.strides}); "
@@ -158,11 +158,11 @@ def _from_dlpack(x, what: str) -> Buf:
         raise InvalidArgument(
             f"{what}: the array lives on DLPack device type {info['device_type']} "
             f"(device {info['device_id']}); ringcomm takes CPU and CUDA memory")
-    name = _dtypes.DLPACK.get((info["code"], info["bits"]))
+    name = vocab.DLPACK.get((info["code"], info["bits"]))
     if name is None or info["lanes"] != 1:
         raise InvalidArgument(
             f"{what}: unsupported dtype (DLPack code {info['code']}, {info['bits']} bits, "
-            f"{info['lanes']} lanes); supported: {_dtypes.SUPPORTED}")
+            f"{info['lanes']} lanes); supported: {vocab.SUPPORTED}")
     shape = tuple(info["shape"])
     if not _c_contiguous(shape, info["strides"], info["bits"] // 8):
         raise InvalidArgument(
@@ -173,15 +173,27 @@ def _from_dlpack(x, what: str) -> Buf:
                         stream_fn=stream_fn), what)
 
 
-_TORCH_DTYPES: dict = {}  # torch.dtype -> our name (None: unsupported), filled on first use
+_torch_known = False
 
 
-def _torch_dtype_name(dt) -> str | None:
-    name = _TORCH_DTYPES.get(dt, "?")
-    if name == "?":
-        name = str(dt).replace("torch.", "")
-        name = name if name in _dtypes.DTYPES else None
-        _TORCH_DTYPES[dt] = name
+def _know_torch() -> None:
+    """Tell the native fast lane (Engine.run_all_reduce) how to read torch CPU
+    tensors, once torch is in use: importing ringcomm never imports torch."""
+    global _torch_known
+    import torch
+    core.register_torch(torch.Tensor, {vocab.torch_dtype(n): code for n, code in vocab.DTYPES.items()})
+    _torch_known = True
+
+
+def _torch_dtype_name(x, what: str) -> str:
+    """Our name for a torch tensor's dtype, once it is known to be one we
+    take, in memory we can read as one block."""
+    name = vocab.torch_name(x.dtype)
+    if name is None:
+        raise InvalidArgument(f"{what}: unsupported dtype {x.dtype}; supported: {vocab.SUPPORTED}")
+    if not x.is_contiguous():
+        raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
+                              "pass x.contiguous()")
     return name
 
 
@@ -191,12 +203,9 @@ def _from_torch_cpu(x, what: str) -> Buf:
     # torch.distributed backend calls this on every op). A tensor that
     # requires grad is read and written through its storage, as
     # torch.distributed does.
-    name = _torch_dtype_name(x.dtype)
-    if name is None:
-        raise InvalidArgument(f"{what}: unsupported dtype {x.dtype}; supported: {_dtypes.SUPPORTED}")
-    if not x.is_contiguous():
-        raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
-                              "pass x.contiguous()")
+    if not _torch_known:
+        _know_torch()
+    name = _torch_dtype_name(x, what)
     # (Conjugate and negative-bit views exist for complex dtypes only, refused above.)
     return Buf(x, x.data_ptr(), x.numel(), name, tuple(x.shape), False, "torch", None)
 
@@ -206,12 +215,7 @@ def _from_torch_cuda(x, what: str) -> Buf:
     # handshake would synchronize streams behind our back: ordering is done
     # explicitly, after torch's current stream (comm.py).
     import torch
-    name = str(x.dtype).replace("torch.", "")
-    if name not in _dtypes.DTYPES:
-        raise InvalidArgument(f"{what}: unsupported dtype {x.dtype}; supported: {_dtypes.SUPPORTED}")
-    if not x.is_contiguous():
-        raise InvalidArgument(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, strides {x.stride()}); "
-                              "pass x.contiguous()")
+    name = _torch_dtype_name(x, what)
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     src = x.detach()
     return _aligned(Buf(x, src.data_ptr(), src.numel(), name, tuple(x.shape), False, "torch", src, device=dev,
@@ -223,18 +227,18 @@ def _from_cai(x, what: str) -> Buf:
     family = "cupy" if type(x).__module__.split(".")[0] == "cupy" else "other"
     name = None
     try:
-        name = _dtypes.numpy_name(np.dtype(cai["typestr"]))
+        name = vocab.numpy_name(np.dtype(cai["typestr"]))
     except TypeError:
         pass
     if name is None and getattr(x, "dtype", None) is not None:
         try:
-            name = _dtypes.numpy_name(x.dtype)
+            name = vocab.numpy_name(x.dtype)
         except TypeError:
             name = None
     if name is None:
-        raise InvalidArgument(f"{what}: unsupported dtype {cai['typestr']}; supported: {_dtypes.SUPPORTED}")
+        raise InvalidArgument(f"{what}: unsupported dtype {cai['typestr']}; supported: {vocab.SUPPORTED}")
     shape = tuple(cai["shape"])
-    item = _dtypes.itemsize(name)
+    item = vocab.itemsize(name)
     strides = cai.get("strides")
     if strides is not None and not _c_contiguous(shape, [st // item for st in strides], item):
         raise InvalidArgument(f"{what}: array is not C-contiguous (shape {shape}, strides {strides}); "
@@ -262,12 +266,12 @@ def empty_like(template: Buf, count: int):
     """A new 1-D array of `count` elements of template's dtype, in template's family and on its device."""
     if template.family == "torch":
         import torch
-        return torch.empty(count, dtype=getattr(torch, template.dtype), device=template.obj.device)
+        return torch.empty(count, dtype=vocab.torch_dtype(template.dtype), device=template.obj.device)
     if template.device is not None:
         import cupy
         with cupy.cuda.Device(template.device):
-            return cupy.empty(count, dtype=_dtypes.NUMPY[template.dtype])
-    return np.empty(count, dtype=_dtypes.NUMPY[template.dtype])
+            return cupy.empty(count, dtype=vocab.NUMPY[template.dtype])
+    return np.empty(count, dtype=vocab.NUMPY[template.dtype])
 
 
 def like(template: Buf, values: np.ndarray):

@@ -238,14 +238,24 @@ def _status_of(status) -> int:
 
 # ------------------------------------------------------------------- runner
 def _warn_shadow(folder: str) -> None:
-    """A folder named ringcomm/ next to the script (a checkout) is what the
-    script's `import ringcomm` finds, not the installed package: say so."""
+    """A folder named ringcomm/ next to the script (a checkout) can be what the
+    script's `import ringcomm` finds instead of the installed package (with an
+    editable install, whose finder comes after sys.path): say so."""
     here = os.path.join(folder, "ringcomm")
     real = os.path.dirname(os.path.realpath(__file__))
-    if os.path.isdir(here) and os.path.realpath(here) != real:
-        print(f"ringcomm: {here} shadows the installed ringcomm ({real}) for this script: `import ringcomm` "
-              "finds that folder (AttributeError: module 'ringcomm' has no attribute ...); run the script "
-              "from another folder", file=sys.stderr, flush=True)
+    if not os.path.isdir(here) or os.path.realpath(here) == real:
+        return
+    for finder in sys.meta_path:  # what `import ringcomm` would find in a fresh interpreter
+        find = getattr(finder, "find_spec", None)
+        spec = find("ringcomm", None) if find else None
+        if spec is None:
+            continue
+        origin = spec.origin if spec.has_location else None
+        if origin is None or os.path.dirname(os.path.realpath(origin)) != real:
+            print(f"ringcomm: {here} shadows the installed ringcomm ({real}) for this script: `import ringcomm` "
+                  "finds that folder (AttributeError: module 'ringcomm' has no attribute ...); run the script "
+                  "from another folder", file=sys.stderr, flush=True)
+        return
 
 
 _PY_FLAGS_WITH_ARG = ("-W", "-X")

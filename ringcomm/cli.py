@@ -40,14 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         from .benchmark import cli_main
         return cli_main(argv[1:])
     if argv[:1] == ["tune"]:
-        from .tune import main as tune_main
+        from .tuning.tune import main as tune_main
         return tune_main(argv[1:])
     if argv[:1] == ["demo"]:
-        from .demo import main as demo_main
+        from .teach.demo import main as demo_main
         return demo_main(argv[1:])
     args = parser.parse_args(argv)
     if args.cmd == "info":
-        from . import selection
+        from .tuning import selection
         d = info()
         costs = selection.costs_for(args.transport)  # shared constants: any n
         table = selection.crossover_table(lambda n: selection.costs_for(args.transport, n))

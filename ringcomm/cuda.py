@@ -15,7 +15,7 @@ ringcomm._cuda_native, below the array adapters this module uses).
 
 from __future__ import annotations
 
-from . import _dtypes
+from . import vocab
 from ._arrays import view
 from ._cuda_native import _cuda, available, built, device_count, pointer_device, require, status
 from .errors import InvalidArgument
@@ -58,9 +58,9 @@ def reduce(dst, a, b, op: str = "sum", stream=None) -> None:
     if not (d[1] == x[1] == y[1]) or not (d[2] == x[2] == y[2]):
         raise InvalidArgument(f"dst, a and b must have the same count and dtype, got "
                               f"{[(v[1], v[2]) for v in (d, x, y)]}")
-    if op not in _dtypes.OPS:
+    if op not in vocab.OPS:
         raise InvalidArgument(f"unknown op {op!r}")
-    _cuda.reduce(_dtypes.DTYPES[d[2]], _dtypes.OPS[op], d[0], x[0], y[0], d[1], _stream_ptr(stream, d[4]))
+    _cuda.reduce(vocab.DTYPES[d[2]], vocab.OPS[op], d[0], x[0], y[0], d[1], _stream_ptr(stream, d[4]))
 
 
 def finalize(buf, op: str, nranks: int, stream=None) -> None:
@@ -68,4 +68,4 @@ def finalize(buf, op: str, nranks: int, stream=None) -> None:
     if _cuda is None:
         raise InvalidArgument(f"ringcomm._cuda is {status()}")
     p, n, name, _, own = _device_array(buf, "buf")
-    _cuda.finalize(_dtypes.DTYPES[name], _dtypes.OPS[op], p, n, int(nranks), _stream_ptr(stream, own))
+    _cuda.finalize(vocab.DTYPES[name], vocab.OPS[op], p, n, int(nranks), _stream_ptr(stream, own))

@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = [
     "RingcommError", "InvalidArgument", "CollectiveTimeout", "MismatchError",
     "CommunicatorAborted", "TransportError", "WaitTimeout",
+    "BucketerError", "UnusedParametersError", "RegistrationMismatchError", "DivergenceError",
 ]
 
 
@@ -60,6 +61,34 @@ class TransportError(RingcommError):
 class WaitTimeout(RingcommError, TimeoutError):
     """``Work.wait(timeout)`` returned before the collective completed. The
     collective is still running; wait again or let its own deadline expire."""
+
+
+# ---- training (ringcomm.train): the gradient bucketer and the consistency checks
+class BucketerError(RingcommError):
+    """Base class of the errors raised by the gradient bucketer."""
+
+
+class UnusedParametersError(BucketerError):
+    """Some parameters never became ready in a synchronised iteration (raised on every rank).
+
+    ``unused`` maps each such parameter index to the list of ranks where it was unused.
+    """
+
+    def __init__(self, message: str, unused: dict[int, list[int]], **kw):
+        super().__init__(message, **kw)
+        self.unused = unused
+
+
+class RegistrationMismatchError(BucketerError):
+    """Ranks registered different parameters (count, shapes, dtypes, order) or bucket settings."""
+
+
+class DivergenceError(BucketerError):
+    """check_consistency found ranks whose parameter values differ. ``report`` has the details."""
+
+    def __init__(self, message: str, report: "ConsistencyReport", **kw):  # noqa: F821 - train.consistency's
+        super().__init__(message, **kw)
+        self.report = report
 
 
 # Order matches ErrKind in csrc/common.h.

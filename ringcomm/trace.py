@@ -10,6 +10,9 @@ reduced, or the chunk just received).
         comm.all_reduce(x)
     print(t.table())
     ringcomm.trace.to_chrome([t0, t1, ...], "ring.json")   # one track per rank; open in Perfetto
+
+``merge_chrome_traces`` joins Chrome traces written per rank (by
+``GradBucketer.export_chrome_trace``, for example) into one file.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _dtypes
+from . import vocab
 
-__all__ = ["Trace", "Step", "PHASES", "to_chrome", "table", "merge"]
+__all__ = ["Trace", "Step", "PHASES", "to_chrome", "table", "merge", "merge_chrome_traces"]
 
 PHASES = ("reduce-scatter", "all-gather", "broadcast", "gather", "scatter", "fold", "exchange", "unfold")  # csrc/trace.h order
 
@@ -62,7 +65,7 @@ class Trace:
             none = lambda v: None if v < 0 else v  # noqa: E731
             vals = None
             if d["values"]:
-                dt = _dtypes.NUMPY[d["dtype"]]
+                dt = vocab.NUMPY[d["dtype"]]
                 vals = np.frombuffer(d["values"], dtype=dt).copy()
             self.steps.append(Step(d["seq"], d["collective"], PHASES[d["phase"]], d["step"], d["rank"],
                                    none(d["send_peer"]), none(d["send_chunk"]), d["send_bytes"],
@@ -122,3 +125,18 @@ def to_chrome(traces, path: str | None = None) -> dict:
         with open(path, "w") as f:
             json.dump(doc, f)
     return doc
+
+
+def merge_chrome_traces(traces, path: str | None = None) -> dict:
+    """Merge per-rank Chrome traces (dicts or file paths) into one; write it to `path` if given."""
+    events = []
+    for t in traces:
+        if isinstance(t, str):
+            with open(t) as f:
+                t = json.load(f)
+        events += t["traceEvents"]
+    merged = {"traceEvents": events, "displayTimeUnit": "ms"}
+    if path is not None:
+        with open(path, "w") as f:
+            json.dump(merged, f)
+    return merged

@@ -40,15 +40,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _dtypes
+from . import vocab
 
 __all__ = ["expected", "Expected", "Traffic", "COLLECTIVES"]
 
-COLLECTIVES = tuple(_dtypes.COLLECTIVES)
-
-
-def _chunk(count: int, n: int, c: int) -> int:
-    return count // n + (1 if c % n < count % n else 0)
+COLLECTIVES = tuple(vocab.COLLECTIVES)
 
 
 @dataclass(frozen=True)
@@ -76,11 +72,11 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     reduce_scatter and all_gather on a power-of-two n): see the module
     docstring. ``comm.last_algorithm`` says which one a call ran.
     """
-    if collective not in _dtypes.COLLECTIVES:
+    if collective not in vocab.COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
     if not 0 <= rank < n:
         raise ValueError(f"rank {rank} out of range for n={n}")
-    size = _dtypes.itemsize(str(np.dtype(dtype)) if dtype not in _dtypes.NUMPY else dtype)
+    size = vocab.itemsize(str(np.dtype(dtype)) if dtype not in vocab.NUMPY else dtype)
     if n == 1:
         return Expected()
     if algorithm == "naive":
@@ -98,7 +94,7 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     if algorithm != "ring":
         raise ValueError(f"unknown algorithm {algorithm!r}")
     left, right = (rank - 1) % n, (rank + 1) % n
-    c = lambda i: _chunk(count, n, i)  # noqa: E731
+    c = lambda i: vocab.chunk_count(count, n, i % n)  # noqa: E731
     if collective == "reduce_scatter":
         out, inn = count - c(rank), count - c(rank - 1)
     elif collective == "all_gather":
@@ -153,7 +149,7 @@ def _pairwise(collective: str, count: int, size: int, n: int, rank: int, algorit
 
     start = [0] * (p + 1)  # split-rule block offsets
     for b in range(p):
-        start[b + 1] = start[b] + _chunk(count, p, b)
+        start[b + 1] = start[b] + vocab.chunk_count(count, p, b % p)
     elems = lambda lo, hi: start[hi] - start[lo]  # noqa: E731
     if collective in ("all_reduce", "reduce_scatter"):
         lo, hi = 0, p
@@ -187,7 +183,7 @@ class Traffic:
     def _get(self, fld: str, collective, peer, kind) -> int:
         t = self._t
         if collective is not None:
-            t = t[_dtypes.COLLECTIVES[collective]][None]
+            t = t[vocab.COLLECTIVES[collective]][None]
         if peer is not None:
             t = t[:, peer][:, None]
         k = {"payload": [0], "control": [1], "all": [0, 1]}[kind]
@@ -217,7 +213,7 @@ class Traffic:
     def to_dict(self) -> dict:
         """Nested plain data: {collective: {peer: {payload|control: {field: value}}}}."""
         d = {}
-        for name, ci in _dtypes.COLLECTIVES.items():
+        for name, ci in vocab.COLLECTIVES.items():
             for p in range(self.nranks):
                 for ki, kname in enumerate(("payload", "control")):
                     vals = {f: int(self._t[ci, p, ki, fi]) for f, fi in self._FIELDS.items()}

@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from ringcomm import traffic
-from ringcomm._dtypes import FLOATING, NUMPY
+from ringcomm.vocab import FLOATING, NUMPY
 
 DTYPES = list(NUMPY)
 OPS = ["sum", "prod", "min", "max", "avg"]

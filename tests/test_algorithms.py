@@ -12,7 +12,8 @@ import pytest
 
 import ringcomm
 import suite
-from ringcomm import InvalidArgument, MismatchError, RingcommError, selection
+from ringcomm import InvalidArgument, MismatchError, RingcommError
+from ringcomm.tuning import selection
 
 PAIRWISE = ["recursive_doubling", "halving_doubling"]
 
@@ -380,8 +381,8 @@ def test_ringcomm_tune_measures_writes_and_auto_reads_it(tmp_path):
                          timeout=600, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "auto on 2 ranks (measured)" in res.stdout, res.stdout
-    probe = ("import ringcomm.selection as s; m = s.costs_for('mpi', 2); i = s.costs_for('inproc', 2); "
+    probe = ("import ringcomm.tuning.selection as s; m = s.costs_for('mpi', 2); i = s.costs_for('inproc', 2); "
              "print(type(m).__name__, m.n, len(m.sizes()), type(i).__name__, type(s.costs_for('mpi', 3)).__name__)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
-    assert out.stdout.split() == ["Measured", "2", str(len(__import__("ringcomm.tune").tune.SIZES)), "Measured",
+    assert out.stdout.split() == ["Measured", "2", str(len(__import__("ringcomm.tuning.tune").tuning.tune.SIZES)), "Measured",
                                   "Costs"], out.stdout + out.stderr

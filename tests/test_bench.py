@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from ringcomm import benchmark, costmodel
+from ringcomm import benchmark
+from ringcomm.tuning import costmodel
 from ringcomm.config import parse_size
 
 
@@ -53,7 +54,7 @@ def test_check_data_reference_is_exact():
     for dtype in ("bfloat16", "float16", "int8", "float32"):
         for op in ("sum", "prod", "min", "max"):
             exp = benchmark.check_expected(dtype, op, 4, 100)
-            assert exp.dtype == benchmark._dtypes.NUMPY[dtype] and exp.size == 100
+            assert exp.dtype == benchmark.vocab.NUMPY[dtype] and exp.size == 100
 
 
 def run_bench(*args, env=None, timeout=300):
@@ -86,7 +87,7 @@ def test_compare_algorithms_n4(tmp_path):
     # auto beside each forced algorithm; the per-size column names what auto
     # ran, the ledger matches that algorithm's closed form, the footer fits
     # the alpha-beta-gamma model and compares auto with the best forced one.
-    from ringcomm import selection
+    from ringcomm.tuning import selection
     out = tmp_path / "b.json"
     res = run_bench("-N", "4", "-b", "8", "-e", "1M", "-f", "32", "-r", "2", "--target-ms", "5",
                     "--impl", "ringcomm", "--compare-algorithms", "--json", str(out))

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm.bucketer import (DivergenceError, GradBucketer, RegistrationMismatchError,
-                               UnusedParametersError, broadcast_parameters, check_consistency)
+from ringcomm.errors import DivergenceError, RegistrationMismatchError, UnusedParametersError
+from ringcomm.train.bucketer import GradBucketer
+from ringcomm.train.consistency import broadcast_parameters, check_consistency
+from ringcomm.trace import merge_chrome_traces
 
 # Shapes include a scalar, an empty tensor and one larger than the small caps.
 SHAPES = [(3, 5), (7,), (), (2, 3, 4), (0,), (11, 13), (1,), (40,)]
@@ -379,7 +381,7 @@ def test_timeline_and_chrome_trace(tmp_path):
         trace = json.load(open(path))
         xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
         assert len(xs) == 3 * nb + 3 and all(e["pid"] == rank and e["dur"] >= 0 for e in xs)
-    merged = ringcomm.bucketer.merge_chrome_traces([p for *_, p in res])
+    merged = merge_chrome_traces([p for *_, p in res])
     assert {e["pid"] for e in merged["traceEvents"]} == {0, 1}
 
 

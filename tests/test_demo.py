@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm import demo, traffic
+from ringcomm import traffic
+from ringcomm.teach import demo
 from ringcomm.trace import to_chrome
 
 

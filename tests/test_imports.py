@@ -118,7 +118,7 @@ def test_ringcomm_modules_import_without_cycles():
     graph = import_graph(pkg)
     # the walk sees the package's modules and their imports, lazy ones included
     assert "ringcomm.comm" in graph and "ringcomm.cli" in graph and "ringcomm.benchmark" in graph
-    assert "ringcomm._arrays" in graph["ringcomm.comm"]
+    assert "ringcomm.door" in graph["ringcomm.comm"] and "ringcomm._arrays" in graph["ringcomm.door"]
     assert "ringcomm.flight" in graph["ringcomm.comm"]  # imported inside a method
     cycle = find_cycle(graph)
     assert cycle is None, describe(graph, module_files(pkg), cycle)
@@ -159,3 +159,65 @@ def test_the_check_sees_lazy_and_relative_cycles(tmp_path):
     (pkg / "b.py").write_text("x = 1\n")
     (pkg / "c.py").write_text("x = 1\n")
     assert find_cycle(import_graph(str(pkg))) is None
+
+
+# The layers, bottom up (shared/DESIGN.md): the core (vocabulary, arrays, the
+# door, the communicator and the worlds that make it, ledgers, traces) never
+# imports a wing; training is framework-neutral (never imports the torch
+# wing); teaching and benchmarks sit on top. A wing may import the core and
+# the wings listed below it here.
+WINGS = {  # wing: the wings it may import
+    "ringcomm.tuning": set(),
+    "ringcomm.train": set(),
+    "ringcomm.torch": {"ringcomm.train"},
+    "ringcomm.teach": {"ringcomm.train", "ringcomm.tuning"},
+    "ringcomm.benchmark": {"ringcomm.tuning", "ringcomm.torch"},
+}
+# Core modules that reach a wing, and why (each one lazily, inside a function).
+CORE_EXCEPTIONS = {
+    ("ringcomm.world", "ringcomm.tuning"): "init/run_local give every communicator the cost model of auto",
+    ("ringcomm.comm", "ringcomm.tuning"): "Communicator.set_costs turns a model into the engine's limits",
+    ("ringcomm.zero", "ringcomm.train"): "the public face of ZeRO (ringcomm.zero) names train.zero's API",
+    ("ringcomm.zero", "ringcomm.torch"): "... and torch.zero's TorchZero, on demand",
+    ("ringcomm.cli", "ringcomm.tuning"): "the command line starts tune, info",
+    ("ringcomm.cli", "ringcomm.teach"): "... and demo",
+    ("ringcomm.cli", "ringcomm.benchmark"): "... and bench",
+    ("ringcomm", "ringcomm.train"): "the package exports GradBucketer, broadcast_parameters, check_consistency",
+}
+
+
+def _wing(mod: str) -> str | None:
+    return next((w for w in WINGS if mod == w or mod.startswith(w + ".")), None)
+
+
+def test_arrows_point_down_the_layers():
+    graph = import_graph(os.path.join(ROOT, "ringcomm"))
+    wrong = []
+    for src, dsts in graph.items():
+        for dst, line in dsts.items():
+            ws, wd = _wing(src), _wing(dst)
+            if wd is None or ws == wd:
+                continue
+            allowed = wd in WINGS[ws] if ws is not None else (src, wd) in CORE_EXCEPTIONS
+            if not allowed:
+                wrong.append(f"{src} -> {dst} (line {line})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """`from .x import _name` ties a module to another's internals: what
+    modules share is a public name (the leading underscore of a private
+    *module*, like _arrays or _native, is fine: it is private to the package)."""
+    wrong = []
+    for mod, path in module_files(os.path.join(ROOT, "ringcomm")).items():
+        if not path.endswith(".py"):
+            continue
+        tree = ast.parse(open(path, encoding="utf-8").read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__") and \
+                            alias.name not in NATIVE and alias.name not in (
+                                "_arrays", "_native", "_cuda_native", "_failfast", "_singleton"):
+                        wrong.append(f"{mod}:{node.lineno} imports {alias.name} from {node.module or '.'}")
+    assert not wrong, "\n".join(wrong)

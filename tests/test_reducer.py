@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ringcomm._dtypes import DTYPES, FLOATING, NUMPY, OPS
+from ringcomm.vocab import DTYPES, FLOATING, NUMPY, OPS
 from ringcomm._native import core
 from ringcomm.errors import InvalidArgument
 

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 import ringcomm  # noqa: E402
 import ringcomm.torch as rtorch  # noqa: E402
-from ringcomm.bucketer import UnusedParametersError  # noqa: E402
+from ringcomm.errors import UnusedParametersError  # noqa: E402
 
 GLOBAL_BATCH = 24
 

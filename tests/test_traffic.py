@@ -13,7 +13,7 @@ COLLS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"]
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "float64"])
 def test_textbook_fractions_for_divisible_counts(n, dtype):
     count = 12 * n * 7
-    nbytes = count * np.dtype(ringcomm._dtypes.NUMPY[dtype]).itemsize
+    nbytes = count * np.dtype(ringcomm.vocab.NUMPY[dtype]).itemsize
     for r in range(n):
         ar = traffic.expected("all_reduce", count, dtype, n, r)
         rs = traffic.expected("reduce_scatter", count, dtype, n, r)

@@ -23,7 +23,7 @@ Layout (imports point down this list, never up):
 This package re-exports what other code uses (``from ringcomm.benchmark import run_mpi``).
 """
 
-from .. import _dtypes  # noqa: F401  (benchmark._dtypes, as before the split)
+from .. import vocab  # noqa: F401
 from .checks import COLLECTIVES, OPS, bus_factor, check_data, check_expected, count_for, size_list, split
 from .cli import cli_main, parse, parser, run_mpi
 from .harness import Bench, device_copy_gbps, memcpy_gbps, summarize

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtypes, costmodel
+from .. import vocab
+
+from ..tuning import costmodel
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 OPS = ("sum", "prod", "min", "max", "avg")
@@ -31,7 +33,7 @@ def bus_factor(collective: str, n: int) -> float:
 def count_for(nbytes: int, dtype: str, n: int) -> int:
     """Element count of the full buffer: nbytes in whole elements, at least one
     (ranks beyond the count get empty chunks, as the split rule says)."""
-    return max(1, nbytes // _dtypes.itemsize(dtype))
+    return max(1, nbytes // vocab.itemsize(dtype))
 
 
 def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
@@ -43,20 +45,19 @@ def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
         v = np.where((i + rank) % 3 == 0, 2, 1)
     else:
         v = (rank * 3 + i) % 7
-    return v.astype(_dtypes.NUMPY[dtype])
+    return v.astype(vocab.NUMPY[dtype])
 
 
 def check_expected(dtype: str, op: str, n: int, count: int) -> np.ndarray:
     x = np.stack([check_data(dtype, op, r, count).astype(np.float64) for r in range(n)])
     red = {"sum": x.sum(0), "avg": x.sum(0), "prod": x.prod(0), "min": x.min(0), "max": x.max(0)}[op]
-    out = red.astype(_dtypes.NUMPY[dtype])
+    out = red.astype(vocab.NUMPY[dtype])
     if op == "avg":
-        compute = np.dtype(np.float32) if dtype in ("float16", "bfloat16") else _dtypes.NUMPY[dtype]
-        out = (out.astype(compute) / compute.type(n)).astype(_dtypes.NUMPY[dtype])
+        compute = np.dtype(np.float32) if dtype in ("float16", "bfloat16") else vocab.NUMPY[dtype]
+        out = (out.astype(compute) / compute.type(n)).astype(vocab.NUMPY[dtype])
     return out
 
 
 def split(count: int, n: int, r: int) -> tuple[int, int]:
-    """(offset, length) of chunk r under the split rule."""
-    base, extra = divmod(count, n)
-    return r * base + min(r, extra), base + (1 if r < extra else 0)
+    """(offset, length) of chunk r under the split rule (vocab)."""
+    return vocab.chunk_offset(count, n, r), vocab.chunk_count(count, n, r)

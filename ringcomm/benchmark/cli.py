@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-from .. import _dtypes
+from .. import vocab
 from ..config import parse_size
 from ..launch import mpirun_command
 from .checks import COLLECTIVES, OPS, size_list
@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target-ms", type=float, default=20, help="time per repetition when --iters 0 (default 20)")
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="check results (default 1)")
     p.add_argument("-o", "--op", default="sum", help="sum, prod, min, max, avg or all (default sum)")
-    p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(_dtypes.DTYPES)} or all")
+    p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(vocab.DTYPES)} or all")
     p.add_argument("--collective", default="all_reduce", help="all_reduce, reduce_scatter, all_gather or all")
     p.add_argument("--impl", default=None,
                    help="comma-separated implementations (default: ringcomm,mpi,mpi-ring,gloo on the host, "
@@ -66,7 +66,7 @@ def parse(argv) -> argparse.Namespace:
     args = parser().parse_args(argv)
     args.sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
     args.ops = list(OPS) if args.op == "all" else args.op.split(",")
-    args.dtypes = list(_dtypes.DTYPES) if args.datatype == "all" else args.datatype.split(",")
+    args.dtypes = list(vocab.DTYPES) if args.datatype == "all" else args.datatype.split(",")
     args.collectives = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
     if args.impl is None:
         args.impl = "ringcomm,nccl" if args.device == "cuda" else "ringcomm,mpi,mpi-ring,gloo"
@@ -90,7 +90,7 @@ def parse(argv) -> argparse.Namespace:
     if wrong_place:
         raise SystemExit(f"ringcomm bench: {wrong_place} cannot run with --device {args.device}; "
                          f"choose from {', '.join(DEVICE_IMPLS[args.device])}")
-    for what, vals, ok in (("op", args.ops, OPS), ("dtype", args.dtypes, _dtypes.DTYPES),
+    for what, vals, ok in (("op", args.ops, OPS), ("dtype", args.dtypes, vocab.DTYPES),
                            ("collective", args.collectives, COLLECTIVES), ("impl", args.impl, IMPLS)):
         bad = [v for v in vals if v not in ok]
         if bad:
@@ -127,7 +127,7 @@ def run_mpi(argv=None) -> int:
             print("#" + HEADER[1:])
         for dtype in args.dtypes:
             for op in args.ops:
-                if op == "avg" and dtype not in _dtypes.FLOATING or coll == "all_gather" and op != args.ops[0]:
+                if op == "avg" and dtype not in vocab.FLOATING or coll == "all_gather" and op != args.ops[0]:
                     done += len(args.sizes)
                     continue
                 for nbytes in args.sizes:
@@ -164,7 +164,7 @@ def run_mpi(argv=None) -> int:
         lines: list[str] = []
         models = fit_models(all_rows, n, lines) if not args.rows_only else {}
         if not args.rows_only and args.device == "host":
-            from .. import selection  # what init() gave auto here (rank 0's constants)
+            from ..tuning import selection  # what init() gave auto here (rank 0's constants)
             models["all_reduce_algorithms"] = fit_algorithms(all_rows, n, lines, selection.costs_for("mpi", n))
         summary = footer(all_rows, n, lines) if not args.rows_only else {}
         if not args.rows_only:

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from .. import _dtypes
+from .. import vocab
 from .checks import check_data, check_expected, count_for, split
 from .impls import IMPLS, Case, Impl, RingcommImpl, torch_available
 
@@ -62,9 +62,9 @@ class Bench:
         if self.device == "cuda":  # buffers on this rank's GPU; timings end with a stream sync
             import cupy
 
-            from ..comm import _local_rank
+            from ..world import local_rank
             self.xp = cupy
-            local, ngpu = _local_rank(comm), cupy.cuda.runtime.getDeviceCount()
+            local, ngpu = local_rank(comm), cupy.cuda.runtime.getDeviceCount()
             if local >= ngpu:
                 raise SystemExit(f"ringcomm bench: --device cuda needs one GPU per rank; node rank {local} "
                                  f"but {ngpu} GPU(s)")
@@ -83,7 +83,7 @@ class Bench:
 
     def alloc(self, coll, count, dtype, op, inplace) -> Case:
         c = Case(coll, count, dtype, op, inplace, self.n, self.rank)
-        dt = _dtypes.NUMPY[dtype]
+        dt = vocab.NUMPY[dtype]
         off, ln = c.chunk
         xp = self.xp
         if coll == "all_reduce":
@@ -119,8 +119,8 @@ class Bench:
             if c.collective == "reduce_scatter":
                 want = want[off:off + ln]
         got = self.host(got)
-        g = got.astype(np.float64) if got.dtype == _dtypes.NUMPY["bfloat16"] else got
-        w = want.astype(np.float64) if want.dtype == _dtypes.NUMPY["bfloat16"] else want
+        g = got.astype(np.float64) if got.dtype == vocab.NUMPY["bfloat16"] else got
+        w = want.astype(np.float64) if want.dtype == vocab.NUMPY["bfloat16"] else want
         return int(np.count_nonzero(g != w))
 
     def host(self, a) -> np.ndarray:

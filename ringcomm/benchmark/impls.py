@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import _dtypes
+from .. import vocab
 from .checks import split
 
 # Open MPI (coll/tuned) parameters that force its ring algorithm per collective.
@@ -197,7 +197,7 @@ class GlooImpl(Impl):
         return c.collective == "all_reduce" or c.count % c.n == 0
 
     def _t(self, a):
-        if a.dtype == _dtypes.NUMPY["bfloat16"]:
+        if a.dtype == vocab.NUMPY["bfloat16"]:
             return self.torch.from_numpy(a.view(np.int16)).view(self.torch.bfloat16)
         return self.torch.from_numpy(a)
 
@@ -224,10 +224,10 @@ class NcclImpl(Impl):
         from mpi4py import MPI
 
         from .. import cuda
-        from ..comm import _local_rank
+        from ..world import local_rank
         cuda.require()
         w = MPI.COMM_WORLD
-        self.gpu = _local_rank(w)
+        self.gpu = local_rank(w)
         self.base = cuda._cuda.NcclBaseline(MPI._handleof(w), self.gpu)
 
     def supports(self, c: Case) -> bool:
@@ -237,7 +237,7 @@ class NcclImpl(Impl):
     def run(self, c: Case) -> None:
         import cupy
         stream = cupy.cuda.get_current_stream().ptr
-        dt, op = _dtypes.DTYPES[c.dtype], _dtypes.OPS[c.op]
+        dt, op = vocab.DTYPES[c.dtype], vocab.OPS[c.op]
         if c.collective == "all_reduce":
             src = c.recv if c.inplace else c.send
             self.base.all_reduce(src.data.ptr, c.recv.data.ptr, c.count, dt, op, stream)

@@ -14,7 +14,9 @@ import sys
 
 import numpy as np
 
-from .. import _dtypes, costmodel, selection
+from .. import vocab
+
+from ..tuning import costmodel, selection
 from .checks import COLLECTIVES, bus_factor
 
 ROW_KEYS = ("collective", "impl", "size", "count", "dtype", "op", "inplace", "time_us", "p10_us", "p90_us",
@@ -42,7 +44,7 @@ def fmt_size(b: int) -> str:
 
 def make_rows(coll, nbytes, count, dtype, op, results, n, memcpy) -> list[dict]:
     rows = []
-    full = count * _dtypes.itemsize(dtype)
+    full = count * vocab.itemsize(dtype)
     for (name, inplace), r in results.items():
         t = r["median"]
         algbw = full / t / 1e9

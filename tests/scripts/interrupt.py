@@ -53,8 +53,8 @@ out["waited_s"] = out["raised_at"] - t0
 out["aborted"] = comm.aborted
 # The interrupted call's send to the late rank cannot be withdrawn: it is
 # quarantined, and its array (x) held until it completes.
-from ringcomm import comm as _comm  # noqa: E402
+from ringcomm import quarantine  # noqa: E402
 out["quarantined"] = ringcomm.quarantined()
-out["held_arrays"] = len(_comm._held)
+out["held_arrays"] = quarantine.held_arrays()
 print("RESULT " + json.dumps(out), flush=True)
 comm.close()

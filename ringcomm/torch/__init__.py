@@ -1,6 +1,6 @@
 """PyTorch integration: ``ringcomm.torch.DistributedDataParallel``, and the
 torch.distributed backend ``"ringcomm"`` (registered on import; see
-ringcomm/_torch_backend.py) so PyTorch's own DDP and FSDP2 run over ringcomm:
+ringcomm/torch/backend.py) so PyTorch's own DDP and FSDP2 run over ringcomm:
 
     import torch.distributed as dist, ringcomm.torch
     dist.init_process_group("ringcomm")     # under `ringcomm run -n N` or mpirun
@@ -22,9 +22,11 @@ import functools
 
 import torch as _torch
 
-from .bucketer import GradBucketer, broadcast_parameters
+from ..train.bucketer import GradBucketer
+from ..train.consistency import broadcast_parameters
 
-from ._torch_backend import ProcessGroupRingcomm, communicator, launcher_env, register
+from .backend import ProcessGroupRingcomm, communicator, register
+from .env import launcher_env
 
 __all__ = ["DistributedDataParallel", "ProcessGroupRingcomm", "communicator", "register", "launcher_env"]
 
@@ -93,7 +95,7 @@ class DistributedDataParallel(_torch.nn.Module):
                     p.grad = v
 
     def forward(self, *args, **kwargs):
-        if self.broadcast_buffers and self._buffers_list and self.bucketer._sync:
+        if self.broadcast_buffers and self._buffers_list and self.bucketer.syncing:
             with _torch.no_grad():
                 broadcast_parameters(self._buffers_list, self.comm, root=0)
         return self.module(*args, **kwargs)

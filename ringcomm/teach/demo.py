@@ -22,8 +22,10 @@ import time
 
 import numpy as np
 
-from . import costmodel, run_local, traffic
-from .config import parse_size
+from ..tuning import costmodel
+
+from .. import run_local, traffic, vocab
+from ..config import parse_size
 
 
 # ---------------------------------------------------------------------------
@@ -46,15 +48,6 @@ def record_ring(n: int, count: int):
     return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
 
 
-def chunk_bounds(count: int, n: int) -> list[tuple[int, int]]:
-    out, off = [], 0
-    for c in range(n):
-        ln = count // n + (1 if c < count % n else 0)
-        out.append((off, off + ln))
-        off += ln
-    return out
-
-
 def traffic_table(n: int, count: int, traffics, collective="all_reduce", label="ring all_reduce",
                   algorithm="ring") -> str:
     nbytes = count * 8
@@ -73,7 +66,7 @@ def traffic_table(n: int, count: int, traffics, collective="all_reduce", label="
 
 def print_ring(n: int, count: int, out=sys.stdout) -> tuple:
     traces, results, traffics = record_ring(n, count)
-    bounds = chunk_bounds(count, n)
+    bounds = [vocab.chunk_range(count, n, c) for c in range(n)]
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p(f"ring all_reduce (sum) on {n} ranks, {count} elements; rank r holds 10*r + i")
     p("chunks (split rule): " + ", ".join(f"c{c}=[{a}:{b})" for c, (a, b) in enumerate(bounds)))
@@ -177,7 +170,7 @@ def measure_traffic(n: int, count: int) -> dict:
                 ("naive", lambda: comm.all_reduce(x.copy(), algorithm="naive"), "all_reduce"),
                 ("ring", lambda: comm.all_reduce(x.copy(), algorithm="ring"), "all_reduce"),
                 ("reduce_scatter", lambda: comm.reduce_scatter(x), "reduce_scatter"),
-                ("all_gather", lambda: comm.all_gather(x[slice(*chunk_bounds(count, comm.size)[comm.rank])],
+                ("all_gather", lambda: comm.all_gather(x[slice(*vocab.chunk_range(count, comm.size, comm.rank))],
                                                        out=np.empty(count, np.int64)), "all_gather")):
             comm.reset_traffic()
             call()
@@ -256,8 +249,8 @@ def time_allreduce_inproc(n: int, nbytes: int, reps: int = 5) -> float:
 
 
 def time_allreduce_mpi(n: int, nbytes: int, reps: int = 5) -> float:
-    from .launch import mpirun_command
-    cmd = mpirun_command(n, [sys.executable, "-m", "ringcomm.demo", "_scaling_worker", str(nbytes), str(reps)])
+    from ..launch import mpirun_command
+    cmd = mpirun_command(n, [sys.executable, "-m", "ringcomm.teach.demo", "_scaling_worker", str(nbytes), str(reps)])
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     for line in res.stdout.splitlines():
         if line.startswith("SCALING "):
@@ -393,7 +386,7 @@ def main(argv=None) -> int:
             draw_ring(traces, args.n, args.count, args.png or args.gif)
             print(f"\nwrote {args.png or args.gif}")
         if args.chrome:
-            from .trace import to_chrome
+            from ..trace import to_chrome
             to_chrome(traces, args.chrome)
             print(f"wrote {args.chrome} (open in https://ui.perfetto.dev)")
     elif args.demo == "traffic":
@@ -402,13 +395,13 @@ def main(argv=None) -> int:
             draw_traffic(rows, args.n, args.count, args.png)
             print(f"\nwrote {args.png}")
     elif args.demo == "algorithms":
-        from .demo_algorithms import draw, print_algorithms
+        from .algorithms import draw, print_algorithms
         res = print_algorithms(args.n, args.count)
         if args.png:
             draw(res, args.n, args.count, args.png)
             print(f"\nwrote {args.png}")
     elif args.demo == "zero":
-        from .zero import demo
+        from .zero_demo import demo
         demo(args.n, args.params, args.json, args.png)
     else:
         scaling(args.max_n, parse_size(args.bytes), args.mpi_max, args.reps, png=args.png)

@@ -43,223 +43,20 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import _dtypes
-from .errors import InvalidArgument, RingcommError
+from .. import vocab
+from ..errors import BucketerError, InvalidArgument, RegistrationMismatchError, UnusedParametersError
+from .buckets import MB, assign_buckets
+from .consistency import gather_rows, hash64, param_label
+from .tensors import add_into, copy_into, describe, family, flat_view, item, scale_half, zero, zeros
 
-__all__ = [
-    "GradBucketer", "broadcast_parameters", "check_consistency", "ConsistencyReport",
-    "BucketerError", "UnusedParametersError", "RegistrationMismatchError", "DivergenceError",
-    "merge_chrome_traces",
-]
-
-MB = 1 << 20
-
-
-class BucketerError(RingcommError):
-    """Base class of the errors raised by the gradient bucketer."""
-
-
-class UnusedParametersError(BucketerError):
-    """Some parameters never became ready in a synchronised iteration (raised on every rank).
-
-    ``unused`` maps each such parameter index to the list of ranks where it was unused.
-    """
-
-    def __init__(self, message: str, unused: dict[int, list[int]], **kw):
-        super().__init__(message, **kw)
-        self.unused = unused
-
-
-class RegistrationMismatchError(BucketerError):
-    """Ranks registered different parameters (count, shapes, dtypes, order) or bucket settings."""
-
-
-class DivergenceError(BucketerError):
-    """check_consistency found ranks whose parameter values differ. ``report`` has the details."""
-
-    def __init__(self, message: str, report: "ConsistencyReport", **kw):
-        super().__init__(message, **kw)
-        self.report = report
-
-
-# ---------------------------------------------------------------------------
-# Array families. A parameter (or gradient) is a numpy array or a torch tensor;
-# buckets are allocated in the parameter's family so grad views are of the same
-# kind as the parameters (torch can then use them as param.grad).
-
-@dataclass(frozen=True)
-class _Spec:
-    family: str      # "numpy" | "torch"
-    shape: tuple
-    dtype: str       # ringcomm dtype name
-    device: str      # "cpu" (the host communicator takes host memory only)
-    numel: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * _dtypes.itemsize(self.dtype)
-
-    def describe(self) -> str:
-        return f"{self.shape} {self.dtype}" + ("" if self.device == "cpu" else f" on {self.device}")
-
-
-def _torch_dtypes() -> dict:
-    import torch
-    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-            torch.float64: "float64", torch.int8: "int8", torch.uint8: "uint8",
-            torch.int32: "int32", torch.int64: "int64"}
-
-
-def _family(x) -> str:
-    if isinstance(x, np.ndarray):
-        return "numpy"
-    return type(x).__module__.split(".")[0]
-
-
-def _describe(p, what: str) -> _Spec:
-    fam = _family(p)
-    if fam == "numpy":
-        name = _dtypes.numpy_name(p.dtype)
-        if name is None:
-            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {_dtypes.SUPPORTED}")
-        return _Spec("numpy", tuple(p.shape), name, "cpu", int(p.size))
-    if fam == "torch":
-        name = _torch_dtypes().get(p.dtype)
-        if name is None:
-            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {_dtypes.SUPPORTED}")
-        if p.device.type != "cpu":
-            raise InvalidArgument(
-                f"{what} lives on {p.device}; ringcomm's communicator takes host memory only "
-                "(CUDA buckets are not supported yet)")
-        return _Spec("torch", tuple(p.shape), name, "cpu", int(p.numel()))
-    if fam == "cupy":
-        raise InvalidArgument(f"{what} is a cupy (device) array; ringcomm's communicator takes host "
-                              "memory only (device buckets are not supported yet)")
-    raise InvalidArgument(f"{what}: expected a numpy array or a torch tensor, got {type(p).__name__}")
-
-
-def _alloc(spec_key: tuple, count: int):
-    family, dtype, device = spec_key
-    if family == "torch":
-        import torch
-        inv = {v: k for k, v in _torch_dtypes().items()}
-        return torch.zeros(count, dtype=inv[dtype], device=device)
-    return np.zeros(count, dtype=_dtypes.NUMPY[dtype])
-
-
-def _slice(flat, off: int, numel: int, shape: tuple):
-    part = flat[off:off + numel]
-    return part.view(shape) if _family(flat) == "torch" else part.reshape(shape)
-
-
-def _copy(dst, src) -> None:
-    if _family(dst) == "torch":
-        import torch
-        with torch.no_grad():
-            dst.copy_(src if _family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
-    else:
-        dst[...] = np.asarray(src).reshape(dst.shape) if _family(src) == "numpy" else _to_numpy(src)
-
-
-def _add(dst, src) -> None:
-    if _family(dst) == "torch":
-        import torch
-        with torch.no_grad():
-            dst.add_(src if _family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
-    else:
-        dst += np.asarray(src).reshape(dst.shape) if _family(src) == "numpy" else _to_numpy(src)
-
-
-def _zero(x) -> None:
-    if _family(x) == "torch":
-        x.zero_()
-    else:
-        x[...] = 0
-
-
-def _scale_half(flat, factor: float) -> None:
-    """flat *= factor for a float16/bfloat16 buffer, computed in float32 and
-    rounded once (multiplying by a half-precision 1/N would add a bias of up to
-    0.4% for bfloat16)."""
-    if _family(flat) == "torch":
-        flat.mul_(factor)  # torch computes half ops in float32 with the double scalar
-    else:
-        flat[...] = flat.astype(np.float32) * np.float32(factor)
-
-
-def _item(x) -> float:
-    return float(x.item()) if _family(x) == "torch" else float(x)
-
-
-def _to_numpy(x) -> np.ndarray:
-    """A host numpy array with x's bytes (torch bfloat16 comes back as ml_dtypes.bfloat16)."""
-    if _family(x) == "numpy":
-        return x
-    t = x.detach().contiguous().reshape(-1)
-    name = _torch_dtypes()[t.dtype]
-    import torch
-    return t.view(torch.uint8).numpy().view(_dtypes.NUMPY[name])
-
-
-def _bytes_of(x) -> np.ndarray:
-    a = np.ascontiguousarray(_to_numpy(x)).reshape(-1)
-    return a.view(np.uint8)
-
-
-def _hash64(*parts: bytes) -> int:
-    h = hashlib.blake2b(digest_size=8)
-    for p in parts:
-        h.update(p)
-    return int.from_bytes(h.digest(), "little", signed=True)
-
-
-def _label(i: int, names: Sequence[str] | None) -> str:
-    return f"{i} ({names[i]!r})" if names is not None else str(i)
-
-
-def _gather_rows(comm, row: np.ndarray) -> np.ndarray:
-    """all_gather one equal-length int64 row per rank -> array of shape (size, len(row))."""
-    row = np.ascontiguousarray(row, dtype=np.int64)
-    out = np.empty(row.size * comm.size, dtype=np.int64)
-    if row.size:
-        comm.all_gather(row, out=out)
-    return out.reshape(comm.size, row.size)
-
-
-
-def assign_buckets(items: Sequence[tuple], order: Sequence[int], cap: int, first_cap: int
-                   ) -> list[tuple[tuple, list[int]]]:
-    """Bucket assignment for parameters becoming ready in `order`; items[i] is
-    parameter i's (key, nbytes), key its (family, dtype, device). Fill one open
-    bucket per key, close it once it reaches `cap` bytes (the first per key:
-    `first_cap`). Returns [(key, [parameter indices in fill order])] in the
-    order the buckets are expected to complete (position of their last
-    parameter in `order`), which is the order they are launched in. Shared by
-    GradBucketer and ringcomm.zero_torch (ZeRO-1/2 gradient buckets)."""
-    open_: dict[tuple, list] = {}
-    firsts: set = set()
-    closed = []
-    for i in order:
-        key, nbytes = items[i]
-        cur = open_.setdefault(key, [[], 0])
-        cur[0].append(i)
-        cur[1] += nbytes
-        if cur[1] >= (cap if key in firsts else first_cap):
-            closed.append((key, cur[0]))
-            firsts.add(key)
-            del open_[key]
-    closed += [(k, v[0]) for k, v in open_.items()]
-    pos = {i: k for k, i in enumerate(order)}
-    closed.sort(key=lambda kv: pos[kv[1][-1]])
-    return closed
+__all__ = ["GradBucketer", "BucketInfo"]
 
 
 # ---------------------------------------------------------------------------
@@ -289,7 +86,7 @@ class BucketInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * _dtypes.itemsize(self.dtype)
+        return self.numel * vocab.itemsize(self.dtype)
 
 
 class GradBucketer:
@@ -329,7 +126,7 @@ class GradBucketer:
         self._names = list(names) if names is not None else None
         if self._names is not None and len(self._names) != len(params):
             raise InvalidArgument(f"names has {len(self._names)} entries for {len(params)} parameters")
-        self._specs = [_describe(p, f"parameter {_label(i, self._names)}") for i, p in enumerate(params)]
+        self._specs = [describe(p, f"parameter {param_label(i, self._names)}") for i, p in enumerate(params)]
         if bucket_cap_mb < 0 or first_bucket_mb < 0:
             raise InvalidArgument("bucket_cap_mb and first_bucket_mb must be >= 0")
         self._cap = int(bucket_cap_mb * MB)
@@ -337,10 +134,10 @@ class GradBucketer:
         self._average = bool(average)
         self._find_unused = bool(find_unused)  # read-only: checked across ranks at construction
         if self._average:
-            bad = [i for i, s in enumerate(self._specs) if s.dtype not in _dtypes.FLOATING]
+            bad = [i for i, s in enumerate(self._specs) if s.dtype not in vocab.FLOATING]
             if bad:
                 raise InvalidArgument(
-                    f"average=True needs floating parameters; parameter {_label(bad[0], self._names)} is "
+                    f"average=True needs floating parameters; parameter {param_label(bad[0], self._names)} is "
                     f"{self._specs[bad[0]].dtype} (pass average=False to sum)")
         self._rebuild_pending = bool(rebuild_buckets)
         self._record_timeline = bool(timeline)
@@ -397,7 +194,12 @@ class GradBucketer:
     def zero_grad(self) -> None:
         """Zero every gradient (the whole bucket buffers)."""
         for b in self._buckets:
-            _zero(b.flat)
+            zero(b.flat)
+
+    @property
+    def syncing(self) -> bool:
+        """False inside no_sync(): this iteration's gradients stay local."""
+        return self._sync
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -424,13 +226,13 @@ class GradBucketer:
         if not 0 <= i < len(self._specs):
             raise InvalidArgument(f"mark_ready: parameter index {i} out of range (0..{len(self._specs) - 1})")
         if grad is not None:
-            (_add if self._used[i] else _copy)(self._views[i], grad)
+            (add_into if self._used[i] else copy_into)(self._views[i], grad)
             self._owned[i] = grad
         if not self._sync:
             self._used[i] = True
             return
         if self._ready[i]:
-            raise BucketerError(f"parameter {_label(i, self._names)} was marked ready twice in one iteration",
+            raise BucketerError(f"parameter {param_label(i, self._names)} was marked ready twice in one iteration",
                                 rank=self._comm.rank)
         self._ready[i] = True
         self._used[i] = True
@@ -463,7 +265,7 @@ class GradBucketer:
             missing = False
             for i in b.params:
                 if not self._ready[i] and not self._used[i]:
-                    _zero(self._views[i])
+                    zero(self._views[i])
                     missing = True
             self._launch(b, status=1 if missing else 0)
         self._next_launch = len(self._buckets)
@@ -475,12 +277,12 @@ class GradBucketer:
         finally:
             self._record_iteration(t0)
         # Every rank sees the same reduced status slots, so takes the same branch.
-        anyone_missing = any(_item(b.flat[b.count]) != 0 for b in self._buckets)
+        anyone_missing = any(item(b.flat[b.count]) != 0 for b in self._buckets)
         self.last_unused = {}
         error = None
         if anyone_missing:
             local = (self._ready | self._used).astype(np.int64)
-            used = _gather_rows(self._comm, local)           # (ranks, params)
+            used = gather_rows(self._comm, local)           # (ranks, params)
             self.last_unused = {int(i): [int(r) for r in np.flatnonzero(used[:, i] == 0)]
                                 for i in np.flatnonzero((used == 0).any(axis=0))}
             if not self._find_unused:
@@ -496,8 +298,8 @@ class GradBucketer:
             self._observed = []  # record again in the next (successful) iteration
             raise UnusedParametersError(error, dict(self.last_unused), rank=rank)
         for i, g in owned.items():
-            if _family(g) == "torch" or getattr(g, "flags", None) is None or g.flags.writeable:
-                _copy(g, self._views[i])
+            if family(g) == "torch" or getattr(g, "flags", None) is None or g.flags.writeable:
+                copy_into(g, self._views[i])
         self._iteration += 1
         if self._rebuild_pending:
             self._rebuild()
@@ -556,10 +358,10 @@ class GradBucketer:
         """One all_gather of a fixed-size summary; on a mismatch, two more small
         collectives find the first differing parameter (all ranks see the same
         gathered data, so all take the same path and raise the same error)."""
-        per = [_hash64(repr((s.shape, s.dtype, s.device)).encode()) for s in self._specs]
-        sig = _hash64(np.array(per, dtype=np.int64).tobytes())
+        per = [hash64(repr((s.shape, s.dtype, s.device)).encode()) for s in self._specs]
+        sig = hash64(np.array(per, dtype=np.int64).tobytes())
         row = [len(self._specs), sum(s.numel for s in self._specs), sig] + self._settings_row()
-        rows = _gather_rows(self._comm, np.array(row))
+        rows = gather_rows(self._comm, np.array(row))
         if (rows == rows[0]).all():
             return
         n = self._comm.size
@@ -572,16 +374,16 @@ class GradBucketer:
             lines.append("parameters differ: " + "; ".join(
                 f"rank {r}: {rows[r, 0]} parameters, {rows[r, 1]} elements" for r in range(n)))
             m = int(rows[:, 0].min())
-            hashes = _gather_rows(self._comm, np.array(per[:m], dtype=np.int64))
+            hashes = gather_rows(self._comm, np.array(per[:m], dtype=np.int64))
             diff = np.flatnonzero((hashes != hashes[0]).any(axis=0))
             if diff.size:
                 j = int(diff[0])
                 s = self._specs[j]
                 dims = list(s.shape)[:8]
-                desc = [_dtypes.DTYPES[s.dtype], len(s.shape)] + dims + [-1] * (8 - len(dims))
-                d = _gather_rows(self._comm, np.array(desc))
-                names = {v: k for k, v in _dtypes.DTYPES.items()}
-                lines.append(f"first difference at parameter {_label(j, self._names)}: " + ", ".join(
+                desc = [vocab.DTYPES[s.dtype], len(s.shape)] + dims + [-1] * (8 - len(dims))
+                d = gather_rows(self._comm, np.array(desc))
+                names = {v: k for k, v in vocab.DTYPES.items()}
+                lines.append(f"first difference at parameter {param_label(j, self._names)}: " + ", ".join(
                     f"rank {r} has {tuple(int(x) for x in d[r, 2:2 + min(int(d[r, 1]), 8)])} "
                     f"{names[int(d[r, 0])]}" for r in range(n)))
             else:
@@ -608,12 +410,12 @@ class GradBucketer:
             for i in idx:
                 offs.append(off)
                 off += self._specs[i].numel
-            b = _Bucket(bi, key, list(idx), offs, off, flat=_alloc(key, off + 1), pending=len(idx))
+            b = _Bucket(bi, key, list(idx), offs, off, flat=zeros(key, off + 1), pending=len(idx))
             for i, o in zip(idx, offs):
                 self._param_bucket[i] = bi
-                self._views[i] = _slice(b.flat, o, self._specs[i].numel, self._specs[i].shape)
+                self._views[i] = flat_view(b.flat, o, self._specs[i].numel, self._specs[i].shape)
                 if old_views is not None:
-                    _copy(self._views[i], old_views[i])
+                    copy_into(self._views[i], old_views[i])
             self._buckets.append(b)
 
     def _rebuild(self) -> None:
@@ -638,7 +440,7 @@ class GradBucketer:
         op = "sum"
         if self._average and self._n > 1:
             if b.key[1] in ("float16", "bfloat16"):
-                _scale_half(b.flat[:b.count], 1.0 / self._n)
+                scale_half(b.flat[:b.count], 1.0 / self._n)
             else:
                 op = "avg"
         b.flat[b.count] = status
@@ -668,7 +470,7 @@ class GradBucketer:
             self._events.append({
                 "kind": "bucket", "iteration": it, "bucket": b.index, "launch": b.launch_t,
                 "complete": b.complete_t if b.complete_t is not None else time.perf_counter(),
-                "bytes": (b.count + 1) * _dtypes.itemsize(b.key[1]), "dtype": b.key[1],
+                "bytes": (b.count + 1) * vocab.itemsize(b.key[1]), "dtype": b.key[1],
                 "params": len(b.params), "status": b.status})
         self._events.append({"kind": "finalize", "iteration": it, "start": t0, "end": time.perf_counter()})
 
@@ -678,113 +480,9 @@ class GradBucketer:
         for i, ranks in sorted(unused.items()):
             where = "all ranks" if len(ranks) == n else "rank" + ("s " if len(ranks) > 1 else " ") + \
                 ", ".join(map(str, ranks))
-            items.append(f"parameter {_label(i, self._names)} on {where}")
+            items.append(f"parameter {param_label(i, self._names)} on {where}")
         shown = "; ".join(items[:20]) + (f"; ... ({len(items)} in all)" if len(items) > 20 else "")
         return ("GradBucketer.finalize: some parameters never became ready (no gradient) in this iteration: "
                 f"{shown}. Every parameter must receive a gradient on every rank in a synchronised "
                 "iteration; pass find_unused=True (find_unused_parameters=True for the torch wrapper) to "
                 "zero-fill and reduce them instead. The gradients of this iteration are invalid.")
-
-
-# ---------------------------------------------------------------------------
-def broadcast_parameters(params: Iterable, comm, root: int = 0) -> None:
-    """Overwrite every rank's parameters (numpy arrays or torch tensors) with
-    rank `root`'s, in place: for the start of training. Collective. Parameters
-    are packed into one buffer per dtype, so it costs one broadcast per dtype."""
-    params = list(params)
-    groups: dict[tuple, list[int]] = {}
-    for i, p in enumerate(params):
-        s = _describe(p, f"parameter {i}")
-        groups.setdefault((s.family, s.dtype, s.device), []).append(i)
-    for key in sorted(groups, key=repr):  # same order on every rank
-        idx = groups[key]
-        if key[0] == "torch":
-            import torch
-            with torch.no_grad():
-                flat = torch.cat([params[i].detach().reshape(-1) for i in idx]) if idx else None
-                comm.broadcast(flat, root=root)
-                off = 0
-                for i in idx:
-                    p = params[i]
-                    p.copy_(flat[off:off + p.numel()].view(p.shape))
-                    off += p.numel()
-        else:
-            flat = np.concatenate([np.asarray(params[i]).reshape(-1) for i in idx])
-            comm.broadcast(flat, root=root)
-            off = 0
-            for i in idx:
-                p = params[i]
-                p[...] = flat[off:off + p.size].reshape(p.shape)
-                off += p.size
-
-
-@dataclass
-class ConsistencyReport:
-    """Result of check_consistency (identical on every rank)."""
-    ok: bool
-    hashes: list                               # per rank: hash of all parameter values
-    diverged_ranks: list = field(default_factory=list)
-    params_by_rank: dict = field(default_factory=dict)   # diverged rank -> differing parameter indices
-    message: str = ""
-
-
-def check_consistency(params: Iterable, comm, *, names: Sequence[str] | None = None,
-                      raise_on_divergence: bool = True) -> ConsistencyReport:
-    """Cheap cross-rank check that every rank holds bitwise-identical parameter
-    values. Collective: one all_gather of two int64 per rank (a hash of every
-    parameter's bytes, shape and dtype); only when they differ, a second
-    all_gather of one hash per parameter names the differing parameters.
-
-    The reference is the majority value (ties: the value of the lowest rank);
-    ranks with another value are reported as diverged. Raises DivergenceError
-    on every rank when some diverged (unless raise_on_divergence=False).
-    """
-    params = list(params)
-    per = []
-    for i, p in enumerate(params):
-        s = _describe(p, f"parameter {i}")
-        per.append(_hash64(repr((s.shape, s.dtype)).encode(), _bytes_of(p).data))
-    per_arr = np.array(per, dtype=np.int64)
-    rows = _gather_rows(comm, np.array([len(params), _hash64(per_arr.tobytes())]))
-    keys = [tuple(r) for r in rows.tolist()]
-    if len(set(keys)) == 1:
-        return ConsistencyReport(True, [k[1] for k in keys])
-    counts = collections.Counter(keys)
-    best = max(counts.values())
-    ref = next(k for k in keys if counts[k] == best)  # lowest rank among the most common values
-    diverged = [r for r, k in enumerate(keys) if k != ref]
-    by_rank: dict[int, list[int]] = {}
-    if len(set(k[0] for k in keys)) == 1:
-        hashes = _gather_rows(comm, per_arr)
-        ref_rank = keys.index(ref)
-        for r in diverged:
-            by_rank[r] = [int(i) for i in np.flatnonzero(hashes[r] != hashes[ref_rank])]
-    parts = []
-    for r in diverged:
-        if r in by_rank:
-            ps = ", ".join(_label(i, names) for i in by_rank[r][:10])
-            more = f" ... ({len(by_rank[r])} in all)" if len(by_rank[r]) > 10 else ""
-            parts.append(f"rank {r} (parameters {ps}{more})")
-        else:
-            parts.append(f"rank {r} ({keys[r][0]} parameters, expected {ref[0]})")
-    msg = (f"parameters diverged across ranks: {'; '.join(parts)} differ from the majority "
-           f"(rank {keys.index(ref)}'s values, shared by {best} of {comm.size} ranks)")
-    report = ConsistencyReport(False, [k[1] for k in keys], diverged, by_rank, msg)
-    if raise_on_divergence:
-        raise DivergenceError(msg, report, rank=comm.rank)
-    return report
-
-
-def merge_chrome_traces(traces: Iterable, path: str | None = None) -> dict:
-    """Merge per-rank Chrome traces (dicts or file paths) into one; write it to `path` if given."""
-    events = []
-    for t in traces:
-        if isinstance(t, str):
-            with open(t) as f:
-                t = json.load(f)
-        events += t["traceEvents"]
-    merged = {"traceEvents": events, "displayTimeUnit": "ms"}
-    if path is not None:
-        with open(path, "w") as f:
-            json.dump(merged, f)
-    return merged

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from . import selection
-from .launch import mpirun_command
+from ..launch import mpirun_command
 
 SIZES = (8, 256, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     if not args.no_mpi:
         rows = []
         for n in ns:
-            cmd = mpirun_command(n, [sys.executable, "-m", "ringcomm.tune", "_worker"])
+            cmd = mpirun_command(n, [sys.executable, "-m", "ringcomm.tuning.tune", "_worker"])
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             line = next((ln for ln in res.stdout.splitlines() if ln.startswith("TUNE ")), None)
             if res.returncode or line is None:

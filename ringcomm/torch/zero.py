@@ -2,7 +2,7 @@
 
 The torch counterpart of ``ringcomm.zero.ZeroOptimizer`` (numpy units), on the
 same machinery: the split rule (rank r owns chunk r of every flat buffer, no
-padding), one Adam formula on fp32 master weights (``_sharding._adam_update``), the
+padding), one Adam formula on fp32 master weights (``train.sharding.adam_update``), the
 same memory ledger and the same checkpoint files (``zero.consolidate`` reads
 them). Every stage gives DDP's parameters bit for bit (a ring all_reduce *is*
 a reduce_scatter followed by an all_gather of the same buffer)::
@@ -21,7 +21,7 @@ How it works:
 
 * Parameters are laid out in flat buffers, one dtype each: at stages 0-2
   *buckets* (``bucket_cap_mb``, filled in reverse parameter order as the
-  gradient bucketer does: ``bucketer.assign_buckets``), or one buffer per unit
+  gradient bucketer does: ``train.buckets.assign_buckets``), or one buffer per unit
   when ``units`` is given; at stage 3 one buffer per *unit* (``units``: the
   modules to gather and free as a whole, default: the root's direct children
   that have parameters; parameters in no unit form a unit of the root module,
@@ -65,10 +65,11 @@ import functools
 import numpy as np
 import torch
 
-from . import _dtypes
-from .bucketer import MB, _torch_dtypes, assign_buckets, broadcast_parameters
-from .errors import InvalidArgument
-from ._sharding import _adam_update, _load_shards, _save_shards, _split
+from .. import vocab
+from ..train.buckets import MB, assign_buckets
+from ..train.consistency import broadcast_parameters
+from ..errors import InvalidArgument
+from ..train.sharding import MemoryLedger, adam_update, load_shards, save_shards
 
 __all__ = ["TorchZero"]
 
@@ -145,8 +146,7 @@ class TorchZero:
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.prefetch = bool(prefetch)
         self.t = 0
-        self._alive = {"params": 0, "grads": 0, "optimizer": 0}
-        self._peak = 0
+        self._ledger = MemoryLedger()
         self._hooks = []
         self._in_backward = False
         self._next_launch = 0
@@ -157,11 +157,10 @@ class TorchZero:
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         index = {id(p): i for i, p in enumerate(self._params)}
-        dnames = _torch_dtypes()
         for n, p in named:
             if p.device.type != "cpu":
                 raise InvalidArgument(f"parameter {n!r} is on {p.device}; TorchZero takes CPU tensors only")
-            if dnames.get(p.dtype) not in _dtypes.FLOATING:
+            if vocab.torch_name(p.dtype) not in vocab.FLOATING:
                 raise InvalidArgument(f"parameter {n!r} is {p.dtype}; TorchZero needs floating parameters "
                                       "(float32, or bfloat16/float16 with fp32 master weights)")
         # Frozen parameters and buffers stay whole: rank 0's values, once.
@@ -210,7 +209,7 @@ class TorchZero:
                 raise InvalidArgument(f"unit {k} mixes dtypes {sorted(map(str, dts))}: a unit's parameters must "
                                       "share one dtype")
             u = _Flat(k, idx, ps, [self._names[i] for i in idx], mod if stage == 3 else None)
-            u.lo, u.hi = _split(u.count, n, r)
+            u.lo, u.hi = vocab.chunk_range(u.count, n, r)
             with torch.no_grad():
                 u.flat = torch.cat([p.detach().reshape(-1) for p in ps])
                 comm.broadcast(u.flat, root=0)  # every rank starts from rank 0's values
@@ -219,24 +218,24 @@ class TorchZero:
                     self._unit_of[i] = (u, j)
             own = u.flat if stage == 0 else u.flat[u.lo:u.hi]
             u.master = own.to(torch.float32, copy=True).numpy()  # (.numpy() on own would make its storage non-resizable)
-            self._count("optimizer", u.master.nbytes)
+            self._ledger.count("optimizer", u.master.nbytes)
             if optimizer == "adam":
                 u.m, u.v = np.zeros_like(u.master), np.zeros_like(u.master)
-                self._count("optimizer", u.m.nbytes + u.v.nbytes)
+                self._ledger.count("optimizer", u.m.nbytes + u.v.nbytes)
             if stage < 3:
-                self._count("params", u.flat.numel() * u.itemsize)
+                self._ledger.count("params", u.flat.numel() * u.itemsize)
             else:
                 u.shard = u.flat[u.lo:u.hi].clone()
-                self._count("params", u.shard.numel() * u.itemsize)
+                self._ledger.count("params", u.shard.numel() * u.itemsize)
                 u.flat.untyped_storage().resize_(0)  # the parameters keep their shapes, hold 0 bytes
             if stage < 2:
                 u.grads = torch.zeros(u.count, dtype=u.dtype)
-                self._count("grads", u.count * u.itemsize)
+                self._ledger.count("grads", u.count * u.itemsize)
             if stage == 1:  # reduce-scattered in place: this rank's chunk of the full buffer
                 u.grad_shard = u.grads[u.lo:u.hi]
             elif stage >= 2:
                 u.grad_shard = torch.zeros(u.hi - u.lo, dtype=u.dtype)
-                self._count("grads", (u.hi - u.lo) * u.itemsize)
+                self._ledger.count("grads", (u.hi - u.lo) * u.itemsize)
             self._units.append(u)
         self.layout = [list(u.names) for u in self._units]
 
@@ -253,18 +252,14 @@ class TorchZero:
                 self._hooks.append(u.module.register_forward_hook(functools.partial(self._post_forward, fi)))
 
     # ---- memory ledger --------------------------------------------------------
-    def _count(self, kind: str, nbytes: int) -> None:
-        self._alive[kind] += nbytes
-        self._peak = max(self._peak, sum(self._alive.values()))
-
     def memory(self) -> dict:
         """Bytes this rank holds now: {"params", "grads", "optimizer"} (the
         buffers alive, counted as they are allocated and freed; autograd's own
         temporaries and activations are not counted), and "peak"."""
-        return dict(self._alive, peak=self._peak)
+        return self._ledger.memory()
 
     def reset_peak(self) -> None:
-        self._peak = sum(self._alive.values())
+        self._ledger.reset_peak()
 
     # ---- stage 3: gather / free -------------------------------------------------
     def _prefetch(self, u: _Flat) -> None:
@@ -272,7 +267,7 @@ class TorchZero:
             return
         u.flat.untyped_storage().resize_(u.count * u.itemsize)
         u.full = True
-        self._count("params", u.count * u.itemsize)
+        self._ledger.count("params", u.count * u.itemsize)
         u.gather_work = self.comm.all_gather(u.shard, out=u.flat, async_op=True)
 
     def _gather(self, u: _Flat) -> None:
@@ -289,7 +284,7 @@ class TorchZero:
             u.gather_work = None
         u.flat.untyped_storage().resize_(0)
         u.full = False
-        self._count("params", -u.count * u.itemsize)
+        self._ledger.count("params", -u.count * u.itemsize)
 
     def _pre_forward(self, fi: int, module, args) -> None:
         self._gather(self._fwd[fi])
@@ -333,7 +328,7 @@ class TorchZero:
                 "TorchZero reduces each parameter's gradient once per step (one backward per step)")
         if u.grads is None:
             u.grads = torch.zeros(u.count, dtype=u.dtype)
-            self._count("grads", u.count * u.itemsize)
+            self._ledger.count("grads", u.count * u.itemsize)
         with torch.no_grad():
             u.view(u.grads, j).copy_(p.grad)
         p.grad = None
@@ -363,7 +358,7 @@ class TorchZero:
             u.work.wait()
             u.work = None
             if self.stage >= 2:
-                self._count("grads", -u.count * u.itemsize)
+                self._ledger.count("grads", -u.count * u.itemsize)
                 u.grads = None
 
     def _on_backward_end(self) -> None:
@@ -372,7 +367,7 @@ class TorchZero:
             if u.pending:
                 if u.grads is None:
                     u.grads = torch.zeros(u.count, dtype=u.dtype)
-                    self._count("grads", u.count * u.itemsize)
+                    self._ledger.count("grads", u.count * u.itemsize)
                 u.pending.clear()
             if self.stage == 3:
                 self._release(u)
@@ -393,7 +388,7 @@ class TorchZero:
         for u in self._units:
             self._settle(u)
             g = (u.grads if self.stage == 0 else u.grad_shard).float().numpy()
-            _adam_update(u.master, u.m, u.v, g, self.t, self.lr, self.betas, self.eps, self.weight_decay,
+            adam_update(u.master, u.m, u.v, g, self.t, self.lr, self.betas, self.eps, self.weight_decay,
                          self.optimizer)
             gathers += self._publish(u)
             if self.stage < 2:
@@ -456,7 +451,7 @@ class TorchZero:
         ``{prefix}.rank{r}.npz``, the format of ``ZeroOptimizer.save``
         (``ringcomm.zero.consolidate`` assembles the full state, one entry per
         flat buffer of ``layout``). Returns the path."""
-        return _save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
+        return save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
                             [self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay],
                             [(u.master, u.m, u.v) for u in self._units])
 
@@ -464,7 +459,7 @@ class TorchZero:
         """Restore this rank's shard written by ``save(prefix)`` (same stage,
         N and layout); parameters are rebuilt from the master weights, so
         training continues bit for bit. Collective (stages 1-2 re-gather)."""
-        self.t = _load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
+        self.t = load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
                               [(u.master, u.m, u.v) for u in self._units], what="this TorchZero")
         gathers = []
         for u in self._units:

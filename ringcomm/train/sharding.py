@@ -1,23 +1,18 @@
-"""What the two ZeRO front ends (``zero.ZeroOptimizer`` on numpy units,
-``zero_torch.TorchZero`` on torch modules) share: the split rule for a flat
-buffer's chunks, the optimizer formula applied to a shard, and the per-rank
-checkpoint files (``zero.consolidate`` reads them)."""
+"""What the two ZeRO front ends (``train.zero.ZeroOptimizer`` on numpy units,
+``torch.zero.TorchZero`` on torch modules) share: the optimizer formula
+applied to a shard, the per-rank checkpoint files (``train.zero.consolidate``
+reads them) and the memory ledger behind their ``memory()``. Chunks follow
+vocab's split rule."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 
-def _split(count: int, n: int, r: int) -> tuple[int, int]:
-    base, extra = divmod(count, n)
-    lo = r * base + min(r, extra)
-    return lo, lo + base + (1 if r < extra else 0)
-
-
-def _adam_update(p: np.ndarray, m, v, g: np.ndarray, t: int, lr: float, betas, eps: float,
-                 weight_decay: float, optimizer: str = "adam") -> None:
+def adam_update(p: np.ndarray, m, v, g: np.ndarray, t: int, lr: float, betas, eps: float,
+                weight_decay: float, optimizer: str = "adam") -> None:
     """One optimizer step on fp32 master weights `p` in place (Adam with
     moments m, v, or SGD), elementwise and in float32 throughout: the one
     formula every ZeRO stage (numpy units and torch modules) applies, so their
@@ -37,6 +32,25 @@ def _adam_update(p: np.ndarray, m, v, g: np.ndarray, t: int, lr: float, betas, e
     p -= np.float32(lr) * (m / c1) / (np.sqrt(v / c2) + np.float32(eps))
 
 
+class MemoryLedger:
+    """Bytes of parameters, gradients and optimizer state a rank holds, by
+    kind, counted as buffers are allocated and freed, with their peak."""
+
+    def __init__(self):
+        self.alive = {"params": 0, "grads": 0, "optimizer": 0}
+        self.peak = 0
+
+    def count(self, kind: str, nbytes: int) -> None:
+        self.alive[kind] += nbytes
+        self.peak = max(self.peak, sum(self.alive.values()))
+
+    def memory(self) -> dict:
+        return dict(self.alive, peak=self.peak)
+
+    def reset_peak(self) -> None:
+        self.peak = sum(self.alive.values())
+
+
 def _host(a) -> np.ndarray:
     """A numpy copy of a numpy or cupy array (for the checkpoint file)."""
     return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
@@ -50,7 +64,7 @@ def _like(template, a: np.ndarray):
     return cupy.asarray(a)
 
 
-def _save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states) -> str:
+def save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states) -> str:
     """Write this rank's optimizer shard: `states` is one (master, m, v) per
     unit (m, v None for SGD). The format consolidate() reads."""
     arrays = {"meta": np.array([stage, comm.size, comm.rank, t, len(counts)], np.int64),
@@ -65,8 +79,8 @@ def _save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states) -
     return path
 
 
-def _load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this optimizer") -> int:
-    """Read this rank's shard written by _save_shards into `states` (the same
+def load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this optimizer") -> int:
+    """Read this rank's shard written by save_shards into `states` (the same
     (master, m, v) arrays, filled in place), after checking the layout; returns
     the step count."""
     counts = [int(c) for c in counts]

@@ -37,227 +37,26 @@ What it does with torch's calls:
 
 from __future__ import annotations
 
-import collections
-import datetime
-import os
-import socket
-import threading
+import functools
 
 import torch
 import torch.distributed as dist
 
-from . import _dtypes
-from .errors import InvalidArgument, RingcommError
+from .. import vocab
+from ..errors import InvalidArgument
+from .work import Completer, DoneWork, PendingWork
 
-__all__ = ["ProcessGroupRingcomm", "register", "launcher_env"]
+__all__ = ["ProcessGroupRingcomm", "register", "communicator"]
 
 BACKEND = "ringcomm"
 _RedOp = dist.ReduceOp.RedOpType
 _OPS = {_RedOp.SUM: "sum", _RedOp.PRODUCT: "prod", _RedOp.MIN: "min", _RedOp.MAX: "max", _RedOp.AVG: "avg"}
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
-                     torch.int32, torch.int64)
-_DTYPE_CODES = {d: _dtypes.DTYPES[str(d).replace("torch.", "")] for d in _SUPPORTED_DTYPES}
-_OP_CODES = {k: _dtypes.OPS[v] for k, v in _OPS.items()}
-_AVG, _FLOAT_CODES = _dtypes.OPS["avg"], {_DTYPE_CODES[d] for d in _SUPPORTED_DTYPES if d.is_floating_point}
-
-
-# ---------------------------------------------------------------------------
-# Launch: rank and size from MPI, and the variables other torch backends need.
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-def launcher_env() -> None:
-    """Fill torch's launcher variables from MPI, in an MPI job.
-
-    RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE come from Open MPI's
-    environment (no MPI call), overriding values inherited from the launching
-    shell (which would be the same on every rank). MASTER_ADDR/MASTER_PORT
-    (torch's TCPStore, also used by other backends such as a gloo subgroup),
-    where missing: rank 0's address and a free port there, broadcast over
-    MPI (a collective: every rank imports ringcomm.torch). ``ringcomm run``
-    starts every job without inherited MASTER_ADDR/MASTER_PORT, so each job
-    gets its own. Outside MPI nothing is changed (launch a single process
-    with ``ringcomm run -n 1``).
-    """
-    env = os.environ
-    if "OMPI_COMM_WORLD_SIZE" not in env:
-        return
-    for var, src in (("RANK", "OMPI_COMM_WORLD_RANK"), ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"),
-                     ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
-                     ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")):
-        if src in env:
-            env[var] = env[src]
-    if "MASTER_ADDR" in env and "MASTER_PORT" in env:
-        return
-    if int(env["OMPI_COMM_WORLD_SIZE"]) > 1:
-        from mpi4py import MPI
-        world = MPI.COMM_WORLD
-        hosts = world.allgather(socket.gethostname())
-        here = None
-        if world.rank == 0:
-            addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(socket.gethostname())
-            here = (addr, _free_port())
-        addr, port = world.bcast(here, root=0)
-    else:
-        addr, port = "127.0.0.1", _free_port()
-    env.setdefault("MASTER_ADDR", addr)
-    env.setdefault("MASTER_PORT", str(port))
-
-
-# ---------------------------------------------------------------------------
-class _Work(dist.Work):
-    """A collective's handle with torch's semantics.
-
-    `pending`: ringcomm Works still running (empty: already complete);
-    `finish`: run once after they all succeed (copy results back);
-    `result`: what ``result()`` and the future return (a list of tensors).
-    """
-
-    def __init__(self, pg: "ProcessGroupRingcomm", pending: list, result: list, finish=None):
-        super().__init__()
-        self._pg = pg
-        self._pending = pending
-        self._result = result
-        self._finish = finish
-        self._error: BaseException | None = None
-        self._done = not pending
-        self._lock = threading.Lock() if pending else None  # only a running one is completed concurrently
-        self._future = None
-        if self._done and finish is not None:
-            finish()
-
-    def _complete(self) -> None:
-        """Wait for the ringcomm work, then finish (idempotent; any thread)."""
-        if self._done:
-            return
-        with self._lock:
-            if self._done:
-                return
-            try:
-                for w in self._pending:
-                    w.wait()
-                if self._finish is not None:
-                    self._finish()
-            except BaseException as exc:  # noqa: BLE001 - kept for wait()/the future
-                self._error = exc
-            self._pending = []
-            self._done = True
-
-    # torch.distributed.Work API
-    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        self._complete()
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done or all(w.is_completed() for w in self._pending)
-
-    def is_success(self) -> bool:
-        return self._done and self._error is None
-
-    def exception(self):
-        return self._error
-
-    def result(self) -> list:
-        self.wait()
-        return self._result
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def source_rank(self) -> int:
-        return -1
-
-    def get_future(self) -> torch.futures.Future:
-        if self._future is None:
-            fut = torch.futures.Future()
-            self._future = fut
-            if self._done:
-                self._settle(fut)
-            else:
-                self._pg._completer.add(self)
-        return self._future
-
-    def _settle(self, fut) -> None:
-        if self._error is not None:
-            fut.set_exception(self._error)
-        else:
-            fut.set_result(self._result)
-
-
-class _Done(dist.Work):
-    """The Work of a synchronous call that has already completed (the
-    common dist.all_reduce(t) path: as cheap to make as a Work can be)."""
-
-    def __init__(self, result: list):
-        super().__init__()
-        self._result = result
-
-    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self):
-        return None
-
-    def result(self) -> list:
-        return self._result
-
-    def synchronize(self) -> None:
-        pass
-
-    def source_rank(self) -> int:
-        return -1
-
-    def get_future(self) -> torch.futures.Future:
-        fut = torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
-
-
-class _Completer:
-    """One thread per group that completes futures of async collectives in
-    issue order (the order they complete in), so DDP's callbacks run as soon
-    as each bucket is reduced, without blocking the caller."""
-
-    def __init__(self, name: str):
-        self._q: collections.deque = collections.deque()
-        self._cv = threading.Condition()
-        self._thread = None
-        self._name = name
-
-    def add(self, work: _Work) -> None:
-        with self._cv:
-            self._q.append(work)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
-            self._cv.notify()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._q:
-                    self._cv.wait()
-                work = self._q.popleft()
-            work._complete()
-            work._settle(work._future)
 
 
 # ---------------------------------------------------------------------------
 def _check_dtype(t: torch.Tensor, op: str) -> None:
-    if t.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"ringcomm backend: {op} on a {t.dtype} tensor; supported dtypes: "
-                        f"{', '.join(str(d).replace('torch.', '') for d in _SUPPORTED_DTYPES)}")
+    if vocab.torch_name(t.dtype) is None:
+        raise TypeError(f"ringcomm backend: {op} on a {t.dtype} tensor; supported dtypes: {vocab.SUPPORTED}")
     if t.device.type != "cpu":
         raise NotImplementedError(f"ringcomm backend: {op} on a {t.device} tensor; this backend is registered "
                                   "for CPU tensors (GPU collectives: ringcomm.init(device='cuda'))")
@@ -280,7 +79,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self.comm = comm
         self._group_name = ""
         self._group_desc = ""
-        self._completer = _Completer(f"ringcomm-pg-{rank}")
+        self._completer = Completer(f"ringcomm-pg-{rank}")
 
     # ---- identity (torch asks for these) --------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -318,11 +117,12 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             raise TypeError(f"ringcomm backend: {what} with op AVG needs a floating dtype, got {tensor.dtype}")
         return op, None
 
-    def _go(self, async_op: bool, launch, result: list, finish=None) -> _Work:
-        """`launch(async_op)` starts the ringcomm collective(s) and returns
-        their Works (async) or nothing (already done)."""
-        works = launch(async_op)
-        return _Work(self, list(works) if async_op else [], result, finish)
+    def _go(self, async_op: bool, starts: list, result: list, finish=None) -> PendingWork:
+        """Start the ringcomm collectives `starts` (communicator methods with
+        their arguments bound, taking async_op), then hand torch one Work for
+        them all: still pending (async), or complete."""
+        works = [start(async_op=async_op) for start in starts]
+        return PendingWork(self._completer, works if async_op else [], result, finish)
 
     # ---- collectives ------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -332,13 +132,14 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if not opts.asyncOp and len(tensors) == 1:
             # The common synchronous call (dist.all_reduce(t)): checked here
             # once, then straight to the engine, on this thread.
+            # The communicator's native fast lane takes a contiguous CPU
+            # tensor of a supported dtype as it takes a numpy array.
             t = tensors[0]
-            code = _DTYPE_CODES.get(t.dtype)
-            op = _OP_CODES.get(opts.reduceOp.op)
-            if code is not None and op is not None and t.is_cpu and t.is_contiguous() and \
-                    (op != _AVG or code in _FLOAT_CODES):
-                self.comm._run_host_all_reduce(t.data_ptr(), t.numel(), code, op, tensors)
-                return _Done(tensors)
+            op = _OPS.get(opts.reduceOp.op)
+            if op is not None and t.is_cpu and t.is_contiguous() and vocab.torch_name(t.dtype) is not None and \
+                    (op != "avg" or t.is_floating_point()):
+                self.comm.all_reduce(t, op=op)
+                return DoneWork(tensors)
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
@@ -348,16 +149,12 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if factor is not None:  # PREMUL_SUM: the result replaces t anyway
             buf.detach().mul_(factor)
 
-        def launch(a):
-            w = self.comm.all_reduce(buf, op=op, async_op=a)
-            return [w] if a else []
-
-        return self._go(opts.asyncOp, launch, [t], (lambda: t.detach().copy_(buf.view_as(t))) if copied else None)
+        return self._go(opts.asyncOp, [functools.partial(self.comm.all_reduce, buf, op=op)], [t], (lambda: t.detach().copy_(buf.view_as(t))) if copied else None)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         if not tensors:
-            return _Work(self, [], [])
+            return PendingWork(self._completer, [], [])
         for t in tensors:
             _check_dtype(t, "allreduce_coalesced")
         op, factor = self._op(opts.reduceOp, tensors[0], "allreduce_coalesced")
@@ -372,9 +169,6 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                 flat.mul_(factor)
             flats.append((flat, ts))
 
-        def launch(a):
-            return [w for w in (self.comm.all_reduce(f, op=op, async_op=a) for f, _ in flats) if a]
-
         def finish():
             for flat, ts in flats:
                 off = 0
@@ -382,7 +176,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                     t.detach().copy_(flat[off:off + t.numel()].view_as(t))
                     off += t.numel()
 
-        return self._go(opts.asyncOp, launch, list(tensors), finish)
+        return self._go(opts.asyncOp, [functools.partial(self.comm.all_reduce, f, op=op) for f, _ in flats],
+                        list(tensors), finish)
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
@@ -394,15 +189,11 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         _check_dtype(t, "broadcast")
         buf, copied = _flat(t)
 
-        def launch(a):
-            w = self.comm.broadcast(buf, root=opts.rootRank, async_op=a)
-            return [w] if a else []
-
-        return self._go(opts.asyncOp, launch, [t], (lambda: t.detach().copy_(buf.view_as(t))) if copied else None)
+        return self._go(opts.asyncOp, [functools.partial(self.comm.broadcast, buf, root=opts.rootRank)], [t], (lambda: t.detach().copy_(buf.view_as(t))) if copied else None)
 
     def _gather_into(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool, what: str):
         """all_gather of inp (every rank's same size) into out (size * inp);
-        returns (launch, finish) for _go."""
+        returns (start, finish) for _go."""
         _check_dtype(inp, what)
         if out.dtype != inp.dtype:
             raise TypeError(f"ringcomm backend: {what}: output dtype {out.dtype} != input dtype {inp.dtype}")
@@ -415,16 +206,13 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if ibuf.data_ptr() != obuf.data_ptr() + r * k * ibuf.element_size() and _overlaps(ibuf, obuf):
             ibuf = ibuf.clone()  # overlapping, but not the exact in-place form
 
-        def launch(a):
-            w = self.comm.all_gather(ibuf, out=obuf, async_op=a)
-            return [w] if a else []
-
-        return launch, ((lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None)
+        return (functools.partial(self.comm.all_gather, ibuf, out=obuf),
+                (lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
         opts = opts if opts is not None else _allgather_opts()
-        launch, finish = self._gather_into(output, input, opts.asyncOp, "all_gather_into_tensor")
-        return self._go(opts.asyncOp, launch, [output], finish)
+        start, finish = self._gather_into(output, input, opts.asyncOp, "all_gather_into_tensor")
+        return self._go(opts.asyncOp, [start], [output], finish)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002
         return self._allgather_base(output, input, opts)
@@ -443,24 +231,24 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                 raise NotImplementedError("ringcomm backend: allgather with tensors of different sizes per rank "
                                           "is not implemented")
         flat = torch.empty(inp.numel() * self.size(), dtype=inp.dtype)
-        launch, _ = self._gather_into(flat, inp, opts.asyncOp, "allgather")
+        start, _ = self._gather_into(flat, inp, opts.asyncOp, "allgather")
         k = inp.numel()
 
         def finish():
             for i, o in enumerate(outs):
                 o.detach().copy_(flat[i * k:(i + 1) * k].view_as(o))
 
-        return self._go(opts.asyncOp, launch, [list(outs)], finish)
+        return self._go(opts.asyncOp, [start], [list(outs)], finish)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         opts = opts if opts is not None else _allgather_opts()
         works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists, input_list)]
-        return _Combined(self, works, list(output_lists))
+        return PendingWork(self._completer, works, list(output_lists))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else _allgather_opts()
         works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _Combined(self, works, list(outputs))
+        return PendingWork(self._completer, works, list(outputs))
 
     def _scatter_from(self, out: torch.Tensor, inp: torch.Tensor, opts, what: str):
         _check_dtype(inp, what)
@@ -475,16 +263,13 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             ibuf = (ibuf if icopied else ibuf.detach().clone()).mul_(factor)
         obuf, ocopied = _flat(out)
 
-        def launch(a):
-            w = self.comm.reduce_scatter(ibuf, op=op, out=obuf, async_op=a)
-            return [w] if a else []
-
-        return launch, ((lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None)
+        return (functools.partial(self.comm.reduce_scatter, ibuf, op=op, out=obuf),
+                (lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = opts if opts is not None else _reduce_scatter_opts()
-        launch, finish = self._scatter_from(output, input, opts, "reduce_scatter_tensor")
-        return self._go(opts.asyncOp, launch, [output], finish)
+        start, finish = self._scatter_from(output, input, opts, "reduce_scatter_tensor")
+        return self._go(opts.asyncOp, [start], [output], finish)
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
         return self._reduce_scatter_base(output, input, opts)
@@ -495,28 +280,24 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             output_tensors, input_tensors = [output_tensors], [input_tensors]
         if len(output_tensors) != 1:
             works = [self.reduce_scatter([o], [i], opts) for o, i in zip(output_tensors, input_tensors)]
-            return _Combined(self, works, list(output_tensors))
+            return PendingWork(self._completer, works, list(output_tensors))
         out, ins = output_tensors[0], input_tensors[0]
         if len(ins) != self.size() or any(i.numel() != out.numel() for i in ins):
             raise ValueError(f"ringcomm backend: reduce_scatter needs {self.size()} input tensors of "
                              f"{out.numel()} elements each")
         flat = torch.cat([i.detach().reshape(-1) for i in ins])
-        launch, finish = self._scatter_from(out, flat, opts, "reduce_scatter")
-        return self._go(opts.asyncOp, launch, [out], finish)
+        start, finish = self._scatter_from(out, flat, opts, "reduce_scatter")
+        return self._go(opts.asyncOp, [start], [out], finish)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else _reduce_scatter_opts()
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _Combined(self, works, list(outputs))
+        return PendingWork(self._completer, works, list(outputs))
 
     def barrier(self, opts=None):
         async_op = getattr(opts, "asyncOp", True) if opts is not None else True
 
-        def launch(a):
-            w = self.comm.barrier(async_op=a)
-            return [w] if a else []
-
-        return self._go(async_op, launch, [])
+        return self._go(async_op, [self.comm.barrier], [])
 
     # ---- what ringcomm does not do: a clear error, not a confusing one -----
     def _unsupported(self, op: str):
@@ -547,37 +328,6 @@ for _name, _op in (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv_
     setattr(ProcessGroupRingcomm, _name, _refuse(_op))
 
 
-class _Combined(_Work):
-    """Several collectives' Works as one (the coalesced forms)."""
-
-    def __init__(self, pg, works: list, result: list):
-        dist.Work.__init__(self)
-        self._pg = pg
-        self._works = works
-        self._result = result
-        self._finish = None
-        self._error = None
-        self._lock = threading.Lock()
-        self._future = None
-        self._done = all(w._done for w in works)
-        self._pending = [] if self._done else works
-        if self._done:
-            self._error = next((w._error for w in works if w._error is not None), None)
-
-    def _complete(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            for w in self._works:
-                w._complete()
-            self._error = next((w._error for w in self._works if w._error is not None), None)
-            self._pending = []
-            self._done = True
-
-    def is_completed(self) -> bool:
-        return self._done or all(w.is_completed() for w in self._works)
-
-
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     if not a.numel() or not b.numel():
         return False
@@ -599,7 +349,7 @@ def _reduce_scatter_opts():
 def _create(dist_opts, backend_opts=None) -> ProcessGroupRingcomm:
     """torch's factory: a ringcomm communicator over the group's MPI ranks."""
     import ringcomm
-    from ._singleton import mpi
+    from .._singleton import mpi
     MPI = mpi()  # a process no launcher started: MPI as a singleton without /dev/shm files
     world = MPI.COMM_WORLD
     rank, size = dist_opts.group_rank, dist_opts.group_size
@@ -649,4 +399,4 @@ def communicator(group=None):
     return pg.comm
 
 
-__all__ += ["communicator", "RingcommError"]
+

@@ -15,7 +15,9 @@ import time
 
 import numpy as np
 
-from . import run_local, selection, traffic
+from .. import run_local, traffic
+
+from ..tuning import selection
 
 ALGOS = ("ring", "recursive_doubling", "halving_doubling", "naive")
 

@@ -1,0 +1,132 @@
+"""Cross-rank agreement for training: start every rank from the same
+parameters (``broadcast_parameters``) and check that they still agree
+(``check_consistency``). The small helpers below (a 64-bit hash, an
+all_gather of one int64 row per rank, a parameter's label in messages) are
+also what ``GradBucketer`` uses to check that every rank registered the same
+parameters and settings.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import DivergenceError
+from .tensors import bytes_of, describe
+
+__all__ = ["broadcast_parameters", "check_consistency", "ConsistencyReport", "hash64", "gather_rows",
+           "param_label"]
+
+
+def hash64(*parts: bytes) -> int:
+    """A signed 64-bit blake2b digest of `parts` (fits one int64 slot of a gathered row)."""
+    h = hashlib.blake2b(digest_size=8)
+    for p in parts:
+        h.update(p)
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def param_label(i: int, names: Sequence[str] | None) -> str:
+    """Parameter i as error messages name it: its index, and its name if given."""
+    return f"{i} ({names[i]!r})" if names is not None else str(i)
+
+
+def gather_rows(comm, row: np.ndarray) -> np.ndarray:
+    """all_gather one equal-length int64 row per rank -> array of shape (size, len(row))."""
+    row = np.ascontiguousarray(row, dtype=np.int64)
+    out = np.empty(row.size * comm.size, dtype=np.int64)
+    if row.size:
+        comm.all_gather(row, out=out)
+    return out.reshape(comm.size, row.size)
+
+
+def broadcast_parameters(params: Iterable, comm, root: int = 0) -> None:
+    """Overwrite every rank's parameters (numpy arrays or torch tensors) with
+    rank `root`'s, in place: for the start of training. Collective. Parameters
+    are packed into one buffer per dtype, so it costs one broadcast per dtype."""
+    params = list(params)
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        s = describe(p, f"parameter {i}")
+        groups.setdefault((s.family, s.dtype, s.device), []).append(i)
+    for key in sorted(groups, key=repr):  # same order on every rank
+        idx = groups[key]
+        if key[0] == "torch":
+            import torch
+            with torch.no_grad():
+                flat = torch.cat([params[i].detach().reshape(-1) for i in idx]) if idx else None
+                comm.broadcast(flat, root=root)
+                off = 0
+                for i in idx:
+                    p = params[i]
+                    p.copy_(flat[off:off + p.numel()].view(p.shape))
+                    off += p.numel()
+        else:
+            flat = np.concatenate([np.asarray(params[i]).reshape(-1) for i in idx])
+            comm.broadcast(flat, root=root)
+            off = 0
+            for i in idx:
+                p = params[i]
+                p[...] = flat[off:off + p.size].reshape(p.shape)
+                off += p.size
+
+
+@dataclass
+class ConsistencyReport:
+    """Result of check_consistency (identical on every rank)."""
+    ok: bool
+    hashes: list                               # per rank: hash of all parameter values
+    diverged_ranks: list = field(default_factory=list)
+    params_by_rank: dict = field(default_factory=dict)   # diverged rank -> differing parameter indices
+    message: str = ""
+
+
+def check_consistency(params: Iterable, comm, *, names: Sequence[str] | None = None,
+                      raise_on_divergence: bool = True) -> ConsistencyReport:
+    """Cheap cross-rank check that every rank holds bitwise-identical parameter
+    values. Collective: one all_gather of two int64 per rank (a hash of every
+    parameter's bytes, shape and dtype); only when they differ, a second
+    all_gather of one hash per parameter names the differing parameters.
+
+    The reference is the majority value (ties: the value of the lowest rank);
+    ranks with another value are reported as diverged. Raises DivergenceError
+    on every rank when some diverged (unless raise_on_divergence=False).
+    """
+    params = list(params)
+    per = []
+    for i, p in enumerate(params):
+        s = describe(p, f"parameter {i}")
+        per.append(hash64(repr((s.shape, s.dtype)).encode(), bytes_of(p).data))
+    per_arr = np.array(per, dtype=np.int64)
+    rows = gather_rows(comm, np.array([len(params), hash64(per_arr.tobytes())]))
+    keys = [tuple(r) for r in rows.tolist()]
+    if len(set(keys)) == 1:
+        return ConsistencyReport(True, [k[1] for k in keys])
+    counts = collections.Counter(keys)
+    best = max(counts.values())
+    ref = next(k for k in keys if counts[k] == best)  # lowest rank among the most common values
+    diverged = [r for r, k in enumerate(keys) if k != ref]
+    by_rank: dict[int, list[int]] = {}
+    if len(set(k[0] for k in keys)) == 1:
+        hashes = gather_rows(comm, per_arr)
+        ref_rank = keys.index(ref)
+        for r in diverged:
+            by_rank[r] = [int(i) for i in np.flatnonzero(hashes[r] != hashes[ref_rank])]
+    parts = []
+    for r in diverged:
+        if r in by_rank:
+            ps = ", ".join(param_label(i, names) for i in by_rank[r][:10])
+            more = f" ... ({len(by_rank[r])} in all)" if len(by_rank[r]) > 10 else ""
+            parts.append(f"rank {r} (parameters {ps}{more})")
+        else:
+            parts.append(f"rank {r} ({keys[r][0]} parameters, expected {ref[0]})")
+    msg = (f"parameters diverged across ranks: {'; '.join(parts)} differ from the majority "
+           f"(rank {keys.index(ref)}'s values, shared by {best} of {comm.size} ranks)")
+    report = ConsistencyReport(False, [k[1] for k in keys], diverged, by_rank, msg)
+    if raise_on_divergence:
+        raise DivergenceError(msg, report, rank=comm.rank)
+    return report

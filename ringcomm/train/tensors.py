@@ -1,0 +1,139 @@
+"""Array families for training: a parameter (or gradient) is a numpy array or
+a torch tensor; buckets are allocated in the parameter's family so grad views
+are of the same kind as the parameters (torch can then use them as param.grad).
+
+The dtype names, the torch dtype map and the numpy dtypes are the vocabulary's
+(``ringcomm.vocab``); this module only does, for either family, the few
+element-wise things the bucketer and the consistency checks need. It differs
+from ``ringcomm._arrays`` (what the communicator needs to know about one
+array: pointer, count, contiguity) in that a parameter here need not be
+contiguous, and only its shape, dtype and device are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import vocab
+from ..errors import InvalidArgument
+
+__all__ = ["Spec", "family", "describe", "zeros", "flat_view", "copy_into", "add_into", "zero", "scale_half",
+           "item", "as_numpy", "bytes_of"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    family: str      # "numpy" | "torch"
+    shape: tuple
+    dtype: str       # ringcomm dtype name
+    device: str      # "cpu" (the host communicator takes host memory only)
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * vocab.itemsize(self.dtype)
+
+    def describe(self) -> str:
+        return f"{self.shape} {self.dtype}" + ("" if self.device == "cpu" else f" on {self.device}")
+
+
+def family(x) -> str:
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    return type(x).__module__.split(".")[0]
+
+
+def describe(p, what: str) -> Spec:
+    fam = family(p)
+    if fam == "numpy":
+        name = vocab.numpy_name(p.dtype)
+        if name is None:
+            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {vocab.SUPPORTED}")
+        return Spec("numpy", tuple(p.shape), name, "cpu", int(p.size))
+    if fam == "torch":
+        name = vocab.torch_name(p.dtype)
+        if name is None:
+            raise InvalidArgument(f"{what}: unsupported dtype {p.dtype}; supported: {vocab.SUPPORTED}")
+        if p.device.type != "cpu":
+            raise InvalidArgument(
+                f"{what} lives on {p.device}; ringcomm's communicator takes host memory only "
+                "(CUDA buckets are not supported yet)")
+        return Spec("torch", tuple(p.shape), name, "cpu", int(p.numel()))
+    if fam == "cupy":
+        raise InvalidArgument(f"{what} is a cupy (device) array; ringcomm's communicator takes host "
+                              "memory only (device buckets are not supported yet)")
+    raise InvalidArgument(f"{what}: expected a numpy array or a torch tensor, got {type(p).__name__}")
+
+
+def zeros(spec_key: tuple, count: int):
+    """A zeroed 1-D buffer of `count` elements; spec_key is (family, dtype, device)."""
+    fam, dtype, device = spec_key
+    if fam == "torch":
+        import torch
+        return torch.zeros(count, dtype=vocab.torch_dtype(dtype), device=device)
+    return np.zeros(count, dtype=vocab.NUMPY[dtype])
+
+
+def flat_view(flat, off: int, numel: int, shape: tuple):
+    """flat[off:off + numel] as an array of `shape` (a view, no copy)."""
+    part = flat[off:off + numel]
+    return part.view(shape) if family(flat) == "torch" else part.reshape(shape)
+
+
+def copy_into(dst, src) -> None:
+    if family(dst) == "torch":
+        import torch
+        with torch.no_grad():
+            dst.copy_(src if family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
+    else:
+        dst[...] = np.asarray(src).reshape(dst.shape) if family(src) == "numpy" else as_numpy(src)
+
+
+def add_into(dst, src) -> None:
+    if family(dst) == "torch":
+        import torch
+        with torch.no_grad():
+            dst.add_(src if family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
+    else:
+        dst += np.asarray(src).reshape(dst.shape) if family(src) == "numpy" else as_numpy(src)
+
+
+def zero(x) -> None:
+    if family(x) == "torch":
+        x.zero_()
+    else:
+        x[...] = 0
+
+
+def scale_half(flat, factor: float) -> None:
+    """flat *= factor for a float16/bfloat16 buffer, computed in float32 and
+    rounded once (multiplying by a half-precision 1/N would add a bias of up to
+    0.4% for bfloat16)."""
+    if family(flat) == "torch":
+        flat.mul_(factor)  # torch computes half ops in float32 with the double scalar
+    else:
+        flat[...] = flat.astype(np.float32) * np.float32(factor)
+
+
+def item(x) -> float:
+    return float(x.item()) if family(x) == "torch" else float(x)
+
+
+def as_numpy(x) -> np.ndarray:
+    """A host numpy array with x's bytes (torch bfloat16 comes back as ml_dtypes.bfloat16).
+    Not ``_arrays.to_numpy``, which copies a result to the host: this one
+    shares a CPU tensor's memory, bfloat16 included (numpy has no bfloat16 of
+    its own, so torch's ``.numpy()`` refuses it)."""
+    if family(x) == "numpy":
+        return x
+    t = x.detach().contiguous().reshape(-1)
+    name = vocab.torch_name(t.dtype)
+    import torch
+    return t.view(torch.uint8).numpy().view(vocab.NUMPY[name])
+
+
+def bytes_of(x) -> np.ndarray:
+    a = np.ascontiguousarray(as_numpy(x)).reshape(-1)
+    return a.view(np.uint8)

@@ -1,0 +1,124 @@
+"""ringcomm's vocabulary: the one place that names what the engine knows.
+
+Dtypes, reduction ops, collectives and algorithms with their native codes
+(the enums of ``csrc/core/vocab.h``, which this module mirrors), how numpy,
+DLPack and torch spell each dtype, and the split rule that every layer
+(communicator, traffic formulas, sharded training, demos, benchmark checks)
+uses to cut a buffer into one chunk per rank.
+
+The split rule (``numpy.array_split``'s): of `count` elements over `n` ranks,
+chunk r holds ``count // n`` elements, plus one if ``r < count % n``, in rank
+order. So chunk r starts at ``r * (count // n) + min(r, count % n)``.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "DTYPES", "FLOATING", "OPS", "COLLECTIVES", "ALGORITHMS", "NUMPY", "DLPACK", "SUPPORTED",
+    "numpy_name", "torch_name", "torch_dtype", "itemsize", "op_code", "algorithm_code",
+    "chunk_count", "chunk_offset", "chunk_range", "chunk_counts",
+]
+
+# name -> native code; the order of DType / Op / Coll / Algo in csrc/core/vocab.h
+DTYPES = {
+    "float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
+    "int8": 4, "uint8": 5, "int32": 6, "int64": 7,
+}
+FLOATING = ("float16", "bfloat16", "float32", "float64")
+OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
+COLLECTIVES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "barrier": 4}
+# "auto" (-1) is resolved per call by the engine, from the limits the cost
+# model gives it (ringcomm/tuning/selection.py).
+ALGORITHMS = {"auto": -1, "ring": 0, "naive": 1, "recursive_doubling": 2, "halving_doubling": 3}
+
+NUMPY = {
+    "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+    "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8),
+    "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
+}
+_BY_NUMPY = {v: k for k, v in NUMPY.items()}
+
+# DLPack (code, bits) -> name. Codes: 0 int, 1 uint, 2 float, 4 bfloat.
+DLPACK = {
+    (2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64",
+    (0, 8): "int8", (1, 8): "uint8", (0, 32): "int32", (0, 64): "int64",
+}
+
+SUPPORTED = ", ".join(DTYPES)
+
+
+def numpy_name(dtype: np.dtype) -> str | None:
+    """Our name for a numpy dtype, or None if unsupported (byte order must be native)."""
+    dtype = np.dtype(dtype)
+    return _BY_NUMPY.get(dtype) if dtype.isnative else None
+
+
+# torch.dtype -> our name (None: unsupported), filled on first use, so that
+# importing ringcomm never imports torch. torch names its dtypes as we do.
+_TORCH_NAMES: dict = {}
+
+
+def torch_name(dt) -> str | None:
+    """Our name for a torch dtype, or None if unsupported."""
+    name = _TORCH_NAMES.get(dt, "?")
+    if name == "?":
+        name = str(dt).replace("torch.", "")
+        name = name if name in DTYPES else None
+        _TORCH_NAMES[dt] = name
+    return name
+
+
+def torch_dtype(name: str):
+    """The torch dtype of one of our names."""
+    import torch
+    return getattr(torch, name)
+
+
+def itemsize(name: str) -> int:
+    return NUMPY[name].itemsize
+
+
+def op_code(op: str, dtype: str) -> int:
+    """The native code of `op` for elements of `dtype`; InvalidArgument if
+    unknown or not defined there (avg on an integer type)."""
+    from .errors import InvalidArgument
+    if not isinstance(op, str) or op not in OPS:
+        raise InvalidArgument(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
+    if op == "avg" and dtype not in FLOATING:
+        raise InvalidArgument(f"op 'avg' needs a floating dtype, got {dtype} "
+                              "(use 'sum' and divide, or convert to a floating type)")
+    return OPS[op]
+
+
+def algorithm_code(name: str) -> int:
+    from .errors import InvalidArgument
+    try:
+        return ALGORITHMS[name]
+    except (KeyError, TypeError):
+        raise InvalidArgument(f"unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}") from None
+
+
+# ---- the split rule ----------------------------------------------------------
+def chunk_count(count: int, n: int, r: int) -> int:
+    """Elements in chunk r of `count` split over `n` ranks."""
+    return count // n + (1 if r < count % n else 0)
+
+
+def chunk_offset(count: int, n: int, r: int) -> int:
+    """Index of chunk r's first element."""
+    return r * (count // n) + min(r, count % n)
+
+
+def chunk_range(count: int, n: int, r: int) -> tuple[int, int]:
+    """Chunk r as a half-open range [lo, hi) of element indices."""
+    lo = chunk_offset(count, n, r)
+    return lo, lo + chunk_count(count, n, r)
+
+
+def chunk_counts(count: int, n: int) -> list[int]:
+    """Every chunk's element count, in rank order."""
+    return [chunk_count(count, n, r) for r in range(n)]

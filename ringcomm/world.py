@@ -1,0 +1,218 @@
+"""Making communicators: ``init`` over MPI (processes started by a launcher)
+and ``run_local`` over in-process ranks (threads), and closing them at exit,
+before MPI is finalized."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import threading
+import time
+import weakref
+from typing import Callable
+
+from . import config, quarantine
+from ._native import core
+from .comm import Communicator
+from .errors import CommunicatorAborted, InvalidArgument, RingcommError
+
+__all__ = ["init", "run_local", "local_rank"]
+
+_mpi_comms: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+_mpi_index = itertools.count(1)    # communicators made by init() in this process (same order on every rank)
+_local_index = itertools.count(1)  # worlds made by run_local()
+
+
+def _close_mpi_comms() -> None:
+    # Runs before mpi4py finalizes MPI (atexit is last-in, first-out and we
+    # register after importing mpi4py.MPI).
+    for c in list(_mpi_comms):
+        try:
+            c.close()
+        except RingcommError:
+            pass
+
+
+def local_rank(comm, with_size: bool = False):
+    """This process's index among the ranks of `comm` on the same node
+    (and how many they are, with `with_size`)."""
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return (node.Get_rank(), node.Get_size()) if with_size else node.Get_rank()
+    finally:
+        node.Free()
+
+
+def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | None = None,
+         segment_bytes: int | str | None = None, window: int | None = None) -> Communicator:
+    """A communicator over MPI (COMM_WORLD unless `mpi_comm` is given).
+
+    Collective over the MPI communicator: every rank must call it. ringcomm
+    duplicates the communicator, so its messages never mix with yours.
+    Requires MPI_THREAD_MULTIPLE (mpi4py's default).
+
+    device: None (default) moves host memory with MPI point-to-point.
+    "cuda" (GPU = this process's rank on its node; one GPU per rank) or a GPU
+    ordinal: payload on that GPU (made the calling thread's current device), moved with NCCL point-to-point
+    (ncclSend/ncclRecv) and reduced by ringcomm's kernels; control messages
+    still go through MPI. Arrays must then be GPU arrays on that GPU.
+    """
+    from . import _failfast, _singleton
+    MPI = _singleton.mpi()  # starts MPI (as a singleton: without /dev/shm files)
+
+    comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+    s = config.settings(timeout, segment_bytes, window)
+    if device is None:
+        engine = core.mpi_engine(MPI._handleof(comm), s.timeout, s.segment_bytes, s.window)
+        label = "mpi"
+    else:
+        from . import cuda
+        cuda.require()
+        if device == "cuda":
+            local, on_node = local_rank(comm, with_size=True)
+            if on_node > cuda.device_count():
+                raise InvalidArgument(
+                    f"{on_node} ranks on this node but {cuda.device_count()} GPU(s): NCCL needs one GPU per rank "
+                    "(for several ranks on one GPU use run_local(n, fn, device='cuda'))")
+            gpu = local
+        elif isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda:")):
+            gpu = int(str(device).split(":")[-1])
+        else:
+            raise InvalidArgument(f"device must be None, 'cuda', 'cuda:K' or a GPU ordinal, got {device!r}")
+        if not 0 <= gpu < cuda.device_count():
+            raise InvalidArgument(f"GPU {gpu} does not exist here ({cuda.device_count()} GPU(s))")
+        engine = cuda._cuda.nccl_engine(MPI._handleof(comm), gpu, s.timeout, s.segment_bytes, s.window)
+        cuda._cuda.set_device(gpu)  # this process's arrays belong there (cupy and torch follow it)
+        label = "nccl"
+    c = Communicator(engine, s, label, index=next(_mpi_index))
+    from .tuning import selection
+    # Rank 0's constants for everyone: all ranks must make the same choices.
+    c.set_costs(comm.bcast(selection.costs_for(label, comm.Get_size()) if comm.Get_rank() == 0 else None, root=0))
+    _mpi_comms.add(c)
+    _failfast.register(c, comm)  # a rank dying of an exception aborts c: its peers fail at once
+    _singleton.notice_once(comm.Get_size())
+    return c
+
+
+def _local_engines(n: int, s: config.Settings, device, jitter_us: float) -> list:
+    if device is None or device == "emulated":
+        world = core.inproc_world(n)
+        return [core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window, device == "emulated",
+                                   float(jitter_us)) for r in range(n)]
+    if device == "emulated-nccl":
+        control, payload = core.inproc_world(n), core.inproc_world(n)
+        return [core.inproc_engine(control, r, s.timeout, s.segment_bytes, s.window, True, float(jitter_us),
+                                   payload) for r in range(n)]
+    if not (device == "cuda" or isinstance(device, (list, tuple)) and len(device) == n):
+        raise InvalidArgument(f"device must be None, 'emulated', 'cuda' or a list of {n} GPU ordinals, "
+                              f"got {device!r}")
+    from . import cuda
+    cuda.require()
+    count = cuda.device_count()
+    gpus = [r % count for r in range(n)] if device == "cuda" else [int(g) for g in device]
+    bad = [g for g in gpus if not 0 <= g < count]
+    if bad:
+        raise InvalidArgument(f"GPU(s) {bad} do not exist here ({count} GPU(s))")
+    return cuda._cuda.inproc_engines(gpus, s.timeout, s.segment_bytes, s.window)
+
+
+def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
+              segment_bytes: int | str | None = None, window: int | None = None,
+              device: str | list | None = None, jitter_us: float = 0.0, **kwargs) -> list:
+    """Run ``fn(comm, *args, **kwargs)`` on `n` in-process ranks (one thread
+    each) and return their results in rank order.
+
+    device: None (host memory); "cuda": payload on GPUs, rank r on GPU
+    r % (number of GPUs), so the whole ring runs on a single GPU too; a list
+    of n GPU ordinals (each rank's thread runs `fn` with its GPU current); "emulated": host memory, but every copy and reduction
+    goes through a per-rank queue run by its own thread, as on a GPU stream
+    (stream_emu.h), with a random delay of up to `jitter_us` before each
+    operation: the GPU path's ordering, checked on a CPU; "emulated-nccl":
+    the NCCL transport's grouping and ordering code over the emulated device,
+    with groups that block their queue until all their messages matched, as
+    NCCL's do.
+
+    If any rank raises, its communicator is aborted (so the others fail fast
+    instead of waiting for their deadline) and the lowest rank's exception is
+    re-raised after every thread has finished, with ``flight_records``
+    attached: {rank: that rank's Communicator.flight_record()}. Ctrl-C (a
+    KeyboardInterrupt in the calling thread, e.g. a notebook's interrupt)
+    aborts every rank and is re-raised within a fraction of a second (rank
+    threads still busy in their own code are left behind as daemons; their
+    next collective raises CommunicatorAborted).
+    """
+    if int(n) < 1:
+        raise InvalidArgument(f"run_local needs at least one rank, got {n}")
+    n = int(n)
+    s = config.settings(timeout, segment_bytes, window)
+    label = "inproc" if device is None else f"inproc({device if isinstance(device, str) else 'cuda'})"
+    engines = _local_engines(n, s, device, jitter_us)
+    for e in engines:
+        e.set_peers(engines)  # a timeout message then says what the awaited rank is doing
+    index = next(_local_index)
+    comms = [Communicator(e, s, label, index=index) for e in engines]
+    from .tuning import selection
+    costs = selection.costs_for("inproc" if device is None else label, n)
+    for c in comms:
+        c.set_costs(costs)
+    results: list = [None] * n
+    errors: list = [None] * n
+
+    def body(r: int) -> None:
+        try:
+            gpu = comms[r].gpu
+            if gpu is not None:  # the rank's thread allocates on the rank's GPU (cupy and torch follow it)
+                from . import cuda
+                cuda._cuda.set_device(gpu)
+            results[r] = fn(comms[r], *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors[r] = exc
+            try:
+                comms[r].abort()
+            except RingcommError:
+                pass
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"ringcomm-rank-{r}", daemon=True)
+               for r in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():  # join() with a timeout: the main thread stays responsive to Ctrl-C
+                t.join(0.1)
+    except BaseException:  # KeyboardInterrupt: stop every rank, then re-raise
+        for c in comms:
+            with contextlib.suppress(RingcommError):
+                c.abort(wait=False)  # each rank's collective fails at once
+        # Ranks waiting in a collective end at once; a rank busy in its own
+        # code is not waited for (Ctrl-C must return promptly): its thread is
+        # a daemon, and its next collective raises CommunicatorAborted.
+        deadline = time.monotonic() + 0.15
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for c, t in zip(comms, threads):
+            if not t.is_alive():
+                c.close()
+        raise
+    records = {r: c.flight_record() for r, c in enumerate(comms)}
+    for c in comms:
+        c.close()
+    first = next((e for e in errors if e is not None and not isinstance(e, CommunicatorAborted)), None)
+    first = first or next((e for e in errors if e is not None), None)
+    if first is not None:
+        with contextlib.suppress(AttributeError, TypeError):
+            first.flight_records = records
+        raise first
+    return results
+
+
+def _at_exit() -> None:
+    # Runs before mpi4py finalizes MPI (its hook runs after every atexit
+    # handler and after module teardown).
+    _close_mpi_comms()
+    quarantine.drain_at_exit()
+
+
+atexit.register(_at_exit)
