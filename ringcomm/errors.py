@@ -91,7 +91,7 @@ class DivergenceError(BucketerError):
         self.report = report
 
 
-# Order matches ErrKind in csrc/common.h.
+# Order matches ErrKind in csrc/core/vocabulary.h.
 _KINDS = [InvalidArgument, CollectiveTimeout, MismatchError, CommunicatorAborted, TransportError]
 
 

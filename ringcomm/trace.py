@@ -26,7 +26,7 @@ from . import vocab
 
 __all__ = ["Trace", "Step", "PHASES", "to_chrome", "table", "merge", "merge_chrome_traces"]
 
-PHASES = ("reduce-scatter", "all-gather", "broadcast", "gather", "scatter", "fold", "exchange", "unfold")  # csrc/trace.h order
+PHASES = ("reduce-scatter", "all-gather", "broadcast", "gather", "scatter", "fold", "exchange", "unfold")  # csrc/core/trace.h order
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ barrier           0                           0
 For count divisible by n this is (n-1)/n of the buffer per half, and
 2(n-1)/n for all_reduce. (For all_gather, ``count`` is the gathered total.)
 
-The other all_reduce algorithms (csrc/recursive_doubling.cpp,
-csrc/halving_doubling.cpp) talk to other peers. With p = 2^floor(log2 n)
+The other all_reduce algorithms (csrc/algorithms/recursive_doubling.cpp,
+csrc/algorithms/halving_doubling.cpp) talk to other peers. With p = 2^floor(log2 n)
 and rem = n - p, ranks below 2*rem fold: even rank r sends its buffer to
 r+1 and gets the result back from it; the others have virtual rank v
 (odd r < 2*rem: r//2, else r - rem) and run on p ranks, where virtual v is

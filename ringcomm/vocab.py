@@ -1,7 +1,7 @@
 """ringcomm's vocabulary: the one place that names what the engine knows.
 
 Dtypes, reduction ops, collectives and algorithms with their native codes
-(the enums of ``csrc/core/vocab.h``, which this module mirrors), how numpy,
+(the enums of ``csrc/core/vocabulary.h``, which this module mirrors), how numpy,
 DLPack and torch spell each dtype, and the split rule that every layer
 (communicator, traffic formulas, sharded training, demos, benchmark checks)
 uses to cut a buffer into one chunk per rank.
@@ -22,7 +22,7 @@ __all__ = [
     "chunk_count", "chunk_offset", "chunk_range", "chunk_counts",
 ]
 
-# name -> native code; the order of DType / Op / Coll / Algo in csrc/core/vocab.h
+# name -> native code; the order of DType / Op / Coll / Algo in csrc/core/vocabulary.h
 DTYPES = {
     "float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
     "int8": 4, "uint8": 5, "int32": 6, "int64": 7,

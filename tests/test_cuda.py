@@ -167,7 +167,7 @@ def test_suite_on_one_gpu_many_segments_and_prime(n):
 @pytest.mark.parametrize("algorithm", ["recursive_doubling", "halving_doubling", "naive"])
 def test_every_algorithm_on_one_gpu(n, algorithm):
     # The fingerprint to a peer beyond the neighbours goes on its own in host
-    # memory on a device (csrc/link.cpp): each algorithm's full suite on GPU
+    # memory on a device (csrc/core/link.cpp): each algorithm's full suite on GPU
     # memory, many segments included.
     pytest.importorskip("cupy")
     import suite

@@ -1,5 +1,5 @@
 """The device path on a CPU: the shared suite over in-process ranks whose
-payload goes through the emulated device (csrc/stream_emu.h): every copy and
+payload goes through the emulated device (csrc/transports/stream_emu.h): every copy and
 reduction is enqueued on a per-rank queue run by its own thread, ordered only
 by events, exactly as on GPU streams. A random delay before each queued
 operation (jitter) lets queues run ahead of each other, so a missing ordering

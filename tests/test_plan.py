@@ -1,4 +1,4 @@
-"""The ring plan (csrc/plan.h) against numpy.array_split and the ring's invariants."""
+"""The ring plan (csrc/algorithms/plan.h) against numpy.array_split and the ring's invariants."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Host reducers (csrc/reducer_cpu.cpp) against numpy, element by element."""
+"""Host reducers (csrc/core/reducer_cpu.cpp) against numpy, element by element."""
 
 import numpy as np
 import pytest

@@ -62,3 +62,27 @@ def test_each_job_gets_its_own_launcher_variables():
                               code], capture_output=True, text=True, timeout=120, env=env)
     got = sorted(line for line in res.stdout.splitlines() if line.startswith("RANKS"))
     assert got == ["RANKS 0 2", "RANKS 1 2"], res.stdout + res.stderr
+
+
+def test_a_synchronous_calls_work_is_reused_only_when_nobody_holds_it():
+    # The backend hands out its last DoneWork again (making one costs about
+    # 1 us); a Work the caller still holds must keep its own result.
+    code = """
+import torch, torch.distributed as dist, ringcomm.torch
+dist.init_process_group("ringcomm")
+pg = dist.distributed_c10d._get_default_group()
+opts = dist.AllreduceOptions(); opts.asyncOp = False
+a, b = torch.ones(2), torch.ones(3)
+w1 = pg.allreduce([a], opts)
+w2 = pg.allreduce([b], opts)
+held = w1 is not w2 and w1.result()[0] is a and w2.result()[0] is b
+del w1, w2
+w3 = pg.allreduce([a], opts); first = id(w3); del w3
+w4 = pg.allreduce([b], opts)
+print("RESULT", held, id(w4) == first, w4.result()[0] is b, flush=True)
+dist.destroy_process_group()
+"""
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "run", "-n", "1", "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=300)
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")), "")
+    assert line.split()[1:] == ["True", "True", "True"], res.stdout + res.stderr

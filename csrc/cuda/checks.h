@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "../common.h"
-#include "nccl_api.h"
+#include "core/vocabulary.h"
+#include "cuda/nccl_api.h"
 
 #define RC_CUDA(call)                                                                               \
   do {                                                                                              \

@@ -1,10 +1,10 @@
-#include "device_cuda.h"
+#include "cuda/device_cuda.h"
 
 #include <algorithm>
 #include <thread>
 
-#include "checks.h"
-#include "reducer_cuda.h"
+#include "cuda/checks.h"
+#include "cuda/reducer_cuda.h"
 
 namespace ringcomm {
 

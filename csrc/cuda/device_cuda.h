@@ -14,7 +14,7 @@
 #include <new>
 #include <vector>
 
-#include "../device.h"
+#include "core/device.h"
 
 namespace ringcomm {
 

@@ -1,10 +1,10 @@
-#include "nccl_api.h"
+#include "cuda/nccl_api.h"
 
 #include <dlfcn.h>
 
 #include <mutex>
 
-#include "checks.h"
+#include "cuda/checks.h"
 
 namespace ringcomm {
 

@@ -1,13 +1,13 @@
-#include "nccl_transport.h"
+#include "cuda/nccl_transport.h"
 
 #include <mpi.h>
 
 #include <cstring>
 #include <vector>
 
-#include "../grouped_transport.h"
-#include "../mpi_transport.h"
-#include "checks.h"
+#include "transports/grouped_transport.h"
+#include "transports/mpi_transport.h"
+#include "cuda/checks.h"
 
 namespace ringcomm {
 

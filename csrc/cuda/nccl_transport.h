@@ -11,9 +11,9 @@
 
 #include <memory>
 
-#include "../transport.h"
-#include "device_cuda.h"
-#include "nccl_api.h"
+#include "core/transport.h"
+#include "cuda/device_cuda.h"
+#include "cuda/nccl_api.h"
 
 namespace ringcomm {
 

@@ -15,35 +15,15 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../reduce_ops.h"
-#include "checks.h"
-#include "reducer_cuda.h"
-#include "vector_split.h"
+#include "core/vocabulary.h"
+#include "cuda/checks.h"
+#include "cuda/reducer_cuda.h"
+#include "cuda/vector_split.h"
 
 namespace ringcomm {
 namespace {
 
-template <class T>
-struct Plain {
-  using S = T;
-  using C = T;
-  __device__ static C load(S x) { return x; }
-  __device__ static S store(C x) { return x; }
-};
-struct Half {
-  using S = __half;
-  using C = float;
-  __device__ static C load(S x) { return __half2float(x); }
-  __device__ static S store(C x) { return __float2half_rn(x); }
-};
-struct BF16 {
-  using S = __nv_bfloat16;
-  using C = float;
-  __device__ static C load(S x) { return __bfloat162float(x); }
-  __device__ static S store(C x) { return __float2bfloat16_rn(x); }
-};
-
-using ops::Max;  // reduce_ops.h: the same definitions as the host reducer
+using ops::Max;  // core/vocabulary.h: the same element types and ops as the host reducer
 using ops::Min;
 using ops::Prod;
 using ops::Sum;
@@ -142,7 +122,7 @@ class CudaReducer final : public Reducer {
     if (!n) return;
     switch (dtype_) {
       case DType::f16: launch_op<Half>(op_, dst, a, b, n, stream_); break;
-      case DType::bf16: launch_op<BF16>(op_, dst, a, b, n, stream_); break;
+      case DType::bf16: launch_op<BFloat16>(op_, dst, a, b, n, stream_); break;
       case DType::f32: launch_op<Plain<float>>(op_, dst, a, b, n, stream_); break;
       case DType::f64: launch_op<Plain<double>>(op_, dst, a, b, n, stream_); break;
       case DType::i8: launch_op<Plain<int8_t>>(op_, dst, a, b, n, stream_); break;
@@ -157,7 +137,7 @@ class CudaReducer final : public Reducer {
     if (op_ != Op::avg || !n) return;
     switch (dtype_) {
       case DType::f16: launch_divide<Half>(buf, n, nranks, stream_); break;
-      case DType::bf16: launch_divide<BF16>(buf, n, nranks, stream_); break;
+      case DType::bf16: launch_divide<BFloat16>(buf, n, nranks, stream_); break;
       case DType::f32: launch_divide<Plain<float>>(buf, n, nranks, stream_); break;
       case DType::f64: launch_divide<Plain<double>>(buf, n, nranks, stream_); break;
       default: break;  // avg on integers is rejected at construction

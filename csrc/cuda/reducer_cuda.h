@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "../reducer.h"
+#include "core/reducer.h"
 
 namespace ringcomm {
 

@@ -105,6 +105,12 @@ class DoneWork(dist.Work):
         super().__init__()
         self._result = result
 
+    def reuse(self, result: list) -> "DoneWork":
+        """This Work again, for another completed call (only when nobody else
+        holds it: ProcessGroupRingcomm._done_work)."""
+        self._result = result
+        return self
+
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         return True
 

@@ -26,7 +26,7 @@ grows: recursive doubling (fewest steps) for small buffers, halving-doubling
 for medium ones, the ring (least data per rank, and pipelined) for large;
 halving-doubling must beat the ring by MARGIN to displace it.
 ``auto_limits`` turns the constants into the two byte limits the engine
-compares each call against (csrc/engine.h set_auto_limits). Every rank must
+compares each call against (csrc/engine/engine.h set_auto_limits). Every rank must
 be given the same constants: ``init()`` broadcasts rank 0's.
 
 The lines leave out what makes a step's cost depend on its message size:

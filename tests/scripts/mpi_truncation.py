@@ -10,7 +10,7 @@ Open MPI 5.0.11 with its single-copy component (smsc/cma), messages above
 the eager limit (4 KiB) are written in full: 2500 bytes past a 2500-byte
 buffer for a 5000-byte message. Without cma: none. This is why every
 ringcomm receive names its call's stamp as the MPI tag: a message of another
-call (another size) can never match it (csrc/mpi_transport.cpp).
+call (another size) can never match it (csrc/transports/mpi_transport.cpp).
 """
 import numpy as np
 from mpi4py import MPI

@@ -1,0 +1,60 @@
+#include "core/fingerprint.h"
+
+#include <cstdio>
+
+namespace ringcomm {
+
+std::string describe(const Fingerprint& f) {
+  char buf[240];
+  Coll c = Coll(f.coll);
+  switch (c) {
+    case Coll::all_reduce: case Coll::reduce_scatter:
+      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, op=%s)", (unsigned long long)f.seq,
+                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), op_name(Op(f.op)));
+      break;
+    case Coll::all_gather:
+      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s)", (unsigned long long)f.seq,
+                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)));
+      break;
+    case Coll::broadcast:
+      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, root=%d)", (unsigned long long)f.seq,
+                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), f.root);
+      break;
+    default:
+      std::snprintf(buf, sizeof buf, "#%llu %s()", (unsigned long long)f.seq, coll_name(c));
+  }
+  std::string s = buf;
+  if (f.algo != 0) s += std::string(" [algorithm=") + algo_name(Algo(f.algo)) + "]";
+  if (c != Coll::barrier) s += " with segment_bytes=" + std::to_string(f.segment_bytes);
+  return s;
+}
+
+// FNV-1a over what same_call() compares.
+uint32_t stamp_of(const Fingerprint& f) {
+  const int64_t v[] = {int64_t(f.seq), f.count, f.segment_bytes, f.coll, f.dtype, f.op, f.root, f.algo};
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t x : v)
+    for (int i = 0; i < 8; ++i) {
+      h ^= uint64_t(x >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  return uint32_t(h ^ (h >> 32));
+}
+
+bool same_call(const Fingerprint& a, const Fingerprint& b) {
+  return a.seq == b.seq && a.count == b.count && a.coll == b.coll && a.dtype == b.dtype &&
+         a.op == b.op && a.root == b.root && a.segment_bytes == b.segment_bytes && a.algo == b.algo;
+}
+
+std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
+  return "ranks disagree on a collective call: rank " + std::to_string(a.rank) + " called " + describe(a) +
+         " but rank " + std::to_string(b.rank) + " called " + describe(b) +
+         " (every rank must issue the same collectives, in the same order, with the same count, dtype, op and root)";
+}
+
+bool plausible(const Fingerprint& f, int peer) {
+  return f.rank == peer && f.coll >= 0 && f.coll < int32_t(Coll::kCount) && f.dtype >= 0 &&
+         f.dtype < int32_t(DType::kCount) && f.algo >= 0 && f.algo < int32_t(Algo::kCount) && f.count >= 0;
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,34 @@
+// Fingerprint: what all ranks must agree on for one collective call, and
+// what is derived from it: the text that names a call in an error, the
+// 32-bit stamp its payload messages carry (transport.h), and the comparison
+// the header check makes (Link::check_call).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/vocabulary.h"
+
+namespace ringcomm {
+
+struct Fingerprint {
+  uint64_t seq = 0;
+  int64_t count = 0;          // total elements of the full buffer
+  int64_t segment_bytes = 0;  // ranks must cut messages alike
+  int32_t coll = 0, dtype = 0, op = 0, root = 0;
+  int32_t rank = 0;           // who sent it (not compared)
+  int32_t algo = 0;           // Algo: which algorithm runs (ranks must agree)
+};
+
+// "#7 all_reduce(count=..., dtype=..., op=...) [algorithm=...] with segment_bytes=..."
+std::string describe(const Fingerprint& f);
+// A call's stamp (transport.h): a hash of what same_call() compares.
+uint32_t stamp_of(const Fingerprint& f);
+// Every field but the sender's rank agrees.
+bool same_call(const Fingerprint& a, const Fingerprint& b);
+// The error text naming both calls (a from rank a.rank, b from rank b.rank).
+std::string mismatch_text(const Fingerprint& a, const Fingerprint& b);
+// Could these bytes be `peer`'s fingerprint (and not another call's payload)?
+bool plausible(const Fingerprint& f, int peer);
+
+}  // namespace ringcomm

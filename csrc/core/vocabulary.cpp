@@ -1,0 +1,50 @@
+#include "core/vocabulary.h"
+
+namespace ringcomm {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f16: case DType::bf16: return 2;
+    case DType::f32: case DType::i32: return 4;
+    case DType::f64: case DType::i64: return 8;
+    case DType::i8: case DType::u8: return 1;
+    default: throw_invalid("unknown dtype code " + std::to_string(int(t)));
+  }
+}
+
+bool dtype_is_floating(DType t) {
+  return t == DType::f16 || t == DType::bf16 || t == DType::f32 || t == DType::f64;
+}
+
+const char* dtype_name(DType t) {
+  static const char* names[] = {"float16", "bfloat16", "float32", "float64",
+                                "int8",    "uint8",    "int32",   "int64"};
+  int i = int(t);
+  return (i >= 0 && i < int(DType::kCount)) ? names[i] : "?";
+}
+
+const char* op_name(Op o) {
+  static const char* names[] = {"sum", "prod", "min", "max", "avg"};
+  int i = int(o);
+  return (i >= 0 && i < int(Op::kCount)) ? names[i] : "?";
+}
+
+const char* coll_name(Coll c) {
+  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
+  int i = int(c);
+  return (i >= 0 && i < int(Coll::kCount)) ? names[i] : "?";
+}
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::ring: return "ring";
+    case Algo::naive: return "naive";
+    case Algo::recursive_doubling: return "recursive_doubling";
+    case Algo::halving_doubling: return "halving_doubling";
+    default: return "auto";
+  }
+}
+
+void throw_invalid(const std::string& msg) { throw RingError(ErrKind::invalid, -1, -1, 0, msg); }
+
+}  // namespace ringcomm

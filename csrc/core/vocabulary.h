@@ -1,0 +1,165 @@
+// The vocabulary of the native core, for host and device alike:
+//   * the codes that cross the binding (DType, Op, Coll, Algo, ErrKind);
+//     ringcomm/_dtypes.py, ringcomm/errors.py and ringcomm/comm.py mirror
+//     their values, which are part of the Python API;
+//   * what an element of each dtype is: the type it is stored in, the type
+//     it is combined in, and the conversions between them (Plain, Half,
+//     BFloat16);
+//   * what each op does to two elements (ops::Sum, Prod, Min, Max);
+//   * the one error type every layer throws (RingError).
+// g++ compiles it for the host (the host reducer and everything else), nvcc
+// for the device kernels (cuda/reducer_cuda.cu): the element traits and the
+// ops are __host__ __device__ there (RC_HD), so both reducers define every
+// (dtype, op) the same way and give the same results.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define RC_HD __host__ __device__ __forceinline__
+#else
+#if !defined(__FLT16_MANT_DIG__)
+#error "ringcomm needs a compiler with _Float16 (GCC >= 12 or Clang >= 15 on x86-64/aarch64)"
+#endif
+#define RC_HD inline __attribute__((always_inline))  // must inline into the vectorized loops
+#endif
+
+namespace ringcomm {
+
+// ---- codes ------------------------------------------------------------------
+enum class DType : int32_t { f16 = 0, bf16, f32, f64, i8, u8, i32, i64, kCount };
+enum class Op : int32_t { sum = 0, prod, min, max, avg, kCount };
+enum class Coll : int32_t { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, kCount };
+// The algorithms a collective can run (algorithms/algorithms.h). `automatic`
+// is resolved by the Engine before the call starts (Engine::choose_algorithm,
+// with the crossovers ringcomm/selection.py computes); it never travels.
+enum class Algo : int32_t { ring = 0, naive, recursive_doubling, halving_doubling, kCount, automatic = -1 };
+// Error kinds map one-to-one onto the Python exception classes in ringcomm/errors.py.
+enum class ErrKind : int32_t { invalid = 0, timeout, mismatch, aborted, transport };
+
+size_t dtype_size(DType t);
+bool dtype_is_floating(DType t);
+const char* dtype_name(DType t);
+const char* op_name(Op o);
+const char* coll_name(Coll c);
+const char* algo_name(Algo a);
+
+// ---- element traits: storage type S, compute type C, load/store -------------
+// Half types are widened to float, combined, and rounded back
+// (round-to-nearest-even, as numpy and ml_dtypes do), so each ring step
+// rounds exactly once.
+template <class T>
+struct Plain {
+  using S = T;
+  using C = T;
+  static RC_HD C load(S x) { return x; }
+  static RC_HD S store(C x) { return x; }
+};
+
+struct Half {
+#if defined(__CUDACC__)
+  using S = __half;
+  using C = float;
+  static RC_HD C load(S x) { return __half2float(x); }
+  static RC_HD S store(C x) { return __float2half_rn(x); }
+#else
+  using S = _Float16;
+  using C = float;
+  static RC_HD C load(S x) { return float(x); }
+  static RC_HD S store(C x) { return S(x); }
+#endif
+};
+
+// Stored as its bits: a bfloat16 is the upper half of a float32.
+struct BFloat16 {
+  using S = uint16_t;
+  using C = float;
+  static RC_HD C load(S x) { return bit_cast<float>(uint32_t(x) << 16); }
+  static RC_HD S store(C f) {
+#if defined(__CUDA_ARCH__)
+    // The device's own conversion (one instruction from sm_80 on).
+    return __nv_bfloat16_raw(__float2bfloat16_rn(f)).x;
+#else
+    const uint32_t u = bit_cast<uint32_t>(f);
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;  // nearest, ties to even
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;                     // keep NaN a NaN
+    return S(f != f ? quiet_nan : rounded);
+#endif
+  }
+
+ private:
+  template <class To, class From>
+  static RC_HD To bit_cast(From x) {  // (memcpy is a register move here, on host and device)
+    static_assert(sizeof(To) == sizeof(From), "same size");
+    To y;
+    std::memcpy(&y, &x, sizeof y);
+    return y;
+  }
+};
+
+// ---- ops --------------------------------------------------------------------
+// Integers wrap modulo 2^bits (computed in the unsigned type of the same
+// width: signed overflow is undefined in C++); min/max compare with <, in the
+// compute type (float for half types). avg is sum, then one division by the
+// number of ranks (Reducer::finalize).
+namespace ops {
+
+template <class C, bool = std::is_integral<C>::value>
+struct WideOf { using type = C; };
+template <class C>
+struct WideOf<C, true> { using type = typename std::make_unsigned<C>::type; };
+template <class C>
+using Wide = typename WideOf<C>::type;
+
+struct Sum {
+  template <class C>
+  static RC_HD C apply(C a, C b) { return C(Wide<C>(a) + Wide<C>(b)); }
+};
+struct Prod {
+  template <class C>
+  static RC_HD C apply(C a, C b) { return C(Wide<C>(a) * Wide<C>(b)); }
+};
+struct Min {
+  template <class C>
+  static RC_HD C apply(C a, C b) { return b < a ? b : a; }
+};
+struct Max {
+  template <class C>
+  static RC_HD C apply(C a, C b) { return a < b ? b : a; }
+};
+
+}  // namespace ops
+
+// ---- errors -----------------------------------------------------------------
+// Every failure carries who saw it, which peer was involved and which collective
+// (by sequence number), so a message from any rank of a large job is actionable.
+struct RingError : std::runtime_error {
+  ErrKind kind;
+  int rank;
+  int peer;       // -1 when no single peer is involved
+  uint64_t seq;   // sequence number of the collective on this communicator (0: none)
+  // Where the failure began: the rank that detected it and what it was (a
+  // rank that heard of it through the ring raises `aborted`, but keeps the
+  // origin's rank and kind here). -1 / kind itself when this rank is the origin.
+  int origin = -1;
+  ErrKind cause;
+  RingError(ErrKind k, int rank_, int peer_, uint64_t seq_, const std::string& msg)
+      : std::runtime_error(msg), kind(k), rank(rank_), peer(peer_), seq(seq_), cause(k) {}
+};
+
+[[noreturn]] void throw_invalid(const std::string& msg);
+
+// ---- small shared helpers ---------------------------------------------------
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+}  // namespace ringcomm

@@ -1,0 +1,481 @@
+#include "engine/engine.h"
+
+#include "algorithms/algorithms.h"
+
+namespace ringcomm {
+
+bool Work::wait(double timeout_s) {
+  std::unique_lock<std::mutex> lk(m_);
+  if (timeout_s < 0) {
+    cv_.wait(lk, [&] { return done_; });
+    return true;
+  }
+  return cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return done_; });
+}
+
+bool Work::is_completed() {
+  std::lock_guard<std::mutex> g(m_);
+  return done_;
+}
+
+const RingError* Work::error() {
+  std::lock_guard<std::mutex> g(m_);
+  return err_.get();
+}
+
+EventPtr Work::done_event() {
+  std::lock_guard<std::mutex> g(m_);
+  return done_event_;
+}
+
+std::shared_ptr<Hold> Work::hold() {
+  std::lock_guard<std::mutex> g(m_);
+  return hold_;
+}
+
+void Work::reset() {
+  std::lock_guard<std::mutex> g(m_);
+  done_ = false;
+  err_.reset();
+  seq_ = 0;
+  done_event_.reset();
+  device_.reset();
+  hold_.reset();
+}
+
+void Work::finish(std::unique_ptr<RingError> err) {
+  std::lock_guard<std::mutex> g(m_);
+  err_ = std::move(err);
+  done_ = true;
+  cv_.notify_all();
+}
+
+Engine::Engine(std::unique_ptr<Transport> transport, Options opts, size_t flight_records)
+    : link_(std::move(transport), opts), recorder_(flight_records), opts_(opts), worker_([this] { loop(); }) {}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+  // Device work of finished collectives may still be queued (Works can hold
+  // the device past this point): let it end before the caller frees buffers,
+  // but never wait forever on a peer that is gone.
+  if (auto dev = device()) {
+    try {
+      dev->record()->synchronize(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(opts_.timeout_s)));
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+void Engine::validate(Task& t) {
+  if (int(t.coll) < 0 || t.coll >= Coll::kCount) throw_invalid("unknown collective code");
+  if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) check_reducer(t.dtype, t.op);
+  else dtype_size(t.dtype);
+  t.algo = int(choose_algorithm(t));
+  last_algo_.store(t.algo, std::memory_order_relaxed);
+  if (t.coll == Coll::broadcast && (t.root < 0 || t.root >= size()))
+    throw_invalid("broadcast root " + std::to_string(t.root) + " is out of range for " + std::to_string(size()) +
+                  " ranks (expected 0 <= root < " + std::to_string(size()) + ")");
+  std::lock_guard<std::mutex> g(state_m_);
+  if (aborted_) {
+    RingError e(ErrKind::aborted, rank(), -1, 0, "communicator was aborted earlier: " + abort_reason_);
+    e.origin = abort_origin_;
+    e.cause = abort_cause_;
+    throw e;
+  }
+}
+
+Algo Engine::choose_algorithm(const Task& t) const {
+  const Algo a = Algo(t.algo);
+  if (a == Algo::automatic) {
+    // Every rank resolves the same way: from the call's size and limits all
+    // ranks were given alike (a disagreement is still caught: the resolved
+    // algorithm is part of the fingerprint). A device communicator runs the
+    // ring: `ringcomm tune` measures host transports only, so nothing says
+    // another algorithm is faster on a GPU (they run there when asked for).
+    const bool host = !link_.device();
+    if (t.coll == Coll::all_reduce && host && size() > 1) {
+      const size_t bytes = t.count * dtype_size(t.dtype);
+      if (bytes <= auto_rd_max_.load(std::memory_order_relaxed)) return Algo::recursive_doubling;
+      if (bytes <= auto_hd_max_.load(std::memory_order_relaxed)) return Algo::halving_doubling;
+    }
+    return Algo::ring;
+  }
+  if (int(a) < 0 || a >= Algo::kCount) throw_invalid("unknown algorithm code " + std::to_string(t.algo));
+  if (a == Algo::ring) return a;
+  const char* name = algo_name(a);  // (no std::string: this runs on every call)
+  const bool pow2 = (size() & (size() - 1)) == 0;
+  if (a == Algo::halving_doubling && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather)) {
+    if (!pow2)
+      throw_invalid("algorithm 'halving_doubling' runs " + std::string(coll_name(t.coll)) +
+                    " on a power-of-two number of ranks only (this communicator has " + std::to_string(size()) +
+                    "): its blocks are the split rule's chunks only then; all_reduce folds any number");
+  } else if (t.coll != Coll::all_reduce) {
+    throw_invalid("algorithm '" + std::string(name) + "' exists for all_reduce" +
+                  (a == Algo::halving_doubling ? ", reduce_scatter and all_gather" : "") + " only");
+  }
+  return a;
+}
+
+void Engine::record_abort(const std::string& reason, int origin, ErrKind cause) {
+  std::lock_guard<std::mutex> g(state_m_);
+  if (aborted_) return;  // the first failure is the reason
+  aborted_ = true;
+  abort_reason_ = reason;
+  abort_origin_ = origin;
+  abort_cause_ = cause;
+}
+
+std::shared_ptr<Work> Engine::enqueue(const Task& t, bool inline_if_idle, bool* run_here) {
+  std::lock_guard<std::mutex> g(m_);
+  const bool here = inline_if_idle && queue_.empty() && !busy_;
+  std::shared_ptr<Work> w;
+  if (here && spare_work_.use_count() == 1) {
+    // The last call run here is over and its caller let go of it: reuse it
+    // (no allocation on the small path). Only this engine can hand it out.
+    w = spare_work_;
+    w->reset();
+  } else {
+    w = std::make_shared<Work>();
+    if (here) spare_work_ = w;
+  }
+  w->seq_ = t.abort ? 0 : ++next_seq_;
+  if (!t.abort && recorder_.capacity()) {
+    FlightRecord r;
+    r.seq = w->seq_;
+    r.coll = int32_t(t.coll);
+    r.count = int64_t(t.count);
+    r.dtype = int32_t(t.dtype);
+    r.op = int32_t(t.op);
+    r.root = t.root;
+    r.algo = t.algo;
+    r.t_issue_ns = wall_ns();
+    if (here) {  // runs right now on the caller's thread: issued and started in one record
+      r.state = FlightState::running;
+      r.t_start_ns = r.t_issue_ns;
+    }
+    recorder_.issued(r);
+  }
+  if (here) {
+    busy_ = true;
+    *run_here = true;
+  } else {
+    queue_.emplace_back(t, w);
+    cv_.notify_one();
+  }
+  return w;
+}
+
+std::shared_ptr<Work> Engine::submit(const Task& t) {
+  Task task = t;
+  validate(task);
+  bool run_here = false;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    task.opts = opts_;
+    task.tracer = tracer_;
+  }
+  return enqueue(task, false, &run_here);
+}
+
+std::shared_ptr<Work> Engine::submit_and_wait(const Task& t, const std::function<bool()>* interrupted) {
+  Task task = t;  // (interrupted is set below only when it runs here: a queued task runs on the worker)
+  validate(task);
+  {
+    std::lock_guard<std::mutex> g(m_);
+    task.opts = opts_;
+    task.tracer = tracer_;
+  }
+  bool run_here = false;
+  auto w = enqueue(task, true, &run_here);
+  if (run_here) {
+    task.interrupted = interrupted;
+    task.started = true;  // recorded as running by enqueue()
+    inline_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    execute(task, *w);
+    inline_thread_.store(std::thread::id(), std::memory_order_relaxed);
+    bool handed_work;
+    {
+      std::lock_guard<std::mutex> g(m_);
+      busy_ = false;
+      handed_work = !queue_.empty() || stop_;
+    }
+    if (handed_work) cv_.notify_all();  // only then: waking the worker costs a context switch
+  } else if (interrupted) {
+    bool fired = false;
+    wait_interruptible(*w, -1, *interrupted, &fired);
+    return w;
+  }
+  w->wait(-1);
+  return w;
+}
+
+bool Engine::wait_interruptible(Work& w, double timeout_s, const std::function<bool()>& interrupted, bool* fired) {
+  const auto start = Clock::now();
+  for (;;) {
+    double slice = 0.1;
+    if (timeout_s >= 0) {
+      const double left = timeout_s - std::chrono::duration<double>(Clock::now() - start).count();
+      if (left <= 0) return w.is_completed();
+      slice = std::min(slice, left);
+    }
+    if (w.wait(slice)) return true;
+    if (interrupted()) {
+      *fired = true;
+      abort(true);  // the waiting collective fails at once and tells the ring
+      w.wait(std::min(opts_.timeout_s, 5.0));
+      return false;
+    }
+  }
+}
+
+std::shared_ptr<Work> Engine::abort(bool by_interrupt) {
+  // Interrupt a collective that is waiting now (it fails, and fail() tells the
+  // ring), then queue the abort itself for when nothing runs.
+  if (by_interrupt) link_.mark_user_interrupt();
+  link_.transport().interrupt();
+  Task t;
+  t.abort = true;
+  bool run_here = false;
+  return enqueue(t, false, &run_here);
+}
+
+void Engine::loop() {
+  for (;;) {
+    std::pair<Task, std::shared_ptr<Work>> item;
+    {
+      std::unique_lock<std::mutex> lk(m_);
+      cv_.wait(lk, [&] { return (stop_ && !busy_) || (!queue_.empty() && !busy_); });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+    }
+    execute(item.first, *item.second);
+    {
+      std::lock_guard<std::mutex> g(m_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+void Engine::execute(const Task& t, Work& w) {
+  std::unique_ptr<RingError> err;
+  if (!t.abort && !t.started) recorder_.started(w.seq());
+  link_.set_interrupt_check(t.interrupted);
+  try {
+    perform(t, w);
+  } catch (const RingError& e) {
+    err = std::make_unique<RingError>(e);
+  } catch (const std::exception& e) {
+    err = std::make_unique<RingError>(ErrKind::transport, rank(), -1, w.seq(), e.what());
+  }
+  if (err && t.abort) {  // the abort itself succeeded
+    link_.fail(*err);
+    record_abort(err->what(), rank(), ErrKind::aborted);
+    err.reset();
+  }
+  link_.set_interrupt_check(nullptr);
+  if (err) {
+    if (err->seq == 0) err->seq = w.seq();
+    if (err->rank < 0) err->rank = rank();
+    if (err->origin < 0) err->origin = err->rank;
+    if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
+      link_.fail(*err);
+      record_abort(err->what(), err->origin, err->cause);
+    }
+  }
+  if (!t.abort) {
+    if (err) {
+      const std::string text = err->what();
+      recorder_.ended(w.seq(), link_.progress(), &text);
+    } else {
+      recorder_.ended(w.seq(), link_.progress(), nullptr);
+    }
+  }
+  if (err) {
+    if (auto h = link_.hold()) {  // requests that outlived it may still use the caller's arrays
+      std::lock_guard<std::mutex> g(w.m_);
+      w.hold_ = h;
+    }
+    // Device work of the failed collective may already be queued (copies,
+    // kernels, a peer's copy out of our buffer): the caller must keep its
+    // arrays until this point has passed (Python's Work does).
+    if (auto dev = device()) {
+      try {
+        std::lock_guard<std::mutex> g(w.m_);
+        w.done_event_ = dev->record();
+        w.device_ = dev;
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  w.finish(std::move(err));
+}
+
+// Host: the reducer runs here (made once per dtype and op: no allocation
+// per call). Device: it enqueues kernels on the device.
+const Reducer& Engine::reducer(DType dtype, Op op) {
+  auto& slot = reducers_[size_t(dtype) * size_t(Op::kCount) + size_t(op)];
+  if (!slot) slot = link_.device() ? link_.device()->reducer(dtype, op) : make_cpu_reducer(dtype, op);
+  return *slot;
+}
+
+void Engine::perform(const Task& t, Work& w) {
+  const uint64_t seq = w.seq();
+  Device* dev = link_.device();
+  if (t.abort) {
+    if (!link_.aborted())
+      throw RingError(ErrKind::aborted, rank(), -1, link_.seq(),
+                      "rank " + std::to_string(rank()) + " aborted the communicator");
+    return;
+  }
+  if (link_.aborted())
+    throw RingError(ErrKind::aborted, rank(), -1, seq, "communicator was aborted earlier: " + link_.abort_reason());
+  Quarantine::instance().reap();  // one atomic load unless an earlier failure left requests behind
+  link_.mutable_options() = t.opts;
+  link_.set_tracer(t.tracer.get());
+  Fingerprint fp;
+  fp.seq = seq;
+  if (t.coll != Coll::barrier) fp.segment_bytes = int64_t(t.opts.segment_bytes);
+  fp.coll = int32_t(t.coll);
+  fp.count = int64_t(t.count);
+  // Only what the collective uses is compared: the rest stays 0 on every rank.
+  if (t.coll != Coll::barrier) fp.dtype = int32_t(t.dtype);
+  if (t.coll == Coll::all_reduce || t.coll == Coll::reduce_scatter) fp.op = int32_t(t.op);
+  if (t.coll == Coll::broadcast) fp.root = t.root;
+  fp.algo = t.algo;
+
+  const size_t es = dtype_size(t.dtype);
+  // Pairwise algorithms on two ranks: the partner is both neighbours, and the
+  // first message goes to it at once, so its stamp is the header. (Stamped
+  // transports only: not in device memory.)
+  const bool inline_header = size() == 2 && t.count > 0 && link_.stamped() &&
+                             (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
+  link_.begin(fp, inline_header);
+  if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
+  switch (t.coll) {
+    case Coll::all_reduce: {
+      const Reducer* red = &reducer(t.dtype, t.op);
+      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
+      auto in = static_cast<const char*>(t.in);
+      auto out = static_cast<char*>(t.out);
+      switch (Algo(t.algo)) {
+        case Algo::naive: naive_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::recursive_doubling: recursive_doubling_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::halving_doubling: halving_doubling_all_reduce(link_, plan, *red, in, out); break;
+        default: ring_all_reduce(link_, plan, *red, in, out);
+      }
+      break;
+    }
+    case Coll::reduce_scatter: {
+      const Reducer* red = &reducer(t.dtype, t.op);
+      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
+      // Partial sums of the chunks this rank passes on need a home that is
+      // neither the caller's input (never written) nor its chunk-sized output.
+      char* acc = link_.scratch(1, t.count * es);
+      if (Algo(t.algo) == Algo::halving_doubling)
+        halving_doubling_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc,
+                                        static_cast<char*>(t.out));
+      else
+        ring_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc, static_cast<char*>(t.out));
+      red->finalize(t.out, plan.chunk_count(rank()), size());
+      break;
+    }
+    case Coll::all_gather: {
+      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
+      if (Algo(t.algo) == Algo::halving_doubling)
+        halving_doubling_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      else
+        ring_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      break;
+    }
+    case Coll::broadcast:
+      chain_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
+      break;
+    case Coll::barrier:
+      ring_barrier(link_);
+      break;
+    default:
+      throw_invalid("unknown collective");
+  }
+  link_.drain();
+  link_.end_call();
+  if (dev) {
+    std::lock_guard<std::mutex> g(w.m_);
+    w.done_event_ = dev->record();
+    w.device_ = link_.transport().device();
+  }
+}
+
+std::unique_ptr<RingError> Engine::check_peers() {
+  {
+    std::lock_guard<std::mutex> g(state_m_);
+    if (aborted_) return std::make_unique<RingError>(ErrKind::aborted, rank(), -1, 0, abort_reason_);
+  }
+  {
+    std::lock_guard<std::mutex> g(m_);
+    if (busy_ || !queue_.empty()) return nullptr;
+    busy_ = true;  // the link is ours until we hand it back
+  }
+  std::unique_ptr<RingError> err;
+  try {
+    link_.poll_control();
+  } catch (const RingError& e) {
+    err = std::make_unique<RingError>(e);
+    link_.fail(e);
+    record_abort(e.what(), e.origin, e.cause);
+  }
+  {
+    std::lock_guard<std::mutex> g(m_);
+    busy_ = false;
+  }
+  cv_.notify_all();
+  return err;
+}
+
+// Only the thread that stored it can find its own id there: relaxed is enough.
+bool Engine::running_here() const { return inline_thread_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+
+bool Engine::aborted() {
+  std::lock_guard<std::mutex> g(state_m_);
+  return aborted_;
+}
+
+std::string Engine::abort_reason() {
+  std::lock_guard<std::mutex> g(state_m_);
+  return abort_reason_;
+}
+
+// Options travel inside each task, so a change applies exactly to the
+// collectives submitted after it, never to one already running.
+void Engine::set_segment_bytes(size_t bytes) {
+  if (bytes == 0 || bytes > (size_t(1) << 30))
+    throw_invalid("segment size must be between 1 byte and 1 GiB, got " + std::to_string(bytes));
+  std::lock_guard<std::mutex> g(m_);
+  opts_.segment_bytes = bytes;
+}
+
+void Engine::set_timeout(double seconds) {
+  if (!(seconds > 0)) throw_invalid("timeout must be positive, got " + std::to_string(seconds));
+  std::lock_guard<std::mutex> g(m_);
+  opts_.timeout_s = seconds;
+}
+
+void Engine::set_tracer(std::shared_ptr<Tracer> t) {
+  std::lock_guard<std::mutex> g(m_);
+  tracer_ = std::move(t);
+}
+
+Options Engine::options() {
+  std::lock_guard<std::mutex> g(m_);
+  return opts_;
+}
+
+}  // namespace ringcomm

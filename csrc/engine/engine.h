@@ -1,0 +1,185 @@
+// Engine: one worker thread per communicator that runs collectives in the
+// order they were issued, so every rank executes the same sequence whatever
+// its Python threads do. Callers get a Work to wait on (with the GIL
+// released by the bindings).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "core/link.h"
+#include "core/reducer.h"
+
+namespace ringcomm {
+
+// Completion state of one collective, shared between caller and worker.
+class Work {
+ public:
+  // Wait up to `timeout_s` (negative: forever). Returns true when complete
+  // (successfully or not); check error() afterwards.
+  bool wait(double timeout_s);
+  bool is_completed();
+  // After completion: null on success, else the failure.
+  const RingError* error();
+  uint64_t seq() const { return seq_; }
+  // Device collectives: once complete (on the host: everything is enqueued),
+  // the point on the communicator's device after which the result is ready,
+  // and that device. Null for host collectives and failed ones.
+  EventPtr done_event();
+  std::shared_ptr<Device> device() const { return device_; }
+  // A failed collective whose requests could not all be withdrawn: its claim
+  // on the caller's arrays (quarantine.h). Null when nothing outlived it.
+  std::shared_ptr<Hold> hold();
+
+ private:
+  friend class Engine;
+  void finish(std::unique_ptr<RingError> err);
+  void reset();  // back to "not complete", for reuse (Engine::enqueue)
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::unique_ptr<RingError> err_;
+  uint64_t seq_ = 0;
+  EventPtr done_event_;
+  std::shared_ptr<Device> device_;
+  std::shared_ptr<Hold> hold_;
+};
+
+struct Task {
+  Coll coll = Coll::barrier;
+  const void* in = nullptr;  // see Engine::submit for each collective's buffers
+  void* out = nullptr;
+  size_t count = 0;          // elements of the full buffer
+  DType dtype = DType::f32;
+  Op op = Op::sum;
+  int root = 0;
+  int algo = 0;  // Algo (core/vocabulary.h); Algo::automatic is resolved by choose_algorithm()
+  // Device communicators: the collective starts after this point (the
+  // caller's stream at the time of the call; device.h). May be null.
+  EventPtr after;
+  std::shared_ptr<Tracer> tracer;  // filled by submit(): the tracer in force, if any
+  Options opts;  // filled by submit(): the options in force when it was issued
+  bool abort = false;  // not a collective: abort the communicator (Engine::abort)
+  const std::function<bool()>* interrupted = nullptr;  // submit_and_wait on the caller's thread: Ctrl-C check
+  bool started = false;  // its flight record already says running (an inline run)
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Transport> transport, Options opts, size_t flight_records = 256);
+  ~Engine();  // finishes queued work, then stops the worker
+
+  int rank() const { return link_.rank(); }
+  int size() const { return link_.size(); }
+  std::string transport_name() { return link_.transport().name(); }
+  // Null for host memory; else the device every collective's payload lives on.
+  std::shared_ptr<Device> device() { return link_.transport().device(); }
+
+  // Buffers per collective (`count` is always the full buffer's length):
+  //   all_reduce     in: count elements, out: count elements (may be in)
+  //   reduce_scatter in: count elements, out: this rank's chunk
+  //   all_gather     in: this rank's chunk, out: count elements
+  //   broadcast      out: count elements (in is ignored)
+  //   barrier        none
+  // Checks what can be checked locally (dtype, op, root) and throws
+  // RingError(invalid) before anything is queued; throws RingError(aborted)
+  // at once on an aborted communicator.
+  std::shared_ptr<Work> submit(const Task& t);
+  // Same, then wait for completion. When nothing is queued or running, the
+  // collective runs right here on the caller's thread: a small synchronous
+  // collective then costs no thread handoff (order is unchanged: it is the
+  // only one in flight). `interrupted` (may be null) is polled every 100 ms
+  // while it waits; when it returns true the collective fails, the
+  // communicator is aborted and the ring told (Ctrl-C).
+  std::shared_ptr<Work> submit_and_wait(const Task& t, const std::function<bool()>* interrupted = nullptr);
+  // Wait for `w` like Work::wait, polling `interrupted` every 100 ms; on
+  // true, abort the communicator, wait (bounded) for `w` to end, and return
+  // false. Returns true once `w` is complete.
+  bool wait_interruptible(Work& w, double timeout_s, const std::function<bool()>& interrupted, bool* fired);
+
+  // Abort on purpose (after the collectives already queued): the ring is told,
+  // so peers waiting on this rank fail at once instead of at their deadline.
+  // `by_interrupt`: a user interrupt (Ctrl-C) is the reason; the ring is told so.
+  std::shared_ptr<Work> abort(bool by_interrupt = false);
+  bool aborted();
+  std::string abort_reason();
+  // A collective is running inline on the calling thread (submit_and_wait), e.g.
+  // a signal handler called from its interrupt check is calling back in:
+  // waiting for queued work here would wait for ourselves.
+  bool running_here() const;
+  // Device communicators: has a peer failed since the last collective? Reads
+  // the control stream when no collective is running (one that is running
+  // sees failures itself) and, on an ABORT notice, fails the link (which
+  // ends device work stuck waiting on that peer). Returns the failure, or
+  // null. Thread-safe.
+  std::unique_ptr<RingError> check_peers();
+  Ledger& ledger() { return link_.ledger(); }
+  // algorithm="auto" for all_reduce on host memory: recursive doubling up to
+  // rd_max bytes, halving-doubling up to hd_max, the ring above (the cost
+  // model's crossovers for this communicator: ringcomm/selection.py).
+  // Device communicators always run the ring.
+  void set_auto_limits(size_t rd_max, size_t hd_max) {
+    auto_rd_max_.store(rd_max);
+    auto_hd_max_.store(hd_max);
+  }
+  // Algo of the collective submitted last (what "auto" chose).
+  int last_algo() const { return last_algo_.load(std::memory_order_relaxed); }
+  // Takes effect for collectives submitted afterwards.
+  void set_segment_bytes(size_t bytes);
+  void set_timeout(double seconds);
+  Options options();
+  // Record a step trace of the collectives submitted from now on (null: stop).
+  void set_tracer(std::shared_ptr<Tracer> t);
+  // The last K collectives (flight.h), oldest first.
+  std::vector<FlightRecord> flight_record() { return recorder_.snapshot(link_.progress()); }
+  // One line about what this rank is doing (for a peer's timeout message).
+  std::string flight_summary() { return recorder_.summary(link_.progress()); }
+  void set_flight_records(size_t k) { recorder_.set_capacity(k); }
+  // In-process worlds: how to ask another rank of the world for its flight_summary().
+  void set_peer_state(std::function<std::string(int)> f) { link_.set_peer_state(std::move(f)); }
+
+ private:
+  void loop();
+  std::shared_ptr<Work> enqueue(const Task& t, bool inline_if_idle, bool* run_here);
+  void execute(const Task& t, Work& w);  // perform() and record the outcome (Work, flight record, abort state)
+  void perform(const Task& t, Work& w);  // the collective itself: header, algorithm, drain
+  // Throws RingError(invalid) for what can be checked locally, or (aborted)
+  // on an aborted communicator; fills t.algo (choose_algorithm).
+  void validate(Task& t);
+  // The algorithm the call runs: t.algo when it exists for this collective
+  // and communicator (else RingError(invalid)); for Algo::automatic, by size
+  // against the limits of set_auto_limits(), alike on every rank.
+  Algo choose_algorithm(const Task& t) const;
+  // The communicator is aborted (the first failure's reason stays). Thread-safe.
+  void record_abort(const std::string& reason, int origin, ErrKind cause);
+  const Reducer& reducer(DType dtype, Op op);  // the worker's (or inline caller's) only
+  std::unique_ptr<Reducer> reducers_[size_t(DType::kCount) * size_t(Op::kCount)];
+
+  Link link_;
+  FlightRecorder recorder_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::pair<Task, std::shared_ptr<Work>>> queue_;
+  std::shared_ptr<Work> spare_work_;  // the Work of the last call run on its caller's thread (reused)
+  bool stop_ = false;
+  bool busy_ = false;  // a collective is executing (on the worker or a caller)
+  uint64_t next_seq_ = 0;
+  std::mutex state_m_;  // guards the abort flag as seen by submit()
+  bool aborted_ = false;
+  std::string abort_reason_;
+  int abort_origin_ = -1;
+  ErrKind abort_cause_ = ErrKind::aborted;
+  Options opts_;  // guarded by m_; copied into each task
+  std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
+  std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0};
+  std::atomic<int> last_algo_{0};
+  std::atomic<std::thread::id> inline_thread_{};  // the thread running a collective inline, if any
+  std::thread worker_;
+};
+
+}  // namespace ringcomm

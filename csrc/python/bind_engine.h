@@ -1,0 +1,257 @@
+// The Engine's Python bindings, shared by ringcomm._core (host transports)
+// and ringcomm._cuda (device transports): each module compiles the engine and
+// registers these classes as module-local types, so the two never clash and
+// the Python layer drives both through the same methods. This file is the
+// registration list; the conversions are in converters.h, Ctrl-C in
+// signals.h, errors in py_errors.h.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core/quarantine.h"
+#include "engine/engine.h"
+#include "python/converters.h"
+#include "python/py_errors.h"
+#include "python/signals.h"
+#include "transports/inproc_transport.h"
+
+namespace ringcomm {
+namespace bind {
+
+namespace py = pybind11;
+
+// Owns an Engine; close() stops it deterministically (before MPI_Finalize).
+// Shared, so that a collective running on another thread when close() is
+// called keeps the engine alive until it returns (the last owner destroys it).
+struct EngineHandle {
+  std::shared_ptr<Engine> engine;
+  std::shared_ptr<InprocWorld> world, world2;  // keep in-process worlds alive
+  Engine& get() { return *shared(); }
+  std::shared_ptr<Engine> shared() {
+    std::shared_ptr<Engine> e = engine;
+    if (!e) throw_invalid("communicator is closed");
+    return e;
+  }
+};
+
+// The in-process world, opaque to Python.
+struct WorldHandle {
+  std::shared_ptr<InprocWorld> world;
+};
+
+// Run a host collective to completion (on this thread when the engine is
+// idle), polling Ctrl-C on the main thread; raises the failure.
+inline void call_host(EngineHandle& h, const Task& t) {
+  std::shared_ptr<Engine> e = h.shared();
+  // Device collectives must keep their arrays until the device is
+  // done with them, which only a Work can track: use submit().
+  if (e->device()) throw_invalid("run() is for host engines; device engines use submit()");
+  std::shared_ptr<Work> w;
+  if (on_main_thread()) {
+    SignalCheck check;
+    {
+      py::gil_scoped_release nogil;
+      w = e->submit_and_wait(t, &check.fn);
+      e.reset();  // if close() ran meanwhile, the engine is destroyed here, without the GIL
+    }
+    if (check.fired) check.raise(w->hold());  // the communicator is aborted and the ring told
+  } else {
+    py::gil_scoped_release nogil;
+    w = e->submit_and_wait(t);
+    e.reset();
+  }
+  if (const RingError* err = w->error()) raise_object(failure_object(*err, w->hold()));
+}
+
+// Registers Work, Tracer, InprocWorld, Engine and inproc_world() in `m`.
+inline void bind_engine(py::module_& m) {
+  m.def("set_main_thread", [](unsigned long ident) { main_thread_ident() = ident; }, py::arg("ident"));
+  m.def("quarantined", [] { return Quarantine::instance().reap(); },
+        "Requests of failed collectives still in flight (after releasing those that completed).");
+  m.def("quarantine_drain", [](double seconds) { return Quarantine::instance().drain(seconds); },
+        py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
+        "Release completed quarantined requests until none is left or `seconds` pass; returns how many remain.");
+  m.def("leak", [](py::object o) { o.inc_ref(); },
+        "Keep `o` alive until the process ends (arrays a request still in flight may use at exit).");
+  py::class_<Call>(m, "Call", py::module_local(),
+                   "One collective call as the engine takes it (ringcomm/door.py fills it).")
+      .def(py::init([](int coll, int dtype, int op, int algo, uintptr_t in, uintptr_t out, size_t count, int root) {
+             return Call{coll, dtype, op, algo, in, out, count, root};
+           }),
+           py::arg("coll"), py::arg("dtype"), py::arg("op"), py::arg("algo"), py::arg("in_ptr"),
+           py::arg("out_ptr"), py::arg("count"), py::arg("root"))
+      .def_readonly("coll", &Call::coll)
+      .def_readonly("dtype", &Call::dtype)
+      .def_readonly("op", &Call::op)
+      .def_readonly("algo", &Call::algo)
+      .def_readonly("in_ptr", &Call::in)
+      .def_readonly("out_ptr", &Call::out)
+      .def_readonly("count", &Call::count)
+      .def_readonly("root", &Call::root);
+  m.def("register_torch",
+        [](py::object tensor_type, py::dict codes) {
+          torch_types().tensor = tensor_type;
+          torch_types().codes = codes;
+        },
+        py::arg("tensor_type"), py::arg("codes"),
+        "Let the fast lane take torch CPU tensors: torch.Tensor and {torch.dtype: DType code}.");
+  py::class_<Hold, std::shared_ptr<Hold>>(m, "Hold", py::module_local())
+      .def_property_readonly("pending", [](Hold& h) { return h.pending.load(); },
+                             "Quarantined requests of a failed collective that may still use its caller's arrays.");
+
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work", py::module_local())
+      .def("wait",
+           [](Work& w, double timeout, EngineHandle* h) {
+             // On the main thread, with the engine: interruptible (Ctrl-C
+             // aborts the communicator, then raises KeyboardInterrupt).
+             if (!h || !h->engine || !on_main_thread()) {
+               py::gil_scoped_release nogil;
+               return w.wait(timeout);
+             }
+             std::shared_ptr<Engine> e = h->engine;
+             SignalCheck check;
+             bool fired = false, done;
+             {
+               py::gil_scoped_release nogil;
+               done = e->wait_interruptible(w, timeout, check.fn, &fired);
+               e.reset();
+             }
+             if (fired) check.raise(w.hold());
+             return done;
+           },
+           py::arg("timeout") = -1.0, py::arg("engine") = nullptr,
+           "Block (GIL released) until complete or timeout; True when complete. With `engine`, on the main "
+           "thread: Ctrl-C aborts that communicator and raises KeyboardInterrupt.")
+      .def("hold", &Work::hold, "After a failure: the Hold on the caller's arrays, or None.")
+      .def("is_completed", &Work::is_completed)
+      .def_property_readonly("on_device", [](Work& w) { return bool(w.device()); })
+      .def("synchronize",
+           [](Work& w, double timeout) {
+             EventPtr e = w.done_event();
+             if (!e) return true;
+             auto deadline = timeout < 0 ? Clock::time_point::max()
+                                         : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                              std::chrono::duration<double>(timeout));
+             return e->synchronize(deadline);
+           },
+           py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>(),
+           "Device collectives: block until the result is ready on the device (after wait()); False on timeout.")
+      .def("wait_stream",
+           [](Work& w, uintptr_t stream) {
+             if (EventPtr e = w.done_event()) w.device()->wait_external(stream, e);
+           },
+           py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+           "Device collectives: make `stream` wait for the result (after wait()); no host blocking.")
+      .def_property_readonly("seq", &Work::seq)
+      .def("error", [](Work& w) -> py::object {
+        const RingError* e = w.error();
+        if (!e) return py::none();
+        return error_object(*e);
+      });
+
+  py::class_<Tracer, std::shared_ptr<Tracer>>(m, "Tracer", py::module_local())
+      .def(py::init<bool>(), py::arg("values") = false)
+      .def("take",
+           [](Tracer& t) { return trace_list(t.take()); },
+           "Recorded steps so far, as dicts (and forget them).");
+
+  py::class_<WorldHandle>(m, "InprocWorld", py::module_local());
+  m.def("inproc_world", [](int n) { return WorldHandle{make_inproc_world(n)}; }, py::arg("nranks"));
+
+  py::class_<EngineHandle>(m, "Engine", py::module_local())
+      .def_property_readonly("rank", [](EngineHandle& h) { return h.get().rank(); })
+      .def_property_readonly("size", [](EngineHandle& h) { return h.get().size(); })
+      .def_property_readonly("transport", [](EngineHandle& h) { return h.get().transport_name(); })
+      .def_property_readonly("closed", [](EngineHandle& h) { return !h.engine; })
+      .def("submit",
+           [](EngineHandle& h, const Call& c, uintptr_t stream) {
+             Engine& e = h.get();
+             Task t = make_task(c);
+             if (auto dev = e.device()) t.after = dev->record_external(stream);
+             return e.submit(t);
+           },
+           py::arg("call"), py::arg("stream") = 0,
+           "Queue a collective; returns its Work. Device engines: it starts after the work queued so far on "
+           "`stream` (the caller's, as an integer handle).")
+      .def("run", [](EngineHandle& h, const Call& c) { call_host(h, make_task(c)); }, py::arg("call"),
+           "Run a host collective to completion (on this thread when the engine is idle); raises on failure.")
+      .def("run_all_reduce",
+           [](EngineHandle& h, py::handle x, py::handle out, int op, int algo) {
+             // The fast lane (host_all_reduce_call): False means "not described
+             // here", and the Python adapter runs instead.
+             Call c;
+             if (!host_all_reduce_call(x, out, op, algo, c)) return false;
+             call_host(h, make_task(c));
+             return true;
+           },
+           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"),
+           "Synchronous all_reduce of numpy arrays or torch CPU tensors described natively; False when the "
+           "arrays need the Python adapter (ringcomm/door.py).")
+      .def_property_readonly("device",
+                             [](EngineHandle& h) -> py::object {
+                               auto d = h.get().device();
+                               if (!d) return py::none();
+                               return py::str(d->name());
+                             },
+                             "Name of the device payload lives on (None: host memory).")
+      .def("make_tracer", [](EngineHandle&, bool values) { return std::make_shared<Tracer>(values); },
+           py::arg("values") = false, "A step tracer of this module's type, for set_tracer().")
+      .def("traffic",
+           [](EngineHandle& h) { return traffic_array(h.get().ledger().snapshot(), h.get().size()); },
+           "Ledger as uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)]")
+      .def("abort", [](EngineHandle& h) { return h.get().abort(); })
+      .def_property_readonly("running_here", [](EngineHandle& h) { return h.engine && h.engine->running_here(); },
+                             "A collective runs inline on this thread (abort() must not wait then).")
+      .def("flight_record", [](EngineHandle& h) { return flight_list(h.get().flight_record()); },
+           "The last K collectives, oldest first, as dicts (see ringcomm.Communicator.flight_record).")
+      .def("flight_summary", [](EngineHandle& h) { return h.get().flight_summary(); })
+      .def("set_flight_records", [](EngineHandle& h, size_t k) { h.get().set_flight_records(k); })
+      .def("set_peers",
+           [](EngineHandle& h, std::vector<EngineHandle*> peers) {
+             // In-process: a timeout names what the peer it waited for is doing.
+             std::vector<std::weak_ptr<Engine>> ws;
+             for (EngineHandle* p : peers) ws.push_back(p ? p->engine : nullptr);
+             h.get().set_peer_state([ws](int r) -> std::string {
+               if (r < 0 || size_t(r) >= ws.size()) return "";
+               if (auto e = ws[size_t(r)].lock()) return e->flight_summary();
+               return "its communicator is closed";
+             });
+           },
+           "In-process worlds: the engines of every rank, in rank order.")
+      .def("check_peers",
+           [](EngineHandle& h) -> py::object {
+             std::unique_ptr<RingError> e;
+             {
+               py::gil_scoped_release nogil;
+               e = h.get().check_peers();
+             }
+             if (!e) return py::none();
+             return error_object(*e);
+           },
+           "Device engines: the failure a peer reported since the last collective, else None.")
+      .def("set_tracer", [](EngineHandle& h, std::shared_ptr<Tracer> t) { h.get().set_tracer(std::move(t)); },
+           py::arg("tracer").none(true))
+      .def("reset_traffic", [](EngineHandle& h) { h.get().ledger().reset(); })
+      .def("set_segment_bytes", [](EngineHandle& h, size_t b) { h.get().set_segment_bytes(b); })
+      .def("set_timeout", [](EngineHandle& h, double s) { h.get().set_timeout(s); })
+      .def("set_auto_limits", [](EngineHandle& h, size_t rd, size_t hd) { h.get().set_auto_limits(rd, hd); },
+           py::arg("rd_max"), py::arg("hd_max"))
+      .def("last_algorithm", [](EngineHandle& h) { return std::string(algo_name(Algo(h.get().last_algo()))); })
+      .def_property_readonly("segment_bytes", [](EngineHandle& h) { return h.get().options().segment_bytes; })
+      .def_property_readonly("timeout", [](EngineHandle& h) { return h.get().options().timeout_s; })
+      .def_property_readonly("aborted", [](EngineHandle& h) { return h.get().aborted(); })
+      .def_property_readonly("abort_reason", [](EngineHandle& h) { return h.get().abort_reason(); })
+      .def("close",
+           [](EngineHandle& h) {
+             std::shared_ptr<Engine> e = std::move(h.engine);
+             py::gil_scoped_release nogil;
+             e.reset();  // drains queued work and joins the worker, unless a collective still runs
+           },
+           "Finish queued collectives and stop the worker thread.");
+
+}
+
+}  // namespace bind
+}  // namespace ringcomm

@@ -1,0 +1,241 @@
+// Converters between Python objects and the engine's types, for both
+// modules: arguments in (the one Call struct every collective arrives as and
+// its Task, Options, the fast lane that describes numpy arrays and torch CPU
+// tensors), records out (flight records, trace steps, the ledger). No
+// signal handling and no registration here: signals.h, bind_engine.h.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <vector>
+
+#include "core/flight.h"
+#include "core/ledger.h"
+#include "core/link.h"
+#include "core/trace.h"
+#include "engine/engine.h"
+
+namespace ringcomm {
+namespace bind {
+
+namespace py = pybind11;
+
+// ---- in ---------------------------------------------------------------------
+// One collective call, described and checked by the array adapter
+// (ringcomm/door.py, or host_all_reduce_call below for the common case):
+// the only thing the Python layer hands the engine. Buffers per collective
+// are Engine::submit's; `count` is always the full buffer's length.
+struct Call {
+  int coll = 0;       // Coll
+  int dtype = 0;      // DType
+  int op = 0;         // Op
+  int algo = 0;       // Algo, or Algo::automatic
+  uintptr_t in = 0;   // addresses (host or device memory)
+  uintptr_t out = 0;
+  size_t count = 0;
+  int root = 0;
+};
+
+inline Task make_task(const Call& c) {
+  Task t;
+  t.algo = c.algo;
+  t.coll = Coll(c.coll);
+  t.in = reinterpret_cast<const void*>(c.in);
+  t.out = reinterpret_cast<void*>(c.out);
+  t.count = c.count;
+  t.dtype = DType(c.dtype);
+  t.op = Op(c.op);
+  t.root = c.root;
+  return t;
+}
+
+inline Options make_options(double timeout, size_t segment_bytes, int window) {
+  Options o;
+  o.timeout_s = timeout;
+  o.segment_bytes = segment_bytes;
+  o.window = window;
+  if (!(timeout > 0)) throw_invalid("timeout must be positive");
+  if (segment_bytes == 0 || segment_bytes > (size_t(1) << 30))
+    throw_invalid("segment_bytes must be between 1 and 2**30");
+  if (window < 2) throw_invalid("window must be at least 2");
+  return o;
+}
+
+
+
+// The array adapter's fast lane, for the common call: a synchronous
+// all_reduce of host arrays, numpy ndarrays or torch CPU tensors, described
+// here in about 0.3 us instead of the 3 us of the Python adapter
+// (ringcomm/door.py). It fills the same Call, with the same checks: both
+// arrays of one family, C-contiguous, of one supported dtype and shape, the
+// output writable, in place or not overlapping, `op` valid for the dtype.
+// False when any of it fails or is unusual (a numpy bfloat16, whose type
+// number is not fixed; torch before it was registered): the caller then
+// takes the Python adapter, whose errors say what is wrong.
+struct TorchTypes {
+  py::object tensor;  // torch.Tensor (set by register_torch, on the first torch array)
+  py::dict codes;     // torch.dtype -> DType code
+};
+inline TorchTypes& torch_types() {
+  static TorchTypes* t = new TorchTypes();  // never destroyed: outlives the interpreter's teardown
+  return *t;
+}
+
+inline bool numpy_array(py::handle x, bool writable, int& dtype, size_t& count, uintptr_t& ptr) {
+  auto a = py::reinterpret_borrow<py::array>(x);
+  constexpr int c_contig = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_;
+  if (!(a.flags() & c_contig) || (writable && !a.writeable())) return false;
+  const py::dtype d = a.dtype();
+  // Native byte order only ('=' or '|'; the explicit native letter too).
+  constexpr char native = __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__ ? '>' : '<';
+  const char bo = d.byteorder();
+  if (bo != '=' && bo != '|' && bo != native) return false;
+  const ssize_t size = d.itemsize();
+  switch (d.num()) {  // numpy type numbers (fixed by numpy's ABI)
+    case 23: dtype = int(DType::f16); break;  // NPY_HALF
+    case 11: dtype = int(DType::f32); break;  // NPY_FLOAT
+    case 12: dtype = int(DType::f64); break;  // NPY_DOUBLE
+    case 1: dtype = int(DType::i8); break;    // NPY_BYTE
+    case 2: dtype = int(DType::u8); break;    // NPY_UBYTE
+    case 5: case 7: case 9:                   // NPY_INT, NPY_LONG, NPY_LONGLONG
+      if (size == 4) dtype = int(DType::i32);
+      else if (size == 8) dtype = int(DType::i64);
+      else return false;
+      break;
+    default: return false;
+  }
+  count = size_t(a.size());
+  ptr = reinterpret_cast<uintptr_t>(a.data());
+  return true;
+}
+
+inline bool torch_tensor(py::handle x, int& dtype, size_t& count, uintptr_t& ptr) {
+  static const py::str is_cpu("is_cpu"), dtype_attr("dtype"), is_contiguous("is_contiguous"),
+      data_ptr("data_ptr"), numel("numel");
+  if (!x.attr(is_cpu).cast<bool>()) return false;
+  PyObject* code = PyDict_GetItem(torch_types().codes.ptr(), x.attr(dtype_attr).ptr());  // borrowed
+  if (!code || !x.attr(is_contiguous)().cast<bool>()) return false;
+  dtype = int(PyLong_AsLong(code));
+  count = x.attr(numel)().cast<size_t>();
+  ptr = x.attr(data_ptr)().cast<uintptr_t>();
+  return true;
+}
+
+inline bool host_all_reduce_call(py::handle x, py::handle out, int op, int algo, Call& c) {
+  int dout = -1;
+  size_t nout = 0;
+  if (py::isinstance<py::array>(x)) {
+    if (!py::isinstance<py::array>(out) || !numpy_array(x, false, c.dtype, c.count, c.in) ||
+        !numpy_array(out, true, dout, nout, c.out))
+      return false;
+    auto a = py::reinterpret_borrow<py::array>(x), b = py::reinterpret_borrow<py::array>(out);
+    if (a.ndim() != b.ndim()) return false;
+    for (ssize_t i = 0; i < a.ndim(); ++i)
+      if (a.shape(i) != b.shape(i)) return false;
+  } else {
+    const py::object& tensor = torch_types().tensor;
+    if (!tensor || !PyObject_IsInstance(x.ptr(), tensor.ptr()) || !torch_tensor(x, c.dtype, c.count, c.in))
+      return false;
+    if (out.is(x)) {
+      dout = c.dtype, nout = c.count, c.out = c.in;
+    } else {
+      static const py::str shape("shape");
+      if (!PyObject_IsInstance(out.ptr(), tensor.ptr()) || !torch_tensor(out, dout, nout, c.out) ||
+          !x.attr(shape).equal(out.attr(shape)))
+        return false;
+    }
+  }
+  if (dout != c.dtype || nout != c.count) return false;
+  if (op < 0 || op >= int(Op::kCount) || (Op(op) == Op::avg && !dtype_is_floating(DType(c.dtype)))) return false;
+  if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
+  const size_t bytes = c.count * dtype_size(DType(c.dtype));
+  if (c.in != c.out && c.in < c.out + bytes && c.out < c.in + bytes) return false;  // partial overlap
+  c.coll = int(Coll::all_reduce);
+  c.op = op;
+  c.algo = algo;
+  c.root = 0;
+  return true;
+}
+
+inline py::list flight_list(const std::vector<FlightRecord>& recs) {
+  static const char* states[] = {"queued", "running", "done", "failed"};
+  static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter",
+                                 "fold", "exchange", "unfold"};
+  py::list out;
+  for (const FlightRecord& r : recs) {
+    py::dict d;
+    d["seq"] = r.seq;
+    d["collective"] = coll_name(Coll(r.coll));
+    d["count"] = r.count;
+    const bool has_dtype = Coll(r.coll) != Coll::barrier;
+    d["dtype"] = has_dtype ? py::object(py::str(dtype_name(DType(r.dtype)))) : py::object(py::none());
+    const bool has_op = Coll(r.coll) == Coll::all_reduce || Coll(r.coll) == Coll::reduce_scatter;
+    d["op"] = has_op ? py::object(py::str(op_name(Op(r.op)))) : py::object(py::none());
+    d["root"] = Coll(r.coll) == Coll::broadcast ? py::object(py::int_(r.root)) : py::object(py::none());
+    d["algorithm"] = algo_name(Algo(r.algo));
+    d["state"] = states[int(r.state)];
+    d["t_issue"] = double(r.t_issue_ns) * 1e-9;
+    d["t_start"] = r.t_start_ns ? py::object(py::float_(double(r.t_start_ns) * 1e-9)) : py::object(py::none());
+    d["t_end"] = r.t_end_ns ? py::object(py::float_(double(r.t_end_ns) * 1e-9)) : py::object(py::none());
+    d["phase"] = r.phase >= 0 && r.phase < int(Phase::kCount) ? py::object(py::str(phases[r.phase])) : py::object(py::none());
+    d["step"] = r.step >= 0 ? py::object(py::int_(r.step)) : py::object(py::none());
+    d["segment"] = r.segment >= 0 ? py::object(py::int_(r.segment)) : py::object(py::none());
+    const bool waiting = r.waiting != 0 && r.peer >= 0;
+    d["waiting_for"] = waiting ? py::object(py::int_(r.peer)) : py::object(py::none());
+    d["waiting_to"] = waiting ? py::object(py::str(r.waiting == 1 ? "receive" : "send")) : py::object(py::none());
+    d["waiting_what"] = waiting ? py::object(py::str(r.what)) : py::object(py::none());
+    d["waiting_since"] = waiting ? py::object(py::float_(double(r.wait_since_ns) * 1e-9)) : py::object(py::none());
+    d["bytes_sent"] = r.bytes_sent;
+    d["bytes_received"] = r.bytes_received;
+    d["error"] = r.error.empty() ? py::object(py::none()) : py::object(py::str(r.error));
+    out.append(d);
+  }
+  return out;
+}
+
+
+// A tracer's steps as dicts (Tracer.take()).
+inline py::list trace_list(const std::vector<TraceStep>& steps) {
+  py::list out;
+  for (const TraceStep& s : steps) {
+    py::dict d;
+    d["seq"] = s.seq;
+    d["collective"] = coll_name(Coll(s.coll));
+    d["dtype"] = dtype_name(DType(s.dtype));
+    d["phase"] = s.phase;
+    d["step"] = s.step;
+    d["rank"] = s.rank;
+    d["send_peer"] = s.send_peer;
+    d["send_chunk"] = s.send_chunk;
+    d["send_bytes"] = s.send_bytes;
+    d["recv_peer"] = s.recv_peer;
+    d["recv_chunk"] = s.recv_chunk;
+    d["recv_bytes"] = s.recv_bytes;
+    d["t_start_ns"] = s.t_start_ns;
+    d["t_end_ns"] = s.t_end_ns;
+    d["values"] = py::bytes(s.values.data(), s.values.size());
+    out.append(d);
+  }
+  return out;
+}
+
+// The ledger (a snapshot of n peers) as
+// uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)].
+inline py::array_t<uint64_t> traffic_array(const std::vector<Counters>& cells, int n) {
+  py::array_t<uint64_t> a({int(Coll::kCount), n, 2, 4});
+  auto v = a.mutable_unchecked<4>();
+  for (int c = 0; c < int(Coll::kCount); ++c)
+    for (int p = 0; p < n; ++p)
+      for (int k = 0; k < 2; ++k) {
+        const Counters& x = cells[(size_t(c) * n + p) * 2 + k];
+        v(c, p, k, 0) = x.bytes_sent;
+        v(c, p, k, 1) = x.msgs_sent;
+        v(c, p, k, 2) = x.bytes_recv;
+        v(c, p, k, 3) = x.msgs_recv;
+      }
+  return a;
+}
+
+}  // namespace bind
+}  // namespace ringcomm

@@ -1,0 +1,232 @@
+// pybind11 bindings of ringcomm._cuda: engines whose payload lives on GPUs
+// (in-process ranks on one or more GPUs, NCCL across processes), NCCL's own
+// collectives as a baseline, the reduction kernels, and what `ringcomm info`
+// and the tests need to know about the machine. Importing this module needs
+// neither a GPU nor a driver: cudart is linked statically and queried lazily.
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <pybind11/pybind11.h>
+
+#include <cstring>
+
+#include "python/bind_engine.h"
+#include "transports/inproc_transport.h"
+#include "cuda/checks.h"
+#include "cuda/device_cuda.h"
+#include "cuda/nccl_transport.h"
+#include "cuda/reducer_cuda.h"
+#include "cuda/vector_split.h"
+
+namespace py = pybind11;
+using namespace ringcomm;
+using namespace ringcomm::bind;
+
+namespace {
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::i8: return ncclInt8;
+    case DType::u8: return ncclUint8;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    default: throw_invalid("unknown dtype");
+  }
+}
+
+ncclRedOp_t nccl_op(Op op) {
+  switch (op) {
+    case Op::sum: return ncclSum;
+    case Op::prod: return ncclProd;
+    case Op::min: return ncclMin;
+    case Op::max: return ncclMax;
+    case Op::avg: return ncclAvg;
+    default: throw_invalid("unknown op");
+  }
+}
+
+// NCCL's own collectives on a communicator of their own: the baseline the
+// benchmark compares the ring against (never used by ringcomm's engines).
+class NcclBaseline {
+ public:
+  NcclBaseline(uintptr_t comm_handle, int gpu) : gpu_(gpu), comm_(nccl_comm_init(comm_handle, gpu)) {}
+  ~NcclBaseline() { close(); }
+  void close() {
+    if (!comm_) return;
+    DeviceGuard g(gpu_, std::nothrow);
+    ncclCommFinalize(comm_);
+    ncclCommDestroy(comm_);
+    comm_ = nullptr;
+  }
+  ncclComm_t get() {
+    if (!comm_) throw_invalid("NCCL baseline communicator is closed");
+    return comm_;
+  }
+  int gpu() const { return gpu_; }
+
+ private:
+  int gpu_;
+  ncclComm_t comm_ = nullptr;
+};
+
+// The GPU that owns device memory at `ptr`; the current one for an empty array's null pointer.
+int device_of(uintptr_t ptr) {
+  cudaPointerAttributes a;
+  if (ptr && cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(ptr)) == cudaSuccess &&
+      (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged))
+    return a.device;
+  cudaGetLastError();
+  int cur = 0;
+  RC_CUDA(cudaGetDevice(&cur));
+  return cur;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cuda, m) {
+  m.doc() = "ringcomm device core (private; use ringcomm.cuda)";
+  register_error_translator();
+  bind_engine(m);
+
+  m.def("inproc_engines",
+        [](const std::vector<int>& gpus, double timeout, size_t segment_bytes, int window) {
+          Options o = make_options(timeout, segment_bytes, window);
+          const int n = int(gpus.size());
+          auto world = make_inproc_world(n);
+          // Direct copies between different GPUs where the hardware allows
+          // (else CUDA stages them through the host).
+          for (int a : gpus)
+            for (int b : gpus) {
+              int ok = 0;
+              if (a != b && cudaDeviceCanAccessPeer(&ok, a, b) == cudaSuccess && ok) {
+                DeviceGuard g(a);
+                cudaDeviceEnablePeerAccess(b, 0);
+              }
+              cudaGetLastError();  // "already enabled" is fine
+            }
+          std::vector<std::unique_ptr<EngineHandle>> out;
+          for (int r = 0; r < n; ++r) {
+            auto h = std::make_unique<EngineHandle>();
+            h->engine = std::make_shared<Engine>(
+                make_inproc_transport(world, r, std::make_shared<CudaDevice>(gpus[size_t(r)])), o);
+            h->world = world;
+            out.push_back(std::move(h));
+          }
+          return out;
+        },
+        py::arg("gpus"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"),
+        "In-process ranks, rank r on GPU gpus[r] (several ranks may share a GPU).");
+
+  m.def("nccl_engine",
+        [](uintptr_t comm_handle, int gpu, double timeout, size_t segment_bytes, int window) {
+          Options o = make_options(timeout, segment_bytes, window);
+          auto h = std::make_unique<EngineHandle>();
+          py::gil_scoped_release nogil;  // collective over the MPI communicator
+          h->engine = std::make_shared<Engine>(make_nccl_transport(comm_handle, gpu), o);
+          return h;
+        },
+        py::arg("comm_handle"), py::arg("gpu"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"),
+        "This process's rank of a ring over NCCL point-to-point on GPU `gpu` (collective over the MPI comm).");
+
+  py::class_<NcclBaseline>(m, "NcclBaseline")
+      .def(py::init([](uintptr_t comm_handle, int gpu) {
+             py::gil_scoped_release nogil;
+             return std::make_unique<NcclBaseline>(comm_handle, gpu);
+           }),
+           py::arg("comm_handle"), py::arg("gpu"))
+      .def("all_reduce",
+           [](NcclBaseline& b, uintptr_t in, uintptr_t out, size_t count, int dtype, int op, uintptr_t stream) {
+             DeviceGuard g(b.gpu());
+             RC_NCCL(ncclAllReduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count,
+                                   nccl_type(DType(dtype)), nccl_op(Op(op)), b.get(), external_stream(stream)));
+           },
+           py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+           py::arg("stream") = 0)
+      .def("reduce_scatter",
+           [](NcclBaseline& b, uintptr_t in, uintptr_t out, size_t recvcount, int dtype, int op, uintptr_t stream) {
+             DeviceGuard g(b.gpu());
+             RC_NCCL(ncclReduceScatter(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), recvcount,
+                                       nccl_type(DType(dtype)), nccl_op(Op(op)), b.get(), external_stream(stream)));
+           },
+           py::arg("in_ptr"), py::arg("out_ptr"), py::arg("recvcount"), py::arg("dtype"), py::arg("op"),
+           py::arg("stream") = 0, "NCCL's equal-chunk reduce-scatter (count = recvcount * nranks).")
+      .def("all_gather",
+           [](NcclBaseline& b, uintptr_t in, uintptr_t out, size_t sendcount, int dtype, uintptr_t stream) {
+             DeviceGuard g(b.gpu());
+             RC_NCCL(ncclAllGather(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), sendcount,
+                                   nccl_type(DType(dtype)), b.get(), external_stream(stream)));
+           },
+           py::arg("in_ptr"), py::arg("out_ptr"), py::arg("sendcount"), py::arg("dtype"), py::arg("stream") = 0)
+      .def("close", &NcclBaseline::close);
+
+  m.def("vector_split", [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t n, size_t elem) {
+    VectorSplit s = vector_split(dst, a, b, n, elem);
+    return py::make_tuple(s.head, s.words, s.tail);
+  }, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("n"), py::arg("elem"),
+     "How the kernels split n elements at these addresses: (scalar head, 16-byte words, scalar tail).");
+  m.def("set_device", [](int gpu) { RC_CUDA(cudaSetDevice(gpu)); }, py::arg("gpu"),
+        "Make `gpu` the calling thread's current device (what cupy and torch allocate on).");
+  m.def("pointer_device", [](uintptr_t ptr) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(ptr)) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+  }, py::arg("ptr"), "GPU that owns device memory at `ptr`, or -1 for host memory.");
+
+  m.def("device_count", [] {
+    int n = 0;
+    // No driver or no device is not an error here: it means "no GPU".
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  });
+  m.def("device_error", [] {
+    int n = 0;
+    cudaError_t rc = cudaGetDeviceCount(&n);
+    cudaGetLastError();
+    return std::string(rc == cudaSuccess ? "" : cudaGetErrorString(rc));
+  }, "Why device_count() is 0, in the runtime's words (empty if it is not).");
+  m.def("runtime_version", [] {
+    int v = 0;
+    cudaRuntimeGetVersion(&v);
+    return v;
+  });
+  m.def("nccl_version", [] {
+    int v = 0;
+    if (!nccl_available()) return 0;  // loaded at run time (nccl_api.h): 0 = not found
+    RC_NCCL(ncclGetVersion(&v));
+    return v;
+  });
+  m.def("nccl_missing", [] {
+    std::string why;
+    return nccl_available(&why) ? std::string() : why;
+  }, "Why libnccl.so.2 cannot be loaded (empty if it can).");
+  m.def("reduce",
+        [](int dtype, int op, uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, uintptr_t stream) {
+          DeviceGuard g(device_of(dst));  // the kernel runs on the GPU that owns dst, whatever is current
+          auto red = make_cuda_reducer(DType(dtype), Op(op), reinterpret_cast<cudaStream_t>(stream));
+          red->reduce(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(a),
+                      reinterpret_cast<const void*>(b), count);
+        },
+        py::arg("dtype"), py::arg("op"), py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"),
+        py::arg("stream") = 0, "Enqueue dst = a (op) b on `stream` (device pointers).");
+  m.def("finalize",
+        [](int dtype, int op, uintptr_t buf, size_t count, int nranks, uintptr_t stream) {
+          DeviceGuard g(device_of(buf));
+          make_cuda_reducer(DType(dtype), Op(op), reinterpret_cast<cudaStream_t>(stream))
+              ->finalize(reinterpret_cast<void*>(buf), count, nranks);
+        },
+        py::arg("dtype"), py::arg("op"), py::arg("buf"), py::arg("count"), py::arg("nranks"),
+        py::arg("stream") = 0, "Enqueue the op's final step (avg: divide by nranks).");
+  m.def("synchronize", [](uintptr_t stream) {
+    py::gil_scoped_release nogil;
+    RC_CUDA(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+  }, py::arg("stream") = 0);
+}

@@ -1,0 +1,34 @@
+// The emulated device: a Device (device.h) whose "stream" is a host thread
+// running the enqueued copies and reductions in order, on host memory.
+//
+// It exists so the device path (asynchronous, stream-ordered execution of the
+// same ring algorithms, events between ranks' queues, the stream semantics of
+// Work) is exercised on machines without a GPU: if an ordering edge were
+// missing, the emulated queues run ahead exactly as a GPU's would, and
+// `jitter_us` (a random delay before every operation) makes such races show.
+// It is a test and teaching tool, not a performance path.
+#pragma once
+
+#include <memory>
+
+#include "core/device.h"
+#include "core/transport.h"
+
+namespace ringcomm {
+
+class InprocWorld;
+
+std::shared_ptr<Device> make_emulated_device(int id, double jitter_us);
+
+// The NCCL transport's emulation: GroupedTransport (grouped_transport.h,
+// the very code the NCCL transport runs) over an emulated device, whose
+// groups behave as NCCL's do on a stream: a group, queued on the rank's
+// transfer queue, posts its sends and receives to `payload` (in-process, host
+// memory) and blocks that queue until all of them have matched. A grouping
+// that could deadlock on NCCL deadlocks here (reported after 60 s on stderr,
+// with the data left wrong). Control messages go through `control`.
+std::unique_ptr<Transport> make_emulated_grouped_transport(std::shared_ptr<InprocWorld> control,
+                                                           std::shared_ptr<InprocWorld> payload, int rank,
+                                                           double jitter_us);
+
+}  // namespace ringcomm
