@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         program = args.program[1:] if args.program[:1] == ["--"] else args.program
         extra = [x for k, v in args.mca for x in ("--mca", k, v)]
-        cmd = mpirun_command(args.np, program, extra)
+        from ._failfast import wrap_argv
+        cmd = mpirun_command(args.np, wrap_argv(program), extra)  # a rank dying of an exception ends the job
         if args.dry_run:
             print(" ".join(cmd))
             return 0

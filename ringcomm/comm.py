@@ -350,6 +350,8 @@ class Communicator:
         KeyboardInterrupt): keep the arrays a request still in flight may use,
         and dump the flight record once."""
         quarantine.hold_arrays(exc, arrays)
+        from ._failfast import explain
+        explain(self, exc)  # a peer died of an exception: name it
         if self._settings.dump_dir and not self._dumped:
             self._dumped = True
             try:

@@ -59,7 +59,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     (ncclSend/ncclRecv) and reduced by ringcomm's kernels; control messages
     still go through MPI. Arrays must then be GPU arrays on that GPU.
     """
-    from mpi4py import MPI
+    from . import _failfast, _singleton
+    MPI = _singleton.mpi()  # starts MPI (as a singleton: without /dev/shm files)
 
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     s = config.settings(timeout, segment_bytes, window)
@@ -90,6 +91,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     # Rank 0's constants for everyone: all ranks must make the same choices.
     c.set_costs(comm.bcast(selection.costs_for(label, comm.Get_size()) if comm.Get_rank() == 0 else None, root=0))
     _mpi_comms.add(c)
+    _failfast.register(c, comm)  # a rank dying of an exception aborts c: its peers fail at once
+    _singleton.notice_once(comm.Get_size())
     return c
 
 

@@ -38,3 +38,33 @@ def test_run_defaults():
 def test_run_propagates_failure():
     res = ringcomm_cmd("run", "-n", "2", "--", "python", "-c", "import sys; sys.exit(3)")
     assert res.returncode != 0
+
+
+def test_bench_n_counts_ranks_as_run_and_demo_do(monkeypatch):
+    # one meaning for -n across run, demo and bench: ranks (nccl-tests' -n, the
+    # timed iterations, is --iters); the usage line says so
+    from ringcomm.benchmark import cli as bench_cli
+    launched = []
+    monkeypatch.setattr(bench_cli.subprocess, "call", lambda cmd, env=None: launched.append(cmd) or 0)
+    for flags in (["-n", "2"], ["-N", "2"], ["--np", "2"], ["--np=2"]):
+        launched.clear()
+        assert bench_cli.cli_main(flags + ["--impl", "ringcomm", "-b", "8", "-e", "8", "--iters", "3"]) == 0
+        (cmd,) = launched
+        assert cmd[cmd.index("-n") + 1] == "2", cmd          # mpirun -n 2
+        inner = cmd[cmd.index("ringcomm.benchmark") + 1:]
+        assert "-n" not in inner and inner[inner.index("--iters") + 1] == "3"
+    res = ringcomm_cmd("bench", "--help")
+    assert "usage: ringcomm bench [-n NRANKS]" in res.stdout and "--iters ITERS" in res.stdout
+    assert "-n ITERS" not in res.stdout and "-n/--iters" not in res.stdout
+
+
+def test_bench_rank_flag_errors_are_clear(monkeypatch, capsys):
+    import pytest
+    from ringcomm.benchmark import cli as bench_cli
+    monkeypatch.setattr(bench_cli.subprocess, "call", lambda cmd, env=None: 0)
+    for argv, msg in ((["-n", "two"], "takes a number of ranks, got 'two'"), (["-n", "0"], "at least 1"),
+                      (["-n"], "needs a number of ranks")):
+        with pytest.raises(SystemExit, match=msg):
+            bench_cli.cli_main(argv)
+    assert bench_cli.cli_main(["-n", "1000", "--impl", "ringcomm", "-b", "8", "-e", "8"]) == 0
+    assert "launches 1000 ranks" in capsys.readouterr().err

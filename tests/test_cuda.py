@@ -44,7 +44,17 @@ def test_no_gpu_degrades_to_clear_errors():
         assert rcuda.device_count() == 0
 
 
-gpu = pytest.mark.skipif(not rcuda.available(), reason=f"no GPU: ringcomm._cuda is {rcuda.status()}")
+NO_GPU = "the GPU tests need a GPU (`ringcomm info` says what ringcomm._cuda found)"
+
+
+@pytest.fixture
+def _need_gpu():
+    # One skip call, so pytest -ra folds every GPU test into one short line.
+    if not rcuda.available():
+        pytest.skip(NO_GPU)
+
+
+gpu = pytest.mark.usefixtures("_need_gpu")
 CASES = [(d, o) for d in DTYPES for o in OPS if o != "avg" or d in FLOATING]
 
 

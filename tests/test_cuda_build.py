@@ -19,7 +19,7 @@ import ringcomm.cuda as rcuda
 from ringcomm.errors import InvalidArgument
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-built = pytest.mark.skipif(not rcuda.built(), reason=f"ringcomm._cuda is {rcuda.status()}")
+built = pytest.mark.skipif(not rcuda.built(), reason="ringcomm._cuda was not built here (`ringcomm info` says why)")
 
 
 def cuda_include():

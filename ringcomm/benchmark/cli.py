@@ -31,11 +31,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--minbytes", default="4", help="smallest buffer (K/M/G suffixes; default 4)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest buffer (default 64M)")
     p.add_argument("-f", "--stepfactor", type=float, default=4, help="size multiplier (default 4)")
-    p.add_argument("-n", "--iters", type=int, default=0,
-                   help="timed iterations per repetition (default 0: enough for ~--target-ms)")
+    p.add_argument("--iters", type=int, default=0,
+                   help="timed iterations per repetition (default 0: enough for ~--target-ms); nccl-tests' -n, "
+                        "but -n counts ranks here, as in `ringcomm run` and `ringcomm demo`")
     p.add_argument("-w", "--warmup", type=int, default=2, help="warm-up iterations (default 2)")
     p.add_argument("-r", "--reps", type=int, default=5, help="interleaved repetitions (default 5)")
-    p.add_argument("--target-ms", type=float, default=20, help="time per repetition when -n 0 (default 20)")
+    p.add_argument("--target-ms", type=float, default=20, help="time per repetition when --iters 0 (default 20)")
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="check results (default 1)")
     p.add_argument("-o", "--op", default="sum", help="sum, prod, min, max, avg or all (default sum)")
     p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(vocab.DTYPES)} or all")
@@ -182,19 +183,38 @@ def run_mpi(argv=None) -> int:
     return int(w.bcast(status))
 
 
+RANK_FLAGS = ("-n", "-N", "--np", "--nranks")
+
+
 def cli_main(argv) -> int:
     """`ringcomm bench [-n N] ...`: launch N ranks (default 4) through the
     installed Open MPI and run the benchmark; mpi-ring runs as a second launch
-    with Open MPI's ring algorithms forced by MCA parameters."""
+    with Open MPI's ring algorithms forced by MCA parameters. `-n` counts
+    ranks, as everywhere in the ringcomm command; the timed iterations
+    (nccl-tests' -n) are --iters."""
     if "-h" in argv or "--help" in argv:
         print("usage: ringcomm bench [-n NRANKS] [benchmark options]\n\n"
-              "  --np/-N NRANKS   ranks to launch (default 4)\n")
+              "  -n/-N/--np NRANKS   ranks to launch (default 4); timed iterations are --iters\n")
         parser().print_help()
         return 0
     nranks, rest, i = 4, [], 0
     while i < len(argv):
-        if argv[i] in ("--np", "-N", "--nranks"):
-            nranks, i = int(argv[i + 1]), i + 2
+        flag, _, value = argv[i].partition("=")
+        if flag in RANK_FLAGS:
+            if not value:
+                if i + 1 >= len(argv):
+                    raise SystemExit(f"ringcomm bench: {flag} needs a number of ranks")
+                value, i = argv[i + 1], i + 1
+            try:
+                nranks = int(value)
+            except ValueError:
+                raise SystemExit(f"ringcomm bench: {flag} takes a number of ranks, got {value!r}") from None
+            if nranks < 1:
+                raise SystemExit(f"ringcomm bench: {flag} must be at least 1, got {nranks}")
+            if nranks > 4 * (os.cpu_count() or 1):
+                print(f"ringcomm bench: {flag} {nranks} launches {nranks} ranks on {os.cpu_count()} cores "
+                      "(-n counts ranks; the timed iterations are --iters)", file=sys.stderr)
+            i += 1
             continue
         rest.append(argv[i])
         i += 1

@@ -75,7 +75,7 @@ class Bench:
         for name in args.impl:
             if name == "gloo" and not torch_available():
                 if self.rank == 0:
-                    print("# gloo: torch is not installed (pip install 'ringcomm[torch]'); skipped", flush=True)
+                    print("# gloo: torch is not installed (pip install -e '.[bench]'); skipped", flush=True)
                 continue
             self.impls.append(IMPLS[name](self))
         self.rows: list[dict] = []

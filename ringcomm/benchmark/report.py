@@ -149,7 +149,8 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
     if comm_costs is not None:
         rd_, hd_ = selection.auto_limits(comm_costs, n)
         lines.append(f"#   auto ran by: {comm_costs} (recursive doubling up to {rd_} B, halving-doubling up to "
-                     f"{hd_} B, the ring above)")
+                     f"{hd_} B, the ring above): the constants auto used in this run, built-in defaults until "
+                     f"`ringcomm tune` has fitted them on this machine; the fit above is this run's, not used")
     by_size: dict = {}
     for r in sel:
         by_size.setdefault((r["dtype"], r["op"], r["size"]), {})[r["impl"]] = r

@@ -367,7 +367,8 @@ def _reduce_scatter_opts():
 def _create(dist_opts, backend_opts=None) -> ProcessGroupRingcomm:
     """torch's factory: a ringcomm communicator over the group's MPI ranks."""
     import ringcomm
-    from mpi4py import MPI
+    from .._singleton import mpi
+    MPI = mpi()  # a process no launcher started: MPI as a singleton without /dev/shm files
     world = MPI.COMM_WORLD
     rank, size = dist_opts.group_rank, dist_opts.group_size
     ranks = list(dist_opts.global_ranks_in_group)  # empty: all ranks (the default group)
