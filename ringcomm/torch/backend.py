@@ -38,6 +38,7 @@ What it does with torch's calls:
 from __future__ import annotations
 
 import functools
+import math
 import sys
 
 import torch
@@ -312,6 +313,145 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
         return PendingWork(self._completer, works, list(outputs))
 
+    # ---- rooted collectives and all-to-all (issue 23) ----------------------
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        if len(tensors) != 1:
+            raise NotImplementedError("ringcomm backend: reduce of several tensors per rank is not implemented")
+        t = tensors[0]
+        _check_dtype(t, "reduce")
+        op, factor = self._op(opts.reduceOp, t, "reduce")
+        root = opts.rootRank
+        buf, copied = _flat(t)
+        if factor is not None:
+            # PREMUL_SUM: the root's tensor is replaced by the result anyway;
+            # elsewhere torch leaves the input alone, so scale a copy.
+            if self.rank() == root:
+                buf.detach().mul_(factor)
+            else:
+                buf = (buf if copied else buf.detach().clone()).mul_(factor)
+        # Only the root's tensor receives the result; a non-root's is only read.
+        finish = (lambda: t.detach().copy_(buf.view_as(t))) if copied and self.rank() == root else None
+        return self._go(opts.asyncOp, [functools.partial(self.comm.reduce, buf, root=root, op=op)], [t], finish)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """torch passes [gather_list] on the root and [] elsewhere; every
+        rank's input has the same size (as gloo requires)."""
+        opts = opts if opts is not None else dist.GatherOptions()
+        if isinstance(input_tensors, torch.Tensor):
+            input_tensors = [input_tensors]
+        if len(input_tensors) != 1:
+            raise NotImplementedError("ringcomm backend: gather of several tensors per rank is not implemented")
+        inp = input_tensors[0]
+        _check_dtype(inp, "gather")
+        root, n = opts.rootRank, self.size()
+        ibuf, _ = _flat(inp)
+        if self.rank() != root:
+            if output_tensors and any(len(o) for o in output_tensors):
+                raise ValueError("ringcomm backend: gather: output tensors given on a rank other than the root "
+                                 f"({root})")
+            return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root)], [])
+        if len(output_tensors) != 1 or len(output_tensors[0]) != n:
+            raise ValueError(f"ringcomm backend: gather needs a list of {n} output tensors on the root")
+        outs = list(output_tensors[0])
+        for o in outs:
+            if o.dtype != inp.dtype or o.numel() != inp.numel():
+                raise ValueError(f"ringcomm backend: gather: every output tensor must be a {inp.dtype} of "
+                                 f"{inp.numel()} elements, like the input (got {o.dtype}, {o.numel()})")
+        # One flat receive buffer (one engine call), then one copy per rank's block.
+        flat = torch.empty(n * inp.numel(), dtype=inp.dtype)
+        k = inp.numel()
+
+        def finish():
+            for i, o in enumerate(outs):
+                o.detach().copy_(flat[i * k:(i + 1) * k].view_as(o))
+
+        return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)],
+                        [outs], finish)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """torch passes [scatter_list] on the root and [] elsewhere; every
+        rank's output has the same size (as gloo requires)."""
+        opts = opts if opts is not None else dist.ScatterOptions()
+        if isinstance(output_tensors, torch.Tensor):
+            output_tensors = [output_tensors]
+        if len(output_tensors) != 1:
+            raise NotImplementedError("ringcomm backend: scatter of several tensors per rank is not implemented")
+        out = output_tensors[0]
+        _check_dtype(out, "scatter")
+        root, n = opts.rootRank, self.size()
+        obuf, ocopied = _flat(out)
+        finish = (lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None
+        if self.rank() != root:
+            if input_tensors and any(len(i) for i in input_tensors):
+                raise ValueError(f"ringcomm backend: scatter: input tensors given on a rank other than the root "
+                                 f"({root})")
+            return self._go(opts.asyncOp, [functools.partial(self.comm.scatter, None, root=root, out=obuf)],
+                            [out], finish)
+        if len(input_tensors) != 1 or len(input_tensors[0]) != n:
+            raise ValueError(f"ringcomm backend: scatter needs a list of {n} input tensors on the root")
+        ins = input_tensors[0]
+        for i in ins:
+            if i.dtype != out.dtype or i.numel() != out.numel():
+                raise ValueError(f"ringcomm backend: scatter: every input tensor must be a {out.dtype} of "
+                                 f"{out.numel()} elements, like the output (got {i.dtype}, {i.numel()})")
+        flat = torch.cat([i.detach().reshape(-1) for i in ins]) if ins else torch.empty(0, dtype=out.dtype)
+        return self._go(opts.asyncOp, [functools.partial(self.comm.scatter, flat, root=root, out=obuf)],
+                        [out], finish)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        """torch's all_to_all_single: split sizes count rows of dim 0 (empty:
+        equal blocks); ringcomm's all_to_all takes element counts."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        _check_dtype(input, "all_to_all_single")
+        if output.dtype != input.dtype:
+            raise TypeError(f"ringcomm backend: all_to_all_single: output dtype {output.dtype} != input dtype "
+                            f"{input.dtype}")
+        n = self.size()
+        splits = _elements(input, input_split_sizes, n, "input")
+        out_splits = _elements(output, output_split_sizes, n, "output")
+        ibuf, _ = _flat(input)
+        obuf, ocopied = _flat(output)
+        if _overlaps(ibuf, obuf):
+            ibuf = ibuf.clone()  # all_to_all reads every block of the input after writing some of the output
+        finish = (lambda: output.detach().copy_(obuf.view_as(output))) if ocopied else None
+        return self._go(opts.asyncOp, [functools.partial(self.comm.all_to_all, ibuf, splits, out_splits, out=obuf)],
+                        [output], finish)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """The list form: input_tensors[p] goes to rank p, output_tensors[p]
+        comes from rank p; sizes may differ per peer (one all_to_all with
+        per-peer counts over flat buffers)."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        n = self.size()
+        if len(input_tensors) != n or len(output_tensors) != n:
+            raise ValueError(f"ringcomm backend: all_to_all needs {n} input and {n} output tensors, got "
+                             f"{len(input_tensors)} and {len(output_tensors)}")
+        dtype = input_tensors[0].dtype
+        for t in list(input_tensors) + list(output_tensors):
+            _check_dtype(t, "all_to_all")
+            if t.dtype != dtype:
+                raise TypeError(f"ringcomm backend: all_to_all with tensors of dtypes {dtype} and {t.dtype}")
+        flat_in = torch.cat([t.detach().reshape(-1) for t in input_tensors])
+        out_splits = [t.numel() for t in output_tensors]
+        flat_out = torch.empty(sum(out_splits), dtype=dtype)
+        outs = list(output_tensors)
+
+        def finish():
+            off = 0
+            for o in outs:
+                o.detach().copy_(flat_out[off:off + o.numel()].view_as(o))
+                off += o.numel()
+
+        return self._go(opts.asyncOp, [functools.partial(self.comm.all_to_all, flat_in,
+                                                         [t.numel() for t in input_tensors], out_splits,
+                                                         out=flat_out)], outs, finish)
+
     def barrier(self, opts=None):
         async_op = getattr(opts, "asyncOp", True) if opts is not None else True
 
@@ -339,11 +479,28 @@ def _refuse(op: str):
 
 
 # torch's method name -> the op's name in torch.distributed, for the error.
+# send/recv wait for the engine's point-to-point; monitored_barrier is gloo's alone (torch reserves it).
 for _name, _op in (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv_anysource"),
-                   ("alltoall", "all_to_all"), ("alltoall_base", "all_to_all_single"),
-                   ("all_to_all_single", "all_to_all_single"), ("gather", "gather"), ("scatter", "scatter"),
-                   ("reduce", "reduce"), ("monitored_barrier", "monitored_barrier")):
+                   ("monitored_barrier", "monitored_barrier")):
     setattr(ProcessGroupRingcomm, _name, _refuse(_op))
+
+
+def _elements(t: torch.Tensor, split_sizes, n: int, what: str):
+    """all_to_all_single's split sizes (rows of dim 0) as element counts;
+    None for equal blocks (an empty list, as torch means it)."""
+    if not split_sizes:
+        if t.dim() and t.size(0) % n:
+            raise ValueError(f"ringcomm backend: all_to_all_single: {what} has {t.size(0)} rows, not divisible "
+                             f"by {n} ranks; pass {what}_split_sizes")
+        return None
+    if len(split_sizes) != n:
+        raise ValueError(f"ringcomm backend: all_to_all_single: {len(split_sizes)} {what} split sizes for {n} ranks")
+    rows = t.size(0) if t.dim() else 1
+    if sum(split_sizes) != rows:
+        raise ValueError(f"ringcomm backend: all_to_all_single: {what} split sizes sum to {sum(split_sizes)}, "
+                         f"but the {what} has {rows} rows")
+    row = math.prod(t.shape[1:])
+    return [int(s) * row for s in split_sizes]
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
