@@ -18,9 +18,20 @@ What it does with torch's calls:
 * allreduce (SUM, PRODUCT, MIN, MAX, AVG; PREMUL_SUM by scaling first),
   broadcast, allgather (list form, ``_allgather_base`` / ``all_gather_single``
   including the in-place form), reduce_scatter (list and single forms),
-  barrier, and the coalesced forms; ops ringcomm does not have (send/recv,
-  all_to_all, gather, scatter, reduce, bitwise reductions) raise
-  NotImplementedError naming the op.
+  reduce (the same ops; only the root's tensor is written, a non-root's is
+  only read, as NCCL does), gather and scatter (torch's lists at the root,
+  blocks of equal size as gloo requires), ``alltoall_base`` /
+  ``all_to_all_single`` (``input_split_sizes`` / ``output_split_sizes`` in
+  rows of dim 0, empty meaning equal blocks), ``alltoall`` (the list form,
+  also with different sizes per peer, which gloo refuses), barrier, and the
+  coalesced forms torch calls (allreduce, allgather, all_gather_into_tensor,
+  reduce_scatter_tensor). Together these carry torch's object collectives,
+  DTensor, tensor parallelism and torch.distributed.checkpoint.
+* Not implemented, NotImplementedError naming the op: send, recv,
+  recv_anysource (so batch_isend_irecv and pipeline parallelism; they wait for
+  ringcomm's point-to-point), bitwise reductions (BAND, BOR, BXOR), several
+  tensors per rank in broadcast/reduce/gather/scatter. monitored_barrier is
+  torch's gloo-only op and stays refused here.
 * ``opts.asyncOp`` False (``dist.all_reduce(t)``): the collective runs on the
   calling thread (no handoff) and a completed Work is returned. True
   (``async_op=True``, DDP's buckets): queued on the communicator's engine, so
@@ -461,8 +472,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     def _unsupported(self, op: str):
         raise NotImplementedError(
             f"ringcomm backend: {op} is not implemented (supported: allreduce, broadcast, allgather, "
-            "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier and their coalesced "
-            "forms); use a gloo group for it, e.g. dist.new_group(backend='gloo')")
+            "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce, gather, scatter, "
+            "all_to_all_single, all_to_all, barrier and their coalesced forms; send/recv not yet, "
+            "monitored_barrier is gloo's); use a gloo group for it, e.g. dist.new_group(backend='gloo')")
 
     def shutdown(self) -> None:
         self.comm.close()
