@@ -96,6 +96,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self._group_desc = ""
         self._completer = Completer(f"ringcomm-pg-{rank}")
         self._done = DoneWork([])  # handed out again once nobody holds it (see _done_work)
+        self._stage: dict = {}  # dtype -> a flat buffer synchronous gather/scatter/all_to_all reuse (_borrow)
 
     # ---- identity (torch asks for these) --------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -143,6 +144,20 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if sys.getrefcount(w) > 3:  # held elsewhere (this frame, the attribute and getrefcount's argument: 3)
             w = self._done = DoneWork(result)
         return w.reuse(result)
+
+    def _borrow(self, dtype, numel: int, sync: bool):
+        """A flat staging buffer of numel elements, and a function giving it
+        back. A fresh 4 MiB torch.empty costs its page faults on every call
+        (about as much as the collective at 4 MiB), so synchronous calls
+        reuse one per dtype (taken out of the cache while in use: another
+        thread gets its own); async calls, whose buffer outlives the call,
+        get a fresh one."""
+        if not sync or numel * torch.empty(0, dtype=dtype).element_size() > _STAGE_MAX:
+            return torch.empty(numel, dtype=dtype), lambda: None
+        full = self._stage.pop(dtype, None)
+        if full is None or full.numel() < numel:
+            full = torch.empty(numel, dtype=dtype)
+        return full[:numel], lambda: self._stage.__setitem__(dtype, full)
 
     def _go(self, async_op: bool, starts: list, result: list, finish=None) -> PendingWork:
         """Start the ringcomm collectives `starts` (communicator methods with
@@ -371,13 +386,17 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             if o.dtype != inp.dtype or o.numel() != inp.numel():
                 raise ValueError(f"ringcomm backend: gather: every output tensor must be a {inp.dtype} of "
                                  f"{inp.numel()} elements, like the input (got {o.dtype}, {o.numel()})")
-        # One flat receive buffer (one engine call), then one copy per rank's block.
-        flat = torch.empty(n * inp.numel(), dtype=inp.dtype)
         k = inp.numel()
+        flat = _adjacent(outs)
+        if flat is not None:  # the outputs are consecutive blocks of one buffer (e.g. chunks): straight there
+            return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)], [outs])
+        # One flat receive buffer (one engine call), then one copy per rank's block.
+        flat, give_back = self._borrow(inp.dtype, n * k, not opts.asyncOp)
 
         def finish():
             for i, o in enumerate(outs):
                 o.detach().copy_(flat[i * k:(i + 1) * k].view_as(o))
+            give_back()
 
         return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)],
                         [outs], finish)
@@ -408,9 +427,17 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             if i.dtype != out.dtype or i.numel() != out.numel():
                 raise ValueError(f"ringcomm backend: scatter: every input tensor must be a {out.dtype} of "
                                  f"{out.numel()} elements, like the output (got {i.dtype}, {i.numel()})")
-        flat = torch.cat([i.detach().reshape(-1) for i in ins]) if ins else torch.empty(0, dtype=out.dtype)
-        return self._go(opts.asyncOp, [functools.partial(self.comm.scatter, flat, root=root, out=obuf)],
+        flat, give_back = _adjacent(ins), (lambda: None)
+        if flat is None:  # not consecutive blocks of one buffer: stage them in one
+            flat, give_back = self._borrow(out.dtype, n * out.numel(), not opts.asyncOp)
+            torch.cat([i.detach().reshape(-1) for i in ins], out=flat)
+        if _overlaps(flat, obuf):
+            flat = flat.clone()  # the root's own block given as its output too: keep the engine's in/out apart
+        work = self._go(opts.asyncOp, [functools.partial(self.comm.scatter, flat, root=root, out=obuf)],
                         [out], finish)
+        if not opts.asyncOp:
+            give_back()
+        return work
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
         """torch's all_to_all_single: split sizes count rows of dim 0 (empty:
@@ -495,6 +522,27 @@ def _refuse(op: str):
 for _name, _op in (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv_anysource"),
                    ("monitored_barrier", "monitored_barrier")):
     setattr(ProcessGroupRingcomm, _name, _refuse(_op))
+
+
+# Staging buffers larger than this are not kept between calls (memory held per group and dtype).
+_STAGE_MAX = 64 << 20
+
+
+def _adjacent(ts):
+    """One flat tensor over `ts` when they are contiguous, of one dtype, and
+    lie back to back in one storage in list order (torch.chunk/split of a
+    contiguous tensor, or views of one buffer): then the engine reads or
+    writes them in place. None otherwise."""
+    if not ts or not all(t.is_contiguous() for t in ts):
+        return None
+    t0 = ts[0]
+    storage, esize, dtype = t0.untyped_storage().data_ptr(), t0.element_size(), t0.dtype
+    ptr, total = t0.data_ptr(), 0
+    for t in ts:
+        if t.dtype != dtype or t.untyped_storage().data_ptr() != storage or t.data_ptr() != ptr + total * esize:
+            return None
+        total += t.numel()
+    return torch.empty(0, dtype=dtype).set_(t0.untyped_storage(), t0.storage_offset(), (total,))
 
 
 def _elements(t: torch.Tensor, split_sizes, n: int, what: str):

@@ -263,6 +263,22 @@ for dtype in (torch.float32, torch.int64, torch.int8, torch.bfloat16):
             g = torch.empty(count, dtype=dtype)
             dist.scatter(g, sl, src=root, group=GLOO)
             case("scatter", equal(out, g, True), f"vs gloo {dtype} count={count} root={root}")
+# Blocks of one buffer (torch.chunk), which the backend reads and writes in place, sync and async.
+for async_op in (False, True):
+    whole = torch.full((N * 5,), -1.0)
+    w = dist.gather(torch.arange(5.0) + 10 * R, list(whole.chunk(N)) if R == 1 % N else None, dst=1 % N,
+                    async_op=async_op)
+    if async_op:
+        w.wait()
+    if R == 1 % N:
+        case("gather", equal(whole, torch.cat([torch.arange(5.0) + 10 * r for r in range(N)]), True),
+             f"into chunks of one buffer, async={async_op}")
+    src = torch.arange(N * 4, dtype=torch.int32)
+    out = torch.full((4,), -1, dtype=torch.int32)
+    w = dist.scatter(out, list(src.chunk(N)) if R == 0 else None, src=0, async_op=async_op)
+    if async_op:
+        w.wait()
+    case("scatter", equal(out, src[4 * R:4 * R + 4], True), f"from chunks of one buffer, async={async_op}")
 nc = [torch.zeros(4, 3).t() for _ in range(N)] if R == 0 else None  # non-contiguous outputs
 dist.gather(torch.arange(12.0).reshape(3, 4) + R, nc, dst=0)
 if R == 0:
