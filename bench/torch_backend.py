@@ -9,12 +9,17 @@ time of a repetition being the slowest rank's):
 * dist.all_reduce of float32 buffers (8 B, 4 MiB, 64 MiB) through the
   "ringcomm" group, through a gloo group over the same ranks, and, for the
   per-call overhead, ringcomm called directly with a numpy array;
+* dist.reduce, dist.gather, dist.scatter (root 0) and dist.all_to_all_single
+  of float32 buffers (``--rooted-sizes``, default 4 MiB: the full buffer, i.e.
+  the reduced tensor, the root's gathered / scattered total, each rank's
+  all_to_all input) over "ringcomm" and over gloo;
 * torch DDP training steps (forward, backward, SGD step) of an 8-layer MLP
   (about 2.1 M parameters) over each backend.
 
 Goals (issue 14): all_reduce >= 2x gloo at 4 MiB and 64 MiB; DDP step over
 ringcomm no slower than over gloo; 8-byte call through the backend within 2x
-of ringcomm with numpy.
+of ringcomm with numpy. Issue 23: reduce, gather, scatter, all_to_all >= 2x
+gloo at 4 MiB.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--sizes", default="8,4M,64M", help="all_reduce sizes in bytes (K/M suffixes)")
+    ap.add_argument("--rooted-sizes", default="4M",
+                    help="reduce/gather/scatter/all_to_all sizes in bytes (the full buffer; empty: skip)")
     ap.add_argument("--ddp-steps", type=int, default=5, help="DDP steps per repetition")
     ap.add_argument("--json", help="write the results here (rank 0)")
     args = ap.parse_args()
@@ -67,7 +74,7 @@ def main() -> None:
     comm = rt.communicator()
     from ringcomm.config import parse_size
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    results: dict = {"n": n, "reps": args.reps, "all_reduce": {}, "ddp": {}}
+    results: dict = {"n": n, "reps": args.reps, "all_reduce": {}, "new_ops": {}, "ddp": {}}
 
     for nbytes in sizes:
         count = max(1, nbytes // 4)
@@ -87,6 +94,34 @@ def main() -> None:
             for k in order:
                 times[k].append(timed(impls[k], iters, gloo))
         results["all_reduce"][nbytes] = {k: stats(v) for k, v in times.items()}
+
+    # reduce, gather, scatter, all_to_all_single (issue 23): each over both
+    # groups, interleaved per repetition like all_reduce above.
+    def new_ops(nbytes, group):
+        count = max(n, nbytes // 4 // n * n)  # divisible by n: equal blocks
+        full, block = torch.ones(count), torch.ones(count // n)
+        gl = [torch.empty(count // n) for _ in range(n)] if rank == 0 else None
+        sl = list(torch.ones(count).chunk(n)) if rank == 0 else None
+        a2a_out = torch.empty(count)
+        return {
+            "reduce": lambda: dist.reduce(full, dst=0, group=group),
+            "gather": lambda: dist.gather(block, gl, dst=0, group=group),
+            "scatter": lambda: dist.scatter(block, sl, src=0, group=group),
+            "all_to_all": lambda: dist.all_to_all_single(a2a_out, full, group=group),
+        }
+
+    rooted = [parse_size(s) for s in args.rooted_sizes.split(",") if s]
+    for nbytes in rooted:
+        impls = {"ringcomm": new_ops(nbytes, ring), "gloo": new_ops(nbytes, gloo)}
+        iters = max(2, int(2e8 // max(nbytes, 1) // 8))
+        for op in impls["ringcomm"]:
+            for k in impls:
+                impls[k][op]()  # warm up
+            times = {k: [] for k in impls}
+            for rep in range(args.reps):
+                for k in (list(impls) if rep % 2 == 0 else list(reversed(impls))):
+                    times[k].append(timed(impls[k][op], iters, gloo))
+            results["new_ops"].setdefault(op, {})[nbytes] = {k: stats(v) for k, v in times.items()}
 
     # DDP over each backend: the same model and data.
     def make(group):
@@ -128,6 +163,16 @@ def main() -> None:
             r_n = d["ringcomm"][0] / d["ringcomm-numpy"][0]
             print(f"{'':>10} {'':>15} ringcomm is {r_g:.2f}x gloo's speed; backend call costs {r_n:.2f}x "
                   "ringcomm with numpy")
+        if results["new_ops"]:
+            print("# reduce / gather / scatter (root 0) / all_to_all_single: bytes = the full buffer; "
+                  "busbw factor 1 for reduce, (n-1)/n for the others (nccl-tests)")
+        for op, per_size in results["new_ops"].items():
+            for nbytes, d in per_size.items():
+                f = 1.0 if op == "reduce" else (n - 1) / n
+                for k, (med, lo, hi) in d.items():
+                    print(f"{nbytes:>10} {op + ' ' + k:>20} {med * 1e6:>10.1f} {lo * 1e6:>9.1f} {hi * 1e6:>9.1f} "
+                          f"{nbytes / med * f / 1e9:>11.2f}")
+                print(f"{'':>10} {op:>20} ringcomm is {d['gloo'][0] / d['ringcomm'][0]:.2f}x gloo's speed")
         print(f"# DDP step ({results['ddp_params']} parameters, batch 64, {args.ddp_steps} steps per rep)")
         for k, (med, lo, hi) in results["ddp"].items():
             print(f"{'ddp':>10} {k:>15} {med * 1e3:>9.2f} ms [{lo * 1e3:.2f} {hi * 1e3:.2f}]")

@@ -18,9 +18,20 @@ What it does with torch's calls:
 * allreduce (SUM, PRODUCT, MIN, MAX, AVG; PREMUL_SUM by scaling first),
   broadcast, allgather (list form, ``_allgather_base`` / ``all_gather_single``
   including the in-place form), reduce_scatter (list and single forms),
-  barrier, and the coalesced forms; ops ringcomm does not have (send/recv,
-  all_to_all, gather, scatter, reduce, bitwise reductions) raise
-  NotImplementedError naming the op.
+  reduce (the same ops; only the root's tensor is written, a non-root's is
+  only read, as NCCL does), gather and scatter (torch's lists at the root,
+  blocks of equal size as gloo requires), ``alltoall_base`` /
+  ``all_to_all_single`` (``input_split_sizes`` / ``output_split_sizes`` in
+  rows of dim 0, empty meaning equal blocks), ``alltoall`` (the list form,
+  also with different sizes per peer, which gloo refuses), barrier, and the
+  coalesced forms torch calls (allreduce, allgather, all_gather_into_tensor,
+  reduce_scatter_tensor). Together these carry torch's object collectives,
+  DTensor, tensor parallelism and torch.distributed.checkpoint.
+* Not implemented, NotImplementedError naming the op: send, recv,
+  recv_anysource (so batch_isend_irecv and pipeline parallelism; they wait for
+  ringcomm's point-to-point), bitwise reductions (BAND, BOR, BXOR), several
+  tensors per rank in broadcast/reduce/gather/scatter. monitored_barrier is
+  torch's gloo-only op and stays refused here.
 * ``opts.asyncOp`` False (``dist.all_reduce(t)``): the collective runs on the
   calling thread (no handoff) and a completed Work is returned. True
   (``async_op=True``, DDP's buckets): queued on the communicator's engine, so
@@ -38,6 +49,7 @@ What it does with torch's calls:
 from __future__ import annotations
 
 import functools
+import math
 import sys
 
 import torch
@@ -84,6 +96,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self._group_desc = ""
         self._completer = Completer(f"ringcomm-pg-{rank}")
         self._done = DoneWork([])  # handed out again once nobody holds it (see _done_work)
+        self._stage: dict = {}  # dtype -> a flat buffer synchronous gather/scatter/all_to_all reuse (_borrow)
 
     # ---- identity (torch asks for these) --------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -131,6 +144,20 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if sys.getrefcount(w) > 3:  # held elsewhere (this frame, the attribute and getrefcount's argument: 3)
             w = self._done = DoneWork(result)
         return w.reuse(result)
+
+    def _borrow(self, dtype, numel: int, sync: bool):
+        """A flat staging buffer of numel elements, and a function giving it
+        back. A fresh 4 MiB torch.empty costs its page faults on every call
+        (about as much as the collective at 4 MiB), so synchronous calls
+        reuse one per dtype (taken out of the cache while in use: another
+        thread gets its own); async calls, whose buffer outlives the call,
+        get a fresh one."""
+        if not sync or numel * torch.empty(0, dtype=dtype).element_size() > _STAGE_MAX:
+            return torch.empty(numel, dtype=dtype), lambda: None
+        full = self._stage.pop(dtype, None)
+        if full is None or full.numel() < numel:
+            full = torch.empty(numel, dtype=dtype)
+        return full[:numel], lambda: self._stage.__setitem__(dtype, full)
 
     def _go(self, async_op: bool, starts: list, result: list, finish=None) -> PendingWork:
         """Start the ringcomm collectives `starts` (communicator methods with
@@ -312,6 +339,157 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
         return PendingWork(self._completer, works, list(outputs))
 
+    # ---- rooted collectives and all-to-all (issue 23) ----------------------
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        if len(tensors) != 1:
+            raise NotImplementedError("ringcomm backend: reduce of several tensors per rank is not implemented")
+        t = tensors[0]
+        _check_dtype(t, "reduce")
+        op, factor = self._op(opts.reduceOp, t, "reduce")
+        root = opts.rootRank
+        buf, copied = _flat(t)
+        if factor is not None:
+            # PREMUL_SUM: the root's tensor is replaced by the result anyway;
+            # elsewhere torch leaves the input alone, so scale a copy.
+            if self.rank() == root:
+                buf.detach().mul_(factor)
+            else:
+                buf = (buf if copied else buf.detach().clone()).mul_(factor)
+        # Only the root's tensor receives the result; a non-root's is only read.
+        finish = (lambda: t.detach().copy_(buf.view_as(t))) if copied and self.rank() == root else None
+        return self._go(opts.asyncOp, [functools.partial(self.comm.reduce, buf, root=root, op=op)], [t], finish)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """torch passes [gather_list] on the root and [] elsewhere; every
+        rank's input has the same size (as gloo requires)."""
+        opts = opts if opts is not None else dist.GatherOptions()
+        if isinstance(input_tensors, torch.Tensor):
+            input_tensors = [input_tensors]
+        if len(input_tensors) != 1:
+            raise NotImplementedError("ringcomm backend: gather of several tensors per rank is not implemented")
+        inp = input_tensors[0]
+        _check_dtype(inp, "gather")
+        root, n = opts.rootRank, self.size()
+        ibuf, _ = _flat(inp)
+        if self.rank() != root:
+            if output_tensors and any(len(o) for o in output_tensors):
+                raise ValueError("ringcomm backend: gather: output tensors given on a rank other than the root "
+                                 f"({root})")
+            return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root)], [])
+        if len(output_tensors) != 1 or len(output_tensors[0]) != n:
+            raise ValueError(f"ringcomm backend: gather needs a list of {n} output tensors on the root")
+        outs = list(output_tensors[0])
+        for o in outs:
+            if o.dtype != inp.dtype or o.numel() != inp.numel():
+                raise ValueError(f"ringcomm backend: gather: every output tensor must be a {inp.dtype} of "
+                                 f"{inp.numel()} elements, like the input (got {o.dtype}, {o.numel()})")
+        k = inp.numel()
+        flat = _adjacent(outs)
+        if flat is not None:  # the outputs are consecutive blocks of one buffer (e.g. chunks): straight there
+            return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)], [outs])
+        # One flat receive buffer (one engine call), then one copy per rank's block.
+        flat, give_back = self._borrow(inp.dtype, n * k, not opts.asyncOp)
+
+        def finish():
+            for i, o in enumerate(outs):
+                o.detach().copy_(flat[i * k:(i + 1) * k].view_as(o))
+            give_back()
+
+        return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)],
+                        [outs], finish)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """torch passes [scatter_list] on the root and [] elsewhere; every
+        rank's output has the same size (as gloo requires)."""
+        opts = opts if opts is not None else dist.ScatterOptions()
+        if isinstance(output_tensors, torch.Tensor):
+            output_tensors = [output_tensors]
+        if len(output_tensors) != 1:
+            raise NotImplementedError("ringcomm backend: scatter of several tensors per rank is not implemented")
+        out = output_tensors[0]
+        _check_dtype(out, "scatter")
+        root, n = opts.rootRank, self.size()
+        obuf, ocopied = _flat(out)
+        finish = (lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None
+        if self.rank() != root:
+            if input_tensors and any(len(i) for i in input_tensors):
+                raise ValueError(f"ringcomm backend: scatter: input tensors given on a rank other than the root "
+                                 f"({root})")
+            return self._go(opts.asyncOp, [functools.partial(self.comm.scatter, None, root=root, out=obuf)],
+                            [out], finish)
+        if len(input_tensors) != 1 or len(input_tensors[0]) != n:
+            raise ValueError(f"ringcomm backend: scatter needs a list of {n} input tensors on the root")
+        ins = input_tensors[0]
+        for i in ins:
+            if i.dtype != out.dtype or i.numel() != out.numel():
+                raise ValueError(f"ringcomm backend: scatter: every input tensor must be a {out.dtype} of "
+                                 f"{out.numel()} elements, like the output (got {i.dtype}, {i.numel()})")
+        flat, give_back = _adjacent(ins), (lambda: None)
+        if flat is None:  # not consecutive blocks of one buffer: stage them in one
+            flat, give_back = self._borrow(out.dtype, n * out.numel(), not opts.asyncOp)
+            torch.cat([i.detach().reshape(-1) for i in ins], out=flat)
+        if _overlaps(flat, obuf):
+            flat = flat.clone()  # the root's own block given as its output too: keep the engine's in/out apart
+        work = self._go(opts.asyncOp, [functools.partial(self.comm.scatter, flat, root=root, out=obuf)],
+                        [out], finish)
+        if not opts.asyncOp:
+            give_back()
+        return work
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        """torch's all_to_all_single: split sizes count rows of dim 0 (empty:
+        equal blocks); ringcomm's all_to_all takes element counts."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        _check_dtype(input, "all_to_all_single")
+        if output.dtype != input.dtype:
+            raise TypeError(f"ringcomm backend: all_to_all_single: output dtype {output.dtype} != input dtype "
+                            f"{input.dtype}")
+        n = self.size()
+        splits = _elements(input, input_split_sizes, n, "input")
+        out_splits = _elements(output, output_split_sizes, n, "output")
+        ibuf, _ = _flat(input)
+        obuf, ocopied = _flat(output)
+        if _overlaps(ibuf, obuf):
+            ibuf = ibuf.clone()  # all_to_all reads every block of the input after writing some of the output
+        finish = (lambda: output.detach().copy_(obuf.view_as(output))) if ocopied else None
+        return self._go(opts.asyncOp, [functools.partial(self.comm.all_to_all, ibuf, splits, out_splits, out=obuf)],
+                        [output], finish)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """The list form: input_tensors[p] goes to rank p, output_tensors[p]
+        comes from rank p; sizes may differ per peer (one all_to_all with
+        per-peer counts over flat buffers)."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        n = self.size()
+        if len(input_tensors) != n or len(output_tensors) != n:
+            raise ValueError(f"ringcomm backend: all_to_all needs {n} input and {n} output tensors, got "
+                             f"{len(input_tensors)} and {len(output_tensors)}")
+        dtype = input_tensors[0].dtype
+        for t in list(input_tensors) + list(output_tensors):
+            _check_dtype(t, "all_to_all")
+            if t.dtype != dtype:
+                raise TypeError(f"ringcomm backend: all_to_all with tensors of dtypes {dtype} and {t.dtype}")
+        flat_in = torch.cat([t.detach().reshape(-1) for t in input_tensors])
+        out_splits = [t.numel() for t in output_tensors]
+        flat_out = torch.empty(sum(out_splits), dtype=dtype)
+        outs = list(output_tensors)
+
+        def finish():
+            off = 0
+            for o in outs:
+                o.detach().copy_(flat_out[off:off + o.numel()].view_as(o))
+                off += o.numel()
+
+        return self._go(opts.asyncOp, [functools.partial(self.comm.all_to_all, flat_in,
+                                                         [t.numel() for t in input_tensors], out_splits,
+                                                         out=flat_out)], outs, finish)
+
     def barrier(self, opts=None):
         async_op = getattr(opts, "asyncOp", True) if opts is not None else True
 
@@ -321,8 +499,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     def _unsupported(self, op: str):
         raise NotImplementedError(
             f"ringcomm backend: {op} is not implemented (supported: allreduce, broadcast, allgather, "
-            "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier and their coalesced "
-            "forms); use a gloo group for it, e.g. dist.new_group(backend='gloo')")
+            "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce, gather, scatter, "
+            "all_to_all_single, all_to_all, barrier and their coalesced forms; send/recv not yet, "
+            "monitored_barrier is gloo's); use a gloo group for it, e.g. dist.new_group(backend='gloo')")
 
     def shutdown(self) -> None:
         self.comm.close()
@@ -339,11 +518,49 @@ def _refuse(op: str):
 
 
 # torch's method name -> the op's name in torch.distributed, for the error.
+# send/recv wait for the engine's point-to-point; monitored_barrier is gloo's alone (torch reserves it).
 for _name, _op in (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv_anysource"),
-                   ("alltoall", "all_to_all"), ("alltoall_base", "all_to_all_single"),
-                   ("all_to_all_single", "all_to_all_single"), ("gather", "gather"), ("scatter", "scatter"),
-                   ("reduce", "reduce"), ("monitored_barrier", "monitored_barrier")):
+                   ("monitored_barrier", "monitored_barrier")):
     setattr(ProcessGroupRingcomm, _name, _refuse(_op))
+
+
+# Staging buffers larger than this are not kept between calls (memory held per group and dtype).
+_STAGE_MAX = 64 << 20
+
+
+def _adjacent(ts):
+    """One flat tensor over `ts` when they are contiguous, of one dtype, and
+    lie back to back in one storage in list order (torch.chunk/split of a
+    contiguous tensor, or views of one buffer): then the engine reads or
+    writes them in place. None otherwise."""
+    if not ts or not all(t.is_contiguous() for t in ts):
+        return None
+    t0 = ts[0]
+    storage, esize, dtype = t0.untyped_storage().data_ptr(), t0.element_size(), t0.dtype
+    ptr, total = t0.data_ptr(), 0
+    for t in ts:
+        if t.dtype != dtype or t.untyped_storage().data_ptr() != storage or t.data_ptr() != ptr + total * esize:
+            return None
+        total += t.numel()
+    return torch.empty(0, dtype=dtype).set_(t0.untyped_storage(), t0.storage_offset(), (total,))
+
+
+def _elements(t: torch.Tensor, split_sizes, n: int, what: str):
+    """all_to_all_single's split sizes (rows of dim 0) as element counts;
+    None for equal blocks (an empty list, as torch means it)."""
+    if not split_sizes:
+        if t.dim() and t.size(0) % n:
+            raise ValueError(f"ringcomm backend: all_to_all_single: {what} has {t.size(0)} rows, not divisible "
+                             f"by {n} ranks; pass {what}_split_sizes")
+        return None
+    if len(split_sizes) != n:
+        raise ValueError(f"ringcomm backend: all_to_all_single: {len(split_sizes)} {what} split sizes for {n} ranks")
+    rows = t.size(0) if t.dim() else 1
+    if sum(split_sizes) != rows:
+        raise ValueError(f"ringcomm backend: all_to_all_single: {what} split sizes sum to {sum(split_sizes)}, "
+                         f"but the {what} has {rows} rows")
+    row = math.prod(t.shape[1:])
+    return [int(s) * row for s in split_sizes]
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

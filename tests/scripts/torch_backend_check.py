@@ -200,10 +200,151 @@ cm.wait()
 case("coalesced", all(equal(o, torch.cat([data(4, torch.float32, r, s) for r in range(N)]), True)
                       for s, o in enumerate(outs)), "all_gather_into_tensor x3")
 
+# ---- reduce: every root, ops, dtypes, sync and async, PREMUL_SUM, non-contiguous; vs gloo and numpy
+for name in ("SUM", "MAX", "MIN", "PRODUCT", "AVG", "PREMUL_SUM"):
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
+        if name in ("AVG", "PREMUL_SUM") and not dtype.is_floating_point:
+            continue
+        if name == "PRODUCT" and dtype == torch.bfloat16:
+            continue
+        for count in (0, 1, 13, 4099):
+            for root in range(N):
+                async_op = (root + count) % 2 == 1
+                x = data(count, dtype, R)
+                orig = x.clone()
+                the_op = dist._make_nccl_premul_sum(2.0) if name == "PREMUL_SUM" else OPS[name]
+                w = dist.reduce(x, dst=root, op=the_op, async_op=async_op)
+                if async_op:
+                    w.wait()
+                exact = not dtype.is_floating_point or name in ("MIN", "MAX") or (N == 2 and name != "AVG")
+                if R == root:
+                    ref = reference(name, count, dtype)
+                    ref = ref.to(dtype) if dtype.is_floating_point else ref.to(torch.int64).to(dtype)
+                    case("reduce", equal(x, ref, exact), f"{name} {dtype} count={count} root={root} async={async_op}")
+                else:  # a non-root's input is only read (as NCCL; gloo leaves scratch values there)
+                    case("reduce", equal(x, orig, True), f"non-root input changed: {name} {dtype} count={count}")
+                if name not in ("AVG", "PREMUL_SUM") and dtype != torch.bfloat16:
+                    g = data(count, dtype, R)
+                    dist.reduce(g, dst=root, op=OPS[name], group=GLOO)
+                    if R == root:
+                        case("reduce", equal(x, g, exact), f"vs gloo {name} {dtype} count={count} root={root}")
+x = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (R + 1)  # not contiguous
+dist.reduce(x, dst=N - 1)
+if R == N - 1:
+    case("reduce", equal(x, torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (N * (N + 1) // 2), True),
+         "non-contiguous")
+
+# ---- gather and scatter: every root, dtypes, sizes, async, non-contiguous; vs gloo
+for dtype in (torch.float32, torch.int64, torch.int8, torch.bfloat16):
+    for count in (0, 1, 13, 4099):
+        for root in range(N):
+            async_op = (root + count) % 2 == 0
+            mine = data(count, dtype, R)
+            gl = [torch.full((count,), -1, dtype=dtype) for _ in range(N)] if R == root else None
+            w = dist.gather(mine, gl, dst=root, async_op=async_op)
+            if async_op:
+                w.wait()
+            if R == root:
+                case("gather", all(equal(gl[r], data(count, dtype, r), True) for r in range(N)),
+                     f"{dtype} count={count} root={root} async={async_op}")
+                gg = [torch.empty(count, dtype=dtype) for _ in range(N)]
+            else:
+                gg = None
+            dist.gather(mine, gg, dst=root, group=GLOO)
+            if R == root:
+                case("gather", all(equal(a, b, True) for a, b in zip(gl, gg)), f"vs gloo {dtype} count={count}")
+            out = torch.full((count,), -1, dtype=dtype)
+            sl = [data(count, dtype, r, salt=5) for r in range(N)] if R == root else None
+            w = dist.scatter(out, sl, src=root, async_op=async_op)
+            if async_op:
+                w.wait()
+            case("scatter", equal(out, data(count, dtype, R, salt=5), True),
+                 f"{dtype} count={count} root={root} async={async_op}")
+            g = torch.empty(count, dtype=dtype)
+            dist.scatter(g, sl, src=root, group=GLOO)
+            case("scatter", equal(out, g, True), f"vs gloo {dtype} count={count} root={root}")
+# Blocks of one buffer (torch.chunk), which the backend reads and writes in place, sync and async.
+for async_op in (False, True):
+    whole = torch.full((N * 5,), -1.0)
+    w = dist.gather(torch.arange(5.0) + 10 * R, list(whole.chunk(N)) if R == 1 % N else None, dst=1 % N,
+                    async_op=async_op)
+    if async_op:
+        w.wait()
+    if R == 1 % N:
+        case("gather", equal(whole, torch.cat([torch.arange(5.0) + 10 * r for r in range(N)]), True),
+             f"into chunks of one buffer, async={async_op}")
+    src = torch.arange(N * 4, dtype=torch.int32)
+    out = torch.full((4,), -1, dtype=torch.int32)
+    w = dist.scatter(out, list(src.chunk(N)) if R == 0 else None, src=0, async_op=async_op)
+    if async_op:
+        w.wait()
+    case("scatter", equal(out, src[4 * R:4 * R + 4], True), f"from chunks of one buffer, async={async_op}")
+nc = [torch.zeros(4, 3).t() for _ in range(N)] if R == 0 else None  # non-contiguous outputs
+dist.gather(torch.arange(12.0).reshape(3, 4) + R, nc, dst=0)
+if R == 0:
+    case("gather", all(equal(nc[r], torch.arange(12.0).reshape(3, 4) + r, True) for r in range(N)), "non-contiguous")
+out = torch.zeros(4, 3).t()
+dist.scatter(out, [torch.arange(12.0).reshape(3, 4) * r for r in range(N)] if R == 0 else None, src=0)
+case("scatter", equal(out, torch.arange(12.0).reshape(3, 4) * R, True), "non-contiguous output")
+
+# ---- all_to_all_single: equal and uneven splits (rows of dim 0), 2-D, async; the list form; vs gloo
+for dtype in (torch.float32, torch.int32, torch.float16):
+    for rows in (0, 1, 5):
+        # rank R sends (R + p + rows) % 3 rows of width 3 to peer p: uneven, some zero
+        ins = [(R + p + rows) % 3 for p in range(N)]
+        outs = [(p + R + rows) % 3 for p in range(N)]
+        x = data(sum(ins) * 3, dtype, R).reshape(-1, 3)
+        for async_op in (False, True):
+            y = torch.full((sum(outs), 3), -1, dtype=dtype)
+            w = dist.all_to_all_single(y, x, outs, ins, async_op=async_op)
+            if async_op:
+                w.wait()
+            g = torch.empty_like(y)
+            dist.all_to_all_single(g, x, outs, ins, group=GLOO)
+            case("all_to_all_single", equal(y, g, True), f"uneven {dtype} rows={rows} async={async_op}")
+        xe = data(N * rows * 2, dtype, R).reshape(N * rows, 2)
+        ye, ge = torch.empty_like(xe), torch.empty_like(xe)
+        dist.all_to_all_single(ye, xe)
+        dist.all_to_all_single(ge, xe, group=GLOO)
+        case("all_to_all_single", equal(ye, ge, True), f"equal {dtype} rows={rows}")
+xs = [data(3, torch.int64, R, salt=p) for p in range(N)]
+ys = [torch.empty(3, dtype=torch.int64) for _ in range(N)]
+gs = [torch.empty(3, dtype=torch.int64) for _ in range(N)]
+dist.all_to_all(ys, xs)
+dist.all_to_all(gs, xs, group=GLOO)
+case("all_to_all", all(equal(a, b, True) for a, b in zip(ys, gs)), "list form vs gloo")
+# Uneven list form (gloo refuses it; NCCL does it): rank R sends p + 1 elements to p.
+ys = [torch.empty(R + 1) for _ in range(N)]
+dist.all_to_all(ys, [torch.full((p + 1,), float(R)) for p in range(N)])
+case("all_to_all", all(equal(ys[p], torch.full((R + 1,), float(p)), True) for p in range(N)), "uneven list form")
+
+# ---- errors of the new ops reach the caller
+try:
+    dist.all_to_all_single(torch.empty(N + 1), torch.ones(N + 1))
+    case("errors", False, "all_to_all_single with rows not divisible by N accepted")
+except ValueError as exc:
+    case("errors", "not divisible" in str(exc), str(exc))
+bad23 = dist.new_group(backend="ringcomm", timeout=datetime.timedelta(seconds=3))
+t0 = time.monotonic()
+try:  # one rank's block differs: the root and that rank raise, also through an async Work
+    w = dist.gather(torch.ones(4 + (R == N - 1)), [torch.empty(4) for _ in range(N)] if R == 0 else None, dst=0,
+                    group=bad23, async_op=True)
+    w.wait()
+    # A leaf whose block did not depend on the rank that disagrees may finish
+    # (the engine's rule, tests/test_collectives.py): its next call fails at once.
+    case("errors", R not in (0, N - 1), "gather size mismatch not detected on the root or the rank that differs")
+    try:
+        dist.barrier(group=bad23)
+        case("errors", False, "the call after a gather mismatch did not fail")
+    except (ringcomm.MismatchError, ringcomm.CommunicatorAborted) as exc:
+        case("errors", time.monotonic() - t0 < 3.0, f"after a gather mismatch: {type(exc).__name__}")
+except ringcomm.MismatchError as exc:
+    case("errors", time.monotonic() - t0 < 3.0, f"gather mismatch: {exc}")
+
 # ---- barrier, and ops ringcomm does not have
 dist.barrier()
 case("barrier", True, "")
-for fn, args in ((dist.send, (torch.ones(1), (R + 1) % N)), (dist.all_to_all_single, (torch.empty(N), torch.ones(N)))):
+for fn, args in ((dist.send, (torch.ones(1), (R + 1) % N)), (dist.recv, (torch.ones(1), (R + 1) % N))):
     try:
         fn(*args)
         case("unsupported", False, f"{fn.__name__} did not raise")
