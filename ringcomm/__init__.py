@@ -13,6 +13,7 @@ transports, with an exact traffic ledger.
 from . import traffic
 from .comm import Communicator
 from .quarantine import quarantined
+from .p2p import P2POp, P2PWork
 from .work import Work
 from .world import init, run_local
 from .errors import (CollectiveTimeout, CommunicatorAborted, InvalidArgument, MismatchError,
@@ -21,6 +22,7 @@ from .errors import (CollectiveTimeout, CommunicatorAborted, InvalidArgument, Mi
 __version__ = "0.1.0"
 
 __all__ = [
+    "P2POp", "P2PWork",
     "init", "run_local", "Communicator", "Work", "traffic", "quarantined",
     "RingcommError", "InvalidArgument", "CollectiveTimeout", "MismatchError",
     "CommunicatorAborted", "TransportError", "WaitTimeout", "__version__",

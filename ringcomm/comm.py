@@ -20,6 +20,7 @@ from . import config, quarantine, vocab
 from ._arrays import Buf, empty_like, like, to_numpy
 from .door import Described, Door
 from .errors import InvalidArgument, RingcommError
+from .p2p import P2POp, P2PWork
 from .traffic import Traffic
 from .work import Work
 
@@ -255,6 +256,80 @@ class Communicator:
         Pairwise exchange, n-1 steps (csrc/algorithms/all_to_all.cpp).
         """
         return self._submit(self._door.all_to_all(x, splits, out_splits, out, empty_like), async_op)
+
+    # ---- point-to-point -----------------------------------------------
+    # Beside the collectives' queue, not through it (csrc/engine/p2p.h): each
+    # op is posted on the caller's thread at once and progressed by whoever
+    # waits. So a batch of isend/irecv never deadlocks, and p2p takes no call
+    # sequence number (only two ranks call it). A p2p op is ordered after this
+    # rank's synchronous collectives (they have ended), not after async ones
+    # still queued: wait for their Works first when they share buffers.
+    def send(self, x, dst: int, tag: int = 0) -> None:
+        """Send `x` to rank `dst`; returns once `x` may be reused.
+
+        Messages between two ranks with one tag arrive in the order sent (as
+        MPI's); they never match a collective's. The receive must have
+        exactly x's size and dtype (else MismatchError on the receiver, and
+        the communicator is aborted, so this rank hears of it too). Sending
+        to oneself is an InvalidArgument (torch forbids it too). Host
+        memory only for now (a device communicator: InvalidArgument).
+        """
+        xb, peer, tag = self._door.p2p(x, dst, tag, True)
+        self._p2p_run(True, xb, peer, tag)
+
+    def recv(self, x, src: int | None = None, tag: int = 0) -> int:
+        """Receive into `x` (written in place) from rank `src` (None: any
+        rank); returns the sender's rank (as torch's ``dist.recv``).
+
+        The message must have exactly x's size and dtype: another size is a
+        MismatchError naming both (the message is discarded; no byte of it
+        lands, never an overrun), and so is another dtype from that sender
+        with this tag. No matching send within the communicator's
+        ``timeout``: CollectiveTimeout naming the peer.
+        """
+        xb, peer, tag = self._door.p2p(x, src, tag, False)
+        return self._p2p_run(False, xb, peer, tag)
+
+    def isend(self, x, dst: int, tag: int = 0) -> P2PWork:
+        """Start a send (see :meth:`send`); returns a Work whose ``wait()``
+        returns once `x` may be reused."""
+        return self._p2p_post(True, x, dst, tag)
+
+    def irecv(self, x, src: int | None = None, tag: int = 0) -> P2PWork:
+        """Start a receive into `x` (see :meth:`recv`); ``wait()`` returns
+        `x`, and the Work's ``source`` is then the sender's rank."""
+        return self._p2p_post(False, x, src, tag)
+
+    def batch_isend_irecv(self, ops) -> list[P2PWork]:
+        """Start a list of :class:`ringcomm.P2POp` together (torch's
+        ``batch_isend_irecv``): every op is checked before any is posted;
+        returns their Works in order. Waits may come in any order without
+        deadlock (each wait progresses this rank's pending receives)."""
+        plan = []
+        for i, op in enumerate(ops):
+            if not isinstance(op, P2POp):
+                raise InvalidArgument(f"batch_isend_irecv: ops[{i}] is {type(op).__name__}, expected ringcomm.P2POp")
+            kind = getattr(op.op, "__name__", op.op)
+            if kind not in ("isend", "irecv"):
+                raise InvalidArgument(f"batch_isend_irecv: ops[{i}].op is {op.op!r}, expected 'isend' or 'irecv'")
+            plan.append((kind == "isend", self._door.p2p(op.x, op.peer, op.tag, kind == "isend")))
+        return [self._p2p_start(send, *checked) for send, checked in plan]
+
+    def _p2p_post(self, send: bool, x, peer, tag) -> P2PWork:
+        return self._p2p_start(send, *self._door.p2p(x, peer, tag, send))
+
+    def _p2p_start(self, send: bool, xb: Buf, peer: int, tag: int) -> P2PWork:
+        native = self._engine.p2p(send, peer, xb.ptr, xb.count, vocab.DTYPES[xb.dtype], tag)
+        work = P2PWork(native, xb.obj, (xb,), self._failed)
+        self._track(work)
+        return work
+
+    def _p2p_run(self, send: bool, xb: Buf, peer: int, tag: int) -> int:
+        try:
+            return self._engine.p2p_run(send, peer, xb.ptr, xb.count, vocab.DTYPES[xb.dtype], tag)
+        except BaseException as exc:
+            self._failed(exc, (xb,))
+            raise
 
     # ---- ledger, lifecycle ------------------------------------------------
     def traffic(self) -> Traffic:

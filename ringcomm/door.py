@@ -211,6 +211,32 @@ class Door:
                        in_place_at=None)
         return self._call("all_to_all", xb, ob, xb.count, 0, 0, -1, ob.obj, splits_arg, out_arg)
 
+    # ---- point-to-point ------------------------------------------------------
+    def p2p(self, x, peer, tag, send: bool) -> tuple[Buf, int, int]:
+        """Check one send (`x` is read) or receive (`x` is written; peer None:
+        any source). Returns (x's view, peer (-1: any), tag); the engine posts it (csrc/engine/p2p.h)."""
+        what = "send" if send else "recv"
+        xb = self.view(x, f"{what} buffer")
+        if self.gpu is not None or xb.device is not None:
+            raise InvalidArgument(f"{what}: point-to-point is host-only for now (this communicator moves "
+                                  f"{'cuda:%d' % self.gpu if self.gpu is not None else 'device'} memory)")
+        if not send:
+            _writable(xb, "recv buffer")
+        if peer is None and not send:
+            peer = -1
+        elif isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+            raise InvalidArgument(f"{what} peer must be an int{'' if send else ' or None (any source)'}, "
+                                  f"got {type(peer).__name__}")
+        else:
+            peer = int(peer)
+            if not 0 <= peer < self.size:
+                raise InvalidArgument(f"{what} peer {peer} is out of range (expected 0 <= peer < {self.size})")
+            if peer == self.rank:
+                raise InvalidArgument(f"{what} to/from itself (rank {self.rank}): point-to-point needs another rank")
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
+            raise InvalidArgument(f"{what} tag must be an int >= 0, got {tag!r}")
+        return xb, peer, int(tag)
+
     def _root(self, root, coll: str) -> int:
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
             raise InvalidArgument(f"{coll} root must be an int, got {type(root).__name__}")

@@ -78,6 +78,9 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     reduce_scatter and all_gather on a power-of-two n): see the module
     docstring. ``comm.last_algorithm`` says which one a call ran.
 
+    send, recv: one message of `count` elements to / from the peer given as
+    `root` (booked under the kinds "send" and "recv").
+
     reduce: algorithm "binomial" or "ring" (its reduce-scatter, then the
     chunks to the root); not symmetric: the root only receives (binomial)
     or receives more. gather, scatter: `count` is the total; `counts`, the
@@ -92,6 +95,18 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     if not 0 <= rank < n:
         raise ValueError(f"rank {rank} out of range for n={n}")
     size = vocab.itemsize(str(np.dtype(dtype)) if dtype not in vocab.NUMPY else dtype)
+    if collective in vocab.P2P:
+        # One message: `root` is the peer; a send books count elements sent
+        # to it, a receive as many received from it (under their own kinds).
+        if not 0 <= root < n or root == rank:
+            raise ValueError(f"{collective}: peer (root=) {root} must be another rank of 0..{n - 1}")
+        e = Expected()
+        nbytes = count * size
+        if collective == "send":
+            e.sent[root] = nbytes
+        else:
+            e.received[root] = nbytes
+        return e
     if n == 1:
         return Expected()
     if collective in _ROOTED:

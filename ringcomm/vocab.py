@@ -30,7 +30,11 @@ DTYPES = {
 FLOATING = ("float16", "bfloat16", "float32", "float64")
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 COLLECTIVES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "barrier": 4,
-               "reduce": 5, "gather": 6, "scatter": 7, "all_to_all": 8}
+               "reduce": 5, "gather": 6, "scatter": 7, "all_to_all": 8,
+               # point-to-point: not collectives (no call sequence number); their
+               # codes name them in the ledger and the flight recorder
+               "send": 9, "recv": 10}
+P2P = ("send", "recv")
 # "auto" (-1) is resolved per call by the engine, from the limits the cost
 # model gives it (ringcomm/tuning/selection.py).
 # binomial: reduce's tree; linear: gather/scatter through the root;

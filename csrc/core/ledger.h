@@ -33,6 +33,16 @@ class Ledger {
     add(at(c, peer, control) + 2, bytes);
     add(at(c, peer, control) + 3, 1);
   }
+  // The same from any thread (point-to-point ops complete on their callers'
+  // threads, several at once): a locked add, in cells no collective writes.
+  void sent_shared(Coll c, int peer, uint64_t bytes) {
+    cells_[at(c, peer, false) + 0].fetch_add(bytes, std::memory_order_relaxed);
+    cells_[at(c, peer, false) + 1].fetch_add(1, std::memory_order_relaxed);
+  }
+  void received_shared(Coll c, int peer, uint64_t bytes) {
+    cells_[at(c, peer, false) + 2].fetch_add(bytes, std::memory_order_relaxed);
+    cells_[at(c, peer, false) + 3].fetch_add(1, std::memory_order_relaxed);
+  }
   // Flat copy indexed [(coll * nranks + peer) * 2 + control].
   std::vector<Counters> snapshot() const {
     std::vector<Counters> out(cells_.size() / 4);

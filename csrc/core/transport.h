@@ -22,7 +22,12 @@ namespace ringcomm {
 // data: payload (the Device's memory, if any); control: headers and ABORT
 // notices between ring neighbours; check: a call's fingerprint sent on its
 // own to a peer beyond the neighbours. control and check are host memory.
-enum class Channel : int { data = 0, control = 1, check = 2, kCount };
+// p2p: point-to-point messages (engine/p2p.h), matched by (sender, tag)
+// and never by a collective's receive.
+enum class Channel : int { data = 0, control = 1, check = 2, p2p = 3, kCount };
+
+// A point-to-point receive from any rank.
+constexpr int kAnySource = -1;
 
 // wait_any's answer when interrupt() was called.
 constexpr int kInterrupted = -2;
@@ -99,6 +104,28 @@ class Transport {
     wake();
   }
   bool interrupted() const { return interrupted_.load(std::memory_order_acquire); }
+
+  // ---- point-to-point (Channel::p2p, host memory; engine/p2p.h) ----
+  // Messages carry a `tag` outside their bytes (MPI's tag; a field in
+  // process) and are matched by (sender, tag) in the order they were sent.
+  // A receive is never posted blind: it takes a message that has arrived
+  // (p2p_take), so its size is known before a byte lands and a larger
+  // message can never overrun the buffer. Thread-safe (callers' threads
+  // use it while a collective runs on the engine's). Transports that do
+  // not carry point-to-point messages throw RingError(invalid).
+  virtual RequestPtr p2p_send(int peer, const void* buf, size_t bytes, uint32_t tag);
+  // Take the oldest arrived message from `peer` (kAnySource: any rank) with
+  // `tag`; null when none has arrived yet. The request's `peer` is the
+  // sender. A message of exactly `bytes` is received into `buf` (wait_any
+  // completes the request); one of another size is discarded, none of it
+  // landing, and the request comes back done, with `wrong_message` set and
+  // `bytes` the message's size.
+  virtual RequestPtr p2p_take(int peer, uint32_t tag, void* buf, size_t bytes);
+  // Has a message from `peer` (kAnySource: any) with `tag` arrived? Leaves
+  // it there (for error messages); fills *src and *bytes when true.
+  virtual bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes);
+  // The largest tag p2p_send carries (MPI_TAG_UB).
+  virtual uint32_t p2p_max_tag() const { return 0x7fffffffu; }
 
   // The collective failed and the link is being abandoned (Link::fail).
   // Transports whose operations cannot be withdrawn one by one (NCCL) tear

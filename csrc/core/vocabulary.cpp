@@ -31,7 +31,7 @@ const char* op_name(Op o) {
 
 const char* coll_name(Coll c) {
   static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
-                                 "reduce",     "gather",         "scatter",    "all_to_all"};
+                                 "reduce",     "gather",         "scatter",    "all_to_all", "send", "recv"};
   int i = int(c);
   return (i >= 0 && i < int(Coll::kCount)) ? names[i] : "?";
 }

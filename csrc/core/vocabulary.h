@@ -38,8 +38,13 @@ namespace ringcomm {
 enum class DType : int32_t { f16 = 0, bf16, f32, f64, i8, u8, i32, i64, kCount };
 enum class Op : int32_t { sum = 0, prod, min, max, avg, kCount };
 enum class Coll : int32_t {
-  all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, reduce, gather, scatter, all_to_all, kCount
+  all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, reduce, gather, scatter, all_to_all,
+  // Point-to-point (engine/p2p.h): not collectives (never queued, no call
+  // sequence number); codes of their own for the ledger and the flight recorder.
+  send, recv, kCount
 };
+// The collectives the engine queues end before `send` (Engine::validate).
+constexpr bool coll_is_p2p(Coll c) { return c == Coll::send || c == Coll::recv; }
 // The algorithms a collective can run (algorithms/algorithms.h). `automatic`
 // is resolved by the Engine before the call starts (Engine::choose_algorithm,
 // with the crossovers ringcomm/selection.py computes); it never travels.

@@ -74,6 +74,7 @@ Engine::~Engine() {
 
 void Engine::validate(Task& t) {
   if (int(t.coll) < 0 || t.coll >= Coll::kCount) throw_invalid("unknown collective code");
+  if (coll_is_p2p(t.coll)) throw_invalid("send and recv are not queued collectives: use Engine::p2p_send/p2p_recv");
   if (coll_reduces(t.coll)) check_reducer(t.dtype, t.op);
   else dtype_size(t.dtype);
   t.algo = int(choose_algorithm(t));
@@ -166,6 +167,12 @@ Algo Engine::choose_algorithm(const Task& t) const {
                   (a == Algo::halving_doubling ? ", reduce_scatter and all_gather" : "") + " only");
   }
   return a;
+}
+
+void Engine::fail_p2p(const RingError& e) {
+  const bool first = !aborted();
+  record_abort(e.what(), e.origin >= 0 ? e.origin : rank(), e.cause);
+  if (first) abort();  // wakes waits (collective and p2p), then fails the link on the worker: the ring is told
 }
 
 void Engine::record_abort(const std::string& reason, int origin, ErrKind cause) {

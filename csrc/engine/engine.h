@@ -15,6 +15,7 @@
 
 #include "core/link.h"
 #include "core/reducer.h"
+#include "engine/p2p.h"
 
 namespace ringcomm {
 
@@ -129,6 +130,14 @@ class Engine {
   // null. Thread-safe.
   std::unique_ptr<RingError> check_peers();
   Ledger& ledger() { return link_.ledger(); }
+  // ---- point-to-point (p2p.h): beside the queue, on the callers' threads ----
+  std::shared_ptr<Transport> shared_transport() const { return link_.shared_transport(); }
+  FlightRecorder& recorder() { return recorder_; }
+  P2PPending& p2p_pending() { return p2p_pending_; }
+  uint64_t next_p2p_id() { return next_p2p_id_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  // A p2p op failed (not for bad arguments): the communicator is aborted and
+  // the ring told, as after a failed collective. Thread-safe.
+  void fail_p2p(const RingError& e);
   // algorithm="auto" for all_reduce on host memory: recursive doubling up to
   // rd_max bytes, halving-doubling up to hd_max, the ring above (the cost
   // model's crossovers for this communicator: ringcomm/selection.py).
@@ -192,6 +201,8 @@ class Engine {
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
   std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0};
   std::atomic<int> last_algo_{0};
+  std::atomic<uint64_t> next_p2p_id_{0};
+  P2PPending p2p_pending_;
   std::atomic<std::thread::id> inline_thread_{};  // the thread running a collective inline, if any
   std::thread worker_;
 };

@@ -12,6 +12,7 @@
 
 #include "core/quarantine.h"
 #include "engine/engine.h"
+#include "engine/p2p.h"
 #include "python/converters.h"
 #include "python/py_errors.h"
 #include "python/signals.h"
@@ -63,6 +64,27 @@ inline void call_host(EngineHandle& h, const Task& t) {
     e.reset();
   }
   if (const RingError* err = w->error()) raise_object(failure_object(*err, w->hold()));
+}
+
+// Wait for a point-to-point op (GIL released), Ctrl-C checked on the main
+// thread; raises its failure. Returns true once complete.
+inline bool wait_p2p(P2POp& op, double timeout) {
+  bool done;
+  if (on_main_thread()) {
+    SignalCheck check;
+    bool fired = false;
+    {
+      py::gil_scoped_release nogil;
+      done = op.wait(timeout, &check.fn, &fired);
+    }
+    if (fired) check.raise(op.hold());
+  } else {
+    py::gil_scoped_release nogil;
+    done = op.wait(timeout);
+  }
+  if (done)
+    if (const RingError* err = op.error()) raise_object(failure_object(*err, op.hold()));
+  return done;
 }
 
 // Registers Work, Tracer, InprocWorld, Engine and inproc_world() in `m`.
@@ -167,7 +189,36 @@ inline void bind_engine(py::module_& m) {
   py::class_<WorldHandle>(m, "InprocWorld", py::module_local());
   m.def("inproc_world", [](int n) { return WorldHandle{make_inproc_world(n)}; }, py::arg("nranks"));
 
+  py::class_<P2POp, std::shared_ptr<P2POp>>(m, "P2POp", py::module_local())
+      .def("wait", &wait_p2p, py::arg("timeout") = -1.0,
+           "Progress and block (GIL released) until complete or `timeout` s (negative: until it ends, bounded by "
+           "the communicator's deadline); raises its failure; True when complete.")
+      .def("is_completed", &P2POp::is_completed)
+      .def("test", [](P2POp& op) { return wait_p2p(op, 0.0); }, "Progress without blocking; True when complete.")
+      .def_property_readonly("source", &P2POp::source, "The sender's rank (after completion; a send: its peer).")
+      .def_property_readonly("is_send", &P2POp::is_send)
+      .def("hold", &P2POp::hold)
+      .def("error", [](P2POp& op) -> py::object {
+        const RingError* e = op.error();
+        if (!e) return py::none();
+        return error_object(*e);
+      });
+
   py::class_<EngineHandle>(m, "Engine", py::module_local())
+      .def("p2p",
+           [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag) {
+             return p2p_post(h.shared(), send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag);
+           },
+           py::arg("send"), py::arg("peer"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("tag"),
+           "Post a point-to-point send or receive (peer -1: any source); returns its P2POp.")
+      .def("p2p_run",
+           [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag) {
+             auto op = p2p_post(h.shared(), send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag);
+             wait_p2p(*op, -1.0);
+             return op->source();
+           },
+           py::arg("send"), py::arg("peer"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("tag"),
+           "Post and wait; returns the sender's rank (a send: its peer). Raises on failure.")
       .def_property_readonly("rank", [](EngineHandle& h) { return h.get().rank(); })
       .def_property_readonly("size", [](EngineHandle& h) { return h.get().size(); })
       .def_property_readonly("transport", [](EngineHandle& h) { return h.get().transport_name(); })

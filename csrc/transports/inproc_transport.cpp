@@ -169,6 +169,73 @@ class InprocTransport final : public Transport {
     return r;
   }
 
+  // ---- point-to-point: queued like any send; a receive takes the oldest
+  // message of its tag, under the queue's lock (copied there: nothing is
+  // left in flight) ----
+  RequestPtr p2p_send(int peer, const void* buf, size_t bytes, uint32_t tag) override {
+    auto r = make(peer, true, bytes, w_->queue(rank_, peer, Channel::p2p));
+    Message msg;
+    msg.src = buf;
+    msg.bytes = bytes;
+    msg.stamp = tag;
+    msg.sender = r.get();
+    {
+      std::lock_guard<std::mutex> g(r->queue->m);
+      if (bytes <= kEagerBytes) {  // buffered: the sender may reuse its buffer now
+        msg.copy.reset(new char[bytes ? bytes : 1]);
+        if (bytes) std::memcpy(msg.copy.get(), buf, bytes);
+        msg.src = msg.copy.get();
+        msg.sender = nullptr;
+        finish(r.get());
+      }
+      r->queue->sends.push_back(std::move(msg));
+    }
+    Waker& w = *w_->wakers[peer];  // a receiver may be waiting for it (p2p_wait)
+    std::lock_guard<std::mutex> g(w.m);
+    w.cv.notify_all();
+    return r;
+  }
+
+  RequestPtr p2p_take(int peer, uint32_t tag, void* buf, size_t bytes) override {
+    const int n = w_->n;
+    const int first = peer == kAnySource ? int(next_source_++ % unsigned(n)) : peer;
+    for (int i = 0; i < (peer == kAnySource ? n : 1); ++i) {
+      const int src = (first + i) % n;
+      Queue* q = w_->queue(src, rank_, Channel::p2p);
+      std::lock_guard<std::mutex> g(q->m);
+      for (auto it = q->sends.begin(); it != q->sends.end(); ++it) {
+        if (it->stamp != tag) continue;
+        auto r = make(src, false, it->bytes, q);
+        if (it->bytes == bytes) {
+          if (bytes) std::memcpy(buf, it->src, bytes);
+        } else {
+          r->wrong_message = true;  // discarded: none of it lands
+        }
+        r->done = true;
+        r->complete.store(true, std::memory_order_release);
+        if (it->sender) finish(it->sender);
+        q->sends.erase(it);
+        return r;
+      }
+    }
+    return nullptr;
+  }
+
+  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes) override {
+    for (int s = 0; s < w_->n; ++s) {
+      if (peer != kAnySource && s != peer) continue;
+      Queue* q = w_->queue(s, rank_, Channel::p2p);
+      std::lock_guard<std::mutex> g(q->m);
+      for (const Message& m : q->sends)
+        if (m.stamp == tag) {
+          *src = s;
+          *bytes = m.bytes;
+          return true;
+        }
+    }
+    return false;
+  }
+
   int wait_any(Request* const* reqs, int n, Clock::time_point deadline) override {
     Waker& w = *w_->wakers[rank_];
     std::unique_lock<std::mutex> lk(w.m);
@@ -286,6 +353,7 @@ class InprocTransport final : public Transport {
   std::shared_ptr<InprocWorld> w_;
   int rank_;
   std::shared_ptr<Device> dev_;
+  std::atomic<unsigned> next_source_{0};  // any-source receives start at a rotating rank (fairness)
 };
 }  // namespace
 

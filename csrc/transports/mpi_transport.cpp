@@ -45,7 +45,7 @@ constexpr long kMinPolls = 64;  // polls before the clock is consulted at all
 // with their call's stamp as the tag, and a receive names the tag: the
 // messages of one call from one peer match in order, and a message of
 // another call matches no receive of this one.
-constexpr int kTag[int(Channel::kCount)] = {0, 0x5244, 0x5245};  // data (unused), control, check
+constexpr int kTag[int(Channel::kCount)] = {0, 0x5244, 0x5245, 0};  // data, control, check, p2p (unused: own comm)
 constexpr size_t kMaxMessage = size_t(1) << 30;
 
 class MpiTransport final : public Transport {
@@ -66,12 +66,17 @@ class MpiTransport final : public Transport {
     RC_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
     RC_MPI(MPI_Comm_dup(comm_, &data_), -1);
     RC_MPI(MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN), -1);
+    // Point-to-point on a communicator of its own: a collective's receive
+    // (which probes its peer for messages of other calls) never sees one.
+    RC_MPI(MPI_Comm_dup(comm_, &p2p_), -1);
+    RC_MPI(MPI_Comm_set_errhandler(p2p_, MPI_ERRORS_RETURN), -1);
     // Stamps are tags: as many low bits as every tag up to MPI_TAG_UB allows
     // (at least 15 by the standard; 31 in Open MPI and MPICH).
     int* ub = nullptr;
     int found = 0;
     RC_MPI(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found), -1);
     const uint32_t tag_ub = found && ub ? uint32_t(*ub) : 32767u;
+    tag_ub_ = tag_ub;
     while (stamp_mask_ * 2 + 1 <= tag_ub && stamp_mask_ < 0x7fffffffu) stamp_mask_ = stamp_mask_ * 2 + 1;
     // Fewer bits would let a mismatch of equal message sizes pass too often
     // (1 in 2^bits): then no stamps, and Link sends fingerprints instead.
@@ -95,6 +100,7 @@ class MpiTransport final : public Transport {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
+      MPI_Comm_free(&p2p_);
       MPI_Comm_free(&data_);
       MPI_Comm_free(&comm_);
     }
@@ -126,6 +132,47 @@ class MpiTransport final : public Transport {
     return r;
   }
   uint32_t stamp_mask() const override { return stamp_mask_; }
+
+  // ---- point-to-point: the tag is MPI's tag on p2p_; matched probes ----
+  RequestPtr p2p_send(int peer, const void* buf, size_t bytes, uint32_t tag) override {
+    auto r = make(peer, true, bytes);
+    RC_MPI(MPI_Isend(buf, int(bytes), MPI_BYTE, peer, int(tag), p2p_, &r->req), peer);
+    return r;
+  }
+  RequestPtr p2p_take(int peer, uint32_t tag, void* buf, size_t bytes) override {
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    // Matched probe: the message is ours alone (another thread's any-source
+    // receive cannot take it between the probe and the receive).
+    RC_MPI(MPI_Improbe(peer == kAnySource ? MPI_ANY_SOURCE : peer, int(tag), p2p_, &flag, &msg, &st), peer);
+    if (!flag) return nullptr;
+    int got = 0;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    auto r = make(st.MPI_SOURCE, false, size_t(got));
+    if (size_t(got) != bytes) {  // discarded: none of it reaches buf
+      r->sink.resize(size_t(got) + 1);
+      RC_MPI(MPI_Mrecv(r->sink.data(), got, MPI_BYTE, &msg, MPI_STATUS_IGNORE), r->peer);
+      r->sink = std::vector<char>();
+      r->done = true;
+      r->wrong_message = true;
+      return r;
+    }
+    RC_MPI(MPI_Imrecv(buf, got, MPI_BYTE, &msg, &r->req), r->peer);
+    return r;
+  }
+  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes) override {
+    int flag = 0;
+    MPI_Status st;
+    RC_MPI(MPI_Iprobe(peer == kAnySource ? MPI_ANY_SOURCE : peer, int(tag), p2p_, &flag, &st), peer);
+    if (!flag) return false;
+    int got = 0;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    *src = st.MPI_SOURCE;
+    *bytes = size_t(got);
+    return true;
+  }
+  uint32_t p2p_max_tag() const override { return tag_ub_; }
 
   // Poll with backoff: spin first (a neighbour on another core answers in
   // microseconds), then yield the core (ranks may outnumber cores), then
@@ -300,6 +347,8 @@ class MpiTransport final : public Transport {
   }
   MPI_Comm comm_ = MPI_COMM_NULL;  // control and check
   MPI_Comm data_ = MPI_COMM_NULL;  // payload, tagged with stamps
+  MPI_Comm p2p_ = MPI_COMM_NULL;   // point-to-point, tagged with the user's tag (and dtype)
+  uint32_t tag_ub_ = 32767u;
   uint32_t stamp_mask_ = 0;
   int rank_ = -1, size_ = 0;
   Clock::duration spin_{0};  // how long a wait busy-polls before yielding

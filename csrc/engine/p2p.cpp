@@ -1,0 +1,247 @@
+#include "engine/p2p.h"
+
+#include <sched.h>
+
+#include <thread>
+
+#include "engine/engine.h"
+
+namespace ringcomm {
+
+namespace {
+constexpr uint64_t kP2PIds = uint64_t(1) << 62;  // flight records of p2p ops: apart from collectives' seq
+constexpr uint32_t kDtypeBits = 3;                // DType::kCount == 8
+static_assert(int(DType::kCount) <= (1 << kDtypeBits), "dtype codes must fit the wire tag's low bits");
+
+std::string elems(size_t bytes, DType dt) {
+  const size_t es = dtype_size(dt);
+  return std::to_string(bytes) + " bytes" +
+         (bytes % es == 0 ? " (" + std::to_string(bytes / es) + " " + dtype_name(dt) + ")" : "");
+}
+}  // namespace
+
+std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count,
+                                DType dtype, int tag) {
+  const int n = e->size(), rank = e->rank();
+  const char* what = send ? "send" : "recv";
+  const size_t es = dtype_size(dtype);  // throws on an unknown code
+  if (e->device())
+    throw_invalid(std::string(what) + ": point-to-point is host-only for now (this communicator's payload lives on " +
+                  e->device()->name() + ")");
+  if (!(peer == kAnySource && !send) && (peer < 0 || peer >= n))
+    throw_invalid(std::string(what) + " peer " + std::to_string(peer) + " is out of range (expected 0 <= peer < " +
+                  std::to_string(n) + (send ? ")" : ", or None for any source)"));
+  if (peer == rank)
+    throw_invalid(std::string(what) + " to/from itself (rank " + std::to_string(rank) +
+                  "): point-to-point needs another rank (use a copy)");
+  const uint32_t max_tag = (e->shared_transport()->p2p_max_tag() >> kDtypeBits);
+  if (tag < 0 || uint32_t(tag) > max_tag)
+    throw_invalid(std::string(what) + " tag " + std::to_string(tag) + " is out of range (0 <= tag <= " +
+                  std::to_string(max_tag) + " on this transport)");
+  if (e->aborted()) {
+    RingError err(ErrKind::aborted, rank, peer, 0, "communicator was aborted earlier: " + e->abort_reason());
+    throw err;
+  }
+  auto op = std::make_shared<P2POp>();
+  op->engine_ = e;
+  op->t_ = e->shared_transport();
+  op->is_send_ = send;
+  op->peer_ = peer;
+  op->source_ = send ? peer : -1;
+  op->buf_ = buf;
+  op->count_ = count;
+  op->bytes_ = count * es;
+  op->dtype_ = dtype;
+  op->tag_ = tag;
+  op->wire_ = (uint32_t(tag) << kDtypeBits) | uint32_t(dtype);
+  op->rank_ = rank;
+  op->deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(e->options().timeout_s));
+  op->id_ = kP2PIds + e->next_p2p_id();
+  FlightRecorder& fr = e->recorder();
+  if (fr.capacity()) {
+    FlightRecord r;
+    r.seq = op->id_;
+    r.coll = int32_t(send ? Coll::send : Coll::recv);
+    r.count = int64_t(count);
+    r.dtype = int32_t(dtype);
+    r.root = peer;  // the peer (-1: any source)
+    r.algo = tag;   // the tag
+    r.t_issue_ns = r.t_start_ns = wall_ns();
+    r.state = FlightState::running;
+    fr.issued(r);
+  }
+  if (send) {
+    op->req_ = op->t_->p2p_send(peer, buf, op->bytes_, op->wire_);
+  } else {
+    e->p2p_pending().add(op);
+    e->p2p_pending().match(*op->t_);
+  }
+  return op;
+}
+
+void P2PPending::add(const std::shared_ptr<P2POp>& op) {
+  std::lock_guard<std::mutex> g(m_);
+  recvs_.push_back(op);
+}
+
+void P2PPending::match(Transport& t) {
+  std::unique_lock<std::mutex> g(m_, std::try_to_lock);
+  if (!g.owns_lock()) return;  // another thread is matching right now
+  if (recvs_.empty()) return;
+  // (peer, wire tag) of earlier receives still unmatched: a later one that
+  // could take their message waits its turn.
+  std::vector<std::pair<int, uint32_t>> blocked;
+  size_t keep = 0;
+  for (size_t i = 0; i < recvs_.size(); ++i) {
+    std::shared_ptr<P2POp> op = recvs_[i].lock();
+    if (!op || op->withdrawn_ || op->matched_.load(std::memory_order_acquire)) continue;  // gone, or done
+    bool wait_turn = false;
+    for (const auto& b : blocked)
+      if (b.second == op->wire_ && (b.first == kAnySource || op->peer_ == kAnySource || b.first == op->peer_))
+        wait_turn = true;
+    if (!wait_turn) {
+      RequestPtr r = t.p2p_take(op->peer_, op->wire_, op->buf_, op->bytes_);
+      if (r) {
+        op->req_ = std::move(r);
+        op->matched_.store(true, std::memory_order_release);
+        continue;
+      }
+    }
+    blocked.emplace_back(op->peer_, op->wire_);
+    recvs_[keep++] = recvs_[i];
+  }
+  recvs_.resize(keep);
+}
+
+void P2PPending::withdraw(P2POp& op) {
+  std::lock_guard<std::mutex> g(m_);
+  op.withdrawn_ = true;
+}
+
+bool P2POp::is_completed() { return done_.load(std::memory_order_acquire); }
+
+const RingError* P2POp::error() {
+  std::lock_guard<std::mutex> g(m_);
+  return err_.get();
+}
+
+int P2POp::source() {
+  std::lock_guard<std::mutex> g(m_);
+  return source_;
+}
+
+void P2POp::fail(ErrKind kind, const std::string& what) {
+  const std::string peer = peer_ == kAnySource ? "any rank" : "rank " + std::to_string(peer_);
+  RingError e(kind, rank_, peer_, 0,
+              std::string(is_send_ ? "send to " : "recv from ") + peer + " (tag " + std::to_string(tag_) + ", " +
+                  elems(bytes_, dtype_) + ") on rank " + std::to_string(rank_) + ": " + what);
+  throw e;
+}
+
+// One step: true once the op is done. Blocks at most until `until`.
+bool P2POp::progress(Clock::time_point until) {
+  // Every wait, a send's too, progresses this communicator's pending receives.
+  engine_->p2p_pending().match(*t_);
+  const bool waiting_for_message = !is_send_ && !matched_.load(std::memory_order_acquire);
+  if (waiting_for_message) {
+    ++polls_;
+    if (peer_ != kAnySource && polls_ > 64 && (polls_ & 15) == 0) {  // another dtype, same tag?
+      for (int d = 0; d < int(DType::kCount); ++d) {
+        int src = -1;
+        size_t b = 0;
+        if (d != int(dtype_) && t_->p2p_peek(peer_, (uint32_t(tag_) << kDtypeBits) | uint32_t(d), &src, &b))
+          fail(ErrKind::mismatch, "rank " + std::to_string(src) + " sent " + std::to_string(b) + " bytes of " +
+                                      dtype_name(DType(d)) + " with this tag, but this receive is " +
+                                      dtype_name(dtype_));
+      }
+    }
+  } else if (!is_send_ && source_ < 0) {  // just matched
+    source_ = req_->peer;
+    if (req_->wrong_message)
+      fail(ErrKind::mismatch, "rank " + std::to_string(source_) + " sent " + elems(req_->bytes, dtype_) +
+                                  ", but the receive buffer has " + elems(bytes_, dtype_) +
+                                  " (sizes must match exactly); the message was discarded, none of it landed");
+  }
+  if (!waiting_for_message) {
+    Request* r = req_.get();
+    const int i = t_->wait_any(&r, 1, until);
+    if (i == 0) return true;
+    if (i == kInterrupted) fail(ErrKind::aborted, "the communicator was aborted while waiting");
+    return false;
+  }
+  // Back off: spin first (the message may be microseconds away), then yield,
+  // then sleep (a receive posted long before its send should not cost a core).
+  if (polls_ > 64) {
+    if (polls_ < 2000) sched_yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(polls_ < 4000 ? 20 : 200));
+  }
+  return false;
+}
+
+bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, bool* fired) {
+  std::lock_guard<std::mutex> g(m_);
+  if (done_.load(std::memory_order_relaxed)) return true;
+  const auto start = Clock::now();
+  const auto mine = timeout_s < 0 ? Clock::time_point::max()
+                                  : start + std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(timeout_s));
+  auto last_check = start;
+  for (;;) {
+    auto now = Clock::now();
+    try {
+      const auto until = std::min({deadline_, mine, now + std::chrono::milliseconds(100)});
+      if (progress(is_send_ || matched_.load(std::memory_order_acquire) ? until : now)) {
+        Ledger& l = engine_->ledger();
+        if (is_send_) l.sent_shared(Coll::send, peer_, bytes_);
+        else l.received_shared(Coll::recv, source_, bytes_);
+        finish(nullptr);
+        return true;
+      }
+      now = Clock::now();
+      if (now - last_check >= std::chrono::milliseconds(100) || now >= deadline_ || now >= mine) {
+        last_check = now;
+        if (interrupted && (*interrupted)()) {
+          if (fired) *fired = true;
+          engine_->abort(true);
+          fail(ErrKind::aborted, "interrupted (Ctrl-C)");
+        }
+        if (engine_->aborted()) fail(ErrKind::aborted, "the communicator was aborted: " + engine_->abort_reason());
+        if (auto heard = engine_->check_peers())  // a peer's failure, told along the ring
+          fail(ErrKind::aborted, std::string("a peer failed: ") + heard->what());
+        if (now >= deadline_) {
+          const std::string waiting = is_send_ ? "rank " + std::to_string(peer_) + " to receive it"
+                                     : peer_ == kAnySource ? std::string("a message from any rank")
+                                                           : "a message from rank " + std::to_string(peer_);
+          fail(ErrKind::timeout, "timed out after " + std::to_string(engine_->options().timeout_s) +
+                                     " s waiting for " + waiting);
+        }
+      }
+      if (now >= mine) return false;
+    } catch (const RingError& e) {
+      auto err = std::make_unique<RingError>(e);
+      if (e.kind != ErrKind::invalid) engine_->fail_p2p(e);  // the ring is told, as for a collective
+      finish(std::move(err));
+      return true;
+    }
+  }
+}
+
+void P2POp::finish(std::unique_ptr<RingError> err) {
+  if (!is_send_) engine_->p2p_pending().withdraw(*this);  // after this, req_ is ours alone
+  if (req_ && !t_->test(*req_) && !t_->cancel(*req_)) {
+    // A send MPI may still read (or a receive still arriving): the quarantine
+    // keeps it; the caller's Python side keeps the array (like a collective).
+    hold_ = std::make_shared<Hold>();
+    hold_->pending.fetch_add(1);
+    Quarantine::instance().add(t_, std::move(req_), nullptr, hold_);
+  }
+  req_.reset();
+  const std::string text = err ? err->what() : "";
+  engine_->recorder().ended(id_, Progress(), err ? &text : nullptr);
+  err_ = std::move(err);
+  done_.store(true, std::memory_order_release);
+  engine_.reset();  // a closed communicator's engine goes once its last op ends
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,122 @@
+// Point-to-point: send, recv (also from any rank), and their async forms.
+//
+// Where it runs: beside the engine's queue, not through it. A send or a
+// receive is posted on the caller's thread at once and progressed by
+// whoever waits for it (P2POp::wait). Through the queue, a receive that
+// waits would hold the worker, and a batch of isend/irecv to each other
+// would deadlock (each rank's receive before its send). The price: a p2p op
+// is not ordered after this rank's *asynchronous* collectives still queued
+// (a synchronous collective has ended before the next call anyway); a
+// program that mixes them waits for those Works first, as with torch.
+//
+// Matching: on their own channel (Channel::p2p: a communicator of its own
+// over MPI, queues of their own in process), so a collective's receive never
+// sees a p2p message, and no p2p op consumes a collective's sequence number
+// (only the ranks involved call it). The transport's tag is
+//     wire tag = user tag * 8 + dtype code
+// so messages are ordered per (sender, receiver, tag) as in MPI, and the
+// dtype travels outside the bytes (nothing is added to a message: the
+// 8-byte latency stays MPI's). A receive never posts a buffer blind: it
+// takes a message that has arrived (a matched probe), checks its size, and
+// only then lets bytes land:
+//   * a message of exactly the receive's size is received;
+//   * one of another size (larger or smaller) is discarded, none of it
+//     landing, and the receiver raises MismatchError naming both sizes;
+//   * a message of the same tag from that sender with another dtype, while
+//     none of this dtype has come, is a MismatchError naming both dtypes
+//     (checked once the receive has waited a moment; not for any-source
+//     receives, where another rank's message may be meant for a later one).
+// Progress without deadlock: receives are matched in the order they were
+// posted, by one matcher per communicator (P2PPending) that any waiting op
+// runs, a send's included. So a rank that waits for its (rendezvous-sized)
+// isend before its irecv still takes the peer's message, and the peer's
+// wait on its own send completes: waits may come in any order.
+// Any failure (mismatch, deadline, Ctrl-C) aborts the communicator and
+// tells the ring, as a failed collective does: the sender hears of it
+// while it waits (its wait polls the ring), else at its deadline, which
+// names the peer.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "core/quarantine.h"
+#include "core/transport.h"
+
+namespace ringcomm {
+
+class Engine;
+class P2POp;
+
+// This communicator's receives not yet matched, oldest first.
+class P2PPending {
+ public:
+  void add(const std::shared_ptr<P2POp>& op);
+  // Take every message that has arrived for a pending receive, in posting
+  // order (a later receive never takes a message an earlier unmatched one
+  // could match, as MPI's posted-receive order).
+  void match(Transport& t);
+  // A receive ends (failed): never matched after this returns.
+  void withdraw(P2POp& op);
+
+ private:
+  std::mutex m_;
+  std::vector<std::weak_ptr<P2POp>> recvs_;
+};
+
+class P2POp {
+ public:
+  // Progress and block up to `timeout_s` (negative: until it ends, which
+  // its deadline bounds). True once complete, successfully or not (error()).
+  // `interrupted` (may be null) is polled every 100 ms: true fails the op,
+  // aborts the communicator (Ctrl-C), and sets *fired.
+  bool wait(double timeout_s, const std::function<bool()>* interrupted = nullptr, bool* fired = nullptr);
+  bool test() { return wait(0.0); }
+  bool is_completed();
+  const RingError* error();
+  bool is_send() const { return is_send_; }
+  int peer() const { return peer_; }
+  // After completion: the rank the message came from (a send: its peer).
+  int source();
+  size_t bytes() const { return bytes_; }
+  // A failed op whose request could not be withdrawn (an MPI send): its
+  // claim on the caller's array (quarantine.h). Null otherwise.
+  std::shared_ptr<Hold> hold() { std::lock_guard<std::mutex> g(m_); return hold_; }
+
+ private:
+  friend class P2PPending;
+  friend std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int);
+  bool progress(Clock::time_point until);  // true: done; throws RingError
+  void finish(std::unique_ptr<RingError> err);
+  [[noreturn]] void fail(ErrKind kind, const std::string& what);
+
+  std::mutex m_;  // one waiter progresses it at a time
+  std::shared_ptr<Engine> engine_;  // until it completes
+  std::shared_ptr<Transport> t_;
+  RequestPtr req_;  // a receive: set by P2PPending::match, then `matched_`
+  std::atomic<bool> matched_{false};
+  bool withdrawn_ = false;  // guarded by P2PPending's lock
+  bool is_send_ = false;
+  int peer_ = -1, source_ = -1;
+  void* buf_ = nullptr;
+  size_t bytes_ = 0, count_ = 0;
+  DType dtype_ = DType::f32;
+  int tag_ = 0;
+  uint32_t wire_ = 0;
+  uint64_t id_ = 0;  // its flight record
+  int rank_ = -1;
+  Clock::time_point deadline_;
+  long polls_ = 0;
+  std::atomic<bool> done_{false};
+  std::unique_ptr<RingError> err_;
+  std::shared_ptr<Hold> hold_;
+};
+
+// Post a send (`send` true: `buf` is read) or a receive (`peer` may be
+// kAnySource) of `count` elements of `dtype` with `tag`. Checks the
+// arguments (RingError(invalid)) and the communicator (aborted) first.
+std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& engine, bool send, int peer, void* buf, size_t count,
+                                DType dtype, int tag);
+
+}  // namespace ringcomm

@@ -1,0 +1,82 @@
+"""Point-to-point over MPI (run by tests/test_p2p_mpi.py under `ringcomm run -n N`):
+ring shifts, all pairs, any source, a large batch both ways, a size mismatch.
+Prints one RESULT line per rank: {"rank", "errors": [...], "mismatch": text}."""
+
+import json
+import sys
+
+import numpy as np
+
+import ringcomm
+from ringcomm import vocab
+
+
+def data(rank, count, dtype, salt=0):
+    return ((np.arange(count) * 7 + 13 * rank + 3 * salt + 1) % 97).astype(vocab.NUMPY[dtype])
+
+
+def main():
+    comm = ringcomm.init(timeout=20)
+    r, n = comm.rank, comm.size
+    errs = []
+
+    def check(got, want, what):
+        bad = np.flatnonzero(got.astype(np.float64) != want.astype(np.float64))
+        if bad.size:
+            errs.append(f"rank {r}: {what}: {bad.size} wrong, first at {bad[0]}: {got[bad[0]]} != {want[bad[0]]}")
+
+    for count in (0, 1, 97, 300001):
+        comm.segment_bytes = 4096
+        for dtype in ("float32", "bfloat16", "int64"):
+            y = np.zeros(count, vocab.NUMPY[dtype])
+            ws = [comm.irecv(y, (r - 1) % n), comm.isend(data(r, count, dtype), (r + 1) % n)]
+            for w in reversed(ws):
+                w.wait()
+            check(y, data((r - 1) % n, count, dtype), f"shift count={count} {dtype}")
+            if ws[0].source != (r - 1) % n:
+                errs.append(f"rank {r}: source {ws[0].source}")
+    ops, outs = [], {}
+    for p in range(n):
+        if p != r:
+            outs[p] = np.zeros(1000, np.int32)
+            ops += [ringcomm.P2POp("isend", data(r, 1000, "int32", p), p, 2), ringcomm.P2POp("irecv", outs[p], p, 2)]
+    for w in comm.batch_isend_irecv(ops):
+        w.wait()
+    for p, y in outs.items():
+        check(y, data(p, 1000, "int32", r), f"all pairs from {p}")
+    if r == 0:
+        got = set()
+        for _ in range(n - 1):
+            y = np.zeros(5, np.float64)
+            s = comm.recv(y, None, tag=9)
+            check(y, data(s, 5, "float64"), f"any source from {s}")
+            got.add(s)
+        if got != set(range(1, n)):
+            errs.append(f"any source saw {sorted(got)}")
+    else:
+        comm.send(data(r, 5, "float64"), 0, tag=9)
+    s = comm.all_reduce(np.ones(4, np.float32))
+    check(s, np.full(4, n, np.float32), "all_reduce after p2p")
+    t = comm.traffic()
+    if t.bytes_sent("all_reduce", kind="payload") and t.bytes_received("send"):
+        errs.append("p2p bytes booked under the wrong kind")
+    mismatch = ""
+    comm.timeout = 5
+    if "mismatch" in sys.argv:
+        try:
+            if r == 0:
+                comm.send(np.arange(10, dtype=np.float32), 1, tag=3)
+                comm.barrier()
+            elif r == 1:
+                comm.recv(np.zeros(8, np.float32), 0, tag=3)
+            else:
+                comm.barrier()
+            mismatch = "no error"
+        except ringcomm.RingcommError as e:
+            mismatch = f"{type(e).__name__}: {e}"
+    else:
+        comm.close()
+    print("RESULT " + json.dumps({"rank": r, "errors": errs, "mismatch": mismatch}), flush=True)
+
+
+main()

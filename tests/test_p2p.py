@@ -1,0 +1,258 @@
+"""Point-to-point over in-process ranks: send/recv/isend/irecv/batch_isend_irecv
+against rank-dependent numpy references, the ledger's closed form, and the
+failure model (sizes, dtypes, bad peers, deadlines)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ringcomm
+from ringcomm import traffic, vocab
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def data(rank, count, dtype, salt=0):
+    """Rank-dependent values that every dtype holds exactly."""
+    v = (np.arange(count) * 7 + 13 * rank + 3 * salt + 1) % 97
+    return v.astype(vocab.NUMPY[dtype])
+
+
+def check(got, want, rank, what):
+    bad = np.flatnonzero(got.astype(np.float64) != want.astype(np.float64))
+    assert bad.size == 0, (f"rank {rank}: {what}: {bad.size} wrong, first at index {bad[0]}: "
+                           f"got {got[bad[0]]}, want {want[bad[0]]}")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("count", [0, 1, 97, 40000])
+def test_ring_shift_blocking(n, count):
+    def body(comm):
+        r = comm.rank
+        comm.segment_bytes = 1024
+        x = data(r, count, "float32")
+        y = np.full(count, -1, np.float32)
+        if r % 2 == 0:  # alternate so blocking calls never wait on each other in a cycle
+            comm.send(x, (r + 1) % n)
+            src = comm.recv(y, (r - 1) % n)
+        else:
+            src = comm.recv(y, (r - 1) % n)
+            comm.send(x, (r + 1) % n)
+        check(y, data((r - 1) % n, count, "float32"), r, "ring shift")
+        assert src == (r - 1) % n
+        t = comm.traffic()
+        e_s = traffic.expected("send", count, "float32", n, r, root=(r + 1) % n)
+        e_r = traffic.expected("recv", count, "float32", n, r, root=(r - 1) % n)
+        assert t.bytes_sent("send") == e_s.bytes_sent == count * 4
+        assert t.bytes_received("recv") == e_r.bytes_received == count * 4
+        assert t.bytes_sent("all_reduce") == 0
+        return True
+    assert all(ringcomm.run_local(n, body))
+
+
+@pytest.mark.parametrize("dtype", list(vocab.DTYPES))
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_pairs_every_dtype(n, dtype):
+    def body(comm):
+        r = comm.rank
+        ops, outs = [], {}
+        for p in range(n):
+            if p == r:
+                continue
+            outs[p] = np.zeros(31, vocab.NUMPY[dtype])
+            ops.append(ringcomm.P2POp("isend", data(r, 31, dtype, salt=p), p, tag=5))
+            ops.append(ringcomm.P2POp("irecv", outs[p], p, tag=5))
+        for w in ops and comm.batch_isend_irecv(ops):
+            w.wait()
+        for p, y in outs.items():
+            check(y, data(p, 31, dtype, salt=r), r, f"from rank {p}")
+        return True
+    assert all(ringcomm.run_local(n, body))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_any_source_collects_every_rank(n):
+    def body(comm):
+        r = comm.rank
+        if r != 0:
+            comm.send(data(r, 10, "int32"), 0, tag=1)
+            return None
+        seen = {}
+        for _ in range(n - 1):
+            y = np.zeros(10, np.int32)
+            src = comm.recv(y, None, tag=1)
+            check(y, data(src, 10, "int32"), r, f"any-source message from {src}")
+            seen[src] = True
+        return sorted(seen)
+    assert ringcomm.run_local(n, body)[0] == list(range(1, n))
+
+
+@pytest.mark.parametrize("order", ["sends_first", "recvs_first"])
+def test_batch_both_directions_large_no_deadlock(order):
+    count = 300000  # well beyond any eager limit
+
+    def body(comm):
+        r, n = comm.rank, comm.size
+        y1, y2 = np.empty(count, np.float64), np.empty(count, np.float64)
+        ops = [ringcomm.P2POp("irecv", y1, (r - 1) % n), ringcomm.P2POp("irecv", y2, (r + 1) % n),
+               ringcomm.P2POp("isend", data(r, count, "float64", 1), (r + 1) % n),
+               ringcomm.P2POp("isend", data(r, count, "float64", 2), (r - 1) % n)]
+        works = comm.batch_isend_irecv(ops)
+        for w in (works[2:] + works[:2]) if order == "sends_first" else works:
+            w.wait()
+        check(y1, data((r - 1) % n, count, "float64", 1), r, "from the left")
+        check(y2, data((r + 1) % n, count, "float64", 2), r, "from the right")
+        assert works[0].source == (r - 1) % n
+        return True
+    assert all(ringcomm.run_local(3, body))
+
+
+def test_order_per_tag_and_tags_apart():
+    def body(comm):
+        if comm.rank == 0:
+            for i in range(5):
+                comm.isend(np.full(3, i, np.int64), 1, tag=7)
+                comm.isend(np.full(3, 100 + i, np.int64), 1, tag=8)
+            comm.barrier()
+            return None
+        got8 = [int(comm.irecv(np.zeros(3, np.int64), 0, tag=8).wait()[0]) for _ in range(5)]
+        got7 = [int(comm.irecv(np.zeros(3, np.int64), 0, tag=7).wait()[0]) for _ in range(5)]
+        comm.barrier()
+        return got7, got8
+    assert ringcomm.run_local(2, body)[1] == ([0, 1, 2, 3, 4], [100, 101, 102, 103, 104])
+
+
+def test_interleaved_with_collectives():
+    def body(comm):
+        r, n = comm.rank, comm.size
+        total = 0
+        for it in range(5):
+            x = data(r, 50, "float32", it)
+            s = comm.all_reduce(x.copy())
+            y = np.empty(50, np.float32)
+            works = [comm.isend(x, (r + 1) % n, tag=it), comm.irecv(y, (r - 1) % n, tag=it)]
+            comm.barrier()
+            for w in works:
+                w.wait()
+            check(y, data((r - 1) % n, 50, "float32", it), r, f"iteration {it}")
+            total += float(s.sum())
+        t = comm.traffic()
+        assert t.bytes_sent("send") == 5 * 200 and t.bytes_received("recv") == 5 * 200
+        return total
+    res = ringcomm.run_local(3, body)
+    assert len(set(res)) == 1
+
+
+def test_torch_tensors():
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        r = comm.rank
+        x = torch.arange(6, dtype=torch.bfloat16) + r
+        y = torch.zeros(6, dtype=torch.bfloat16)
+        ws = comm.batch_isend_irecv([ringcomm.P2POp(comm.isend, x, 1 - r), ringcomm.P2POp(comm.irecv, y, 1 - r)])
+        [w.wait() for w in ws]
+        assert torch.equal(y, torch.arange(6, dtype=torch.bfloat16) + (1 - r)), f"rank {r}: {y}"
+        return True
+    assert all(ringcomm.run_local(2, body))
+
+
+# ---- errors -------------------------------------------------------------------
+def test_recv_smaller_than_message_fails_both_sides():
+    def body(comm):
+        comm.timeout = 5
+        if comm.rank == 0:
+            try:
+                comm.send(np.arange(10, dtype=np.float32), 1)
+                comm.barrier()  # the receiver aborted: this rank hears of it
+            except ringcomm.RingcommError as e:
+                return type(e).__name__, str(e)
+            return "no error", ""
+        y = np.full(12, -7, np.float32)
+        guard = y[8:].copy()
+        with pytest.raises(ringcomm.MismatchError) as ei:
+            comm.recv(y[:8], 0)
+        assert (y[8:] == guard).all() and (y[:8] == -7).all(), "bytes landed"
+        return "MismatchError", str(ei.value)
+    (k0, m0), (k1, m1) = ringcomm.run_local(2, body)
+    assert "40 bytes" in m1 and "32 bytes" in m1 and "rank 0" in m1, m1
+    assert k0 != "no error", "the sender never heard of the mismatch"
+
+
+def test_recv_larger_than_message_is_an_error():
+    def body(comm):
+        comm.timeout = 5
+        if comm.rank == 0:
+            comm.send(np.arange(4, dtype=np.int32), 1)
+            return None
+        with pytest.raises(ringcomm.MismatchError, match="exactly"):
+            comm.recv(np.zeros(8, np.int32), 0)
+        return True
+    ringcomm.run_local(2, body)
+
+
+def test_dtype_mismatch():
+    def body(comm):
+        comm.timeout = 5
+        if comm.rank == 0:
+            comm.send(np.arange(4, dtype=np.float32), 1)
+            return None
+        with pytest.raises(ringcomm.MismatchError, match="float32.*int32|int32.*float32"):
+            comm.recv(np.zeros(4, np.int32), 0)
+        return True
+    ringcomm.run_local(2, body)
+
+
+def test_recv_without_send_times_out_naming_the_peer():
+    def body(comm):
+        comm.timeout = 0.5
+        if comm.rank == 1:
+            with pytest.raises(ringcomm.CollectiveTimeout, match="rank 0"):
+                comm.recv(np.zeros(3, np.float32), 0, tag=4)
+            return comm.aborted
+        return None
+    assert ringcomm.run_local(2, body)[1] is True
+
+
+def test_abort_wakes_pending_recv():
+    import threading
+
+    def body(comm):
+        if comm.rank == 0:
+            w = comm.irecv(np.zeros(3), 1)
+            threading.Timer(0.3, comm.abort, kwargs={"wait": False}).start()
+            with pytest.raises(ringcomm.RingcommError):
+                w.wait()
+        return True
+    ringcomm.run_local(2, body)
+
+
+def test_bad_input_before_any_byte_moves():
+    def body(comm):
+        x = np.zeros(4, np.float32)
+        for call, match in [(lambda: comm.send(x, 2), "out of range"), (lambda: comm.send(x, -1), "out of range"),
+                            (lambda: comm.send(x, comm.rank), "itself"), (lambda: comm.recv(x, 0 if comm.rank else 1, tag=-1), "tag"),
+                            (lambda: comm.recv(np.zeros((4, 4), np.float32)[:, 0], 1 - comm.rank), "contiguous"),
+                            (lambda: comm.isend(x, "1"), "int"),
+                            (lambda: comm.batch_isend_irecv([ringcomm.P2POp("put", x, 1)]), "isend")]:
+            with pytest.raises(ringcomm.InvalidArgument, match=match):
+                call()
+        ro = np.zeros(4, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(ringcomm.InvalidArgument, match="read-only"):
+            comm.recv(ro, 1 - comm.rank)
+        assert not comm.aborted
+        comm.barrier()
+        return True
+    assert all(ringcomm.run_local(2, body))
+
+
+def test_flight_record_names_send_and_recv():
+    def body(comm):
+        y = np.zeros(2)
+        if comm.rank == 0:
+            comm.send(np.ones(2), 1)
+        else:
+            comm.recv(y, 0)
+        return [r["collective"] for r in comm.flight_record()]
+    assert ringcomm.run_local(2, body) == [["send"], ["recv"]]

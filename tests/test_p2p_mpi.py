@@ -1,0 +1,36 @@
+"""Point-to-point over MPI at 2 and 3 ranks, through `ringcomm run` (tests/scripts/p2p_mpi.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "p2p_mpi.py")
+
+
+def run(n, *args):
+    cmd = [sys.executable, "-m", "ringcomm.cli", "run", "-n", str(n), "--", sys.executable, SCRIPT, *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    out = {}
+    for line in res.stdout.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[7:])
+            out[d["rank"]] = d
+    assert len(out) == n, f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_p2p_over_mpi(n):
+    out = run(n)
+    errs = [e for d in out.values() for e in d["errors"]]
+    assert not errs, errs
+
+
+def test_p2p_size_mismatch_over_mpi_fails_both_sides():
+    out = run(2, "mismatch")
+    assert out[1]["mismatch"].startswith("MismatchError") and "40 bytes" in out[1]["mismatch"], out[1]
+    assert out[0]["mismatch"] != "no error", out[0]
