@@ -72,7 +72,8 @@ def test_smoke_run_n2(tmp_path):
     benchmark.validate_json(doc)
     rows = doc["rows"]
     assert {r["impl"] for r in rows} == {"ringcomm", "mpi", "mpi-ring"}
-    assert {r["collective"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert {r["collective"] for r in rows} == set(benchmark.COLLECTIVES)  # the ring's three and issue 23's five
+    assert {r["collective"] for r in rows if r["impl"] == "mpi-ring"} == {"all_reduce", "reduce_scatter", "all_gather"}
     assert all(r["wrong"] == 0 for r in rows)
     ours = [r for r in rows if r["impl"] == "ringcomm"]
     assert ours and all(r["sent_per_rank"] == r["expected_sent"] for r in ours)
@@ -153,3 +154,68 @@ def test_mpi_baselines_skip_what_mpi_cannot_run():
         assert impl.supports(Case("all_gather", 6, "float32", "sum", False, 2, 0))
         assert impl.supports(Case("all_reduce", 5, "float32", "sum", False, 2, 0))
     assert MpiRingImpl.supports(object.__new__(MpiRingImpl), Case("reduce_scatter", 5, "float32", "sum", False, 2, 0))
+
+
+# ---- issue 23: reduce, gather, scatter, all_to_all, sendrecv -----------------------
+
+NEW = ("reduce", "gather", "scatter", "all_to_all", "sendrecv")
+
+
+def test_new_collectives_only_with_collective_and_their_busbw_factors():
+    assert benchmark.parse([]).collectives == ["all_reduce"]  # the default run is unchanged
+    assert benchmark.parse(["--collective", "all"]).collectives == list(benchmark.COLLECTIVES)
+    assert set(NEW) <= set(benchmark.COLLECTIVES)
+    with pytest.raises(SystemExit, match="unknown collective"):
+        benchmark.parse(["--collective", "alltoall"])
+    for n in (2, 4, 8):  # nccl-tests: reduce 1, gather/scatter/alltoall (n-1)/n, sendrecv 1
+        assert benchmark.bus_factor("reduce", n) == 1 and benchmark.bus_factor("sendrecv", n) == 1
+        for c in ("gather", "scatter", "all_to_all"):
+            assert benchmark.bus_factor(c, n) == pytest.approx((n - 1) / n)
+    # equal blocks: the count is a multiple of n, at least n
+    assert benchmark.count_for(4, "float32", 4, "gather") == 4
+    assert benchmark.count_for(1000, "float32", 3, "all_to_all") == 249
+    assert benchmark.count_for(1000, "float32", 3, "reduce") == 250
+    # data that only moves is not periodic: a block from the wrong place shows
+    for dtype in ("int8", "bfloat16", "float32"):
+        x = benchmark.check_data(dtype, "none", 1, 64)
+        assert not np.array_equal(x[:32], x[32:]) and not np.array_equal(x, benchmark.check_data(dtype, "none", 0, 64))
+
+
+def test_new_collectives_run_and_check_n2(tmp_path):
+    from ringcomm.benchmark.impls import torch_available
+    impls = "ringcomm,mpi,mpi-ring" + (",gloo" if torch_available() else "")
+    out = tmp_path / "b.json"
+    res = run_bench("-N", "2", "-b", "4K", "-e", "4K", "-r", "1", "--iters", "2", "--collective", ",".join(NEW),
+                    "--impl", impls, "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.load(open(out))
+    benchmark.validate_json(doc)
+    rows = doc["rows"]
+    assert {r["collective"] for r in rows} == set(NEW)
+    # Open MPI's ring parameters cover the ring's three only: no mpi-ring launch or rows here
+    assert "mpi-ring" not in {r["impl"] for r in rows}
+    for coll in NEW:
+        got = {r["impl"] for r in rows if r["collective"] == coll}
+        want = {"ringcomm", "mpi"} | ({"gloo"} if torch_available() and coll != "sendrecv" else set())
+        assert got == want, (coll, got)
+    assert all(r["wrong"] == 0 for r in rows)
+    ours = [r for r in rows if r["impl"] == "ringcomm"]
+    assert ours and all(r["sent_per_rank"] == r["expected_sent"] and r["sent_per_rank"] > 0 for r in ours)
+    for r in rows:
+        f = 1.0 if r["collective"] in ("reduce", "sendrecv") else 0.5
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * f)
+    # reduce runs in place too; the others out-of-place only
+    assert {r["collective"] for r in rows if r["inplace"]} == {"reduce"}
+    assert "out of bounds values : 0 OK" in res.stdout
+    assert "reduce: baseline time / ringcomm time" not in res.stdout  # only from 1 MiB up
+
+
+def test_planted_wrong_result_in_the_new_collectives_is_counted(tmp_path):
+    out = tmp_path / "b.json"
+    res = run_bench("-N", "2", "-b", "1K", "-e", "1K", "-r", "1", "--iters", "1", "--collective", ",".join(NEW),
+                    "--impl", "ringcomm,corrupt", "--json", str(out), env={"RINGCOMM_BENCH_TEST_IMPLS": "1"})
+    assert res.returncode != 0
+    rows = json.load(open(out))["rows"]
+    bad = {r["collective"]: r["wrong"] for r in rows if r["impl"] == "corrupt" and not r["inplace"]}
+    assert bad == {c: 1 for c in NEW}, bad
+    assert all(r["wrong"] == 0 for r in rows if r["impl"] == "ringcomm")

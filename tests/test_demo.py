@@ -184,3 +184,67 @@ def test_demo_algorithms_prints_steps_and_peers_from_the_engine(tmp_path):
     assert table["halving_doubling"][1:3] == ["4", "768"]
     assert table["naive"][1:3] == ["6", "1536"]
     assert png.stat().st_size > 1000
+
+
+# ---- issue 23: all_to_all and reduce (tree next to the ring) -------------------
+
+@pytest.mark.parametrize("n,block", [(1, 2), (2, 3), (3, 1), (4, 2), (5, 2)])
+def test_demo_all_to_all_prints_the_transpose_and_the_closed_form(n, block):
+    from ringcomm.teach import rooted_demo
+    buf = io.StringIO()
+    res = rooted_demo.print_all_to_all(n, block, out=buf)
+    text = buf.getvalue()
+    assert res["equal"] and "input table transposed: equal" in text
+    count = n * block
+    # the output table, parsed back: row r, column q holds 10*q + r
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("output:")) + 2
+    for r in range(n):
+        assert [int(v) for v in lines[start + r].split()] == [r] + [10 * q + r for q in range(n)]
+    # the ledger table, parsed back, against traffic.expected (per peer and in total)
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("bytes rank r sent")) + 2
+    for r in range(n):
+        nums = [int(v) for v in lines[start + r].split()]
+        exp = traffic.expected("all_to_all", count, "int64", n, r)
+        assert nums[0] == r
+        assert nums[1:1 + n] == [exp.sent.get(q, 0) for q in range(n)]
+        assert nums[1 + n:] == [exp.bytes_sent, exp.bytes_received, exp.bytes_sent, exp.bytes_received]
+        assert exp.bytes_sent == (n - 1) * block * 8
+    # one traced step per partner on every rank
+    for x, y, t, led in res["results"]:
+        assert len(t.steps) == n - 1
+        assert sorted(s.send_peer for s in t.steps) == [q for q in range(n) if q != t.rank]
+
+
+@pytest.mark.parametrize("n,count,root", [(1, 3, 0), (2, 8, 0), (3, 5, 1), (4, 8, 0), (5, 7, 3)])
+def test_demo_reduce_tree_and_ring_match_the_closed_forms(n, count, root):
+    from ringcomm.teach import rooted_demo
+    buf = io.StringIO()
+    res = rooted_demo.print_reduce(n, count, root, out=buf)
+    text = buf.getvalue()
+    assert res["equal"] and "DIFFERENT" not in text
+    want = sum(rooted_demo.reduce_data(r, count) for r in range(n)).tolist()
+    assert text.count(f"result on rank {root}: {want} (equal to numpy)") == 2
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("bytes per rank")) + 3
+    for r in range(n):
+        nums = [int(v) for v in lines[start + r].split()]
+        assert nums[0] == r
+        for k, alg in ((1, "binomial"), (6, "ring")):
+            exp = traffic.expected("reduce", count, "int64", n, r, root=root, algorithm=alg)
+            steps, sent, received, esent, erecv = nums[k:k + 5]
+            assert (sent, received) == (exp.bytes_sent, exp.bytes_received) == (esent, erecv), (alg, r, nums)
+    # the tree: ceil(log2 n) steps on the root, every other rank sends the whole buffer once
+    lt = res["ledger_tree"]
+    assert lt[root]["steps"] == (n - 1).bit_length()
+    assert all(lt[r]["sent"] == count * 8 for r in range(n) if r != root) and lt[root]["sent"] == 0
+
+
+def test_cli_demo_all_to_all_and_reduce(capsys):
+    assert demo.main(["all_to_all", "-n", "3", "--count", "1"]) == 0
+    assert "transposed: equal" in capsys.readouterr().out
+    assert demo.main(["reduce", "-n", "3", "--root", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "binomial tree" in out and "ring reduce-scatter + gather" in out
+    with pytest.raises(SystemExit):
+        demo.main(["reduce", "-n", "2", "--root", "2"])

@@ -10,7 +10,17 @@ from .. import vocab
 
 from ..tuning import costmodel
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+# The ring's three (the alpha-beta fits and mpi-ring cover these), then the
+# rooted, all-to-all and point-to-point ones (issue 23). `--collective all`
+# runs every one; the default run stays all_reduce.
+RING_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+NEW_COLLECTIVES = ("reduce", "gather", "scatter", "all_to_all", "sendrecv")
+COLLECTIVES = RING_COLLECTIVES + NEW_COLLECTIVES
+# Collectives that reduce (the op matters); the others only move data.
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+# Equal blocks per rank: the count is rounded down to a multiple of n (as nccl-tests does).
+BLOCKED = ("gather", "scatter", "all_to_all")
+ROOT = 0  # the root of reduce, gather and scatter (nccl-tests' default -R 0)
 OPS = ("sum", "prod", "min", "max", "avg")
 
 
@@ -26,20 +36,42 @@ def size_list(begin: int, end: int, factor: float) -> list[int]:
 
 
 def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests busbw = algbw * factor: 2(n-1)/n for all_reduce, (n-1)/n for RS and AG."""
+    """nccl-tests busbw = algbw * factor: 2(n-1)/n for all_reduce, (n-1)/n for
+    reduce_scatter, all_gather, gather, scatter and alltoall, 1 for reduce and
+    sendrecv."""
+    if collective in ("reduce", "sendrecv"):
+        return 1.0
+    if collective in BLOCKED:
+        return (n - 1) / n
     return costmodel.volume_factor(collective, n)
 
 
-def count_for(nbytes: int, dtype: str, n: int) -> int:
+def count_for(nbytes: int, dtype: str, n: int, collective: str = "all_reduce") -> int:
     """Element count of the full buffer: nbytes in whole elements, at least one
-    (ranks beyond the count get empty chunks, as the split rule says)."""
-    return max(1, nbytes // vocab.itemsize(dtype))
+    (ranks beyond the count get empty chunks, as the split rule says). gather,
+    scatter and all_to_all: a multiple of n, at least n (equal blocks; the
+    size is the whole buffer of all ranks' blocks, as nccl-tests counts it)."""
+    count = max(1, nbytes // vocab.itemsize(dtype))
+    if collective in BLOCKED:
+        count = max(n, count // n * n)
+    return count
+
+
+# Largest exactly representable pattern value per dtype (op "none": data that only moves).
+_MOVE_MOD = {"int8": 127, "uint8": 255, "bfloat16": 256, "float16": 2048}
 
 
 def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
-    """Exactly predictable input of `rank`: partial results are exact in every dtype."""
+    """Exactly predictable input of `rank`: partial results are exact in every dtype.
+
+    op "none" (gather, scatter, all_to_all, sendrecv: nothing is reduced): a
+    pattern of (rank, index) that is not periodic in the index, so a block
+    delivered to the wrong place or from the wrong rank shows as wrong
+    elements (the reducing patterns repeat every 5 or 7 elements)."""
     i = np.arange(count, dtype=np.int64)
-    if op in ("sum", "avg"):
+    if op == "none":
+        v = (i * 7919 + rank * 104729 + (i * i) % 65521) % _MOVE_MOD.get(dtype, 65521)
+    elif op in ("sum", "avg"):
         v = (rank + 1) * (i % 5 + 1) % 9
     elif op == "prod":
         v = np.where((i + rank) % 3 == 0, 2, 1)

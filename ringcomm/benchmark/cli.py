@@ -16,7 +16,7 @@ import tempfile
 from .. import vocab
 from ..config import parse_size
 from ..launch import mpirun_command
-from .checks import COLLECTIVES, OPS, size_list
+from .checks import COLLECTIVES, NEW_COLLECTIVES, OPS, REDUCING, RING_COLLECTIVES, size_list
 from .harness import Bench, device_copy_gbps, memcpy_gbps
 from .impls import DEVICE_IMPLS, IMPLS, RING_MCA
 from .report import HEADER, fit_algorithms, fit_models, footer, machine_info, make_rows, plot, print_size_block
@@ -40,7 +40,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="check results (default 1)")
     p.add_argument("-o", "--op", default="sum", help="sum, prod, min, max, avg or all (default sum)")
     p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(vocab.DTYPES)} or all")
-    p.add_argument("--collective", default="all_reduce", help="all_reduce, reduce_scatter, all_gather or all")
+    p.add_argument("--collective", default="all_reduce",
+                   help="comma-separated, from all_reduce, reduce_scatter, all_gather, reduce, gather, scatter, "
+                        "all_to_all, sendrecv (the ring shift: isend to rank+1, irecv from rank-1), or all "
+                        "(default all_reduce; the rooted ones have root 0)")
     p.add_argument("--impl", default=None,
                    help="comma-separated implementations (default: ringcomm,mpi,mpi-ring,gloo on the host, "
                         "ringcomm,nccl with --device cuda)")
@@ -68,6 +71,8 @@ def parse(argv) -> argparse.Namespace:
     args.ops = list(OPS) if args.op == "all" else args.op.split(",")
     args.dtypes = list(vocab.DTYPES) if args.datatype == "all" else args.datatype.split(",")
     args.collectives = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
+    if args.device == "cuda" and args.collective == "all":
+        args.collectives = list(RING_COLLECTIVES)  # the NCCL baseline wraps these three
     if args.impl is None:
         args.impl = "ringcomm,nccl" if args.device == "cuda" else "ringcomm,mpi,mpi-ring,gloo"
     args.impl = [s for s in args.impl.split(",") if s]
@@ -95,6 +100,9 @@ def parse(argv) -> argparse.Namespace:
         bad = [v for v in vals if v not in ok]
         if bad:
             raise SystemExit(f"ringcomm bench: unknown {what} {bad}; expected one of {', '.join(ok)}")
+    if args.device == "cuda" and any(c in NEW_COLLECTIVES for c in args.collectives):
+        raise SystemExit(f"ringcomm bench: --device cuda benchmarks {', '.join(RING_COLLECTIVES)} only "
+                         f"(not {', '.join(c for c in args.collectives if c in NEW_COLLECTIVES)})")
     return args
 
 
@@ -127,12 +135,14 @@ def run_mpi(argv=None) -> int:
             print("#" + HEADER[1:])
         for dtype in args.dtypes:
             for op in args.ops:
-                if op == "avg" and dtype not in vocab.FLOATING or coll == "all_gather" and op != args.ops[0]:
+                if op == "avg" and dtype not in vocab.FLOATING or coll not in REDUCING and op != args.ops[0]:
                     done += len(args.sizes)
                     continue
+                # the new data-movement collectives check with data of their own (op "none")
+                data_op = "none" if coll in NEW_COLLECTIVES and coll not in REDUCING else op
                 for nbytes in args.sizes:
-                    count, results = bench.measure(coll, nbytes, dtype, op)
-                    rows = make_rows(coll, nbytes, count, dtype, op if coll != "all_gather" else "none",
+                    count, results = bench.measure(coll, nbytes, dtype, data_op)
+                    rows = make_rows(coll, nbytes, count, dtype, op if coll in REDUCING else "none",
                                      results, n, memcpy)
                     all_rows += rows
                     done += 1
@@ -224,13 +234,17 @@ def cli_main(argv) -> int:
     env = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
         main_args = list(rest)
-        if "mpi-ring" in args.impl:
+        ring_colls = [c for c in args.collectives if c in RING_MCA]
+        if "mpi-ring" in args.impl and not ring_colls:  # Open MPI's ring parameters cover the ring's three only
+            main_args = _replace_flag(rest, "--impl", ",".join(m for m in args.impl if m != "mpi-ring"))
+        elif "mpi-ring" in args.impl:
             ring_json = os.path.join(tmp, "ring.json")
             ring_args = _replace_flag(rest, "--impl", "mpi-ring") + ["--json", ring_json, "--rows-only"]
             ring_args = _drop_flag(ring_args, "--plot")
             ring_args = [x for x in ring_args if x != "--compare-algorithms"]  # that launch runs mpi-ring only
+            ring_args = _replace_flag(ring_args, "--collective", ",".join(ring_colls))
             mca = []
-            for coll in args.collectives:
+            for coll in ring_colls:
                 mca += ["--mca", *RING_MCA[coll]]
             cmd = mpirun_command(nranks, [sys.executable, "-m", "ringcomm.benchmark", *ring_args],
                                  ["--mca", "coll_tuned_use_dynamic_rules", "1", *mca])

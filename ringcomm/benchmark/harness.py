@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from .. import vocab
-from .checks import check_data, check_expected, count_for, split
+from .checks import ROOT, check_data, check_expected, count_for, split
 from .impls import IMPLS, Case, Impl, RingcommImpl, torch_available
 
 
@@ -86,8 +86,12 @@ class Bench:
         dt = vocab.NUMPY[dtype]
         off, ln = c.chunk
         xp = self.xp
-        if coll == "all_reduce":
+        if coll in ("all_reduce", "reduce", "all_to_all", "sendrecv"):
             c.send, c.recv = xp.empty(count, dt), xp.empty(count, dt)
+        elif coll == "gather":  # every rank allocates the root's output (only the root's is written)
+            c.send, c.recv = xp.empty(c.block, dt), xp.empty(count, dt)
+        elif coll == "scatter":  # every rank allocates the root's input (only the root's is read)
+            c.send, c.recv = xp.empty(count, dt), xp.empty(c.block, dt)
         elif coll == "reduce_scatter":
             c.send, c.recv = xp.empty(count, dt), xp.empty(ln, dt)
         else:
@@ -100,19 +104,30 @@ class Bench:
         """Reset buffers to the check data (also before timing: same data every run)."""
         data = self.xp.asarray(check_data(c.dtype, c.op, self.rank, c.count))
         off, ln = c.chunk
-        if c.collective == "all_gather":
+        if c.collective in ("all_gather", "gather"):
             c.input_view()[...] = data[off:off + ln]
-        elif c.collective == "all_reduce" and c.inplace:
+        elif c.collective in ("all_reduce", "reduce") and c.inplace:
             c.recv[...] = data
         else:
             c.send[...] = data
 
     def count_wrong(self, c: Case, impl: Impl) -> int:
         off, ln = c.chunk
-        if c.collective == "all_gather":
+        coll, n, b = c.collective, self.n, c.block
+        if coll in ("reduce", "gather") and self.rank != ROOT:
+            return 0  # only the root has a result
+        if coll in ("all_gather", "gather"):
             want = np.concatenate([check_data(c.dtype, c.op, q, c.count)[slice(*_span(c.count, self.n, q))]
                                    for q in range(self.n)])
             got = c.recv
+        elif coll == "scatter":  # block r of the root's input
+            want, got = check_data(c.dtype, c.op, ROOT, c.count)[self.rank * b:(self.rank + 1) * b], c.recv
+        elif coll == "all_to_all":  # block r of every rank's input, in rank order
+            want = np.concatenate([check_data(c.dtype, c.op, q, c.count)[self.rank * b:(self.rank + 1) * b]
+                                   for q in range(n)])
+            got = c.recv
+        elif coll == "sendrecv":  # rank-1's input
+            want, got = check_data(c.dtype, c.op, (self.rank - 1) % n, c.count), c.recv
         else:
             want = check_expected(c.dtype, c.op, self.n, c.count)
             got = impl.output_view(c)
@@ -132,7 +147,7 @@ class Bench:
             self.xp.cuda.get_current_stream().synchronize()
 
     def measure(self, coll, nbytes, dtype, op):
-        count = count_for(nbytes, dtype, self.n)
+        count = count_for(nbytes, dtype, self.n, coll)
         results = {}
         for inplace in (False, True):
             cases = {}
@@ -146,12 +161,10 @@ class Bench:
                 wrong = self.w.allreduce(self.count_wrong(c, impl))
                 sent = expected = algorithm = None
                 if isinstance(impl, RingcommImpl):
-                    from ..traffic import expected as exp
                     self.fill(c, impl)
                     sent = self.w.allreduce(impl.sent_bytes(c), op=_mpi_max())
                     algorithm = impl.last_algorithm  # what ran (auto's choice), alike on every rank
-                    expected = max(exp(coll, count, dtype, self.n, r, algorithm=algorithm).bytes_sent
-                                   for r in range(self.n))
+                    expected = max(expected_sent(coll, count, dtype, self.n, r, algorithm) for r in range(self.n))
                 cases[impl.name] = (impl, c, wrong, sent, expected, algorithm)
             # warm-up and iteration count (from the slowest implementation)
             est = 0.0
@@ -180,6 +193,17 @@ class Bench:
                 results[(name, inplace)] = dict(s, wrong=wrong, sent=sent, expected=expected, iters=iters,
                                                 algorithm=algorithm)
         return count, results
+
+
+def expected_sent(coll, count, dtype, n, rank, algorithm) -> int:
+    """Payload bytes `rank` sends in one call, by traffic.expected (the ledger check)."""
+    from ..traffic import expected
+    if coll == "sendrecv":  # one send to rank+1 (the receive is booked apart)
+        return expected("send", count, dtype, n, rank, root=(rank + 1) % n).bytes_sent if n > 1 else 0
+    if coll in ("reduce", "gather", "scatter", "all_to_all"):
+        alg = algorithm if coll == "reduce" else "ring"
+        return expected(coll, count, dtype, n, rank, root=ROOT, algorithm=alg).bytes_sent
+    return expected(coll, count, dtype, n, rank, algorithm=algorithm).bytes_sent
 
 
 def _span(count, n, q):

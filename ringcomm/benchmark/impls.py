@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import vocab
-from .checks import split
+from .checks import BLOCKED, REDUCING, RING_COLLECTIVES, ROOT, split
 
 # Open MPI (coll/tuned) parameters that force its ring algorithm per collective.
 RING_MCA = {"all_reduce": ("coll_tuned_allreduce_algorithm", "4"),
@@ -40,11 +40,18 @@ class Case:
     def chunk(self) -> tuple[int, int]:
         return split(self.count, self.n, self.rank)
 
+    @property
+    def block(self) -> int:
+        """gather, scatter, all_to_all: the elements of one rank's block (count is a multiple of n)."""
+        return self.count // self.n
+
     def input_view(self) -> np.ndarray:
         """What the rank contributes (inside recv for in-place, as nccl-tests does)."""
         off, ln = self.chunk
-        if self.collective == "all_reduce":
+        if self.collective in ("all_reduce", "reduce"):
             return self.recv if self.inplace else self.send
+        if self.collective in ("gather", "scatter", "all_to_all", "sendrecv"):
+            return self.send  # out-of-place only
         if self.collective == "reduce_scatter":
             return self.send
         return self.recv[off:off + ln] if self.inplace else self.send
@@ -90,11 +97,32 @@ class RingcommImpl(Impl):
         self.last_algorithm = None  # what the last checked call ran (auto's choice)
 
     def supports(self, c: Case) -> bool:
+        if c.collective not in RING_COLLECTIVES:
+            # auto only; in place: reduce only; sendrecv needs a peer other than itself
+            return (self.forced is None and (not c.inplace or c.collective == "reduce")
+                    and (c.collective != "sendrecv" or c.n > 1))
         # a forced all_reduce algorithm shows only where it exists
         return c.collective == "all_reduce" or self.forced is None or self.halves == self.forced
 
     def run(self, c: Case) -> None:
-        if c.collective == "all_reduce":
+        coll = c.collective
+        if coll == "reduce":
+            if c.inplace:
+                self.comm.reduce(c.recv, ROOT, c.op)
+            else:
+                self.comm.reduce(c.send, ROOT, c.op, out=c.recv)
+        elif coll == "gather":
+            self.comm.gather(c.send, ROOT, out=c.recv)
+        elif coll == "scatter":
+            self.comm.scatter(c.send if c.rank == ROOT else None, ROOT, out=c.recv)
+        elif coll == "all_to_all":
+            self.comm.all_to_all(c.send, out=c.recv)
+        elif coll == "sendrecv":  # the ring shift: to rank+1, from rank-1
+            s = self.comm.isend(c.send, (c.rank + 1) % c.n)
+            r = self.comm.irecv(c.recv, (c.rank - 1) % c.n)
+            r.wait()
+            s.wait()
+        elif coll == "all_reduce":
             if c.inplace:
                 self.comm.all_reduce(c.recv, c.op, algorithm=self.algorithm)
             else:
@@ -107,8 +135,9 @@ class RingcommImpl(Impl):
     def sent_bytes(self, c: Case) -> int:
         before = self.comm.traffic()
         self.run(c)
-        self.last_algorithm = self.comm.last_algorithm
-        return (self.comm.traffic() - before).bytes_sent(c.collective)
+        # p2p takes no algorithm (last_algorithm is the previous collective's)
+        self.last_algorithm = None if c.collective == "sendrecv" else self.comm.last_algorithm
+        return (self.comm.traffic() - before).bytes_sent("send" if c.collective == "sendrecv" else c.collective)
 
     def close(self) -> None:
         self.comm.close()
@@ -127,14 +156,30 @@ class MpiImpl(Impl):
         self._OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
     def supports(self, c: Case) -> bool:
-        # MPI has no half types or average; Reduce_scatter_block needs equal chunks.
+        # MPI has no half types or average; Reduce_scatter_block and Allgather need equal chunks.
         if c.dtype in ("float16", "bfloat16") or c.op == "avg":
             return False
-        return c.collective == "all_reduce" or c.count % c.n == 0
+        if c.collective in ("gather", "scatter", "all_to_all", "sendrecv"):
+            return not c.inplace  # out-of-place only (as ringcomm's)
+        return c.collective not in ("reduce_scatter", "all_gather") or c.count % c.n == 0
 
     def run(self, c: Case) -> None:
         MPI, op = self.MPI, self._OPS.get(c.op)
-        if c.collective == "all_reduce":
+        coll = c.collective
+        if coll == "reduce":
+            if c.inplace:  # MPI_IN_PLACE on the root only; the others pass their input
+                self.comm.Reduce(MPI.IN_PLACE if c.rank == ROOT else c.recv, c.recv, op=op, root=ROOT)
+            else:
+                self.comm.Reduce(c.send, c.recv, op=op, root=ROOT)
+        elif coll == "gather":
+            self.comm.Gather(c.send, c.recv, root=ROOT)
+        elif coll == "scatter":
+            self.comm.Scatter(c.send, c.recv, root=ROOT)
+        elif coll == "all_to_all":
+            self.comm.Alltoall(c.send, c.recv)
+        elif coll == "sendrecv":
+            self.comm.Sendrecv(c.send, (c.rank + 1) % c.n, 0, c.recv, (c.rank - 1) % c.n, 0)
+        elif coll == "all_reduce":
             self.comm.Allreduce(MPI.IN_PLACE if c.inplace else c.send, c.recv, op=op)
         elif c.collective == "reduce_scatter":
             if c.inplace:
@@ -159,8 +204,9 @@ class MpiRingImpl(MpiImpl):
     name = "mpi-ring"
 
     def supports(self, c: Case) -> bool:
-        # Allgather takes equal chunks only (reduce-scatter has per-rank counts here)
-        return (c.dtype not in ("float16", "bfloat16") and c.op != "avg"
+        # Allgather takes equal chunks only (reduce-scatter has per-rank counts here);
+        # ring parameters exist for the ring's three collectives only
+        return (c.collective in RING_COLLECTIVES and c.dtype not in ("float16", "bfloat16") and c.op != "avg"
                 and (c.collective != "all_gather" or c.count % c.n == 0))
 
     def run(self, c: Case) -> None:
@@ -190,19 +236,40 @@ class GlooImpl(Impl):
         self._rs_ok = None
 
     def supports(self, c: Case) -> bool:
-        if c.op == "avg" or c.dtype == "bfloat16" and c.collective != "all_gather":
+        if c.op == "avg" or c.dtype == "bfloat16" and c.collective in REDUCING:
             return False
-        if c.collective == "reduce_scatter":
-            return False  # torch's gloo backend has no reduce_scatter
-        return c.collective == "all_reduce" or c.count % c.n == 0
+        if c.collective in ("reduce_scatter", "sendrecv"):
+            return False  # torch's gloo backend has no reduce_scatter; sendrecv: MPI's only
+        if c.collective in BLOCKED:
+            return not c.inplace
+        return c.collective in ("all_reduce", "reduce") or c.count % c.n == 0
 
     def _t(self, a):
         if a.dtype == vocab.NUMPY["bfloat16"]:
             return self.torch.from_numpy(a.view(np.int16)).view(self.torch.bfloat16)
         return self.torch.from_numpy(a)
 
+    def _blocks(self, c: Case, a) -> list:
+        """a's equal blocks as tensors (gather_list / scatter_list), made once per case."""
+        cache = c.__dict__.setdefault("_gloo_blocks", {})
+        if id(a) not in cache:
+            b = c.block
+            cache[id(a)] = [self._t(a[q * b:(q + 1) * b]) for q in range(c.n)]
+        return cache[id(a)]
+
     def run(self, c: Case) -> None:
-        if c.collective == "all_reduce":
+        dist, coll = self.dist, c.collective
+        if coll == "reduce":
+            if not c.inplace:  # gloo reduces in place: copy in first, as a user would
+                np.copyto(c.recv, c.send)
+            dist.reduce(self._t(c.recv), dst=ROOT, op=self._OPS[c.op])
+        elif coll == "gather":
+            dist.gather(self._t(c.send), self._blocks(c, c.recv) if c.rank == ROOT else None, dst=ROOT)
+        elif coll == "scatter":
+            dist.scatter(self._t(c.recv), self._blocks(c, c.send) if c.rank == ROOT else None, src=ROOT)
+        elif coll == "all_to_all":
+            dist.all_to_all_single(self._t(c.recv), self._t(c.send))
+        elif c.collective == "all_reduce":
             if c.inplace:
                 self.dist.all_reduce(self._t(c.recv), op=self._OPS[c.op])
             else:  # gloo reduces in place: copy in first, as a user would
@@ -231,8 +298,9 @@ class NcclImpl(Impl):
         self.base = cuda._cuda.NcclBaseline(MPI._handleof(w), self.gpu)
 
     def supports(self, c: Case) -> bool:
-        # NCCL's reduce-scatter and all-gather take equal chunks only.
-        return c.collective == "all_reduce" or c.count % c.n == 0
+        # NCCL's reduce-scatter and all-gather take equal chunks only; the baseline
+        # wraps the ring's three collectives only
+        return c.collective == "all_reduce" or c.collective in RING_COLLECTIVES and c.count % c.n == 0
 
     def run(self, c: Case) -> None:
         import cupy

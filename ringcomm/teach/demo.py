@@ -5,6 +5,8 @@
     ringcomm demo scaling [--max-n 64] [--bytes 1M] [--mpi-max 4] [--png PATH]
     ringcomm demo algorithms [-n 8] [--count 1024] [--png PATH]
     ringcomm demo zero    [-n 4] [--params PSI] [--json PATH] [--png PATH]
+    ringcomm demo all_to_all [-n 4] [--count 2]      (rooted_demo.py)
+    ringcomm demo reduce  [-n 4] [--count 8] [--root 0]
 
 Everything printed comes from a real collective on in-process ranks: the step
 table and the partial sums from the engine's own trace (``comm.trace``), the
@@ -375,6 +377,15 @@ def main(argv=None) -> int:
     z.add_argument("--params", type=int, default=2_000_000, help="model size Psi (default 2,000,000)")
     z.add_argument("--json", help="write the measurements as JSON")
     z.add_argument("--png", help="bar chart of memory per rank against the formulas")
+    aa = sub.add_parser("all_to_all", help="pairwise all-to-all: who sends which block to whom, step by step, "
+                        "with the ledger per peer")
+    aa.add_argument("-n", type=int, default=4, help="ranks (default 4)")
+    aa.add_argument("--count", type=int, default=2, help="int64 elements per block (default 2)")
+    rd = sub.add_parser("reduce", help="reduce to a root: the binomial tree next to the ring (reduce-scatter + "
+                        "gather), steps and the ledger per rank")
+    rd.add_argument("-n", type=int, default=4, help="ranks (default 4)")
+    rd.add_argument("--count", type=int, default=8, help="int64 elements (default 8)")
+    rd.add_argument("--root", type=int, default=0, help="the root rank (default 0)")
     args = ap.parse_args(argv)
     if getattr(args, "n", 1) < 1:
         ap.error("-n must be at least 1")
@@ -400,6 +411,16 @@ def main(argv=None) -> int:
         if args.png:
             draw(res, args.n, args.count, args.png)
             print(f"\nwrote {args.png}")
+    elif args.demo in ("all_to_all", "reduce"):
+        from . import rooted_demo
+        if args.count < 0:
+            ap.error("--count must be >= 0")
+        if args.demo == "all_to_all":
+            rooted_demo.print_all_to_all(args.n, args.count)
+        else:
+            if not 0 <= args.root < args.n:
+                ap.error(f"--root must be a rank of 0..{args.n - 1}")
+            rooted_demo.print_reduce(args.n, args.count, args.root)
     elif args.demo == "zero":
         from .zero_demo import demo
         demo(args.n, args.params, args.json, args.png)
