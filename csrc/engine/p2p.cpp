@@ -114,6 +114,17 @@ void P2PPending::match(Transport& t) {
   recvs_.resize(keep);
 }
 
+bool P2PPending::awaits(int peer, uint32_t wire) {
+  std::lock_guard<std::mutex> g(m_);
+  for (const auto& w : recvs_) {
+    std::shared_ptr<P2POp> op = w.lock();
+    if (op && !op->withdrawn_ && !op->matched_.load(std::memory_order_acquire) && op->wire_ == wire &&
+        (op->peer_ == peer || op->peer_ == kAnySource))
+      return true;
+  }
+  return false;
+}
+
 void P2PPending::withdraw(P2POp& op) {
   std::lock_guard<std::mutex> g(m_);
   op.withdrawn_ = true;
@@ -148,9 +159,17 @@ bool P2POp::progress(Clock::time_point until) {
     ++polls_;
     if (peer_ != kAnySource && polls_ > 64 && (polls_ & 15) == 0) {  // another dtype, same tag?
       for (int d = 0; d < int(DType::kCount); ++d) {
-        int src = -1;
-        size_t b = 0;
-        if (d != int(dtype_) && t_->p2p_peek(peer_, (uint32_t(tag_) << kDtypeBits) | uint32_t(d), &src, &b))
+        int src = -1, own_src = -1;
+        size_t b = 0, own_bytes = 0;
+        // A message of another dtype is the peer's next one with this tag
+        // only if ours is not there too: both may have arrived since this
+        // wait last tried to match (ours first: a peer's messages arrive in
+        // order), and then the next match takes ours. So look for ours
+        // after finding the other one, never before.
+        // Nor is it a mismatch when a receive of this rank awaits it.
+        const uint32_t other = (uint32_t(tag_) << kDtypeBits) | uint32_t(d);
+        if (d != int(dtype_) && t_->p2p_peek(peer_, other, &src, &b) &&
+            !t_->p2p_peek(peer_, wire_, &own_src, &own_bytes) && !engine_->p2p_pending().awaits(peer_, other))
           fail(ErrKind::mismatch, "rank " + std::to_string(src) + " sent " + std::to_string(b) + " bytes of " +
                                       dtype_name(DType(d)) + " with this tag, but this receive is " +
                                       dtype_name(dtype_));

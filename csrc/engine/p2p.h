@@ -59,6 +59,9 @@ class P2PPending {
   void match(Transport& t);
   // A receive ends (failed): never matched after this returns.
   void withdraw(P2POp& op);
+  // A receive of this rank, still unmatched, that would take a message from
+  // `peer` with wire tag `wire` (then such a message is not a mismatch).
+  bool awaits(int peer, uint32_t wire);
 
  private:
   std::mutex m_;
