@@ -2,8 +2,9 @@
 same job (tests/scripts/torch_backend_check.py): every op (all reduce ops and
 dtypes, sizes 0, 1, N-1, N+1, primes, multi-segment; sync and async; in-place
 and non-contiguous forms; reduce, gather, scatter on every root, all_to_all_single
-with uneven splits and the list form), a subgroup, torch's DDP and FSDP2 (float32, bf16 and
-fp16 mixed precision) giving the same parameters as over gloo, the ledger against
+with uneven splits and the list form; send/recv between every pair, isend/irecv,
+recv from any source, batch_isend_irecv), a subgroup, torch's DDP and FSDP2
+(float32, bf16 and fp16 mixed precision) giving the same parameters as over gloo, the ledger against
 what DDP moved, and errors reaching the caller within the group's timeout."""
 
 import json
@@ -33,7 +34,8 @@ def test_torch_backend_against_gloo(n):
     c = out[0]["counts"]
     for op in ("allreduce", "broadcast", "all_gather", "all_gather_single", "reduce_scatter",
                "reduce_scatter_single", "coalesced", "reduce", "gather", "scatter", "all_to_all_single", "all_to_all",
-               "barrier", "unsupported", "ddp", "ledger", "fsdp2", "errors"):
+               "send_recv", "isend_irecv", "recv_anysource", "batch_isend_irecv", "barrier", "unsupported", "ddp",
+               "ledger", "fsdp2", "errors"):
         assert c.get(op, 0) > 0, f"no {op} cases ran"
     assert out[0]["env"] == {"RANK": "0", "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1"}
     print(f"\nn={n}: cases per op on rank 0 {c} (total {sum(c.values())}); DDP max |ringcomm - gloo| "

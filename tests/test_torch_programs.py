@@ -1,8 +1,9 @@
 """Real PyTorch programs over the "ringcomm" backend against gloo in the same
 MPI job (tests/scripts/torch_programs.py): the object collectives, DTensor
 distribute/redistribute, tensor parallelism, a mixture-of-experts all-to-all
-with uneven splits, and a torch.distributed.checkpoint save/load of an FSDP2
-model with resumed training. Every program must pass on every rank; the
+with uneven splits, a torch.distributed.checkpoint save/load of an FSDP2
+model with resumed training, and pipeline parallelism (torch.distributed.pipelining,
+GPipe and 1F1B, one stage per rank). Every program must pass on every rank; the
 table (pass/fail, max difference, the ringcomm collectives that carried it)
 is printed (pytest -s)."""
 
@@ -16,11 +17,11 @@ import pytest
 pytest.importorskip("torch")
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "torch_programs.py")
-PROGRAMS = ("objects", "dtensor", "tensor_parallel", "moe_all_to_all", "dcp_fsdp2")
+PROGRAMS = ("objects", "dtensor", "tensor_parallel", "moe_all_to_all", "dcp_fsdp2", "pipeline")
 # What each program must have run on ringcomm's new collectives (from the
 # ledger, over all ranks): the point of the issue is that these now work.
 MUST_USE = {"objects": {"gather", "scatter"}, "dtensor": {"scatter"}, "moe_all_to_all": {"all_to_all"},
-            "dcp_fsdp2": {"gather", "scatter"}}
+            "dcp_fsdp2": {"gather", "scatter"}, "pipeline": {"send", "recv"}}
 
 
 @pytest.mark.parametrize("n", [2, 3])

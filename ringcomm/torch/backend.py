@@ -27,11 +27,15 @@ What it does with torch's calls:
   coalesced forms torch calls (allreduce, allgather, all_gather_into_tensor,
   reduce_scatter_tensor). Together these carry torch's object collectives,
   DTensor, tensor parallelism and torch.distributed.checkpoint.
-* Not implemented, NotImplementedError naming the op: send, recv,
-  recv_anysource (so batch_isend_irecv and pipeline parallelism; they wait for
-  ringcomm's point-to-point), bitwise reductions (BAND, BOR, BXOR), several
-  tensors per rank in broadcast/reduce/gather/scatter. monitored_barrier is
-  torch's gloo-only op and stays refused here.
+* Point-to-point: send, recv, recv_anysource (``dist.recv`` with no ``src``
+  returns the sender: the Work's ``source_rank()``), so isend/irecv and
+  ``batch_isend_irecv`` (which torch issues op by op for a Python group) and
+  pipeline parallelism; tags pass through. Each op is posted at once on
+  ringcomm's point-to-point channel and the Work stays pending until waited.
+* Not implemented, NotImplementedError naming the op: bitwise reductions
+  (BAND, BOR, BXOR), several tensors per rank in broadcast/reduce/gather/
+  scatter/send/recv. monitored_barrier is torch's gloo-only op (torch
+  reserves it for gloo) and stays refused here.
 * ``opts.asyncOp`` False (``dist.all_reduce(t)``): the collective runs on the
   calling thread (no handoff) and a completed Work is returned. True
   (``async_op=True``, DDP's buckets): queued on the communicator's engine, so
@@ -490,6 +494,41 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                                                          [t.numel() for t in input_tensors], out_splits,
                                                          out=flat_out)], outs, finish)
 
+    # ---- point-to-point ------------------------------------------------------
+    # torch calls these for dist.send/recv/isend/irecv and, one by one, for
+    # dist.batch_isend_irecv (this group is not a plain ProcessGroup, so torch
+    # takes its "backend does not coalesce" path). Each is posted at once on
+    # ringcomm's point-to-point channel (beside the collectives, never matched
+    # with them) and progressed by whoever waits, so a batch in any order
+    # does not deadlock; the Work is pending until wait().
+    def _p2p_tensor(self, tensors, what: str) -> torch.Tensor:
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        if len(tensors) != 1:
+            raise NotImplementedError(f"ringcomm backend: {what} of several tensors per call is not implemented")
+        _check_dtype(tensors[0], what)
+        return tensors[0]
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        t = self._p2p_tensor(tensors, "send")
+        buf, _ = _flat(t)  # a contiguous copy stays alive in the ringcomm Work until sent
+        return PendingWork(self._completer, [self.comm.isend(buf, int(dst), tag=int(tag))], [t], source=int(dst))
+
+    def _recv(self, tensors, src, tag: int, what: str):
+        t = self._p2p_tensor(tensors, what)
+        buf, copied = _flat(t)
+        w = self.comm.irecv(buf, src, tag=int(tag))
+        finish = (lambda: t.detach().copy_(buf.view_as(t))) if copied else None
+        return PendingWork(self._completer, [w], [t], finish, source=lambda: w.source)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        return self._recv(tensors, int(src), tag, "recv")
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        """A receive from whichever rank sends first; ``source_rank()`` of the
+        Work (torch's dist.recv return value) is the sender."""
+        return self._recv(tensors, None, tag, "recv_anysource")
+
     def barrier(self, opts=None):
         async_op = getattr(opts, "asyncOp", True) if opts is not None else True
 
@@ -500,8 +539,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         raise NotImplementedError(
             f"ringcomm backend: {op} is not implemented (supported: allreduce, broadcast, allgather, "
             "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce, gather, scatter, "
-            "all_to_all_single, all_to_all, barrier and their coalesced forms; send/recv not yet, "
-            "monitored_barrier is gloo's); use a gloo group for it, e.g. dist.new_group(backend='gloo')")
+            "all_to_all_single, all_to_all, barrier and their coalesced forms, send, recv, recv_anysource, "
+            "batch_isend_irecv; monitored_barrier is torch's gloo-only op: torch reserves it for gloo); "
+            "use a gloo group for it, e.g. dist.new_group(backend='gloo')")
 
     def shutdown(self) -> None:
         self.comm.close()
@@ -518,9 +558,8 @@ def _refuse(op: str):
 
 
 # torch's method name -> the op's name in torch.distributed, for the error.
-# send/recv wait for the engine's point-to-point; monitored_barrier is gloo's alone (torch reserves it).
-for _name, _op in (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv_anysource"),
-                   ("monitored_barrier", "monitored_barrier")):
+# monitored_barrier is gloo's alone (torch reserves it for gloo).
+for _name, _op in (("monitored_barrier", "monitored_barrier"),):
     setattr(ProcessGroupRingcomm, _name, _refuse(_op))
 
 

@@ -21,11 +21,14 @@ class PendingWork(dist.Work):
     `pending`: Works still running, ringcomm's or other PendingWorks (the
     coalesced forms; their wait() raises their error); empty: complete;
     `finish`: run once after they all succeed (copy results back);
-    `result`: what ``result()`` and the future return (a list of tensors).
+    `result`: what ``result()`` and the future return (a list of tensors);
+    `source`: what ``source_rank()`` says (point-to-point: the peer, or a
+    function giving the sender once a receive from any source has completed).
     """
 
-    def __init__(self, completer: "Completer", pending: list, result: list, finish=None):
+    def __init__(self, completer: "Completer", pending: list, result: list, finish=None, source=-1):
         super().__init__()
+        self._source = source
         self._completer = completer
         self._pending = pending
         self._result = result
@@ -49,9 +52,11 @@ class PendingWork(dist.Work):
                     w.wait()
                 if self._finish is not None:
                     self._finish()
+                if callable(self._source):
+                    self._source = self._source()
             except BaseException as exc:  # noqa: BLE001 - kept for wait()/the future
                 self._error = exc
-            self._pending = []
+            self._pending, self._finish = [], None  # let go of the ringcomm Works (and their communicator)
             self._done = True
 
     # torch.distributed.Work API
@@ -78,7 +83,14 @@ class PendingWork(dist.Work):
         self.wait()
 
     def source_rank(self) -> int:
-        return -1
+        if callable(self._source):
+            self.wait()  # the sender is known once the receive has completed (then _source is an int)
+        return self._source
+
+    # torch's dist.recv(src=None) asks work._source_rank(): the C++ binding of
+    # Work::sourceRank, which a Python Work cannot override (torch's
+    # trampoline forwards only wait and get_future), so shadow it here.
+    _source_rank = source_rank
 
     def get_future(self) -> torch.futures.Future:
         if self._future is None:

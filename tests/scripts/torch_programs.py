@@ -9,8 +9,10 @@ between Shard(0), Shard(1), Replicate and Partial; tensor parallelism
 (parallelize_module, ColwiseParallel + RowwiseParallel on an MLP, outputs and
 gradients); a mixture-of-experts dispatch/combine with all_to_all_single and
 uneven splits; torch.distributed.checkpoint save/load of an FSDP2 model and
-its optimizer, then resumed training. Pipeline parallelism needs send/recv,
-which the backend does not have yet: not here.
+its optimizer, then resumed training; pipeline parallelism
+(torch.distributed.pipelining: an N-stage split of an MLP, one stage per rank,
+GPipe and 1F1B schedules, whose activations and gradients move by
+batch_isend_irecv), loss, outputs and gradients against one process.
 
 Prints one line "RESULT {json}" per rank: {program: {"ok", "max_diff", "tol",
 "note", "used"}}, "used" being the ringcomm collectives that carried the
@@ -284,6 +286,60 @@ def _dcp():
         return float("inf"), f"resumed run differs from the uninterrupted one by {resume}"
     return vs_gloo, ("FSDP2 MLP 12-20-6 + Adam: 2 steps, dcp.save, 2 steps = fresh model + dcp.load + 2 steps "
                      f"(bitwise, diff {resume}); vs gloo {vs_gloo:.2e}")
+
+
+# ---- pipeline parallelism: torch.distributed.pipelining, one stage per rank ----
+@program("pipeline", tol=1e-5)
+def _pipeline():
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    width, batch, micro = 10, 12, 4
+
+    def make():
+        torch.manual_seed(7)
+        return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
+                                     for _ in range(N)])  # block r is stage r
+
+    torch.manual_seed(8)
+    x, y = torch.randn(batch, width), torch.randn(batch, width)
+    loss_fn = torch.nn.MSELoss()
+    ref = make()
+    ref_out = ref(x)
+    ref_loss = loss_fn(ref_out, y)
+    ref_loss.backward()  # the schedule scales each microbatch's gradients by 1/micro: the same mean
+    ref_grads = [p.grad.clone() for p in ref[R].parameters()]
+
+    def run(group, schedule):
+        stage_mod = make()[R]
+        stage = PipelineStage(stage_mod, R, N, torch.device("cpu"), group=group)
+        sched = schedule(stage, n_microbatches=micro, loss_fn=loss_fn)
+        losses: list = []
+        if R == 0:
+            out = sched.step(x)
+        elif R == N - 1:
+            out = sched.step(target=y, losses=losses)
+        else:
+            out = sched.step()
+        grads = [p.grad.clone() for p in stage_mod.parameters()]
+        return out, losses, grads
+
+    diffs, notes = [], []
+    for schedule in (ScheduleGPipe, Schedule1F1B):
+        out, losses, grads = on_ring(run, RING, schedule)
+        d = maxdiff(grads, ref_grads)
+        if R == N - 1:
+            d = max(d, maxdiff(out.detach(), ref_out.detach()),
+                    abs(float(torch.stack(losses).mean()) - float(ref_loss)))
+        g_out, g_losses, g_grads = run(GLOO, schedule)
+        d_gloo = maxdiff(grads, g_grads)
+        if R == N - 1:
+            d_gloo = max(d_gloo, maxdiff(out.detach(), g_out.detach()), maxdiff(torch.stack(losses),
+                                                                                 torch.stack(g_losses)))
+        diffs += [d, d_gloo]
+        notes.append(f"{schedule.__name__}: vs 1 process {d:.2e}, vs gloo {d_gloo:.2e}")
+    return max(diffs), (f"{N} stages of Linear({width},{width})+Tanh, batch {batch} in {micro} microbatches, "
+                        "MSE loss; stage outputs, per-microbatch losses and this stage's gradients: "
+                        + "; ".join(notes))
 
 
 print("RESULT " + json.dumps({"rank": R, "n": N, "programs": results}), flush=True)
