@@ -56,7 +56,10 @@ PROBE_S = 0.002
 _TAG = 0x5243        # tag of the reason message on the duplicate communicator
 _MAX_REASON = 2000   # characters of the reason sent
 
-_comms: "weakref.WeakSet" = weakref.WeakSet()  # communicators with a duplicate (size > 1)
+# communicator -> its duplicate MPI communicator for reasons (size > 1), and
+# the reasons heard on it by failed rank; weak, so a closed communicator goes
+_comms: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_reasons: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _installed = False
 _exit_status = 0      # noted by the sys.exit wrapper / the runner
 _failed = False       # this rank started a fail-fast abort
@@ -75,8 +78,7 @@ def register(comm, mpi_comm) -> None:
     duplicate for reasons and installs the hooks."""
     if mpi_comm.Get_size() < 2:
         return
-    comm._failfast_dup = mpi_comm.Dup()
-    _comms.add(comm)
+    _comms[comm] = mpi_comm.Dup()
     install()
 
 
@@ -114,7 +116,7 @@ def fail(reason: str, status: int = 1) -> None:
     global _failed, _exit_status
     if _failed or not enabled():
         return
-    live = [c for c in list(_comms) if not c._engine.closed and not c.aborted]
+    live = [c for c in list(_comms) if not c.closed and not c.aborted]
     if not live:
         if not _comms:
             _abort_plain_mpi(status)
@@ -122,7 +124,7 @@ def fail(reason: str, status: int = 1) -> None:
     _failed = True
     _exit_status = status or 1
     for c in live:
-        dup = c._failfast_dup
+        dup = _comms[c]
         _told.append(dup)
         text = f"rank {c.rank}: {reason}"[:_MAX_REASON].encode("utf-8", "replace")
         for peer in range(c.size):
@@ -139,13 +141,13 @@ def explain(comm, exc) -> None:
     """`exc` (raised by `comm`) heard of an abort through the ring: add the
     failed rank's reason to its message, if that rank sent one."""
     from .errors import CommunicatorAborted
-    dup = getattr(comm, "_failfast_dup", None)
+    dup = _comms.get(comm)
     if dup is None or not enabled() or not isinstance(exc, CommunicatorAborted) or exc.cause != "aborted":
         return
     if exc.origin is None or exc.origin == comm.rank or "interrupted" in str(exc):
         return
     key = (exc.origin,)
-    cache = comm.__dict__.setdefault("_failfast_reasons", {})
+    cache = _reasons.setdefault(comm, {})
     if key not in cache:
         cache[key] = _receive(dup, exc.origin)
         if cache[key] is not None and dup not in _heard:
@@ -179,9 +181,9 @@ def _at_exit() -> None:
             fail(f"SystemExit({_exit_status})", _exit_status)
         elif last is not None and not isinstance(last, KeyboardInterrupt):
             fail(_describe(last), 1)
-    for c in list(_comms):  # a reason that came after this rank's error was raised
-        if c.aborted and c._failfast_dup not in _heard and _receive(c._failfast_dup, None) is not None:
-            _heard.append(c._failfast_dup)
+    for c, dup in list(_comms.items()):  # a reason that came after this rank's error was raised
+        if not c.closed and c.aborted and dup not in _heard and _receive(dup, None) is not None:
+            _heard.append(dup)
     dups = _told + _heard
     if not dups:
         return
