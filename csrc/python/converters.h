@@ -161,6 +161,33 @@ inline bool host_all_reduce_call(py::handle x, py::handle out, int op, int algo,
   return true;
 }
 
+// The same fast lane for a blocking send or recv: `x` one numpy ndarray or
+// torch CPU tensor (C-contiguous, a supported dtype; a receive's writable),
+// `peer` an int in range and not this rank (a receive: or None, any source),
+// `tag` a non-negative int. False for anything else or unusual: the caller
+// takes the Python adapter, whose errors say what is wrong.
+inline bool host_p2p_call(py::handle x, py::handle peer, py::handle tag, bool send, int rank, int size, int& dtype,
+                          size_t& count, uintptr_t& ptr, int& p, int& t) {
+  if (peer.is_none()) {
+    if (send) return false;
+    p = kAnySource;
+  } else {
+    if (!PyLong_CheckExact(peer.ptr())) return false;  // bool, numpy ints: the adapter
+    int overflow = 0;
+    const long v = PyLong_AsLongAndOverflow(peer.ptr(), &overflow);
+    if (overflow || v < 0 || v >= size || v == rank) return false;
+    p = int(v);
+  }
+  if (!PyLong_CheckExact(tag.ptr())) return false;
+  int overflow = 0;
+  const long v = PyLong_AsLongAndOverflow(tag.ptr(), &overflow);
+  if (overflow || v < 0 || v > 0x7fffffffL) return false;
+  t = int(v);
+  if (py::isinstance<py::array>(x)) return numpy_array(x, !send, dtype, count, ptr);
+  const py::object& tensor = torch_types().tensor;
+  return tensor && PyObject_IsInstance(x.ptr(), tensor.ptr()) == 1 && torch_tensor(x, dtype, count, ptr);
+}
+
 inline py::list flight_list(const std::vector<FlightRecord>& recs) {
   static const char* states[] = {"queued", "running", "done", "failed"};
   static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter",
