@@ -404,7 +404,10 @@ class Communicator:
         stopped (``phase``, ``step``, ``segment``, ``waiting_for``: the peer,
         ``waiting_to``: "receive" or "send", ``waiting_what``,
         ``waiting_since``), payload ``bytes_sent`` / ``bytes_received`` so
-        far, ``error`` and ``rank``. Safe to call from any thread, also while
+        far, ``error`` and ``rank``. Point-to-point ops have records too
+        (``collective`` "send" or "recv", numbered apart from the collectives)
+        with ``peer`` (None: any source) and ``tag``, and ``root`` and
+        ``algorithm`` None; ``peer`` and ``tag`` are None for collectives. Safe to call from any thread, also while
         a collective runs; after close(), the record at closing."""
         from .flight import records_with_rank
         if self._engine.closed:

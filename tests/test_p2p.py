@@ -256,3 +256,36 @@ def test_flight_record_names_send_and_recv():
             comm.recv(y, 0)
         return [r["collective"] for r in comm.flight_record()]
     assert ringcomm.run_local(2, body) == [["send"], ["recv"]]
+
+
+def test_flight_record_p2p_fields():
+    def body(comm):
+        y = np.zeros(2)
+        if comm.rank == 0:
+            comm.send(np.ones(2), 1, tag=7)
+            comm.isend(np.ones(2), 1, tag=3).wait()
+        else:
+            comm.recv(y, 0, tag=7)
+            comm.irecv(y, None, tag=3).wait()
+        comm.all_reduce(y)
+        return [(r["collective"], r.get("peer"), r.get("tag"), r["root"], r["algorithm"], r["state"])
+                for r in comm.flight_record()]
+    r0, r1 = ringcomm.run_local(2, body)
+    assert r0[:2] == [("send", 1, 7, None, None, "done"), ("send", 1, 3, None, None, "done")]
+    assert r1[:2] == [("recv", 0, 7, None, None, "done"), ("recv", None, 3, None, None, "done")]
+    assert r0[2][:3] == ("all_reduce", None, None) and r0[2][4] is not None
+
+
+def test_analyze_sets_p2p_records_aside(tmp_path):
+    from ringcomm import flight
+    coll = {"seq": 1, "collective": "all_reduce", "count": 2, "dtype": "float64", "op": "sum", "root": None,
+            "algorithm": "ring", "peer": None, "tag": None, "state": "done", "t_issue": 1.0, "t_start": 1.0,
+            "t_end": 1.1, "waiting_for": None, "bytes_sent": 0, "bytes_received": 0}
+    p2p = dict(coll, seq=(1 << 62) + 1, collective="recv", op=None, algorithm=None, peer=1, tag=5,
+               state="running", t_issue=2.0, t_end=None)
+    for r in range(2):
+        flight.dump(str(tmp_path), rank=r, size=2, label="inproc", index=0,
+                    records=[coll] + ([p2p] if r == 0 else []), error=None)
+    text = flight.analyze(str(tmp_path))
+    assert "nobody is behind" in text and "#1 all_reduce" in text
+    assert "Point-to-point still waiting: rank 0: #4611686018427387905 recv(count=2, float64, peer=1, tag=5)" in text

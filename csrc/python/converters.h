@@ -202,8 +202,13 @@ inline py::list flight_list(const std::vector<FlightRecord>& recs) {
     d["dtype"] = has_dtype ? py::object(py::str(dtype_name(DType(r.dtype)))) : py::object(py::none());
     const bool has_op = coll_reduces(Coll(r.coll));
     d["op"] = has_op ? py::object(py::str(op_name(Op(r.op)))) : py::object(py::none());
-    d["root"] = coll_has_root(Coll(r.coll)) ? py::object(py::int_(r.root)) : py::object(py::none());
-    d["algorithm"] = algo_name(Algo(r.algo));
+    // A p2p op's record keeps its peer in `root` and its tag in `algo`
+    // (engine/p2p.cpp): here they are named peer (None: any source) and tag.
+    const bool p2p = Coll(r.coll) == Coll::send || Coll(r.coll) == Coll::recv;
+    d["root"] = !p2p && coll_has_root(Coll(r.coll)) ? py::object(py::int_(r.root)) : py::object(py::none());
+    d["algorithm"] = p2p ? py::object(py::none()) : py::object(py::str(algo_name(Algo(r.algo))));
+    d["peer"] = p2p && r.root >= 0 ? py::object(py::int_(r.root)) : py::object(py::none());
+    d["tag"] = p2p ? py::object(py::int_(r.algo)) : py::object(py::none());
     d["state"] = states[int(r.state)];
     d["t_issue"] = double(r.t_issue_ns) * 1e-9;
     d["t_start"] = r.t_start_ns ? py::object(py::float_(double(r.t_start_ns) * 1e-9)) : py::object(py::none());
