@@ -132,7 +132,6 @@ class Engine {
   Ledger& ledger() { return link_.ledger(); }
   // ---- point-to-point (p2p.h): beside the queue, on the callers' threads ----
   std::shared_ptr<Transport> shared_transport() const { return link_.shared_transport(); }
-  Transport& transport_ref() { return link_.transport(); }  // while this engine lives
   FlightRecorder& recorder() { return recorder_; }
   P2PPending& p2p_pending() { return p2p_pending_; }
   uint64_t next_p2p_id() { return next_p2p_id_.fetch_add(1, std::memory_order_relaxed) + 1; }

@@ -101,7 +101,8 @@ std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int
 
 int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count, DType dtype, int tag,
                 std::shared_ptr<P2POp>* posted) {
-  Transport& t = e->transport_ref();
+  const std::shared_ptr<Transport> tp = e->shared_transport();
+  Transport& t = *tp;
   check_post(*e, send, peer, dtype, tag, t);
   const size_t bytes = count * dtype_size(dtype);
   const uint32_t wire = (uint32_t(tag) << kDtypeBits) | uint32_t(dtype);
@@ -124,7 +125,7 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
   RequestPtr pending;
   if (send) {
     if (t.p2p_send_now(peer, buf, bytes, wire, &pending)) return done(peer);
-    *posted = P2POp::make(e, e->shared_transport(), send, peer, buf, count, dtype, tag, id, t0);
+    *posted = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
     (*posted)->req_ = std::move(pending);
     return -1;
   }
@@ -142,7 +143,7 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
     }
     if (got >= 0) return done(got);
     if (got == Transport::kP2PPending) {  // taken; still arriving, or of another size (wait() says so)
-      auto op = P2POp::make(e, e->shared_transport(), send, peer, buf, count, dtype, tag, id, t0);
+      auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
       op->req_ = std::move(pending);
       op->matched_.store(true, std::memory_order_release);
       *posted = std::move(op);
@@ -156,7 +157,7 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
       else if (now >= until) break;
     }
   }
-  auto op = P2POp::make(e, e->shared_transport(), send, peer, buf, count, dtype, tag, id, t0);
+  auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
   pend.add(op);
   pend.match(t);
   *posted = std::move(op);
