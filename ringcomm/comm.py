@@ -274,6 +274,13 @@ class Communicator:
         to oneself is an InvalidArgument (torch forbids it too). Host
         memory only for now (a device communicator: InvalidArgument).
         """
+        if self._fast_lane:  # numpy arrays and torch CPU tensors: described and run natively
+            try:
+                if self._engine.p2p_now(True, x, dst, tag) != -2:
+                    return
+            except BaseException as exc:  # as in _p2p_run
+                self._failed(exc, (x,))
+                raise
         xb, peer, tag = self._door.p2p(x, dst, tag, True)
         self._p2p_run(True, xb, peer, tag)
 
@@ -287,6 +294,14 @@ class Communicator:
         with this tag. No matching send within the communicator's
         ``timeout``: CollectiveTimeout naming the peer.
         """
+        if self._fast_lane:
+            try:
+                source = self._engine.p2p_now(False, x, src, tag)
+            except BaseException as exc:
+                self._failed(exc, (x,))
+                raise
+            if source != -2:
+                return source
         xb, peer, tag = self._door.p2p(x, src, tag, False)
         return self._p2p_run(False, xb, peer, tag)
 
@@ -389,7 +404,10 @@ class Communicator:
         stopped (``phase``, ``step``, ``segment``, ``waiting_for``: the peer,
         ``waiting_to``: "receive" or "send", ``waiting_what``,
         ``waiting_since``), payload ``bytes_sent`` / ``bytes_received`` so
-        far, ``error`` and ``rank``. Safe to call from any thread, also while
+        far, ``error`` and ``rank``. Point-to-point ops have records too
+        (``collective`` "send" or "recv", numbered apart from the collectives)
+        with ``peer`` (None: any source) and ``tag``, and ``root`` and
+        ``algorithm`` None; ``peer`` and ``tag`` are None for collectives. Safe to call from any thread, also while
         a collective runs; after close(), the record at closing."""
         from .flight import records_with_rank
         if self._engine.closed:

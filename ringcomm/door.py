@@ -235,6 +235,8 @@ class Door:
                 raise InvalidArgument(f"{what} to/from itself (rank {self.rank}): point-to-point needs another rank")
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
             raise InvalidArgument(f"{what} tag must be an int >= 0, got {tag!r}")
+        if tag > 0x7FFFFFFF:  # the engine's own check names the transport's limit, within a C int
+            raise InvalidArgument(f"{what} tag {int(tag)} is out of range (0 <= tag < 2**31)")
         return xb, peer, int(tag)
 
     def _root(self, root, coll: str) -> int:

@@ -72,6 +72,9 @@ def load(directory: str) -> dict[str, dict[int, dict]]:
     return out
 
 
+P2P = ("send", "recv")  # point-to-point records: their own ids, `peer` and `tag`, no call order across ranks
+
+
 def _call(r: dict) -> str:
     args = [f"count={r['count']}"] if r["collective"] != "barrier" else []
     if r.get("dtype"):
@@ -80,6 +83,9 @@ def _call(r: dict) -> str:
         args.append(r["op"])
     if r.get("root") is not None:
         args.append(f"root={r['root']}")
+    if r["collective"] in P2P:
+        args.append(f"peer={'any' if r.get('peer') is None else r['peer']}")
+        args.append(f"tag={r.get('tag')}")
     algo = f" [{r['algorithm']}]" if r.get("algorithm") not in (None, "ring") else ""
     return f"#{r['seq']} {r['collective']}({', '.join(args)}){algo}"
 
@@ -101,6 +107,18 @@ def _where(r: dict) -> str:
 
 
 def _analyze_one(name: str, dumps: dict[int, dict]) -> str:
+    # Sequence numbers order the collectives, which every rank calls alike;
+    # point-to-point ops (numbered apart, on two ranks only) are listed aside.
+    p2p_open = [(r, x) for r, d in sorted(dumps.items()) for x in d["records"]
+                if x["collective"] in P2P and x["state"] == "running"]
+    dumps = {r: dict(d, records=[x for x in d["records"] if x["collective"] not in P2P]) for r, d in dumps.items()}
+    text = _analyze_collectives(name, dumps)
+    if p2p_open:
+        text += " Point-to-point still waiting: " + "; ".join(f"rank {r}: {_call(x)}" for r, x in p2p_open) + "."
+    return text
+
+
+def _analyze_collectives(name: str, dumps: dict[int, dict]) -> str:
     size = max(d["size"] for d in dumps.values())
     ranks = sorted(dumps)
     missing = [r for r in range(size) if r not in dumps]

@@ -256,3 +256,81 @@ def test_flight_record_names_send_and_recv():
             comm.recv(y, 0)
         return [r["collective"] for r in comm.flight_record()]
     assert ringcomm.run_local(2, body) == [["send"], ["recv"]]
+
+
+def test_flight_record_p2p_fields():
+    def body(comm):
+        y = np.zeros(2)
+        if comm.rank == 0:
+            comm.send(np.ones(2), 1, tag=7)
+            comm.isend(np.ones(2), 1, tag=3).wait()
+        else:
+            comm.recv(y, 0, tag=7)
+            comm.irecv(y, None, tag=3).wait()
+        comm.all_reduce(y)
+        return [(r["collective"], r.get("peer"), r.get("tag"), r["root"], r["algorithm"], r["state"])
+                for r in comm.flight_record()]
+    r0, r1 = ringcomm.run_local(2, body)
+    assert r0[:2] == [("send", 1, 7, None, None, "done"), ("send", 1, 3, None, None, "done")]
+    assert r1[:2] == [("recv", 0, 7, None, None, "done"), ("recv", None, 3, None, None, "done")]
+    assert r0[2][:3] == ("all_reduce", None, None) and r0[2][4] is not None
+
+
+def test_analyze_sets_p2p_records_aside(tmp_path):
+    from ringcomm import flight
+    coll = {"seq": 1, "collective": "all_reduce", "count": 2, "dtype": "float64", "op": "sum", "root": None,
+            "algorithm": "ring", "peer": None, "tag": None, "state": "done", "t_issue": 1.0, "t_start": 1.0,
+            "t_end": 1.1, "waiting_for": None, "bytes_sent": 0, "bytes_received": 0}
+    p2p = dict(coll, seq=(1 << 62) + 1, collective="recv", op=None, algorithm=None, peer=1, tag=5,
+               state="running", t_issue=2.0, t_end=None)
+    for r in range(2):
+        flight.dump(str(tmp_path), rank=r, size=2, label="inproc", index=0,
+                    records=[coll] + ([p2p] if r == 0 else []), error=None)
+    text = flight.analyze(str(tmp_path))
+    assert "nobody is behind" in text and "#1 all_reduce" in text
+    assert "Point-to-point still waiting: rank 0: #4611686018427387905 recv(count=2, float64, peer=1, tag=5)" in text
+
+
+def test_blocking_fast_lane_and_its_fallbacks():
+    # numpy arrays with plain ints take the native fast lane; numpy ints,
+    # bools, buffers and odd tags take the Door, whose checks and errors stay.
+    def body(comm):
+        r, o = comm.rank, 1 - comm.rank
+        got = []
+        for peer, tag, make in [(o, 0, lambda v: np.full(3, v, np.int32)),
+                                (np.int64(o), np.int32(2), lambda v: np.full(3, v, np.int32)),
+                                (o, 1, lambda v: bytearray(np.full(3, v, np.int32).tobytes()))]:
+            x, y = make(10 + r), make(0)
+            if r == 0:
+                comm.send(x, peer, tag)
+                src = comm.recv(y, None if tag == 1 else peer, tag)
+            else:
+                src = comm.recv(y, peer, tag)
+                comm.send(x, peer, tag)
+            got.append((src, np.frombuffer(bytes(y), np.int32).tolist()))
+        with pytest.raises(ringcomm.InvalidArgument, match="tag"):
+            comm.send(np.zeros(1), o, 2**40)
+        with pytest.raises(ringcomm.InvalidArgument, match="int"):
+            comm.send(np.zeros(1), True)
+        assert not comm.aborted
+        return got
+    a, b = ringcomm.run_local(2, body)
+    assert a == [(1, [11] * 3)] * 3 and b == [(0, [10] * 3)] * 3
+
+
+def test_torch_tensors_blocking():
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        r = comm.rank
+        x = torch.arange(5, dtype=torch.float32) + r
+        y = torch.zeros(5, dtype=torch.float32)
+        if r == 0:
+            comm.send(x, 1)
+            src = comm.recv(y, 1)
+        else:
+            src = comm.recv(y, 0)
+            comm.send(x, 0)
+        assert src == 1 - r and torch.equal(y, torch.arange(5, dtype=torch.float32) + (1 - r))
+        return comm.flight_record()[-1]["state"]
+    assert ringcomm.run_local(2, body) == ["done", "done"]

@@ -40,6 +40,7 @@ void FlightRecorder::issued(const FlightRecord& r) {
   slot.t_issue_ns = r.t_issue_ns;
   slot.state = r.state;  // running already, for a collective that runs inline
   slot.t_start_ns = r.t_start_ns;
+  slot.t_end_ns = r.t_end_ns;  // a p2p op recorded once it has ended (p2p_run_now)
   slot.what = std::move(what);
   slot.what.clear();
   slot.error = std::move(error);

@@ -20,64 +20,160 @@ std::string elems(size_t bytes, DType dt) {
 }
 }  // namespace
 
-std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count,
-                                DType dtype, int tag) {
-  const int n = e->size(), rank = e->rank();
+namespace {
+// The argument and communicator checks every p2p op passes first.
+void check_post(Engine& e, bool send, int peer, DType dtype, int tag, const Transport& t) {
+  const int n = e.size(), rank = e.rank();
   const char* what = send ? "send" : "recv";
-  const size_t es = dtype_size(dtype);  // throws on an unknown code
-  if (e->device())
+  (void)dtype_size(dtype);  // throws on an unknown code
+  if (e.device())
     throw_invalid(std::string(what) + ": point-to-point is host-only for now (this communicator's payload lives on " +
-                  e->device()->name() + ")");
+                  e.device()->name() + ")");
   if (!(peer == kAnySource && !send) && (peer < 0 || peer >= n))
     throw_invalid(std::string(what) + " peer " + std::to_string(peer) + " is out of range (expected 0 <= peer < " +
                   std::to_string(n) + (send ? ")" : ", or None for any source)"));
   if (peer == rank)
     throw_invalid(std::string(what) + " to/from itself (rank " + std::to_string(rank) +
                   "): point-to-point needs another rank (use a copy)");
-  const uint32_t max_tag = (e->shared_transport()->p2p_max_tag() >> kDtypeBits);
+  const uint32_t max_tag = (t.p2p_max_tag() >> kDtypeBits);
   if (tag < 0 || uint32_t(tag) > max_tag)
     throw_invalid(std::string(what) + " tag " + std::to_string(tag) + " is out of range (0 <= tag <= " +
                   std::to_string(max_tag) + " on this transport)");
-  if (e->aborted()) {
-    RingError err(ErrKind::aborted, rank, peer, 0, "communicator was aborted earlier: " + e->abort_reason());
+  if (e.aborted()) {
+    RingError err(ErrKind::aborted, rank, peer, 0, "communicator was aborted earlier: " + e.abort_reason());
     throw err;
   }
+}
+
+// Its flight record (the peer in `root`, the tag in `algo`: flight_list
+// names them peer and tag).
+FlightRecord p2p_record(uint64_t id, bool send, int peer, size_t count, DType dtype, int tag, int64_t t_ns) {
+  FlightRecord r;
+  r.seq = id;
+  r.coll = int32_t(send ? Coll::send : Coll::recv);
+  r.count = int64_t(count);
+  r.dtype = int32_t(dtype);
+  r.root = peer;  // the peer (-1: any source)
+  r.algo = tag;   // the tag
+  r.t_issue_ns = r.t_start_ns = t_ns;
+  r.state = FlightState::running;
+  return r;
+}
+}  // namespace
+
+std::shared_ptr<P2POp> P2POp::make(const std::shared_ptr<Engine>& e, std::shared_ptr<Transport> t, bool send,
+                                   int peer, void* buf, size_t count, DType dtype, int tag, uint64_t id,
+                                   int64_t t_issue_ns) {
   auto op = std::make_shared<P2POp>();
   op->engine_ = e;
-  op->t_ = e->shared_transport();
+  op->t_ = std::move(t);
   op->is_send_ = send;
   op->peer_ = peer;
   op->source_ = send ? peer : -1;
   op->buf_ = buf;
   op->count_ = count;
-  op->bytes_ = count * es;
+  op->bytes_ = count * dtype_size(dtype);
   op->dtype_ = dtype;
   op->tag_ = tag;
   op->wire_ = (uint32_t(tag) << kDtypeBits) | uint32_t(dtype);
-  op->rank_ = rank;
+  op->rank_ = e->rank();
   op->deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(e->options().timeout_s));
-  op->id_ = kP2PIds + e->next_p2p_id();
+  op->id_ = id;
   FlightRecorder& fr = e->recorder();
-  if (fr.capacity()) {
-    FlightRecord r;
-    r.seq = op->id_;
-    r.coll = int32_t(send ? Coll::send : Coll::recv);
-    r.count = int64_t(count);
-    r.dtype = int32_t(dtype);
-    r.root = peer;  // the peer (-1: any source)
-    r.algo = tag;   // the tag
-    r.t_issue_ns = r.t_start_ns = wall_ns();
-    r.state = FlightState::running;
-    fr.issued(r);
-  }
+  if (fr.capacity()) fr.issued(p2p_record(id, send, peer, count, dtype, tag, t_issue_ns));
+  return op;
+}
+
+std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count,
+                                DType dtype, int tag) {
+  std::shared_ptr<Transport> t = e->shared_transport();
+  check_post(*e, send, peer, dtype, tag, *t);
+  auto op = P2POp::make(e, t, send, peer, buf, count, dtype, tag, kP2PIds + e->next_p2p_id(), wall_ns());
   if (send) {
-    op->req_ = op->t_->p2p_send(peer, buf, op->bytes_, op->wire_);
+    op->req_ = t->p2p_send(peer, buf, op->bytes_, op->wire_);
   } else {
     e->p2p_pending().add(op);
-    e->p2p_pending().match(*op->t_);
+    e->p2p_pending().match(*t);
   }
   return op;
+}
+
+int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count, DType dtype, int tag,
+                std::shared_ptr<P2POp>* posted) {
+  const std::shared_ptr<Transport> tp = e->shared_transport();
+  Transport& t = *tp;
+  check_post(*e, send, peer, dtype, tag, t);
+  const size_t bytes = count * dtype_size(dtype);
+  const uint32_t wire = (uint32_t(tag) << kDtypeBits) | uint32_t(dtype);
+  const uint64_t id = kP2PIds + e->next_p2p_id();
+  const int64_t t0 = wall_ns();
+  // Done on the spot: the ledger counts it and its record goes in ended
+  // (one lock, no search); nothing was allocated.
+  auto done = [&](int source) {
+    if (send) e->ledger().sent_shared(Coll::send, peer, bytes);
+    else e->ledger().received_shared(Coll::recv, source, bytes);
+    FlightRecorder& fr = e->recorder();
+    if (fr.capacity()) {
+      FlightRecord r = p2p_record(id, send, peer, count, dtype, tag, t0);
+      r.state = FlightState::done;
+      r.t_end_ns = wall_ns();
+      fr.issued(r);
+    }
+    return source;
+  };
+  RequestPtr pending;
+  if (send) {
+    if (t.p2p_send_now(peer, buf, bytes, wire, &pending)) return done(peer);
+    *posted = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
+    (*posted)->req_ = std::move(pending);
+    return -1;
+  }
+  // A receive takes a message here only while no earlier receive of this
+  // communicator waits unmatched (P2PPending's order), under its lock.
+  P2PPending& pend = e->p2p_pending();
+  const bool spin = t.p2p_spin();
+  Clock::time_point until{};
+  for (long i = 0;; ++i) {
+    int got = Transport::kP2PNone;
+    {
+      std::unique_lock<std::mutex> g(pend.m_, std::try_to_lock);
+      if (!g.owns_lock() || !pend.idle()) break;
+      got = t.p2p_take_now(peer, wire, buf, bytes, &pending);
+    }
+    if (got >= 0) return done(got);
+    if (got == Transport::kP2PPending) {  // taken; still arriving, or of another size (wait() says so)
+      auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
+      op->req_ = std::move(pending);
+      op->matched_.store(true, std::memory_order_release);
+      *posted = std::move(op);
+      return -1;
+    }
+    // Not here yet: poll a few microseconds (a neighbour's answer), then wait as any receive.
+    if (!spin) break;
+    if ((i & 15) == 0) {
+      const auto now = Clock::now();
+      if (i == 0) until = now + std::chrono::microseconds(kSpinUs);
+      else if (now >= until) break;
+    }
+  }
+  auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
+  pend.add(op);
+  pend.match(t);
+  *posted = std::move(op);
+  return -1;
+}
+
+bool P2PPending::idle() {
+  // Called under m_: drop receives that are gone or done; true when none waits.
+  size_t keep = 0;
+  for (size_t i = 0; i < recvs_.size(); ++i) {
+    std::shared_ptr<P2POp> op = recvs_[i].lock();
+    if (!op || op->withdrawn_ || op->matched_.load(std::memory_order_acquire)) continue;
+    recvs_[keep++] = recvs_[i];
+  }
+  recvs_.resize(keep);
+  return keep == 0;
 }
 
 void P2PPending::add(const std::shared_ptr<P2POp>& op) {

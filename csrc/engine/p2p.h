@@ -48,6 +48,7 @@ namespace ringcomm {
 
 class Engine;
 class P2POp;
+int p2p_run_now(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int, std::shared_ptr<P2POp>*);
 
 // This communicator's receives not yet matched, oldest first.
 class P2PPending {
@@ -64,6 +65,9 @@ class P2PPending {
   bool awaits(int peer, uint32_t wire);
 
  private:
+  friend int p2p_run_now(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int,
+                         std::shared_ptr<P2POp>*);
+  bool idle();  // under m_: no receive waits unmatched (forgets those gone or done)
   std::mutex m_;
   std::vector<std::weak_ptr<P2POp>> recvs_;
 };
@@ -90,6 +94,12 @@ class P2POp {
  private:
   friend class P2PPending;
   friend std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int);
+  friend int p2p_run_now(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int,
+                         std::shared_ptr<P2POp>*);
+  // A new op, its flight record issued (running since t_issue_ns); not yet posted.
+  static std::shared_ptr<P2POp> make(const std::shared_ptr<Engine>& e, std::shared_ptr<Transport> t, bool send,
+                                     int peer, void* buf, size_t count, DType dtype, int tag, uint64_t id,
+                                     int64_t t_issue_ns);
   bool progress(Clock::time_point until);  // true: done; throws RingError
   void finish(std::unique_ptr<RingError> err);
   [[noreturn]] void fail(ErrKind kind, const std::string& what);
@@ -121,5 +131,19 @@ class P2POp {
 // arguments (RingError(invalid)) and the communicator (aborted) first.
 std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& engine, bool send, int peer, void* buf, size_t count,
                                 DType dtype, int tag);
+
+// The blocking fast lane (Communicator.send/recv of a host array): the
+// same checks as p2p_post, then the op is finished on the caller's thread
+// when it can be at once, allocating nothing: a send the transport completes
+// on the spot (MPI's eager sizes), a receive whose message has arrived (or,
+// on transports of other processes, arrives within kSpinUs of polling)
+// while no earlier receive of this communicator waits unmatched. Its flight
+// record then goes in once, ended. Returns the source rank (a send: its
+// peer) when done here; else -1 and *posted is the op, posted as p2p_post's
+// (its record running), for the caller to wait on, so deadlines, aborts,
+// Ctrl-C and mismatches are the general path's.
+constexpr int kSpinUs = 20;
+int p2p_run_now(const std::shared_ptr<Engine>& engine, bool send, int peer, void* buf, size_t count, DType dtype,
+                int tag, std::shared_ptr<P2POp>* posted);
 
 }  // namespace ringcomm

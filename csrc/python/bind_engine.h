@@ -219,6 +219,27 @@ inline void bind_engine(py::module_& m) {
            },
            py::arg("send"), py::arg("peer"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("tag"),
            "Post and wait; returns the sender's rank (a send: its peer). Raises on failure.")
+      .def("p2p_now",
+           [](EngineHandle& h, bool send, py::handle x, py::handle peer, py::handle tag) -> int {
+             // The fast lane of a blocking send/recv (host_p2p_call, then
+             // p2p_run_now): -2 means "not described here", and the Python
+             // adapter runs instead. Else the source rank (a send: its peer).
+             std::shared_ptr<Engine> e = h.engine;
+             if (!e || e->device()) return -2;
+             int dtype = 0, p = 0, tag_ = 0;
+             size_t count = 0;
+             uintptr_t ptr = 0;
+             if (!host_p2p_call(x, peer, tag, send, e->rank(), e->size(), dtype, count, ptr, p, tag_)) return -2;
+             std::shared_ptr<P2POp> op;
+             const int src = p2p_run_now(e, send, p, reinterpret_cast<void*>(ptr), count, DType(dtype), tag_, &op);
+             if (!op) return src;
+             e.reset();  // the op holds the engine while it waits
+             wait_p2p(*op, -1.0);
+             return op->source();
+           },
+           py::arg("send"), py::arg("x"), py::arg("peer"), py::arg("tag"),
+           "Blocking send/recv of a numpy array or torch CPU tensor described natively; returns the source rank, "
+           "or -2 when the arguments need the Python adapter (ringcomm/door.py).")
       .def_property_readonly("rank", [](EngineHandle& h) { return h.get().rank(); })
       .def_property_readonly("size", [](EngineHandle& h) { return h.get().size(); })
       .def_property_readonly("transport", [](EngineHandle& h) { return h.get().transport_name(); })

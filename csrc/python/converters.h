@@ -161,6 +161,33 @@ inline bool host_all_reduce_call(py::handle x, py::handle out, int op, int algo,
   return true;
 }
 
+// The same fast lane for a blocking send or recv: `x` one numpy ndarray or
+// torch CPU tensor (C-contiguous, a supported dtype; a receive's writable),
+// `peer` an int in range and not this rank (a receive: or None, any source),
+// `tag` a non-negative int. False for anything else or unusual: the caller
+// takes the Python adapter, whose errors say what is wrong.
+inline bool host_p2p_call(py::handle x, py::handle peer, py::handle tag, bool send, int rank, int size, int& dtype,
+                          size_t& count, uintptr_t& ptr, int& p, int& t) {
+  if (peer.is_none()) {
+    if (send) return false;
+    p = kAnySource;
+  } else {
+    if (!PyLong_CheckExact(peer.ptr())) return false;  // bool, numpy ints: the adapter
+    int overflow = 0;
+    const long v = PyLong_AsLongAndOverflow(peer.ptr(), &overflow);
+    if (overflow || v < 0 || v >= size || v == rank) return false;
+    p = int(v);
+  }
+  if (!PyLong_CheckExact(tag.ptr())) return false;
+  int overflow = 0;
+  const long v = PyLong_AsLongAndOverflow(tag.ptr(), &overflow);
+  if (overflow || v < 0 || v > 0x7fffffffL) return false;
+  t = int(v);
+  if (py::isinstance<py::array>(x)) return numpy_array(x, !send, dtype, count, ptr);
+  const py::object& tensor = torch_types().tensor;
+  return tensor && PyObject_IsInstance(x.ptr(), tensor.ptr()) == 1 && torch_tensor(x, dtype, count, ptr);
+}
+
 inline py::list flight_list(const std::vector<FlightRecord>& recs) {
   static const char* states[] = {"queued", "running", "done", "failed"};
   static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter",
@@ -175,8 +202,13 @@ inline py::list flight_list(const std::vector<FlightRecord>& recs) {
     d["dtype"] = has_dtype ? py::object(py::str(dtype_name(DType(r.dtype)))) : py::object(py::none());
     const bool has_op = coll_reduces(Coll(r.coll));
     d["op"] = has_op ? py::object(py::str(op_name(Op(r.op)))) : py::object(py::none());
-    d["root"] = coll_has_root(Coll(r.coll)) ? py::object(py::int_(r.root)) : py::object(py::none());
-    d["algorithm"] = algo_name(Algo(r.algo));
+    // A p2p op's record keeps its peer in `root` and its tag in `algo`
+    // (engine/p2p.cpp): here they are named peer (None: any source) and tag.
+    const bool p2p = Coll(r.coll) == Coll::send || Coll(r.coll) == Coll::recv;
+    d["root"] = !p2p && coll_has_root(Coll(r.coll)) ? py::object(py::int_(r.root)) : py::object(py::none());
+    d["algorithm"] = p2p ? py::object(py::none()) : py::object(py::str(algo_name(Algo(r.algo))));
+    d["peer"] = p2p && r.root >= 0 ? py::object(py::int_(r.root)) : py::object(py::none());
+    d["tag"] = p2p ? py::object(py::int_(r.algo)) : py::object(py::none());
     d["state"] = states[int(r.state)];
     d["t_issue"] = double(r.t_issue_ns) * 1e-9;
     d["t_start"] = r.t_start_ns ? py::object(py::float_(double(r.t_start_ns) * 1e-9)) : py::object(py::none());

@@ -149,18 +149,55 @@ class MpiTransport final : public Transport {
     if (!flag) return nullptr;
     int got = 0;
     MPI_Get_count(&st, MPI_BYTE, &got);
+    if (size_t(got) != bytes) return discard(msg, st.MPI_SOURCE, got);  // none of it reaches buf
     auto r = make(st.MPI_SOURCE, false, size_t(got));
-    if (size_t(got) != bytes) {  // discarded: none of it reaches buf
-      r->sink.resize(size_t(got) + 1);
-      RC_MPI(MPI_Mrecv(r->sink.data(), got, MPI_BYTE, &msg, MPI_STATUS_IGNORE), r->peer);
-      r->sink = std::vector<char>();
-      r->done = true;
-      r->wrong_message = true;
-      return r;
-    }
     RC_MPI(MPI_Imrecv(buf, got, MPI_BYTE, &msg, &r->req), r->peer);
     return r;
   }
+  // A matched message of the wrong size: received into a sink and dropped;
+  // the request comes back done, with wrong_message set.
+  RequestPtr discard(MPI_Message& msg, int src, int got) {
+    auto r = make(src, false, size_t(got));
+    r->sink.resize(size_t(got) + 1);
+    RC_MPI(MPI_Mrecv(r->sink.data(), got, MPI_BYTE, &msg, MPI_STATUS_IGNORE), r->peer);
+    r->sink = std::vector<char>();
+    r->done = true;
+    r->wrong_message = true;
+    return r;
+  }
+  bool p2p_send_now(int peer, const void* buf, size_t bytes, uint32_t tag, RequestPtr* pending) override {
+    check(peer, bytes);
+    MPI_Request q = MPI_REQUEST_NULL;
+    RC_MPI(MPI_Isend(buf, int(bytes), MPI_BYTE, peer, int(tag), p2p_, &q), peer);
+    int flag = 0;
+    if (MPI_Test(&q, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) return true;
+    auto r = make(peer, true, bytes);  // still in flight (or an error wait_any reports)
+    r->req = q;
+    *pending = std::move(r);
+    return false;
+  }
+  int p2p_take_now(int peer, uint32_t tag, void* buf, size_t bytes, RequestPtr* pending) override {
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    RC_MPI(MPI_Improbe(peer == kAnySource ? MPI_ANY_SOURCE : peer, int(tag), p2p_, &flag, &msg, &st), peer);
+    if (!flag) return kP2PNone;
+    int got = 0;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (size_t(got) != bytes) {  // discarded as p2p_take does: none of it reaches buf
+      *pending = discard(msg, st.MPI_SOURCE, got);
+      return kP2PPending;
+    }
+    MPI_Request q = MPI_REQUEST_NULL;
+    RC_MPI(MPI_Imrecv(buf, got, MPI_BYTE, &msg, &q), st.MPI_SOURCE);
+    int done = 0;
+    if (MPI_Test(&q, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) return st.MPI_SOURCE;
+    auto r = make(st.MPI_SOURCE, false, size_t(got));
+    r->req = q;
+    *pending = std::move(r);
+    return kP2PPending;
+  }
+  bool p2p_spin() const override { return true; }
   bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes) override {
     int flag = 0;
     MPI_Status st;
@@ -336,9 +373,12 @@ class MpiTransport final : public Transport {
     throw RingError(ErrKind::transport, rank_, r.peer, 0, what);
   }
 
-  std::unique_ptr<MpiRequest> make(int peer, bool is_send, size_t bytes) {
+  void check(int peer, size_t bytes) const {
     if (peer < 0 || peer >= size_) throw_invalid("peer rank out of range: " + std::to_string(peer));
     if (bytes > kMaxMessage) throw_invalid("message larger than 1 GiB; lower the segment size");
+  }
+  std::unique_ptr<MpiRequest> make(int peer, bool is_send, size_t bytes) {
+    check(peer, bytes);
     auto r = std::make_unique<MpiRequest>();
     r->peer = peer;
     r->is_send = is_send;
