@@ -73,6 +73,13 @@ class Communicator:
         self._engine.set_auto_limits(rd, hd, selection.reduce_limit(costs, self.size))
 
     @property
+    def shared_memory(self) -> bool:
+        """Whether ``algorithm="auto"`` runs all_reduce, reduce_scatter,
+        all_gather, broadcast and barrier in the ranks' shared-memory window
+        (ranks of one host; ringcomm.shm)."""
+        return bool(self._engine.has_window and self._engine.shm_auto)
+
+    @property
     def last_algorithm(self) -> str:
         """The algorithm of the collective issued last on this rank (what
         ``algorithm="auto"`` chose)."""
@@ -165,39 +172,46 @@ class Communicator:
                 raise
         return self._submit(self._door.all_reduce(x, op, out, algorithm), async_op)
 
-    def reduce_scatter(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "ring"):
+    def reduce_scatter(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Reduce `x` over all ranks and leave chunk `rank` of the result here.
 
         Chunks follow the split rule (numpy.array_split): chunk r has
         len(x)//n elements, plus one if r < len(x) % n. Returns a new 1-D array
         (same family as `x`) unless `out` is given. `x` is not modified.
-        algorithm: "ring" (default), "halving_doubling" (power-of-two sizes
-        only), or "auto" (the ring: its sums are the ones all_reduce's ring
-        computes, which sharded training relies on).
+        algorithm: "auto" (default: "shm" when the ranks share a host's
+        memory, see ``shared_memory``, else the ring), "ring",
+        "halving_doubling" (power-of-two sizes only) or "shm". The ring's
+        sums are those of all_reduce's ring, shm's those of all_reduce's
+        shm and shm_flat (which sharded training relies on).
         """
         return self._submit(self._door.reduce_scatter(x, op, out, algorithm, empty_like), async_op)
 
-    def all_gather(self, x, *, out=None, async_op: bool = False, algorithm: str = "ring"):
+    def all_gather(self, x, *, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Concatenate every rank's `x` in rank order; every rank gets the result.
 
         Rank r's input must be chunk r of the total under the split rule. With
         `out` (the total's size) the total is known; without it the ranks first
         exchange their counts (one extra small collective; all ranks must then
-        call without `out`). algorithm: "ring" (default), "halving_doubling"
-        (power-of-two sizes only), or "auto" (the ring).
+        call without `out`). algorithm: "auto" (default: "shm" when the ranks
+        share a host's memory, else the ring), "ring", "halving_doubling"
+        (power-of-two sizes only) or "shm".
         """
         xb = self._door.view(x, "all_gather input")
         if out is None:
             out = empty_like(xb, self._gathered_total(xb))
         return self._submit(self._door.all_gather(xb, out, algorithm), async_op)
 
-    def broadcast(self, x, root: int = 0, *, async_op: bool = False):
-        """Copy `x` from rank `root` to every rank, in place. Returns `x`."""
-        return self._submit(self._door.broadcast(x, root), async_op)
+    def broadcast(self, x, root: int = 0, *, async_op: bool = False, algorithm: str = "auto"):
+        """Copy `x` from rank `root` to every rank, in place. Returns `x`.
+        algorithm: "auto" (default: "shm" when the ranks share a host's
+        memory, else "ring": pipelined along the ring), "ring" or "shm"."""
+        return self._submit(self._door.broadcast(x, root, algorithm), async_op)
 
-    def barrier(self, *, async_op: bool = False):
-        """Return once every rank has entered the barrier."""
-        return self._submit(self._door.barrier(), async_op)
+    def barrier(self, *, async_op: bool = False, algorithm: str = "auto"):
+        """Return once every rank has entered the barrier. algorithm: "auto"
+        (default: "shm" when the ranks share a host's memory, else "ring":
+        a token around the ring), "ring" or "shm"."""
+        return self._submit(self._door.barrier(algorithm), async_op)
 
     def reduce(self, x, root: int = 0, op: str = "sum", *, out=None, async_op: bool = False,
                algorithm: str = "auto"):

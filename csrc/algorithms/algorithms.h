@@ -87,4 +87,17 @@ void pairwise_all_to_all(Link& link, const BlockSplit& send, const BlockSplit& r
 // Barrier: a zero-byte token passed n-1 hops around the ring (broadcast.cpp).
 void ring_barrier(Link& link);
 
+// ---- in the shared-memory window of one host (shm.cpp; link.window()) ----
+// Direct reduce-scatter + all-gather in rounds of one slot ("shm"); the
+// reduce-scatter alone leaves chunk `rank` at `own` (not finalized, as the
+// ring's); the one-sync all-reduce for small buffers ("shm_flat"); the
+// all-gather, broadcast and barrier through the slots. Arguments as the
+// ring's; every rank sums in rank order.
+void shm_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
+void shm_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* own);
+void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
+void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out);
+void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf);
+void shm_barrier(Link& link);
+
 }  // namespace ringcomm

@@ -160,6 +160,7 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
   stamp_ = stamp_of(fp_) & stamp_mask_;
   coll_ = Coll(fp.coll);
   header_inline_ = header_inline;
+  if (window_) window_->announce(fp_);
   // Normally empty (drain() or fail() emptied it); a request left by a
   // collective that ended some other way must still not be freed under MPI.
   bool kept = false;
@@ -512,11 +513,17 @@ void Link::slow_wait(Request* r, const char* what, int step, int segment) {
   progress_.waiting.store(0, std::memory_order_relaxed);
 }
 
-std::string Link::peer_note(int peer) {
+std::string Link::peer_report(int peer) {
   if (peer_state_) {
     std::string s = peer_state_(peer);
     if (!s.empty()) return " Rank " + std::to_string(peer) + ": " + s + ".";
   }
+  return "";
+}
+
+std::string Link::peer_note(int peer) {
+  std::string report = peer_report(peer);
+  if (!report.empty()) return report;
   if (peer == left() && fp_.seq) {  // what its control stream has told us
     if (left_seq_ >= fp_.seq) return " Rank " + std::to_string(peer) + " has started this call (its header arrived).";
     if (left_seq_ == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
@@ -584,10 +591,25 @@ Request* Link::recv_token(int peer) {
   return live_.back().get();
 }
 
+void Link::begin_shared(const Fingerprint& fp) {
+  if (aborted_) throw RingError(ErrKind::aborted, rank_, -1, fp.seq, "communicator was aborted: " + abort_reason_);
+  fp_ = fp;
+  fp_.rank = rank_;
+  coll_ = Coll(fp.coll);
+  progress_.reset();
+  window_->announce(fp_);
+}
+
 void Link::fail(const RingError& e) {
   if (aborted_) return;
   aborted_ = true;
   abort_reason_ = e.what();
+  // Ranks waiting in the shared-memory window hear it there (the first
+  // failure published wins; one heard through the ring keeps its origin).
+  if (window_) {
+    if (received_abort_) window_->fail(received_abort_->origin, ErrKind(received_abort_->kind), e.what());
+    else window_->fail(e.origin >= 0 ? e.origin : rank_, e.cause, e.what());
+  }
   t_->on_fail();
   // Withdraw everything still posted, so no late message lands in a buffer
   // the caller gets back; what cannot be withdrawn keeps its memory in the

@@ -45,6 +45,8 @@ const char* algo_name(Algo a) {
     case Algo::binomial: return "binomial";
     case Algo::linear: return "linear";
     case Algo::pairwise: return "pairwise";
+    case Algo::shm: return "shm";
+    case Algo::shm_flat: return "shm_flat";
     default: return "auto";
   }
 }

@@ -134,6 +134,12 @@ Algo Engine::choose_algorithm(const Task& t) const {
     const bool host = !link_.device();
     if (t.coll == Coll::gather || t.coll == Coll::scatter) return Algo::linear;
     if (t.coll == Coll::all_to_all) return Algo::pairwise;
+    if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && t.coll != Coll::reduce) {
+      if (t.coll == Coll::all_reduce &&
+          t.count * dtype_size(t.dtype) <= auto_flat_max_.load(std::memory_order_relaxed))
+        return Algo::shm_flat;
+      return Algo::shm;
+    }
     if (t.coll == Coll::reduce)  // (the ring on a device, as all_reduce)
       return host && t.count * dtype_size(t.dtype) <= auto_reduce_max_.load(std::memory_order_relaxed)
                  ? Algo::binomial
@@ -146,6 +152,19 @@ Algo Engine::choose_algorithm(const Task& t) const {
     return Algo::ring;
   }
   if (int(a) < 0 || a >= Algo::kCount) throw_invalid("unknown algorithm code " + std::to_string(t.algo));
+  if (a == Algo::shm || a == Algo::shm_flat) {
+    const bool runs = a == Algo::shm ? (int(t.coll) < int(Coll::reduce)) : t.coll == Coll::all_reduce;
+    if (!runs)
+      throw_invalid("algorithm '" + std::string(algo_name(a)) + "' runs " +
+                    (a == Algo::shm ? "all_reduce, reduce_scatter, all_gather, broadcast and barrier"
+                                    : "all_reduce") +
+                    " only");
+    if (!link_.window())
+      throw_invalid("algorithm '" + std::string(algo_name(a)) +
+                    "' needs ranks that share a host (a shared-memory window); this communicator has none "
+                    "(RINGCOMM_TRANSPORT=mpi, ranks on several hosts, or payload on a device)");
+    return a;
+  }
   // The rooted and personalized collectives: their own algorithms.
   const bool fits = t.coll == Coll::reduce ? (a == Algo::ring || a == Algo::binomial)
                     : t.coll == Coll::gather || t.coll == Coll::scatter ? a == Algo::linear
@@ -292,6 +311,7 @@ std::shared_ptr<Work> Engine::abort(bool by_interrupt) {
   // ring), then queue the abort itself for when nothing runs.
   if (by_interrupt) link_.mark_user_interrupt();
   link_.transport().interrupt();
+  if (ShmWindow* w = link_.window()) w->wake();  // a wait in the window sees the interrupt at once
   Task t;
   t.abort = true;
   bool run_here = false;
@@ -418,7 +438,9 @@ void Engine::perform(const Task& t, Work& w) {
   // transports only: not in device memory.)
   const bool inline_header = size() == 2 && t.count > 0 && link_.stamped() &&
                              (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
-  link_.begin(fp, inline_header);
+  const bool shared = Algo(t.algo) == Algo::shm || Algo(t.algo) == Algo::shm_flat;
+  if (shared) link_.begin_shared(fp);
+  else link_.begin(fp, inline_header);
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
   switch (t.coll) {
     case Coll::all_reduce: {
@@ -430,6 +452,8 @@ void Engine::perform(const Task& t, Work& w) {
         case Algo::naive: naive_all_reduce(link_, plan, *red, in, out); break;
         case Algo::recursive_doubling: recursive_doubling_all_reduce(link_, plan, *red, in, out); break;
         case Algo::halving_doubling: halving_doubling_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::shm: shm_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::shm_flat: shm_flat_all_reduce(link_, plan, *red, in, out); break;
         default: ring_all_reduce(link_, plan, *red, in, out);
       }
       break;
@@ -439,6 +463,11 @@ void Engine::perform(const Task& t, Work& w) {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       // Partial sums of the chunks this rank passes on need a home that is
       // neither the caller's input (never written) nor its chunk-sized output.
+      if (shared) {
+        shm_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+        red->finalize(t.out, plan.chunk_count(rank()), size());
+        break;
+      }
       char* acc = link_.scratch(1, t.count * es);
       if (Algo(t.algo) == Algo::halving_doubling)
         halving_doubling_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc,
@@ -450,17 +479,21 @@ void Engine::perform(const Task& t, Work& w) {
     }
     case Coll::all_gather: {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      if (Algo(t.algo) == Algo::halving_doubling)
+      if (shared)
+        shm_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      else if (Algo(t.algo) == Algo::halving_doubling)
         halving_doubling_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
       else
         ring_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
       break;
     }
     case Coll::broadcast:
-      chain_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
+      if (shared) shm_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
+      else chain_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
       break;
     case Coll::barrier:
-      ring_barrier(link_);
+      if (shared) shm_barrier(link_);
+      else ring_barrier(link_);
       break;
     case Coll::reduce: {
       const Reducer* red = &reducer(t.dtype, t.op);
@@ -490,7 +523,7 @@ void Engine::perform(const Task& t, Work& w) {
     default:
       throw_invalid("unknown collective");
   }
-  link_.drain();
+  if (!shared) link_.drain();  // (the window has no requests)
   link_.end_call();
   if (dev) {
     std::lock_guard<std::mutex> g(w.m_);

@@ -149,6 +149,22 @@ class Engine {
     auto_hd_max_.store(hd_max);
     auto_reduce_max_.store(reduce_max);
   }
+  // The ranks share a host: the shared-memory window the shm algorithms run
+  // in (algorithms/shm.cpp). `for_auto`: algorithm="auto" runs all_reduce,
+  // reduce_scatter, all_gather, broadcast and barrier there (the one-sync
+  // all_reduce up to flat_max bytes). Before the first collective.
+  void attach_window(std::shared_ptr<ShmWindow> w, bool for_auto, size_t flat_max) {
+    link_.attach_window(std::move(w));
+    shm_auto_.store(for_auto);
+    auto_flat_max_.store(flat_max);
+  }
+  void set_shm_auto(bool for_auto, size_t flat_max) {
+    shm_auto_.store(for_auto);
+    auto_flat_max_.store(flat_max);
+  }
+  bool has_window() const { return link_.window() != nullptr; }
+  bool shm_auto() const { return shm_auto_.load(); }
+  size_t shm_flat_max() const { return auto_flat_max_.load(); }
   // Algo of the collective submitted last (what "auto" chose).
   int last_algo() const { return last_algo_.load(std::memory_order_relaxed); }
   // Takes effect for collectives submitted afterwards.
@@ -199,7 +215,8 @@ class Engine {
   ErrKind abort_cause_ = ErrKind::aborted;
   Options opts_;  // guarded by m_; copied into each task
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
-  std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0};
+  std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0}, auto_flat_max_{0};
+  std::atomic<bool> shm_auto_{false};
   std::atomic<int> last_algo_{0};
   std::atomic<uint64_t> next_p2p_id_{0};
   P2PPending p2p_pending_;

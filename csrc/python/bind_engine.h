@@ -13,6 +13,7 @@
 #include "core/quarantine.h"
 #include "engine/engine.h"
 #include "engine/p2p.h"
+#include "transports/shm_segment.h"
 #include "python/converters.h"
 #include "python/py_errors.h"
 #include "python/signals.h"
@@ -188,6 +189,22 @@ inline void bind_engine(py::module_& m) {
 
   py::class_<WorldHandle>(m, "InprocWorld", py::module_local());
   m.def("inproc_world", [](int n) { return WorldHandle{make_inproc_world(n)}; }, py::arg("nranks"));
+  py::class_<ShmWindow, std::shared_ptr<ShmWindow>>(m, "ShmWindow", py::module_local(),
+                                                    "A shared-memory window of the ranks of one host.")
+      .def_property_readonly("rank", &ShmWindow::rank)
+      .def_property_readonly("size", &ShmWindow::size)
+      .def_property_readonly("slot_bytes", &ShmWindow::slot_bytes)
+      .def_property_readonly("label", &ShmWindow::label);
+  m.def("shm_bytes", &ShmWindow::bytes_for, py::arg("nranks"), py::arg("slot_bytes"),
+        "Bytes of a shared segment for nranks ranks with slots of slot_bytes.");
+  m.def("shm_create", &shm_create, py::arg("name"), py::arg("rank"), py::arg("nranks"), py::arg("slot_bytes"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Create, reserve (posix_fallocate) and map the shared segment `name` (mode 0600).");
+  m.def("shm_attach", &shm_attach, py::arg("name"), py::arg("rank"), py::arg("nranks"), py::arg("slot_bytes"),
+        py::call_guard<py::gil_scoped_release>(), "Map the shared segment another rank created.");
+  m.def("shm_remove", &shm_remove, py::arg("name"), "Unlink a shared segment's name (mappings stay).");
+  m.def("shm_local_windows", &shm_local_windows, py::arg("nranks"), py::arg("slot_bytes"),
+        "One window per in-process rank over one mapping.");
 
   py::class_<P2POp, std::shared_ptr<P2POp>>(m, "P2POp", py::module_local())
       .def("wait", &wait_p2p, py::arg("timeout") = -1.0,
@@ -318,6 +335,18 @@ inline void bind_engine(py::module_& m) {
       .def("set_auto_limits",
            [](EngineHandle& h, size_t rd, size_t hd, size_t reduce) { h.get().set_auto_limits(rd, hd, reduce); },
            py::arg("rd_max"), py::arg("hd_max"), py::arg("reduce_max") = 0)
+      .def("attach_window",
+           [](EngineHandle& h, std::shared_ptr<ShmWindow> w, bool for_auto, size_t flat_max) {
+             if (w->size() != h.get().size() || w->rank() != h.get().rank())
+               throw_invalid("the window's ranks differ from the communicator's");
+             h.get().attach_window(std::move(w), for_auto, flat_max);
+           },
+           py::arg("window"), py::arg("for_auto"), py::arg("flat_max"))
+      .def("set_shm_auto", [](EngineHandle& h, bool for_auto, size_t flat_max) { h.get().set_shm_auto(for_auto, flat_max); },
+           py::arg("for_auto"), py::arg("flat_max"))
+      .def_property_readonly("has_window", [](EngineHandle& h) { return h.get().has_window(); })
+      .def_property_readonly("shm_auto", [](EngineHandle& h) { return h.get().shm_auto(); })
+      .def_property_readonly("shm_flat_max", [](EngineHandle& h) { return h.get().shm_flat_max(); })
       .def("last_algorithm", [](EngineHandle& h) { return std::string(algo_name(Algo(h.get().last_algo()))); })
       .def_property_readonly("segment_bytes", [](EngineHandle& h) { return h.get().options().segment_bytes; })
       .def_property_readonly("timeout", [](EngineHandle& h) { return h.get().options().timeout_s; })

@@ -1,0 +1,149 @@
+"""Shared memory between the ranks of one host: finding them and mapping
+their window (csrc/core/shm_window.h, the algorithms in csrc/algorithms/shm.cpp).
+
+Which ranks share a host: the same ``hostname`` and kernel boot id
+(``/proc/sys/kernel/random/boot_id``), or the same ``RINGCOMM_HOST_ID`` (so
+tests can split one machine into several "hosts"); then confirmed by
+mapping: containers on one node may not share ``/dev/shm``.
+
+``RINGCOMM_TRANSPORT`` chooses what ``algorithm="auto"`` uses between ranks
+of one host: ``auto`` (default: shared memory when every rank of the
+communicator is on one host, else MPI point-to-point), ``mpi`` (never shared
+memory: no segment is made) or ``shm`` (shared memory, or an error when the
+ranks are not on one host). In-process worlds (``run_local``) always have a
+window (plain memory), so ``algorithm="shm"`` runs there; ``auto`` uses it
+only with ``RINGCOMM_TRANSPORT=shm``: the in-process world teaches the ring.
+
+Segments: created by the lowest rank with mode 0600 and O_EXCL under a name
+that carries the user, the job and a random nonce, reserved with
+``posix_fallocate`` (a full ``/dev/shm`` is a clear error, or under ``auto``
+a warning and MPI point-to-point), mapped by every rank, then unlinked as
+soon as all have mapped it: a crash leaves nothing in ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import socket
+import warnings
+
+from ._native import core
+from .errors import InvalidArgument, RingcommError
+
+__all__ = ["host_key", "mode", "slot_bytes", "flat_max", "attach_mpi", "attach_local"]
+
+MODES = ("auto", "mpi", "shm")
+
+# Bytes of one rank's staging slot (two per rank: the rounds alternate).
+# Small enough that every rank's two slots stay in the last-level cache.
+DEFAULT_SLOT = 256 * 1024
+# all_reduce up to this many bytes runs the one-sync algorithm (shm_flat):
+# every rank reduces the whole vector, which costs N reads of it but one
+# sync instead of two (measured: bench/shm_crossover.py).
+DEFAULT_FLAT_MAX = 16 * 1024
+
+
+def host_key() -> str:
+    """What identifies this host: ``RINGCOMM_HOST_ID``, else hostname + boot id."""
+    override = os.environ.get("RINGCOMM_HOST_ID")
+    if override:
+        return "id:" + override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}:{boot}"
+
+
+def mode(value: str | None = None) -> str:
+    m = (value or os.environ.get("RINGCOMM_TRANSPORT") or "auto").strip().lower()
+    if m not in MODES:
+        raise InvalidArgument(f"RINGCOMM_TRANSPORT must be one of {', '.join(MODES)}, got {m!r}")
+    return m
+
+
+def _int_env(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    if not v:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer number of bytes, got {v!r}") from None
+
+
+def slot_bytes() -> int:
+    b = _int_env("RINGCOMM_SHM_SLOT", DEFAULT_SLOT)
+    if b < 4096:
+        raise InvalidArgument(f"RINGCOMM_SHM_SLOT must be at least 4096 bytes, got {b}")
+    return b
+
+
+def flat_max() -> int:
+    return max(0, min(_int_env("RINGCOMM_SHM_FLAT_MAX", DEFAULT_FLAT_MAX), slot_bytes()))
+
+
+def _segment_name() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    job = (os.environ.get("OMPI_MCA_orte_ess_jobid") or os.environ.get("PMIX_NAMESPACE")
+           or os.environ.get("SLURM_JOB_ID") or str(os.getpid()))
+    safe = "".join(c if c.isalnum() else "_" for c in f"{user}-{job}")[:120]
+    return f"/ringcomm-{safe}-{secrets.token_hex(6)}"
+
+
+def attach_mpi(engine, comm, transport: str | None = None) -> bool:
+    """Give `engine` (over the MPI communicator `comm`) its shared-memory
+    window when every rank is on one host. Collective over `comm`. Returns
+    whether it has one."""
+    m = mode(transport)
+    n = comm.Get_size()
+    if m == "mpi" or n == 1:
+        return False
+    keys = comm.allgather(host_key())
+    hosts = len(set(keys))
+    if hosts > 1:
+        if m == "shm":
+            raise InvalidArgument(f"RINGCOMM_TRANSPORT=shm, but the {n} ranks are on {hosts} hosts "
+                                  "(shared memory joins ranks of one host; use auto or mpi)")
+        return False
+    slot = slot_bytes()
+    rank = comm.Get_rank()
+    name, err, window = None, None, None
+    if rank == 0:
+        name = _segment_name()
+        try:
+            window = core.shm_create(name, rank, n, slot)
+        except RingcommError as e:
+            err = str(e)
+    name, err = comm.bcast((name, err), root=0)
+    if err is None and rank != 0:
+        try:
+            window = core.shm_attach(name, rank, n, slot)
+        except RingcommError as e:
+            err = f"rank {rank}: {e}"
+    errors = [e for e in comm.allgather(err) if e]
+    if rank == 0 and name is not None and err is None:
+        core.shm_remove(name)  # every rank has mapped it (allgather above): nothing outlives the job
+    if errors:
+        if m == "shm":
+            raise RingcommError("RINGCOMM_TRANSPORT=shm, but the shared-memory window failed: " + errors[0])
+        warnings.warn("ringcomm: no shared memory between the ranks of this host, using MPI point-to-point: "
+                      + errors[0], RuntimeWarning, stacklevel=3)
+        return False
+    engine.attach_window(window, True, flat_max())
+    return True
+
+
+def attach_local(engines: list) -> None:
+    """In-process ranks: one window over plain memory; ``auto`` uses it only
+    with ``RINGCOMM_TRANSPORT=shm``."""
+    windows = core.shm_local_windows(len(engines), slot_bytes())
+    use = mode() == "shm"
+    for e, w in zip(engines, windows):
+        e.attach_window(w, use, flat_max())
