@@ -1,10 +1,11 @@
 """Real PyTorch programs over the "ringcomm" backend against gloo in the same
 MPI job (tests/scripts/torch_programs.py): the object collectives, DTensor
-distribute/redistribute, tensor parallelism, a mixture-of-experts all-to-all
+distribute/redistribute, tensor parallelism (an MLP, and a transformer block
+with sequence parallelism), a mixture-of-experts all-to-all
 with uneven splits, a torch.distributed.checkpoint save/load of an FSDP2
 model with resumed training, and pipeline parallelism (torch.distributed.pipelining,
 GPipe and 1F1B, one stage per rank). Every program must pass on every rank; the
-table (pass/fail, max difference, the ringcomm collectives that carried it)
+table (pass/fail, max difference, seconds, the ringcomm collectives that carried it)
 is printed (pytest -s)."""
 
 import json
@@ -17,10 +18,12 @@ import pytest
 pytest.importorskip("torch")
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "torch_programs.py")
-PROGRAMS = ("objects", "dtensor", "tensor_parallel", "moe_all_to_all", "dcp_fsdp2", "pipeline")
+PROGRAMS = ("objects", "dtensor", "tensor_parallel", "tp_sequence_parallel", "moe_all_to_all", "dcp_fsdp2",
+            "pipeline")
 # What each program must have run on ringcomm's new collectives (from the
 # ledger, over all ranks): the point of the issue is that these now work.
 MUST_USE = {"objects": {"gather", "scatter"}, "dtensor": {"scatter"}, "moe_all_to_all": {"all_to_all"},
+            "tp_sequence_parallel": {"all_gather", "reduce_scatter"},
             "dcp_fsdp2": {"gather", "scatter"}, "pipeline": {"send", "recv"}}
 
 
@@ -42,13 +45,14 @@ def test_torch_programs_against_gloo(n):
         diffs = [p["max_diff"] for p in per_rank if p["max_diff"] is not None]
         diff = max(diffs) if len(diffs) == n else None
         used = sorted(set().union(*(p["used"] for p in per_rank)))
-        rows.append(f"{name:<16} {'pass' if ok else 'FAIL':<5} {diff!s:<24} {per_rank[0]['tol']!s:<8} "
-                    f"{','.join(used)}")
+        secs = max(p.get("secs", 0.0) for p in per_rank)
+        rows.append(f"{name:<21} {'pass' if ok else 'FAIL':<5} {diff!s:<24} {per_rank[0]['tol']!s:<8} "
+                    f"{secs:<6.1f} {','.join(used)}")
         if not ok:
             fails += [f"rank {r}: {name}: {p['note']}" for r, p in enumerate(per_rank) if not p["ok"]]
         missing = MUST_USE.get(name, set()) - set(used)
         if missing:
             fails.append(f"{name}: ringcomm's {sorted(missing)} did not carry it (used {used})")
-    print(f"\nn={n}\n{'program':<16} {'':<5} {'max |diff|':<24} {'tol':<8} ringcomm collectives used\n"
+    print(f"\nn={n}\n{'program':<21} {'':<5} {'max |diff|':<24} {'tol':<8} {'secs':<6} ringcomm collectives used\n"
           + "\n".join(rows) + "\n" + "\n".join(f"  {name}: {out[0][name]['note']}" for name in PROGRAMS))
     assert not fails, "\n".join(fails)
