@@ -4,7 +4,7 @@ distribute/redistribute, tensor parallelism (an MLP, and a transformer block
 with sequence parallelism), a mixture-of-experts all-to-all
 with uneven splits, a torch.distributed.checkpoint save/load of an FSDP2
 model with resumed training, and pipeline parallelism (torch.distributed.pipelining,
-GPipe and 1F1B, one stage per rank). Every program must pass on every rank; the
+GPipe and 1F1B, one stage per rank), at n = 2, 3 and 4. Every program must pass on every rank; the
 table (pass/fail, max difference, seconds, the ringcomm collectives that carried it)
 is printed (pytest -s)."""
 
@@ -27,7 +27,10 @@ MUST_USE = {"objects": {"gather", "scatter"}, "dtensor": {"scatter"}, "moe_all_t
             "dcp_fsdp2": {"gather", "scatter"}, "pipeline": {"send", "recv"}}
 
 
-@pytest.mark.parametrize("n", [2, 3])
+# n = 4: every program here divides among 4 ranks (4 pipeline stages, 12 heads,
+# uneven 7x5 DTensor shards, 4 experts); the job costs about 20 s on 2 cores,
+# most of it 4 ranks importing torch, the programs themselves about 8 s.
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_torch_programs_against_gloo(n):
     cmd = [sys.executable, "-m", "ringcomm.cli", "run", "-n", str(n), "--", sys.executable, SCRIPT]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -1,8 +1,8 @@
 """Real PyTorch programs over the "ringcomm" backend, each run twice in one
 MPI job: over the default group ("ringcomm") and over a gloo group of the same
 ranks, compared with each other and, where one exists, with a single-process
-reference (tests/test_torch_programs.py runs it under `ringcomm run -n 2` and
-`-n 3`).
+reference (tests/test_torch_programs.py runs it under `ringcomm run -n 2`,
+`-n 3` and `-n 4`).
 
 Programs: the object collectives; DTensor distribute_tensor / redistribute
 between Shard(0), Shard(1), Replicate and Partial; tensor parallelism
