@@ -227,11 +227,6 @@ def test_abort_wakes_pending_recv():
     ringcomm.run_local(2, body)
 
 
-# The notice the ring carries is built from the Link's last collective
-# fingerprint (core/link.cpp Link::fail and handle_control); the p2p failure
-# path (engine.cpp Engine::fail_p2p -> abort()) never gives it the p2p op. The
-# fix touches engine.cpp and core/ (branch i23-p2p-abort), which other work holds.
-@pytest.mark.xfail(strict=True, reason="peers are told 'its last collective was #N ...', not the failed p2p op")
 @pytest.mark.parametrize("case", ["mismatch", "timeout"])
 def test_peers_hear_which_p2p_op_failed(case):
     """A failed p2p op aborts the communicator; the ranks that hear of it
