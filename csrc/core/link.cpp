@@ -128,7 +128,21 @@ void Link::handle_control(const ControlMsg& m, int side) {
   std::string why;
   ErrKind kind = ErrKind(m.kind);
   const bool other_unknown = m.other.coll == 0 && m.other.seq == 0;  // found by a message, not a fingerprint
-  if (kind == ErrKind::mismatch && other_unknown && m.peer == rank_) {
+  if (coll_is_p2p(Coll(m.fp.coll))) {  // a send or recv failed at the origin (Engine::fail_p2p)
+    const bool send = Coll(m.fp.coll) == Coll::send;
+    const std::string op = "rank " + std::to_string(m.origin) + "'s " + describe(m.fp);
+    const std::string other = m.peer >= 0 ? "rank " + std::to_string(m.peer) : std::string("any rank");
+    if (kind == ErrKind::mismatch)
+      why = op + " failed: the message from " + other + " did not match it (size and dtype must be equal)";
+    else if (kind == ErrKind::timeout)
+      why = op + " timed out waiting for " + (send ? other + " to receive it" : "a message from " + other);
+    else if (kind == ErrKind::aborted && m.interrupted)
+      why = op + " was interrupted (KeyboardInterrupt)";
+    else if (kind == ErrKind::aborted)
+      why = op + " ended when rank " + std::to_string(m.origin) + " aborted the communicator";
+    else
+      why = op + " failed (" + std::string(kind == ErrKind::transport ? "transport error" : "error") + ")";
+  } else if (kind == ErrKind::mismatch && other_unknown && m.peer == rank_) {
     why = mismatch_text(m.fp, fp_);  // the message of another call was ours: we know both
   } else if (kind == ErrKind::mismatch && other_unknown) {
     why = "rank " + std::to_string(m.origin) + " in " + describe(m.fp) + " got a message from rank " +
@@ -600,7 +614,7 @@ void Link::begin_shared(const Fingerprint& fp) {
   window_->announce(fp_);
 }
 
-void Link::fail(const RingError& e) {
+void Link::fail(const RingError& e, const Fingerprint* call) {
   if (aborted_) return;
   aborted_ = true;
   abort_reason_ = e.what();
@@ -626,7 +640,8 @@ void Link::fail(const RingError& e) {
     notice = *received_abort_;
   } else {
     notice.type = kAbort;
-    notice.fp = fp_;
+    notice.fp = call ? *call : fp_;
+    notice.fp.rank = rank_;
     notice.origin = rank_;
     notice.kind = int32_t(e.kind);
     notice.peer = e.peer;

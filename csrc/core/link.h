@@ -104,8 +104,9 @@ class Link {
   // After any exception escaped a collective: withdraw outstanding requests
   // (those that cannot be withdrawn go to the quarantine with the memory
   // they may touch), pass an ABORT notice to the right, and mark this link
-  // as dead.
-  void fail(const RingError& e);
+  // as dead. `call` (a failed p2p op, which never begins on the link): the
+  // notice names it, with e's kind and peer, instead of the last collective.
+  void fail(const RingError& e, const Fingerprint* call = nullptr);
   // After fail(): the claim on the failed collective's caller arrays (null
   // when no request that may touch them outlived it).
   std::shared_ptr<Hold> hold() const { return hold_; }

@@ -188,10 +188,14 @@ Algo Engine::choose_algorithm(const Task& t) const {
   return a;
 }
 
-void Engine::fail_p2p(const RingError& e) {
+void Engine::fail_p2p(const RingError& e, const Fingerprint& call, bool by_interrupt) {
   const bool first = !aborted();
+  if (first) {  // the abort below tells the ring of this op (execute), not of the link's last collective
+    std::lock_guard<std::mutex> g(state_m_);
+    if (!p2p_failure_) p2p_failure_ = std::make_unique<P2PFailure>(P2PFailure{e, call});
+  }
   record_abort(e.what(), e.origin >= 0 ? e.origin : rank(), e.cause);
-  if (first) abort();  // wakes waits (collective and p2p), then fails the link on the worker: the ring is told
+  if (first) abort(by_interrupt);  // wakes waits (collective and p2p), then fails the link on the worker
 }
 
 void Engine::record_abort(const std::string& reason, int origin, ErrKind cause) {
@@ -350,7 +354,13 @@ void Engine::execute(const Task& t, Work& w) {
     err = std::make_unique<RingError>(ErrKind::transport, rank(), -1, w.seq(), e.what());
   }
   if (err && t.abort) {  // the abort itself succeeded
-    link_.fail(*err);
+    std::unique_ptr<P2PFailure> p2p;
+    {
+      std::lock_guard<std::mutex> g(state_m_);
+      p2p = std::move(p2p_failure_);
+    }
+    if (p2p) link_.fail(p2p->error, &p2p->call);  // a p2p op failed: the notice names it
+    else link_.fail(*err);
     record_abort(err->what(), rank(), ErrKind::aborted);
     err.reset();
   }

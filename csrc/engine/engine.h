@@ -136,8 +136,11 @@ class Engine {
   P2PPending& p2p_pending() { return p2p_pending_; }
   uint64_t next_p2p_id() { return next_p2p_id_.fetch_add(1, std::memory_order_relaxed) + 1; }
   // A p2p op failed (not for bad arguments): the communicator is aborted and
-  // the ring told, as after a failed collective. Thread-safe.
-  void fail_p2p(const RingError& e);
+  // the ring told, as after a failed collective, naming that op (`call`: its
+  // fingerprint, coll send or recv, root = the peer, algo = the tag) and
+  // e's kind and peer, not the link's last collective. `by_interrupt`: Ctrl-C
+  // (Engine::abort). Thread-safe.
+  void fail_p2p(const RingError& e, const Fingerprint& call, bool by_interrupt = false);
   // algorithm="auto" for all_reduce on host memory: recursive doubling up to
   // rd_max bytes, halving-doubling up to hd_max, the ring above (the cost
   // model's crossovers for this communicator: ringcomm/selection.py).
@@ -213,6 +216,12 @@ class Engine {
   std::string abort_reason_;
   int abort_origin_ = -1;
   ErrKind abort_cause_ = ErrKind::aborted;
+  // The failed p2p op the next abort tells the ring about (fail_p2p); under state_m_.
+  struct P2PFailure {
+    RingError error;
+    Fingerprint call;
+  };
+  std::unique_ptr<P2PFailure> p2p_failure_;
   Options opts_;  // guarded by m_; copied into each task
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
   std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0}, auto_flat_max_{0};
