@@ -141,7 +141,10 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
     """all_reduce: fit the alpha-beta-gamma model (selection.py) to every
     algorithm that ran, print it against the measurements, and compare what
     auto ran with the best forced algorithm (rc-*) at each size."""
-    sel = [r for r in rows if r["collective"] == "all_reduce" and not r["inplace"] and r.get("algorithm")
+    # The model prices messages (steps, bytes sent, bytes reduced): the
+    # message-passing algorithms only, not the shared-memory ones.
+    sel = [r for r in rows if r["collective"] == "all_reduce" and not r["inplace"]
+           and r.get("algorithm") in selection.ALGORITHMS
            and (r["impl"] == "ringcomm" or r["impl"].startswith("rc-"))]
     if n == 1 or len({(r["algorithm"], r["size"]) for r in sel}) < 3:
         return {}
