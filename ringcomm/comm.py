@@ -72,6 +72,24 @@ class Communicator:
         rd, hd = selection.auto_limits(costs, self.size)
         self._engine.set_auto_limits(rd, hd, selection.reduce_limit(costs, self.size))
 
+    def empty(self, shape, dtype="float32", *, family: str = "numpy"):
+        """An uninitialized array (numpy, or torch with ``family="torch"``)
+        in this rank's part of the shared arena: collectives on such arrays
+        run zero copy (``algorithm="zero_copy"``, chosen by auto), peers
+        reading them where they are, with no staging copy.
+
+        Symmetric, like PyTorch's SymmetricMemory: every rank must allocate
+        (and drop) its arena arrays in the same order and sizes, so that they
+        sit at the same offsets; a call whose arrays sit elsewhere on some
+        rank is a MismatchError naming the offsets. An array (all_reduce: its
+        output too) is in the arena when it views memory comm.empty() gave.
+        The arena (``RINGCOMM_SHM_ARENA`` bytes per rank, 128 MiB) is made at
+        the first call, collectively: every rank must call it. Needs ranks
+        that share memory (``shared_memory``; in process: always).
+        """
+        from . import shm
+        return shm.empty(self, shape, dtype, family)
+
     @property
     def shared_memory(self) -> bool:
         """Whether ``algorithm="auto"`` runs all_reduce, reduce_scatter,

@@ -32,7 +32,7 @@ import warnings
 from ._native import core
 from .errors import InvalidArgument, RingcommError
 
-__all__ = ["host_key", "mode", "slot_bytes", "flat_max", "attach_mpi", "attach_local"]
+__all__ = ["host_key", "mode", "slot_bytes", "flat_max", "arena_bytes", "attach_mpi", "attach_local", "empty"]
 
 MODES = ("auto", "mpi", "shm")
 
@@ -80,6 +80,18 @@ def slot_bytes() -> int:
     if b < 4096:
         raise InvalidArgument(f"RINGCOMM_SHM_SLOT must be at least 4096 bytes, got {b}")
     return b
+
+
+# Bytes of each rank's part of the shared arena (comm.empty), made at the
+# first comm.empty() call: reserved in /dev/shm then, per rank.
+DEFAULT_ARENA = 128 << 20
+
+
+def arena_bytes() -> int:
+    b = _int_env("RINGCOMM_SHM_ARENA", DEFAULT_ARENA)
+    if b < 4096:
+        raise InvalidArgument(f"RINGCOMM_SHM_ARENA must be at least 4096 bytes, got {b}")
+    return b // 4096 * 4096
 
 
 def flat_max() -> int:
@@ -140,10 +152,66 @@ def attach_mpi(engine, comm, transport: str | None = None) -> bool:
     return True
 
 
+def _make_arena_mpi(window, comm) -> None:
+    """The window's shared arena, over MPI: made like the window's segment
+    (created by rank 0, mapped by all, then unlinked). Collective."""
+    per_rank, rank = arena_bytes(), comm.Get_rank()
+    name, err = None, None
+    if rank == 0:
+        name = _segment_name() + "-arena"
+        try:
+            core.shm_arena_map(window, name, per_rank, True)
+        except RingcommError as e:
+            err = str(e)
+    name, err = comm.bcast((name, err), root=0)
+    if err is None and rank != 0:
+        try:
+            core.shm_arena_map(window, name, per_rank, False)
+        except RingcommError as e:
+            err = f"rank {rank}: {e}"
+    errors = [e for e in comm.allgather(err) if e]
+    if rank == 0 and err is None:
+        core.shm_remove(name)
+    if errors:
+        raise RingcommError("cannot make the shared arena for comm.empty(): " + errors[0])
+
+
+def empty(comm, shape, dtype="float32", family: str = "numpy"):
+    """An uninitialized array in this rank's part of the shared arena
+    (``Communicator.empty``)."""
+    import numpy as np
+    from . import vocab
+    window = comm._engine.window
+    if window is None:
+        raise InvalidArgument("comm.empty() needs ranks that share memory (a shared-memory window): this "
+                              "communicator has none (RINGCOMM_TRANSPORT=mpi, ranks on several hosts, or a device)")
+    if not window.has_arena:
+        maker = getattr(comm, "_arena_maker", None)
+        if maker is None:
+            raise InvalidArgument("this communicator cannot make a shared arena")
+        maker()
+    name = vocab.numpy_name(dtype) if not isinstance(dtype, str) else str(np.dtype(vocab.NUMPY.get(dtype, dtype)))
+    if name not in vocab.NUMPY:
+        raise InvalidArgument(f"comm.empty: unsupported dtype {dtype!r}; expected one of {', '.join(vocab.NUMPY)}")
+    npd = vocab.NUMPY[name]
+    shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    block = window.arena_alloc(count * npd.itemsize)
+    if family == "numpy":
+        return np.frombuffer(block, dtype=npd, count=count).reshape(shape)
+    if family == "torch":
+        import torch
+        t = torch.frombuffer(block, dtype=vocab.torch_dtype(name), count=count) if count else \
+            torch.empty(0, dtype=vocab.torch_dtype(name))
+        return t.reshape(shape)
+    raise InvalidArgument(f"comm.empty: family must be 'numpy' or 'torch', got {family!r}")
+
+
 def attach_local(engines: list) -> None:
     """In-process ranks: one window over plain memory; ``auto`` uses it only
     with ``RINGCOMM_TRANSPORT=shm``."""
     windows = core.shm_local_windows(len(engines), slot_bytes())
+    core.shm_local_arena(windows, arena_bytes())  # reserved lazily: untouched parts cost nothing
     use = mode() == "shm"
     for e, w in zip(engines, windows):
         e.attach_window(w, use, flat_max())

@@ -129,7 +129,7 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
         return Expected({0: nbytes}, {0: nbytes})
     if algorithm in ("recursive_doubling", "halving_doubling"):
         return _pairwise(collective, count, size, n, rank, algorithm)
-    if algorithm in ("shm", "shm_flat"):
+    if algorithm in ("shm", "shm_flat", "zero_copy"):
         return _shared(collective, count, size, n, rank, root, algorithm)
     if algorithm != "ring":
         raise ValueError(f"unknown algorithm {algorithm!r}")

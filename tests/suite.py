@@ -82,6 +82,25 @@ class HostArrays:
         return np.full(count, value, dtype=dtype)
 
 
+class ArenaArrays(HostArrays):
+    """The suite's arrays in the communicator's shared arena (comm.empty):
+    its collectives then run zero copy. Every rank allocates in the same
+    order (the suite's code is the same on every rank)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def put(self, a: np.ndarray):
+        x = self.comm.empty(a.shape, a.dtype)
+        x[...] = a
+        return x
+
+    def full(self, count, value, dtype):
+        x = self.comm.empty(count, dtype)
+        x[...] = value
+        return x
+
+
 _cache: dict = {}
 _cache_lock = threading.Lock()
 
@@ -141,8 +160,8 @@ def check_traffic(comm, before, collective, count, dtype, what, root=0) -> list[
 def halves_algorithm(algorithm: str, n: int) -> str:
     """The algorithm reduce_scatter/all_gather run in a suite for `algorithm`:
     halving-doubling's halves where the split rule allows (n a power of two)."""
-    if algorithm in ("shm", "shm_flat"):
-        return "shm"
+    if algorithm in ("shm", "shm_flat", "zero_copy"):
+        return "zero_copy" if algorithm == "zero_copy" else "shm"
     return "halving_doubling" if algorithm == "halving_doubling" and n & (n - 1) == 0 else "ring"
 
 

@@ -71,6 +71,64 @@ def test_many_rounds_with_a_small_slot(n, monkeypatch):
     assert not errs, "\n".join(errs[:20])
 
 
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_zero_copy_suite_in_process(n):
+    # Arrays from comm.empty (the shared arena): auto runs zero_copy, peers
+    # read them where they are; every dtype and op, sizes 0..multi-slot.
+    def body(comm):
+        arrays = suite.ArenaArrays(comm)
+        errs = suite.run_cases(comm, [0, 1, n - 1, n + 1, 101], arrays=arrays, algorithm="zero_copy")
+        errs += suite.run_cases(comm, [100003], suite.COMBOS[::4], arrays=arrays, algorithm="zero_copy")
+        x = comm.empty(10, "float32")
+        x[:] = comm.rank
+        comm.all_reduce(x)  # auto: the arena means zero copy
+        if comm.last_algorithm != "zero_copy" or not np.all(x == sum(range(n))):
+            errs.append(f"rank {comm.rank}: auto ran {comm.last_algorithm}: {x}")
+        return errs
+    errs = flat(ringcomm.run_local(n, body))
+    assert not errs, "\n".join(errs[:20])
+
+
+def test_zero_copy_arrays_at_other_offsets_are_a_mismatch():
+    def body(comm):
+        pad = comm.empty(4096 if comm.rank == 1 else 8192, "uint8")  # rank 1's next block sits elsewhere
+        x = comm.empty(100, "float32")
+        x[:] = 1
+        try:
+            comm.all_reduce(x)
+        except MismatchError as e:
+            return str(e)
+        finally:
+            del pad
+        return "no error"
+    msgs = ringcomm.run_local(2, body, timeout=20)
+    for r, m in enumerate(msgs):
+        assert "shared arena" in m and "input at 4096" in m and "input at 8192" in m, f"rank {r}: {m}"
+
+
+def test_zero_copy_needs_arena_arrays_and_frees_them():
+    def body(comm):
+        with pytest.raises(InvalidArgument, match="shared arena"):
+            comm.all_reduce(np.ones(4, np.float32), algorithm="zero_copy")
+        x = comm.empty((3, 5), "float64")
+        assert x.shape == (3, 5) and x.dtype == np.float64
+        win = comm._engine.window
+        free_before = win.arena_bytes
+        a = comm.empty(win.arena_bytes - 8192, "uint8")  # nearly everything
+        with pytest.raises(InvalidArgument, match="arena is full"):
+            comm.empty(1 << 20, "uint8")
+        del a  # the block comes back when its last array is gone
+        b = comm.empty(1 << 20, "uint8")
+        assert free_before == win.arena_bytes and b.nbytes == 1 << 20
+        t = comm.empty(6, "bfloat16", family="torch")
+        t.fill_(2.5)
+        comm.all_reduce(t)
+        return float(t[0]), comm.last_algorithm
+    pytest.importorskip("torch")
+    res = ringcomm.run_local(2, body)
+    assert res == [(5.0, "zero_copy")] * 2, res
+
+
 def test_sums_agree_bitwise_across_the_shm_algorithms():
     # Every rank sums in rank order 0..n-1: the reduce-scatter's chunk, the
     # direct all_reduce and the one-sync all_reduce give the same bits
@@ -233,6 +291,9 @@ SCRIPT = textwrap.dedent('''
     big = comm.last_algorithm
     if {check_suite}:
         errs += suite.run_cases(comm, [0, 1, n + 1, 100003], suite.COMBOS[::2])
+        # zero copy: the arena is made at the first comm.empty (collective)
+        errs += suite.run_cases(comm, [1, n + 1, 100003], suite.COMBOS[::3], arrays=suite.ArenaArrays(comm),
+                                algorithm="zero_copy")
         errs += suite.run_broadcasts(comm, [0, 1, 100003], dtypes=["float32", "int8"])
         errs += suite.run_barrier(comm)
     from mpi4py import MPI

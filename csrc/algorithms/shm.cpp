@@ -78,7 +78,7 @@ void direct(Link& link, const RingPlan& plan, const Reducer& red, const char* in
       const size_t len = piece_len(plan.chunk_count(j), t, P);
       if (j == r || !len) continue;
       std::memcpy(mine + size_t(j) * P * es, in + (plan.chunk_begin(j) + t * P) * es, len * es);
-      ledger.sent(coll, j, false, len * es);
+      ledger.sent(coll, w.member(j), false, len * es);
     }
     w.sync(link, fp, t == 0);  // 2.
     const size_t len = piece_len(plan.chunk_count(r), t, P);
@@ -90,7 +90,7 @@ void direct(Link& link, const RingPlan& plan, const Reducer& red, const char* in
       else red.reduce(acc, src(0), src(1), len);
       for (int j = 2; j < n; ++j) red.reduce(acc, acc, src(j), len);
       for (int j = 0; j < n; ++j)
-        if (j != r) ledger.received(coll, j, false, len * es);
+        if (j != r) ledger.received(coll, w.member(j), false, len * es);
     }
     if (!all) {
       if (len) std::memcpy(own + t * P * es, acc, len * es);
@@ -105,9 +105,9 @@ void direct(Link& link, const RingPlan& plan, const Reducer& red, const char* in
       std::memcpy(all + (plan.chunk_begin(j) + t * P) * es, from, lj * es);
       if (j == r) {
         for (int k = 0; k < n; ++k)
-          if (k != r) ledger.sent(coll, k, false, lj * es);
+          if (k != r) ledger.sent(coll, w.member(k), false, lj * es);
       } else {
-        ledger.received(coll, j, false, lj * es);
+        ledger.received(coll, w.member(j), false, lj * es);
       }
     }
   }
@@ -145,8 +145,8 @@ void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, c
     red.finalize(dst, len, n);
     for (int j = 0; j < n; ++j)
       if (j != r) {
-        ledger.sent(coll, j, false, len * es);
-        ledger.received(coll, j, false, len * es);
+        ledger.sent(coll, w.member(j), false, len * es);
+        ledger.received(coll, w.member(j), false, len * es);
       }
   }
 }
@@ -169,13 +169,13 @@ void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out
     std::memcpy(w.slot(r, par), own_out + t * W * es, len * es);
     if (len)
       for (int j = 0; j < n; ++j)
-        if (j != r) ledger.sent(Coll::all_gather, j, false, len * es);
+        if (j != r) ledger.sent(Coll::all_gather, w.member(j), false, len * es);
     w.sync(link, fp, t == 0);
     for (int j = 0; j < n; ++j) {
       const size_t lj = piece_len(plan.chunk_count(j), t, W);
       if (j == r || !lj) continue;
       std::memcpy(out + (plan.chunk_begin(j) + t * W) * es, w.slot(j, par), lj * es);
-      ledger.received(Coll::all_gather, j, false, lj * es);
+      ledger.received(Coll::all_gather, w.member(j), false, lj * es);
     }
   }
 }
@@ -194,16 +194,111 @@ void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf) {
       std::memcpy(w.slot(r, par), buf + t * W * es, len * es);
       if (len)
         for (int j = 0; j < n; ++j)
-          if (j != r) ledger.sent(Coll::broadcast, j, false, len * es);
+          if (j != r) ledger.sent(Coll::broadcast, w.member(j), false, len * es);
     }
     w.sync(link, fp, t == 0);
     if (r != root && len) {
       std::memcpy(buf + t * W * es, w.slot(root, par), len * es);
-      ledger.received(Coll::broadcast, root, false, len * es);
+      ledger.received(Coll::broadcast, w.member(root), false, len * es);
     }
   }
 }
 
 void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
+
+// ---- zero copy: the arrays live in the shared arena ----------------------
+// Every rank's input (and all_reduce's output) sits in its part of the
+// arena at the same offsets (they are in the call's fingerprint, so the
+// first sync checked it), and peers read it there: no staging copy.
+//
+//   sync                     every input is ready
+//   reduce chunk r from every rank's input, in rank order, in pieces of one
+//   slot (in cache; a rank's own chunk r is read by it alone, so the result
+//   may overwrite it)        -> all_reduce: chunk r of its output; reduce_scatter: `own`
+//   sync                     (all_reduce) every chunk is reduced
+//   copy chunk j of rank j's output (all_gather: its input), every j != r
+//   sync                     no peer reads this rank's arrays any more: the
+//                            caller may write them again
+namespace {
+
+void zc_reduce_chunk(Link& link, ShmWindow& w, const RingPlan& plan, const Reducer& red, int64_t in_off,
+                     char* dst, bool finalize) {
+  const Coll coll = Coll(link.call().coll);
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  const size_t total = plan.chunk_count(r), first = plan.chunk_begin(r);
+  const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
+  char* acc = w.slot(r, w.next_parity());
+  for (size_t done = 0; done < total; done += W) {
+    const size_t len = std::min(W, total - done);
+    auto src = [&](int j) { return w.arena(j) + size_t(in_off) + (first + done) * es; };
+    if (n == 1) std::memcpy(acc, src(0), len * es);
+    else red.reduce(acc, src(0), src(1), len);
+    for (int j = 2; j < n; ++j) red.reduce(acc, acc, src(j), len);
+    if (finalize) red.finalize(acc, len, n);
+    std::memcpy(dst + done * es, acc, len * es);
+  }
+  Ledger& ledger = link.ledger();
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    if (total) ledger.received(coll, w.member(j), false, total * es);  // chunk r of j's input
+    if (plan.chunk_count(j)) ledger.sent(coll, w.member(j), false, plan.chunk_count(j) * es);  // j reads ours
+  }
+}
+
+}  // namespace
+
+void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, int64_t in_off, int64_t out_off) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  w.sync(link, fp, true);
+  char* out = w.arena(r) + size_t(out_off);
+  zc_reduce_chunk(link, w, plan, red, in_off, out + plan.chunk_begin(r) * es, true);
+  w.sync(link, fp, false);
+  Ledger& ledger = link.ledger();
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    const size_t len = plan.chunk_count(j), at = plan.chunk_begin(j) * es;
+    if (len) {
+      std::memcpy(out + at, w.arena(j) + size_t(out_off) + at, len * es);
+      ledger.received(Coll::all_reduce, w.member(j), false, len * es);
+    }
+    if (plan.chunk_count(r)) ledger.sent(Coll::all_reduce, w.member(j), false, plan.chunk_count(r) * es);
+  }
+  w.sync(link, fp, false);
+}
+
+void zero_copy_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, int64_t in_off, char* own) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  w.sync(link, fp, true);
+  zc_reduce_chunk(link, w, plan, red, in_off, own, false);
+  w.sync(link, fp, false);
+}
+
+void zero_copy_all_gather(Link& link, const RingPlan& plan, int64_t in_off, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  w.sync(link, fp, true);
+  Ledger& ledger = link.ledger();
+  for (int j = 0; j < n; ++j) {
+    const size_t len = plan.chunk_count(j);
+    if (!len) continue;
+    char* dst = out + plan.chunk_begin(j) * es;
+    const char* src = w.arena(j) + size_t(in_off);
+    if (dst != src) std::memmove(dst, src, len * es);
+    if (j == r) {
+      for (int k = 0; k < n; ++k)
+        if (k != r) ledger.sent(Coll::all_gather, w.member(k), false, len * es);
+    } else {
+      ledger.received(Coll::all_gather, w.member(j), false, len * es);
+    }
+  }
+  w.sync(link, fp, false);
+}
 
 }  // namespace ringcomm

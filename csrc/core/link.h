@@ -168,6 +168,7 @@ class Link {
   // there as well as told around the ring.
   void attach_window(std::shared_ptr<ShmWindow> w) { window_ = std::move(w); }
   ShmWindow* window() const { return window_.get(); }
+  std::shared_ptr<ShmWindow> shared_window() const { return window_; }
   // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work
   // buffer), in the memory the payload lives in (the Device's, if any).
   char* scratch(int which, size_t bytes);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -297,6 +298,67 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
     }
   }
   if (first) check_calls(link, fp, false);
+}
+
+void ShmWindow::attach_arena(char* base, size_t per_rank, std::shared_ptr<void> keep) {
+  std::lock_guard<std::mutex> g(arena_m_);
+  arena_ = base;
+  arena_per_rank_ = per_rank;
+  arena_keep_ = std::move(keep);
+  arena_free_.clear();
+  arena_used_.clear();
+  arena_free_[0] = per_rank;
+}
+
+int64_t ShmWindow::arena_offset(const void* p, size_t bytes) const {
+  if (!arena_) return -1;
+  const char* c = static_cast<const char*>(p);
+  const char* mine = arena(rank_);
+  if (c < mine || c + bytes > mine + arena_per_rank_) return -1;
+  return int64_t(c - mine);
+}
+
+size_t ShmWindow::arena_alloc(size_t bytes) {
+  std::lock_guard<std::mutex> g(arena_m_);
+  if (!arena_) throw_invalid("this communicator has no shared arena");
+  const size_t need = round_up(std::max<size_t>(bytes, 1), 4096);
+  for (auto it = arena_free_.begin(); it != arena_free_.end(); ++it) {
+    if (it->second < need) continue;
+    const size_t off = it->first, left = it->second - need;
+    arena_free_.erase(it);
+    if (left) arena_free_[off + need] = left;
+    arena_used_[off] = need;
+    return off;
+  }
+  size_t free_bytes = 0, largest = 0;
+  for (auto& f : arena_free_) {
+    free_bytes += f.second;
+    largest = std::max(largest, f.second);
+  }
+  throw_invalid("the shared arena is full: " + std::to_string(bytes) + " bytes asked, " + std::to_string(free_bytes) +
+                " free of " + std::to_string(arena_per_rank_) + " (largest block " + std::to_string(largest) +
+                "); free arrays or set RINGCOMM_SHM_ARENA (bytes per rank) larger");
+}
+
+void ShmWindow::arena_free(size_t offset) {
+  std::lock_guard<std::mutex> g(arena_m_);
+  auto u = arena_used_.find(offset);
+  if (u == arena_used_.end()) return;
+  size_t off = u->first, len = u->second;
+  arena_used_.erase(u);
+  auto next = arena_free_.lower_bound(off);
+  if (next != arena_free_.end() && next->first == off + len) {  // merge with the range after
+    len += next->second;
+    next = arena_free_.erase(next);
+  }
+  if (next != arena_free_.begin()) {  // and the one before
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      prev->second += len;
+      return;
+    }
+  }
+  arena_free_[off] = len;
 }
 
 }  // namespace ringcomm

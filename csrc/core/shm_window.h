@@ -29,8 +29,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/fingerprint.h"
 #include "core/vocabulary.h"
@@ -58,6 +61,10 @@ class ShmWindow {
   const std::string& label() const { return label_; }
   // Rank r's staging slot of `parity` (0 or 1), cache-line aligned.
   char* slot(int r, int parity) const;
+  // The communicator's rank of window rank j (the ledger books by it):
+  // j itself unless set_members() said otherwise.
+  int member(int j) const { return members_.empty() ? j : members_[size_t(j)]; }
+  void set_members(std::vector<int> m) { members_ = std::move(m); }
   // The parity of the next round (every rank runs the same rounds).
   int next_parity() { return int(round_++ & 1); }
 
@@ -76,6 +83,23 @@ class ShmWindow {
   int failed_origin() const;
   // Wake this window's sleepers (Engine::abort: they then see the interrupt).
   void wake();
+
+  // ---- the shared arena (zero copy) ----
+  // Memory every rank has mapped, one part of `per_rank` bytes per rank, in
+  // which ringcomm allocates arrays (comm.empty): a collective on them has
+  // its peers read each rank's part directly (algorithm zero_copy), with no
+  // staging copy. Allocation is symmetric: ranks that allocate and free in
+  // the same order get the same offsets (and a call checks that they did).
+  void attach_arena(char* base, size_t per_rank, std::shared_ptr<void> keep);
+  bool has_arena() const { return arena_ != nullptr; }
+  size_t arena_bytes() const { return arena_per_rank_; }
+  char* arena(int r) const { return arena_ + size_t(r) * arena_per_rank_; }
+  // Offset of [p, p + bytes) in this rank's part; -1 when not inside it.
+  int64_t arena_offset(const void* p, size_t bytes) const;
+  // A block of this rank's part (first fit, 4 KiB aligned); throws
+  // RingError(invalid) when no free range is large enough.
+  size_t arena_alloc(size_t bytes);
+  void arena_free(size_t offset);
 
  private:
   struct Header;
@@ -98,6 +122,13 @@ class ShmWindow {
   uint64_t phase_ = 0;  // the last phase this rank arrived at
   uint64_t round_ = 0;
   long spin_ns_;        // how long sync spins before it sleeps
+  std::vector<int> members_;
+  char* arena_ = nullptr;
+  size_t arena_per_rank_ = 0;
+  std::shared_ptr<void> arena_keep_;
+  std::mutex arena_m_;                      // comm.empty and the arrays' finalizers, any thread
+  std::map<size_t, size_t> arena_free_;     // offset -> bytes, coalesced
+  std::map<size_t, size_t> arena_used_;
 };
 
 }  // namespace ringcomm

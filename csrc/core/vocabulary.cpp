@@ -47,6 +47,7 @@ const char* algo_name(Algo a) {
     case Algo::pairwise: return "pairwise";
     case Algo::shm: return "shm";
     case Algo::shm_flat: return "shm_flat";
+    case Algo::zero_copy: return "zero_copy";
     default: return "auto";
   }
 }

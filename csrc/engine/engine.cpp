@@ -77,6 +77,7 @@ void Engine::validate(Task& t) {
   if (coll_is_p2p(t.coll)) throw_invalid("send and recv are not queued collectives: use Engine::p2p_send/p2p_recv");
   if (coll_reduces(t.coll)) check_reducer(t.dtype, t.op);
   else dtype_size(t.dtype);
+  locate_in_arena(t);
   t.algo = int(choose_algorithm(t));
   last_algo_.store(t.algo, std::memory_order_relaxed);
   if (coll_has_root(t.coll) && (t.root < 0 || t.root >= size()))
@@ -123,6 +124,25 @@ void Engine::check_counts(const Task& t) const {
   }
 }
 
+bool Engine::locate_in_arena(Task& t) const {
+  t.arena_in = t.arena_out = -1;
+  ShmWindow* w = link_.window();
+  if (!w || !w->has_arena() || link_.device()) return false;
+  const size_t es = dtype_size(t.dtype);
+  const size_t mine = split_size(t.count, size_t(size()), size_t(rank())) * es, all = t.count * es;
+  switch (t.coll) {
+    case Coll::all_reduce:  // the output too (peers copy the reduced chunks from it)
+      t.arena_in = w->arena_offset(t.in, all);
+      t.arena_out = t.out == t.in ? t.arena_in : w->arena_offset(t.out, all);
+      if (t.arena_in < 0 || t.arena_out < 0) t.arena_in = t.arena_out = -1;
+      break;
+    case Coll::reduce_scatter: t.arena_in = w->arena_offset(t.in, all); break;
+    case Coll::all_gather: t.arena_in = w->arena_offset(t.in, mine); break;
+    default: break;
+  }
+  return t.arena_in >= 0;
+}
+
 Algo Engine::choose_algorithm(const Task& t) const {
   const Algo a = Algo(t.algo);
   if (a == Algo::automatic) {
@@ -134,6 +154,8 @@ Algo Engine::choose_algorithm(const Task& t) const {
     const bool host = !link_.device();
     if (t.coll == Coll::gather || t.coll == Coll::scatter) return Algo::linear;
     if (t.coll == Coll::all_to_all) return Algo::pairwise;
+    // Arrays in the shared arena: the caller asked for zero copy (comm.empty).
+    if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
     if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && t.coll != Coll::reduce) {
       if (t.coll == Coll::all_reduce &&
           t.count * dtype_size(t.dtype) <= auto_flat_max_.load(std::memory_order_relaxed))
@@ -152,6 +174,14 @@ Algo Engine::choose_algorithm(const Task& t) const {
     return Algo::ring;
   }
   if (int(a) < 0 || a >= Algo::kCount) throw_invalid("unknown algorithm code " + std::to_string(t.algo));
+  if (a == Algo::zero_copy) {
+    if (t.arena_in < 0)
+      throw_invalid(std::string("algorithm 'zero_copy' runs all_reduce, reduce_scatter and all_gather on arrays in "
+                                "the shared arena (comm.empty(); all_reduce: its output too), ") +
+                    (link_.window() && link_.window()->has_arena() ? "and this call's are not there"
+                                                                    : "and this communicator has none"));
+    return a;
+  }
   if (a == Algo::shm || a == Algo::shm_flat) {
     const bool runs = a == Algo::shm ? (int(t.coll) < int(Coll::reduce)) : t.coll == Coll::all_reduce;
     if (!runs)
@@ -441,6 +471,11 @@ void Engine::perform(const Task& t, Work& w) {
   }
   else if (!t.counts.empty()) fp.counts = counts_hash(t.counts.data(), t.counts.size());
   fp.algo = t.algo;
+  const bool zero_copy = Algo(t.algo) == Algo::zero_copy;
+  if (zero_copy) {  // peers read these offsets of every rank's part: all must agree
+    fp.arena_in = t.arena_in;
+    fp.arena_out = t.arena_out;
+  }
 
   const size_t es = dtype_size(t.dtype);
   // Pairwise algorithms on two ranks: the partner is both neighbours, and the
@@ -448,7 +483,7 @@ void Engine::perform(const Task& t, Work& w) {
   // transports only: not in device memory.)
   const bool inline_header = size() == 2 && t.count > 0 && link_.stamped() &&
                              (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
-  const bool shared = Algo(t.algo) == Algo::shm || Algo(t.algo) == Algo::shm_flat;
+  const bool shared = Algo(t.algo) == Algo::shm || Algo(t.algo) == Algo::shm_flat || zero_copy;
   if (shared) link_.begin_shared(fp);
   else link_.begin(fp, inline_header);
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
@@ -464,6 +499,7 @@ void Engine::perform(const Task& t, Work& w) {
         case Algo::halving_doubling: halving_doubling_all_reduce(link_, plan, *red, in, out); break;
         case Algo::shm: shm_all_reduce(link_, plan, *red, in, out); break;
         case Algo::shm_flat: shm_flat_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::zero_copy: zero_copy_all_reduce(link_, plan, *red, t.arena_in, t.arena_out); break;
         default: ring_all_reduce(link_, plan, *red, in, out);
       }
       break;
@@ -473,6 +509,11 @@ void Engine::perform(const Task& t, Work& w) {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       // Partial sums of the chunks this rank passes on need a home that is
       // neither the caller's input (never written) nor its chunk-sized output.
+      if (zero_copy) {
+        zero_copy_reduce_scatter(link_, plan, *red, t.arena_in, static_cast<char*>(t.out));
+        red->finalize(t.out, plan.chunk_count(rank()), size());
+        break;
+      }
       if (shared) {
         shm_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
         red->finalize(t.out, plan.chunk_count(rank()), size());
@@ -489,7 +530,9 @@ void Engine::perform(const Task& t, Work& w) {
     }
     case Coll::all_gather: {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      if (shared)
+      if (zero_copy)
+        zero_copy_all_gather(link_, plan, t.arena_in, static_cast<char*>(t.out));
+      else if (shared)
         shm_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
       else if (Algo(t.algo) == Algo::halving_doubling)
         halving_doubling_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));

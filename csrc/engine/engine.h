@@ -74,6 +74,9 @@ struct Task {
   bool abort = false;  // not a collective: abort the communicator (Engine::abort)
   const std::function<bool()>* interrupted = nullptr;  // submit_and_wait on the caller's thread: Ctrl-C check
   bool started = false;  // its flight record already says running (an inline run)
+  // Filled by validate(): where the input and output sit in this rank's part
+  // of the shared arena (-1: not there); zero copy needs them there.
+  int64_t arena_in = -1, arena_out = -1;
 };
 
 class Engine {
@@ -166,6 +169,7 @@ class Engine {
     auto_flat_max_.store(flat_max);
   }
   bool has_window() const { return link_.window() != nullptr; }
+  std::shared_ptr<ShmWindow> window() const { return link_.shared_window(); }
   bool shm_auto() const { return shm_auto_.load(); }
   size_t shm_flat_max() const { return auto_flat_max_.load(); }
   // Algo of the collective submitted last (what "auto" chose).
@@ -193,6 +197,8 @@ class Engine {
   // on an aborted communicator; fills t.algo (choose_algorithm).
   void validate(Task& t);
   void check_counts(const Task& t) const;  // per-rank counts: one per rank, summing to their buffer
+  // Can the call run zero copy (its arrays in the shared arena)? Fills t.arena_in / arena_out.
+  bool locate_in_arena(Task& t) const;
   // The algorithm the call runs: t.algo when it exists for this collective
   // and communicator (else RingError(invalid)); for Algo::automatic, by size
   // against the limits of set_auto_limits(), alike on every rank.

@@ -88,6 +88,14 @@ inline bool wait_p2p(P2POp& op, double timeout) {
   return done;
 }
 
+// A block of the shared arena, as Python's arrays view it (comm.empty).
+struct ArenaBlock {
+  ArenaBlock(std::shared_ptr<ShmWindow> w, size_t off, size_t n) : window(std::move(w)), offset(off), bytes(n) {}
+  ~ArenaBlock() { window->arena_free(offset); }
+  std::shared_ptr<ShmWindow> window;  // keeps the mapping alive while an array views it
+  size_t offset, bytes;
+};
+
 // Registers Work, Tracer, InprocWorld, Engine and inproc_world() in `m`.
 inline void bind_engine(py::module_& m) {
   m.def("set_main_thread", [](unsigned long ident) { main_thread_ident() = ident; }, py::arg("ident"));
@@ -189,12 +197,32 @@ inline void bind_engine(py::module_& m) {
 
   py::class_<WorldHandle>(m, "InprocWorld", py::module_local());
   m.def("inproc_world", [](int n) { return WorldHandle{make_inproc_world(n)}; }, py::arg("nranks"));
+  py::class_<ArenaBlock, std::shared_ptr<ArenaBlock>>(m, "ArenaBlock", py::buffer_protocol(), py::module_local(),
+                                                      "A block of this rank's part of the shared arena; freed "
+                                                      "when the last array viewing it is gone.")
+      .def_buffer([](ArenaBlock& b) {
+        return py::buffer_info(b.window->arena(b.window->rank()) + b.offset, 1, "B", 1, {py::ssize_t(b.bytes)}, {1});
+      })
+      .def_readonly("offset", &ArenaBlock::offset)
+      .def_readonly("nbytes", &ArenaBlock::bytes);
   py::class_<ShmWindow, std::shared_ptr<ShmWindow>>(m, "ShmWindow", py::module_local(),
                                                     "A shared-memory window of the ranks of one host.")
       .def_property_readonly("rank", &ShmWindow::rank)
       .def_property_readonly("size", &ShmWindow::size)
       .def_property_readonly("slot_bytes", &ShmWindow::slot_bytes)
-      .def_property_readonly("label", &ShmWindow::label);
+      .def_property_readonly("label", &ShmWindow::label)
+      .def_property_readonly("has_arena", &ShmWindow::has_arena)
+      .def_property_readonly("arena_bytes", &ShmWindow::arena_bytes)
+      .def("arena_alloc",
+           [](std::shared_ptr<ShmWindow> w, size_t bytes) {
+             const size_t off = w->arena_alloc(bytes);
+             return std::make_shared<ArenaBlock>(w, off, bytes);
+           },
+           py::arg("nbytes"), "A block of this rank's part of the arena (symmetric: same order, same offsets).");
+  m.def("shm_arena_map", &shm_arena_map, py::arg("window"), py::arg("name"), py::arg("per_rank"), py::arg("create"),
+        py::call_guard<py::gil_scoped_release>(), "Create (or map) the window's shared arena segment.");
+  m.def("shm_local_arena", &shm_local_arena, py::arg("windows"), py::arg("per_rank"),
+        "In-process windows: one arena over plain memory.");
   m.def("shm_bytes", &ShmWindow::bytes_for, py::arg("nranks"), py::arg("slot_bytes"),
         "Bytes of a shared segment for nranks ranks with slots of slot_bytes.");
   m.def("shm_create", &shm_create, py::arg("name"), py::arg("rank"), py::arg("nranks"), py::arg("slot_bytes"),
@@ -345,6 +373,7 @@ inline void bind_engine(py::module_& m) {
       .def("set_shm_auto", [](EngineHandle& h, bool for_auto, size_t flat_max) { h.get().set_shm_auto(for_auto, flat_max); },
            py::arg("for_auto"), py::arg("flat_max"))
       .def_property_readonly("has_window", [](EngineHandle& h) { return h.get().has_window(); })
+      .def_property_readonly("window", [](EngineHandle& h) { return h.get().window(); })
       .def_property_readonly("shm_auto", [](EngineHandle& h) { return h.get().shm_auto(); })
       .def_property_readonly("shm_flat_max", [](EngineHandle& h) { return h.get().shm_flat_max(); })
       .def("last_algorithm", [](EngineHandle& h) { return std::string(algo_name(Algo(h.get().last_algo()))); })

@@ -30,5 +30,10 @@ std::shared_ptr<ShmWindow> shm_attach(const std::string& name, int rank, int nra
 bool shm_remove(const std::string& name);
 // One window per in-process rank, over one anonymous mapping.
 std::vector<std::shared_ptr<ShmWindow>> shm_local_windows(int nranks, size_t slot_bytes);
+// The window's shared arena (ShmWindow::attach_arena): `per_rank` bytes per
+// rank in a segment created (`create`) or mapped like the window's; in
+// process, one anonymous mapping for every rank's window.
+void shm_arena_map(ShmWindow& w, const std::string& name, size_t per_rank, bool create);
+void shm_local_arena(const std::vector<std::shared_ptr<ShmWindow>>& windows, size_t per_rank);
 
 }  // namespace ringcomm
