@@ -99,10 +99,12 @@ void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, c
 void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out);
 void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf);
 void shm_barrier(Link& link);
-// Zero copy ("zero_copy"): the input (all_reduce: and output) in the shared
-// arena at offsets in_off / out_off of every rank's part; peers read them there.
-void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, int64_t in_off, int64_t out_off);
-void zero_copy_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, int64_t in_off, char* own);
-void zero_copy_all_gather(Link& link, const RingPlan& plan, int64_t in_off, char* out);
+// Zero copy ("zero_copy"): the input (all_reduce: and output) in each
+// rank's part of the shared arena, at the offsets of its call's fingerprint
+// (link.call().arena_in / arena_out, announced in the window); peers read
+// them there.
+void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, int64_t out_off);
+void zero_copy_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, char* own);
+void zero_copy_all_gather(Link& link, const RingPlan& plan, char* out);
 
 }  // namespace ringcomm

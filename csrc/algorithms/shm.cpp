@@ -208,8 +208,10 @@ void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 
 // ---- zero copy: the arrays live in the shared arena ----------------------
 // Every rank's input (and all_reduce's output) sits in its part of the
-// arena at the same offsets (they are in the call's fingerprint, so the
-// first sync checked it), and peers read it there: no staging copy.
+// arena, and peers read it there: no staging copy.
+//
+// Each rank's arrays may sit anywhere in its part: a peer reads their
+// offsets from the call it announced (ShmWindow::peer_call).
 //
 //   sync                     every input is ready
 //   reduce chunk r from every rank's input, in rank order, in pieces of one
@@ -221,8 +223,18 @@ void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 //                            caller may write them again
 namespace {
 
-void zc_reduce_chunk(Link& link, ShmWindow& w, const RingPlan& plan, const Reducer& red, int64_t in_off,
-                     char* dst, bool finalize) {
+// Where each rank's input (or output) of this call sits in its part of the arena.
+std::vector<int64_t> peer_offsets(ShmWindow& w, const Fingerprint& fp, bool out) {
+  std::vector<int64_t> off(size_t(w.size()));
+  for (int j = 0; j < w.size(); ++j) {
+    const Fingerprint f = j == w.rank() ? fp : w.peer_call(j, fp);
+    off[size_t(j)] = out ? f.arena_out : f.arena_in;
+  }
+  return off;
+}
+
+void zc_reduce_chunk(Link& link, ShmWindow& w, const RingPlan& plan, const Reducer& red,
+                     const std::vector<int64_t>& in_off, char* dst, bool finalize) {
   const Coll coll = Coll(link.call().coll);
   const int n = w.size(), r = w.rank();
   const size_t es = plan.elem_size();
@@ -231,7 +243,7 @@ void zc_reduce_chunk(Link& link, ShmWindow& w, const RingPlan& plan, const Reduc
   char* acc = w.slot(r, w.next_parity());
   for (size_t done = 0; done < total; done += W) {
     const size_t len = std::min(W, total - done);
-    auto src = [&](int j) { return w.arena(j) + size_t(in_off) + (first + done) * es; };
+    auto src = [&](int j) { return w.arena(j) + size_t(in_off[size_t(j)]) + (first + done) * es; };
     if (n == 1) std::memcpy(acc, src(0), len * es);
     else red.reduce(acc, src(0), src(1), len);
     for (int j = 2; j < n; ++j) red.reduce(acc, acc, src(j), len);
@@ -248,21 +260,22 @@ void zc_reduce_chunk(Link& link, ShmWindow& w, const RingPlan& plan, const Reduc
 
 }  // namespace
 
-void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, int64_t in_off, int64_t out_off) {
+void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, int64_t out_off) {
   ShmWindow& w = window_of(link);
   const Fingerprint& fp = link.call();
   const int n = w.size(), r = w.rank();
   const size_t es = plan.elem_size();
   w.sync(link, fp, true);
+  const std::vector<int64_t> ins = peer_offsets(w, fp, false), outs = peer_offsets(w, fp, true);
   char* out = w.arena(r) + size_t(out_off);
-  zc_reduce_chunk(link, w, plan, red, in_off, out + plan.chunk_begin(r) * es, true);
+  zc_reduce_chunk(link, w, plan, red, ins, out + plan.chunk_begin(r) * es, true);
   w.sync(link, fp, false);
   Ledger& ledger = link.ledger();
   for (int j = 0; j < n; ++j) {
     if (j == r) continue;
     const size_t len = plan.chunk_count(j), at = plan.chunk_begin(j) * es;
     if (len) {
-      std::memcpy(out + at, w.arena(j) + size_t(out_off) + at, len * es);
+      std::memcpy(out + at, w.arena(j) + size_t(outs[size_t(j)]) + at, len * es);
       ledger.received(Coll::all_reduce, w.member(j), false, len * es);
     }
     if (plan.chunk_count(r)) ledger.sent(Coll::all_reduce, w.member(j), false, plan.chunk_count(r) * es);
@@ -270,26 +283,27 @@ void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, 
   w.sync(link, fp, false);
 }
 
-void zero_copy_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, int64_t in_off, char* own) {
+void zero_copy_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, char* own) {
   ShmWindow& w = window_of(link);
   const Fingerprint& fp = link.call();
   w.sync(link, fp, true);
-  zc_reduce_chunk(link, w, plan, red, in_off, own, false);
+  zc_reduce_chunk(link, w, plan, red, peer_offsets(w, fp, false), own, false);
   w.sync(link, fp, false);
 }
 
-void zero_copy_all_gather(Link& link, const RingPlan& plan, int64_t in_off, char* out) {
+void zero_copy_all_gather(Link& link, const RingPlan& plan, char* out) {
   ShmWindow& w = window_of(link);
   const Fingerprint& fp = link.call();
   const int n = w.size(), r = w.rank();
   const size_t es = plan.elem_size();
   w.sync(link, fp, true);
+  const std::vector<int64_t> ins = peer_offsets(w, fp, false);
   Ledger& ledger = link.ledger();
   for (int j = 0; j < n; ++j) {
     const size_t len = plan.chunk_count(j);
     if (!len) continue;
     char* dst = out + plan.chunk_begin(j) * es;
-    const char* src = w.arena(j) + size_t(in_off);
+    const char* src = w.arena(j) + size_t(ins[size_t(j)]);
     if (dst != src) std::memmove(dst, src, len * es);
     if (j == r) {
       for (int k = 0; k < n; ++k)

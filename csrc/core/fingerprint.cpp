@@ -47,9 +47,7 @@ std::string describe(const Fingerprint& f) {
     s += h;
   }
   if (f.algo != 0) s += std::string(" [algorithm=") + algo_name(Algo(f.algo)) + "]";
-  if (f.arena_in >= 0 || f.arena_out >= 0)
-    s += " in the shared arena (input at " + std::to_string(f.arena_in) + ", output at " + std::to_string(f.arena_out) +
-         ")";
+
   if (c != Coll::barrier) s += " with segment_bytes=" + std::to_string(f.segment_bytes);
   return s;
 }
@@ -57,7 +55,7 @@ std::string describe(const Fingerprint& f) {
 // FNV-1a over what same_call() compares.
 uint32_t stamp_of(const Fingerprint& f) {
   const int64_t v[] = {int64_t(f.seq), f.count, f.segment_bytes, f.coll, f.dtype, f.op, f.root, f.algo,
-                       int64_t(f.counts), f.arena_in, f.arena_out};
+                       int64_t(f.counts)};
   uint64_t h = 1469598103934665603ull;
   for (int64_t x : v)
     for (int i = 0; i < 8; ++i) {
@@ -70,7 +68,7 @@ uint32_t stamp_of(const Fingerprint& f) {
 bool same_call(const Fingerprint& a, const Fingerprint& b) {
   return a.seq == b.seq && a.count == b.count && a.coll == b.coll && a.dtype == b.dtype &&
          a.op == b.op && a.root == b.root && a.segment_bytes == b.segment_bytes && a.algo == b.algo &&
-         a.counts == b.counts && a.arena_in == b.arena_in && a.arena_out == b.arena_out;
+         a.counts == b.counts;
 }
 
 std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {

@@ -24,9 +24,10 @@ struct Fingerprint {
   // splits differ by rank; each pair's sizes are checked by its message).
   // 0: the split rule.
   uint64_t counts = 0;
-  // Zero copy (algorithm zero_copy): where the input and output sit in each
-  // rank's part of the shared arena (peers read them there, so every rank's
-  // must be at the same offsets); -1: not in the arena.
+  // Zero copy (algorithm zero_copy): where this rank's input and output sit
+  // in its part of the shared arena, for the peers that read them there
+  // (ShmWindow::peer_call); -1: not in the arena. Not compared: each rank's
+  // own.
   int64_t arena_in = -1, arena_out = -1;
 };
 constexpr uint64_t kPerPeer = 1;

@@ -135,6 +135,17 @@ void ShmWindow::announce(const Fingerprint& fp) {
   me->latest.store(fp.seq, std::memory_order_release);
 }
 
+Fingerprint ShmWindow::peer_call(int j, const Fingerprint& mine) const {
+  // j announced it before its first sync and cannot announce call seq + 4
+  // before this call is over: the slot holds it now.
+  RankArea* a = area(j);
+  const int k = int(mine.seq % kCalls);
+  if (a->call[k].load(std::memory_order_acquire) != call_word(mine))
+    throw RingError(ErrKind::transport, rank_, j, mine.seq,
+                    "rank " + std::to_string(j) + "'s announcement of " + describe(mine) + " is gone from the window");
+  return a->fp[k];
+}
+
 bool ShmWindow::all_arrived(uint64_t phase, int* missing) const {
   for (int j = 0; j < n_; ++j)
     if (area(j)->arrived.load(std::memory_order_acquire) < phase) {

@@ -76,6 +76,9 @@ class ShmWindow {
   // MismatchError), before any of their slots is read. Throws RingError on
   // timeout, abort, Ctrl-C, a published failure or a dead peer.
   void sync(Link& link, const Fingerprint& fp, bool first);
+  // Peer j's announced call `mine.seq` (after the call's first sync, while
+  // j is still in it): what j passed for it (zero copy: its arena offsets).
+  Fingerprint peer_call(int j, const Fingerprint& mine) const;
   // Publish a failure for every rank (the first one wins) and wake the
   // sleepers. Any thread.
   void fail(int origin, ErrKind kind, const std::string& reason);

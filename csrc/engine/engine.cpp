@@ -472,7 +472,7 @@ void Engine::perform(const Task& t, Work& w) {
   else if (!t.counts.empty()) fp.counts = counts_hash(t.counts.data(), t.counts.size());
   fp.algo = t.algo;
   const bool zero_copy = Algo(t.algo) == Algo::zero_copy;
-  if (zero_copy) {  // peers read these offsets of every rank's part: all must agree
+  if (zero_copy) {  // where peers find this rank's arrays (announced in the window)
     fp.arena_in = t.arena_in;
     fp.arena_out = t.arena_out;
   }
@@ -499,7 +499,7 @@ void Engine::perform(const Task& t, Work& w) {
         case Algo::halving_doubling: halving_doubling_all_reduce(link_, plan, *red, in, out); break;
         case Algo::shm: shm_all_reduce(link_, plan, *red, in, out); break;
         case Algo::shm_flat: shm_flat_all_reduce(link_, plan, *red, in, out); break;
-        case Algo::zero_copy: zero_copy_all_reduce(link_, plan, *red, t.arena_in, t.arena_out); break;
+        case Algo::zero_copy: zero_copy_all_reduce(link_, plan, *red, t.arena_out); break;
         default: ring_all_reduce(link_, plan, *red, in, out);
       }
       break;
@@ -510,7 +510,7 @@ void Engine::perform(const Task& t, Work& w) {
       // Partial sums of the chunks this rank passes on need a home that is
       // neither the caller's input (never written) nor its chunk-sized output.
       if (zero_copy) {
-        zero_copy_reduce_scatter(link_, plan, *red, t.arena_in, static_cast<char*>(t.out));
+        zero_copy_reduce_scatter(link_, plan, *red, static_cast<char*>(t.out));
         red->finalize(t.out, plan.chunk_count(rank()), size());
         break;
       }
@@ -531,7 +531,7 @@ void Engine::perform(const Task& t, Work& w) {
     case Coll::all_gather: {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       if (zero_copy)
-        zero_copy_all_gather(link_, plan, t.arena_in, static_cast<char*>(t.out));
+        zero_copy_all_gather(link_, plan, static_cast<char*>(t.out));
       else if (shared)
         shm_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
       else if (Algo(t.algo) == Algo::halving_doubling)
