@@ -78,14 +78,17 @@ class Communicator:
         run zero copy (``algorithm="zero_copy"``, chosen by auto), peers
         reading them where they are, with no staging copy.
 
-        Symmetric, like PyTorch's SymmetricMemory: every rank must allocate
-        (and drop) its arena arrays in the same order and sizes, so that they
-        sit at the same offsets; a call whose arrays sit elsewhere on some
-        rank is a MismatchError naming the offsets. An array (all_reduce: its
-        output too) is in the arena when it views memory comm.empty() gave.
-        The arena (``RINGCOMM_SHM_ARENA`` bytes per rank, 128 MiB) is made at
-        the first call, collectively: every rank must call it. Needs ranks
-        that share memory (``shared_memory``; in process: always).
+        Like PyTorch's SymmetricMemory, but the arrays need not sit at the
+        same place on every rank: each rank announces where its are, per
+        call. A zero-copy call needs every rank's arrays (all_reduce: input
+        and output) in the arena; a rank whose are not runs another
+        algorithm, which the others see as a MismatchError naming both. The
+        arena (``RINGCOMM_SHM_ARENA`` bytes per rank, 128 MiB) is made at the
+        first call, collectively: every rank must make that call. An array
+        returns its block when the last view of it is gone. Needs ranks that
+        share memory (``shared_memory``; in process: always). The
+        GradBucketer (and so ``ringcomm.torch.DistributedDataParallel``)
+        puts its buckets there by itself.
         """
         from . import shm
         return shm.empty(self, shape, dtype, family)
