@@ -94,6 +94,12 @@ class Communicator:
         return shm.empty(self, shape, dtype, family)
 
     @property
+    def last_algorithm_between_hosts(self) -> str | None:
+        """Hierarchical communicators (ranks on several hosts): the algorithm
+        the last all_reduce ran between hosts; else None."""
+        return self._engine.last_algorithm_between_hosts
+
+    @property
     def shared_memory(self) -> bool:
         """Whether ``algorithm="auto"`` runs all_reduce, reduce_scatter,
         all_gather, broadcast and barrier in the ranks' shared-memory window
@@ -382,9 +388,20 @@ class Communicator:
             raise
 
     # ---- ledger, lifecycle ------------------------------------------------
-    def traffic(self) -> Traffic:
-        """Snapshot of the traffic ledger (bytes and messages per peer and collective)."""
-        return Traffic(self._engine.traffic(), self.rank)
+    def traffic(self, part: str = "all") -> Traffic:
+        """Snapshot of the traffic ledger (bytes and messages per peer and collective).
+
+        Ranks on several hosts with a hierarchical all_reduce book its two
+        parts apart: part="intra" (read from and by the peers of this host,
+        in shared memory), "inter" (sent to and received from the other
+        hosts' ranks); "all" (default) is their sum."""
+        if part not in ("all", "intra", "inter"):
+            raise InvalidArgument(f"traffic part must be 'all', 'intra' or 'inter', got {part!r}")
+        intra = self._engine.traffic()
+        if not self._engine.hierarchical:
+            return Traffic(intra if part != "inter" else intra * 0, self.rank)
+        inter = self._engine.traffic_between_hosts()
+        return Traffic({"all": intra + inter, "intra": intra, "inter": inter}[part], self.rank)
 
     def reset_traffic(self) -> None:
         self._engine.reset_traffic()

@@ -109,23 +109,11 @@ def _segment_name() -> str:
     return f"/ringcomm-{safe}-{secrets.token_hex(6)}"
 
 
-def attach_mpi(engine, comm, transport: str | None = None) -> bool:
-    """Give `engine` (over the MPI communicator `comm`) its shared-memory
-    window when every rank is on one host. Collective over `comm`. Returns
-    whether it has one."""
-    m = mode(transport)
-    n = comm.Get_size()
-    if m == "mpi" or n == 1:
-        return False
-    keys = comm.allgather(host_key())
-    hosts = len(set(keys))
-    if hosts > 1:
-        if m == "shm":
-            raise InvalidArgument(f"RINGCOMM_TRANSPORT=shm, but the {n} ranks are on {hosts} hosts "
-                                  "(shared memory joins ranks of one host; use auto or mpi)")
-        return False
-    slot = slot_bytes()
-    rank = comm.Get_rank()
+def _map_window(comm, slot: int):
+    """Map one window over the ranks of `comm` (one host): rank 0 creates the
+    segment, the others map it, rank 0 unlinks it once all have. Collective
+    over `comm`; returns (window or None, the first error or None)."""
+    n, rank = comm.Get_size(), comm.Get_rank()
     name, err, window = None, None, None
     if rank == 0:
         name = _segment_name()
@@ -142,14 +130,69 @@ def attach_mpi(engine, comm, transport: str | None = None) -> bool:
     errors = [e for e in comm.allgather(err) if e]
     if rank == 0 and name is not None and err is None:
         core.shm_remove(name)  # every rank has mapped it (allgather above): nothing outlives the job
-    if errors:
+    return (None, errors[0]) if errors else (window, None)
+
+
+def attach_mpi(engine, comm, transport: str | None = None, settings=None) -> str | None:
+    """Give `engine` (over the MPI communicator `comm`) what its ranks share:
+    one window when every rank is on one host ("shm"); on several hosts with
+    the same number (>= 2) of ranks each, this host's window and an engine
+    between the hosts, for the hierarchical all_reduce ("hierarchical").
+    Collective over `comm`. Returns which, or None."""
+    m = mode(transport)
+    n = comm.Get_size()
+    if m == "mpi" or n == 1:
+        return None
+    keys = comm.allgather(host_key())
+    order = list(dict.fromkeys(keys))
+    slot = slot_bytes()
+    if len(order) == 1:
+        window, err = _map_window(comm, slot)
+        if err:
+            if m == "shm":
+                raise RingcommError("RINGCOMM_TRANSPORT=shm, but the shared-memory window failed: " + err)
+            warnings.warn("ringcomm: no shared memory between the ranks of this host, using MPI point-to-point: "
+                          + err, RuntimeWarning, stacklevel=3)
+            return None
+        engine.attach_window(window, True, flat_max())
+        return "shm"
+    per_host = [keys.count(k) for k in order]
+    if len(set(per_host)) != 1 or per_host[0] < 2:
         if m == "shm":
-            raise RingcommError("RINGCOMM_TRANSPORT=shm, but the shared-memory window failed: " + errors[0])
-        warnings.warn("ringcomm: no shared memory between the ranks of this host, using MPI point-to-point: "
-                      + errors[0], RuntimeWarning, stacklevel=3)
-        return False
-    engine.attach_window(window, True, flat_max())
-    return True
+            raise InvalidArgument(f"RINGCOMM_TRANSPORT=shm, but the {n} ranks are on {len(order)} hosts with "
+                                  f"{per_host} ranks: shared memory across hosts needs the same number (at least "
+                                  "2) on every host (use auto or mpi)")
+        return None
+    return _attach_hierarchy(engine, comm, keys, order, slot, settings, m)
+
+
+def _attach_hierarchy(engine, comm, keys, order, slot, settings, m) -> str | None:
+    from mpi4py import MPI
+    from .tuning import selection
+    rank = comm.Get_rank()
+    host = order.index(keys[rank])
+    local = comm.Split(host, rank)
+    cross = comm.Split(local.Get_rank(), host)
+    try:
+        window, err = _map_window(local, slot)
+        errors = [e for e in comm.allgather(err) if e]  # every host decides alike
+        if errors:
+            if m == "shm":
+                raise RingcommError("RINGCOMM_TRANSPORT=shm, but a host's shared-memory window failed: "
+                                    + errors[0])
+            warnings.warn("ringcomm: no shared memory within a host, using MPI point-to-point: " + errors[0],
+                          RuntimeWarning, stacklevel=4)
+            return None
+        members, cross_members = local.allgather(rank), cross.allgather(rank)
+        between = core.mpi_engine(MPI._handleof(cross), settings.timeout, settings.segment_bytes, settings.window)
+        costs = comm.bcast(selection.costs_for("mpi", cross.Get_size()) if rank == 0 else None, root=0)
+        rd, hd = selection.auto_limits(costs, cross.Get_size())
+        between.set_auto_limits(rd, hd, selection.reduce_limit(costs, cross.Get_size()))
+        engine.attach_hierarchy(window, members, between, cross_members)
+        return "hierarchical"
+    finally:
+        local.Free()
+        cross.Free()
 
 
 def _make_arena_mpi(window, comm) -> None:

@@ -54,7 +54,7 @@ import numpy as np
 
 from . import vocab
 
-__all__ = ["expected", "Expected", "Traffic", "COLLECTIVES"]
+__all__ = ["expected", "expected_hierarchical", "Expected", "Traffic", "COLLECTIVES"]
 
 COLLECTIVES = tuple(vocab.COLLECTIVES)
 
@@ -151,6 +151,27 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     sent = {right: out * size} if out else {}
     received = {left: inn * size} if inn else {}
     return Expected(sent, received)
+
+
+def expected_hierarchical(count: int, dtype: str, hosts: list, rank: int,
+                          between: str = "ring") -> tuple[Expected, Expected]:
+    """The hierarchical all_reduce (ranks on several hosts, the same number
+    on each): (intra, inter) for `rank`, by communicator rank. `hosts[q]`
+    names rank q's host. Inside a host (its L ranks in rank order, local
+    index l) the direct shm reduce-scatter and all-gather of the whole
+    buffer; between hosts (the ranks of local index l, one per host in the
+    order hosts first appear) an all_reduce of chunk l of the L chunks, by
+    the algorithm `between` (``comm.last_algorithm_between_hosts``)."""
+    order = list(dict.fromkeys(hosts))
+    local = [q for q in range(len(hosts)) if hosts[q] == hosts[rank]]
+    L, li = len(local), local.index(rank)
+    cross = [[q for q in range(len(hosts)) if hosts[q] == h][li] for h in order]
+    e = expected("all_reduce", count, dtype, L, li, algorithm="shm")
+    intra = Expected({local[j]: b for j, b in e.sent.items()}, {local[j]: b for j, b in e.received.items()})
+    c = vocab.chunk_count(count, L, li)
+    x = expected("all_reduce", c, dtype, len(order), order.index(hosts[rank]), algorithm=between)
+    inter = Expected({cross[j]: b for j, b in x.sent.items()}, {cross[j]: b for j, b in x.received.items()})
+    return intra, inter
 
 
 def _shared(collective: str, count: int, size: int, n: int, rank: int, root: int, algorithm: str) -> Expected:

@@ -74,7 +74,7 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
         engine = core.mpi_engine(MPI._handleof(comm), s.timeout, s.segment_bytes, s.window)
         label = "mpi"
         from . import shm
-        shared = shm.attach_mpi(engine, comm, transport)
+        shared = shm.attach_mpi(engine, comm, transport, s)
     else:
         from . import cuda
         cuda.require()
@@ -95,7 +95,7 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
         cuda._cuda.set_device(gpu)  # this process's arrays belong there (cupy and torch follow it)
         label = "nccl"
     c = Communicator(engine, s, label, index=next(_mpi_index))
-    if device is None and shared:  # comm.empty() makes the shared arena over this MPI communicator
+    if device is None and shared == "shm":  # comm.empty() makes the shared arena over this MPI communicator
         c._arena_maker = lambda: shm._make_arena_mpi(engine.window, comm)
     from .tuning import selection
     # Rank 0's constants for everyone: all ranks must make the same choices.

@@ -446,3 +446,61 @@ def test_ctrl_c_over_mpi_in_the_window():
     assert len(raised) == 2, out + err
     assert any("KeyboardInterrupt" in x for x in raised), out
     assert shm_files() == []
+
+
+# ------------------------------------------------------------ several hosts: hierarchical
+HIER = textwrap.dedent('''
+    import os, sys
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    per_host = int(sys.argv[1])
+    os.environ["RINGCOMM_HOST_ID"] = "host%d" % (rank // per_host)  # split this machine into hosts
+    sys.path.insert(0, {tests!r})
+    import numpy as np, ringcomm, suite
+    from ringcomm import traffic
+    comm = ringcomm.init()
+    n, r = comm.size, comm.rank
+    hosts = ["host%d" % (q // per_host) for q in range(n)]
+    errs = []
+    for count in (0, 1, n + 1, 1001, 100003):
+        for dtype, op in suite.COMBOS[::2]:
+            want = suite.cached_reference(dtype, op, n, count)
+            x = suite.rank_data(dtype, op, n, count, [r])[0].copy()
+            before = {{p: comm.traffic(p) for p in ("intra", "inter")}}
+            comm.all_reduce(x, op)
+            tag = f"hierarchical count={{count}} {{dtype}} {{op}}"
+            if comm.last_algorithm != "hierarchical":
+                errs.append(f"rank {{r}}: {{tag}}: ran {{comm.last_algorithm}}")
+            errs += suite.compare(x, want, tag, r)
+            intra, inter = traffic.expected_hierarchical(count, dtype, hosts, r,
+                                                          comm.last_algorithm_between_hosts or "ring")
+            for part, exp in (("intra", intra), ("inter", inter)):
+                d = comm.traffic(part) - before[part]
+                got = (d.per_peer("bytes_sent", "all_reduce"), d.per_peer("bytes_received", "all_reduce"))
+                if got != (exp.sent, exp.received):
+                    errs.append(f"rank {{r}}: {{tag}}: {{part}} ledger {{got}}, expected {{(exp.sent, exp.received)}}")
+    # the other collectives run over MPI point-to-point between every rank
+    y = comm.reduce_scatter(np.arange(4 * n, dtype=np.float32))
+    errs += suite.compare(y, np.arange(4 * r, 4 * r + 4, dtype=np.float32) * n, "reduce_scatter", r)
+    if comm.last_algorithm != "ring":
+        errs.append(f"rank {{r}}: reduce_scatter ran {{comm.last_algorithm}}")
+    from mpi4py import MPI
+    errs = [e for es in MPI.COMM_WORLD.allgather(errs) for e in es]
+    print(f"RANK {{r}} errors={{len(errs)}} between={{comm.last_algorithm_between_hosts}}", flush=True)
+    for e in errs[:8]:
+        print("ERR", e, flush=True)
+    comm.close()
+''')
+
+
+@pytest.mark.parametrize("n,per_host", [(4, 2), (6, 3), (6, 2)])
+def test_hierarchical_all_reduce_over_hosts_split_by_host_id(n, per_host):
+    # RINGCOMM_HOST_ID makes one machine n // per_host hosts: shared memory
+    # inside each, MPI between the ranks of equal local index; results exact,
+    # the ledger's intra- and inter-host parts each equal to the closed form.
+    src = HIER.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run(RUN + ["-n", str(n), "--", sys.executable, "-c", src, str(per_host)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = lines(res)
+    assert len(got) == n and all("errors=0" in line for line in got), res.stdout
+    assert shm_files() == []

@@ -7,6 +7,7 @@
 #include "algorithms/plan.h"
 #include "core/reducer.h"
 
+#include <functional>
 #include <vector>
 
 namespace ringcomm {
@@ -106,5 +107,11 @@ void shm_barrier(Link& link);
 void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, int64_t out_off);
 void zero_copy_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, char* own);
 void zero_copy_all_gather(Link& link, const RingPlan& plan, char* out);
+// Across hosts ("hierarchical"): link.window() holds this host's ranks; the
+// direct reduce-scatter inside the host, `across(chunk, n)` all-reducing this
+// rank's chunk (op sum for avg) with the ranks of equal local index on the
+// other hosts, then the all-gather inside the host.
+void hierarchical_all_reduce(Link& link, size_t count, size_t es, const Reducer& red, const char* in, char* out,
+                             const std::function<void(char*, size_t)>& across);
 
 }  // namespace ringcomm

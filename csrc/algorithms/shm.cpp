@@ -32,6 +32,7 @@
 // here too.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "algorithms/algorithms.h"
 
@@ -154,6 +155,7 @@ void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, c
 void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out) {
   ShmWindow& w = window_of(link);
   const Fingerprint& fp = link.call();
+  const Coll coll = Coll(fp.coll);  // (all_reduce's when the hierarchical one gathers)
   const int n = w.size(), r = w.rank();
   const size_t es = plan.elem_size();
   const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
@@ -169,13 +171,13 @@ void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out
     std::memcpy(w.slot(r, par), own_out + t * W * es, len * es);
     if (len)
       for (int j = 0; j < n; ++j)
-        if (j != r) ledger.sent(Coll::all_gather, w.member(j), false, len * es);
+        if (j != r) ledger.sent(coll, w.member(j), false, len * es);
     w.sync(link, fp, t == 0);
     for (int j = 0; j < n; ++j) {
       const size_t lj = piece_len(plan.chunk_count(j), t, W);
       if (j == r || !lj) continue;
       std::memcpy(out + (plan.chunk_begin(j) + t * W) * es, w.slot(j, par), lj * es);
-      ledger.received(Coll::all_gather, w.member(j), false, lj * es);
+      ledger.received(coll, w.member(j), false, lj * es);
     }
   }
 }
@@ -313,6 +315,27 @@ void zero_copy_all_gather(Link& link, const RingPlan& plan, char* out) {
     }
   }
   w.sync(link, fp, false);
+}
+
+// ---- across hosts: hierarchical all-reduce --------------------------------
+// The window holds this host's L ranks; `across` all-reduces a buffer among
+// the ranks of every host with this rank's local index (one per host).
+//
+//   1. reduce-scatter inside the host (the direct one): local rank l holds
+//      chunk l (of L) summed over the host
+//   2. across(chunk l): every host's sums of chunk l, over the inter-host
+//      transport, each local rank its own slice at once
+//   3. all-gather inside the host
+// Only 1/L of the buffer leaves each rank for other hosts.
+void hierarchical_all_reduce(Link& link, size_t count, size_t es, const Reducer& red, const char* in, char* out,
+                             const std::function<void(char*, size_t)>& across) {
+  ShmWindow& w = window_of(link);
+  RingPlan local(count, w.size(), es, link.options().segment_bytes);
+  char* own = out + local.chunk_begin(w.rank()) * es;
+  direct(link, local, red, in, own, nullptr);
+  across(own, local.chunk_count(w.rank()));
+  red.finalize(own, local.chunk_count(w.rank()), link.size());
+  shm_all_gather(link, local, own, out);
 }
 
 }  // namespace ringcomm

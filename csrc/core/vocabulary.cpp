@@ -48,6 +48,7 @@ const char* algo_name(Algo a) {
     case Algo::shm: return "shm";
     case Algo::shm_flat: return "shm_flat";
     case Algo::zero_copy: return "zero_copy";
+    case Algo::hierarchical: return "hierarchical";
     default: return "auto";
   }
 }

@@ -154,6 +154,7 @@ Algo Engine::choose_algorithm(const Task& t) const {
     const bool host = !link_.device();
     if (t.coll == Coll::gather || t.coll == Coll::scatter) return Algo::linear;
     if (t.coll == Coll::all_to_all) return Algo::pairwise;
+    if (cross_ && t.coll == Coll::all_reduce && host && size() > 1) return Algo::hierarchical;
     // Arrays in the shared arena: the caller asked for zero copy (comm.empty).
     if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
     if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && t.coll != Coll::reduce) {
@@ -174,6 +175,15 @@ Algo Engine::choose_algorithm(const Task& t) const {
     return Algo::ring;
   }
   if (int(a) < 0 || a >= Algo::kCount) throw_invalid("unknown algorithm code " + std::to_string(t.algo));
+  if (a == Algo::hierarchical) {
+    if (!cross_ || t.coll != Coll::all_reduce)
+      throw_invalid("algorithm 'hierarchical' runs all_reduce on ranks of several hosts that share memory "
+                    "within each host" + std::string(cross_ ? "" : "; this communicator has no such hierarchy"));
+    return a;
+  }
+  if (cross_ && (a == Algo::zero_copy || a == Algo::shm || a == Algo::shm_flat))
+    throw_invalid("algorithm '" + std::string(algo_name(a)) +
+                  "' runs on ranks of one host; this communicator's span several (its window holds this host's)");
   if (a == Algo::zero_copy) {
     if (t.arena_in < 0)
       throw_invalid(std::string("algorithm 'zero_copy' runs all_reduce, reduce_scatter and all_gather on arrays in "
@@ -340,12 +350,24 @@ bool Engine::wait_interruptible(Work& w, double timeout_s, const std::function<b
   }
 }
 
+std::vector<Counters> Engine::cross_traffic() {
+  if (!cross_) return std::vector<Counters>(size_t(Coll::kCount) * size_t(size()) * 2);
+  const std::vector<Counters> theirs = cross_->ledger().snapshot();
+  const size_t h = cross_members_.size(), n = size_t(size());
+  std::vector<Counters> out(size_t(Coll::kCount) * n * 2);
+  for (size_t c = 0; c < size_t(Coll::kCount); ++c)
+    for (size_t p = 0; p < h; ++p)
+      for (size_t k = 0; k < 2; ++k) out[(c * n + size_t(cross_members_[p])) * 2 + k] = theirs[(c * h + p) * 2 + k];
+  return out;
+}
+
 std::shared_ptr<Work> Engine::abort(bool by_interrupt) {
   // Interrupt a collective that is waiting now (it fails, and fail() tells the
   // ring), then queue the abort itself for when nothing runs.
   if (by_interrupt) link_.mark_user_interrupt();
   link_.transport().interrupt();
   if (ShmWindow* w = link_.window()) w->wake();  // a wait in the window sees the interrupt at once
+  if (cross_) cross_->abort(by_interrupt);  // and one between hosts (which tells the other hosts)
   Task t;
   t.abort = true;
   bool run_here = false;
@@ -402,6 +424,7 @@ void Engine::execute(const Task& t, Work& w) {
     if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
       link_.fail(*err);
       record_abort(err->what(), err->origin, err->cause);
+      if (cross_ && !cross_->aborted()) cross_->abort();  // ranks of other hosts waiting between hosts hear of it
     }
   }
   if (!t.abort) {
@@ -483,7 +506,8 @@ void Engine::perform(const Task& t, Work& w) {
   // transports only: not in device memory.)
   const bool inline_header = size() == 2 && t.count > 0 && link_.stamped() &&
                              (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
-  const bool shared = Algo(t.algo) == Algo::shm || Algo(t.algo) == Algo::shm_flat || zero_copy;
+  const bool shared = Algo(t.algo) == Algo::shm || Algo(t.algo) == Algo::shm_flat || zero_copy ||
+                      Algo(t.algo) == Algo::hierarchical;
   if (shared) link_.begin_shared(fp);
   else link_.begin(fp, inline_header);
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
@@ -500,6 +524,24 @@ void Engine::perform(const Task& t, Work& w) {
         case Algo::shm: shm_all_reduce(link_, plan, *red, in, out); break;
         case Algo::shm_flat: shm_flat_all_reduce(link_, plan, *red, in, out); break;
         case Algo::zero_copy: zero_copy_all_reduce(link_, plan, *red, t.arena_out); break;
+        case Algo::hierarchical:
+          hierarchical_all_reduce(link_, t.count, es, *red, in, out, [&](char* chunk, size_t n) {
+            Task across;
+            across.coll = Coll::all_reduce;
+            across.in = across.out = chunk;
+            across.count = n;
+            across.dtype = t.dtype;
+            across.op = t.op == Op::avg ? Op::sum : t.op;  // avg divides once, by every rank, after
+            across.algo = int(Algo::automatic);
+            std::shared_ptr<Work> done = cross_->submit_and_wait(across, t.interrupted);
+            if (const RingError* e = done->error()) {
+              RingError err(e->kind, rank(), e->peer < 0 ? -1 : cross_members_[size_t(e->peer)], seq,
+                            std::string("between hosts: ") + e->what());
+              err.cause = e->cause;
+              throw err;
+            }
+          });
+          break;
         default: ring_all_reduce(link_, plan, *red, in, out);
       }
       break;

@@ -168,6 +168,21 @@ class Engine {
     shm_auto_.store(for_auto);
     auto_flat_max_.store(flat_max);
   }
+  // Ranks on several hosts: `local` is this host's ranks' window (its
+  // members: their ranks here), `cross` an engine over the ranks with this
+  // rank's local index, one per host (cross_members: their ranks here).
+  // algorithm="auto" runs all_reduce hierarchically; the rest over the link.
+  void attach_hierarchy(std::shared_ptr<ShmWindow> local, std::shared_ptr<Engine> cross,
+                        std::vector<int> cross_members) {
+    link_.attach_window(std::move(local));
+    cross_ = std::move(cross);
+    cross_members_ = std::move(cross_members);
+  }
+  bool hierarchical() const { return cross_ != nullptr; }
+  // Algo the inter-host engine ran last (-1: none).
+  int cross_last_algo() const { return cross_ ? cross_->last_algo() : -1; }
+  // The inter-host engine's ledger, by this communicator's ranks (empty: none).
+  std::vector<Counters> cross_traffic();
   bool has_window() const { return link_.window() != nullptr; }
   std::shared_ptr<ShmWindow> window() const { return link_.shared_window(); }
   bool shm_auto() const { return shm_auto_.load(); }
@@ -232,6 +247,8 @@ class Engine {
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
   std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0}, auto_flat_max_{0};
   std::atomic<bool> shm_auto_{false};
+  std::shared_ptr<Engine> cross_;  // hierarchical: the inter-host engine
+  std::vector<int> cross_members_;
   std::atomic<int> last_algo_{0};
   std::atomic<uint64_t> next_p2p_id_{0};
   P2PPending p2p_pending_;

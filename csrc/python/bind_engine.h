@@ -372,6 +372,24 @@ inline void bind_engine(py::module_& m) {
            py::arg("window"), py::arg("for_auto"), py::arg("flat_max"))
       .def("set_shm_auto", [](EngineHandle& h, bool for_auto, size_t flat_max) { h.get().set_shm_auto(for_auto, flat_max); },
            py::arg("for_auto"), py::arg("flat_max"))
+      .def("attach_hierarchy",
+           [](EngineHandle& h, std::shared_ptr<ShmWindow> local, std::vector<int> members, EngineHandle& cross,
+              std::vector<int> cross_members) {
+             if (int(members.size()) != local->size() || int(cross_members.size()) != cross.get().size())
+               throw_invalid("attach_hierarchy: member lists do not match the window and the cross engine");
+             local->set_members(std::move(members));
+             h.get().attach_hierarchy(std::move(local), cross.shared(), std::move(cross_members));
+           },
+           py::arg("window"), py::arg("members"), py::arg("cross"), py::arg("cross_members"))
+      .def_property_readonly("hierarchical", [](EngineHandle& h) { return h.get().hierarchical(); })
+      .def_property_readonly("last_algorithm_between_hosts",
+                             [](EngineHandle& h) -> py::object {
+                               const int a = h.get().cross_last_algo();
+                               return a < 0 ? py::object(py::none()) : py::object(py::str(algo_name(Algo(a))));
+                             })
+      .def("traffic_between_hosts",
+           [](EngineHandle& h) { return traffic_array(h.get().cross_traffic(), h.get().size()); },
+           "The inter-host part of a hierarchical communicator's ledger (by this communicator's ranks).")
       .def_property_readonly("has_window", [](EngineHandle& h) { return h.get().has_window(); })
       .def_property_readonly("window", [](EngineHandle& h) { return h.get().window(); })
       .def_property_readonly("shm_auto", [](EngineHandle& h) { return h.get().shm_auto(); })
