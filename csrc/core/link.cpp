@@ -108,23 +108,9 @@ void Link::send_control(const ControlMsg& m, int peer) {
   ctrl_out_.emplace_back(std::move(msg), std::move(req));
 }
 
-void Link::handle_control(const ControlMsg& m, int side) {
-  const int from = side ? right() : left();
-  if (m.magic != kMagic)
-    throw RingError(ErrKind::transport, rank_, from, fp_.seq,
-                    "corrupt control message from rank " + std::to_string(from));
-  ledger_.received(Coll(m.fp.coll), from, true, sizeof(ControlMsg));
-  if (m.type == kHeader) {
-    left_seq_ = m.fp.seq;
-    // We expected this call's header inside the left neighbour's first
-    // payload message, but it came on its own: the left runs another call.
-    if (header_inline_ && side == 0 && m.fp.seq == fp_.seq) check_call(m.fp, from);
-    early_headers_.push_back(m);
-    return;
-  }
-  // An ABORT notice travelling around the ring: fail with the origin's reason.
-  received_abort_ = std::make_unique<ControlMsg>(m);
-  abort_from_ = from;
+// What an ABORT notice says happened at its origin (for the ranks that hear
+// of it, through the ring or the shared-memory window).
+std::string Link::abort_text(const ControlMsg& m) const {
   std::string why;
   ErrKind kind = ErrKind(m.kind);
   const bool other_unknown = m.other.coll == 0 && m.other.seq == 0;  // found by a message, not a fingerprint
@@ -160,6 +146,28 @@ void Link::handle_control(const ControlMsg& m, int side) {
   } else {
     why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp);
   }
+  return why;
+}
+
+void Link::handle_control(const ControlMsg& m, int side) {
+  const int from = side ? right() : left();
+  if (m.magic != kMagic)
+    throw RingError(ErrKind::transport, rank_, from, fp_.seq,
+                    "corrupt control message from rank " + std::to_string(from));
+  ledger_.received(Coll(m.fp.coll), from, true, sizeof(ControlMsg));
+  if (m.type == kHeader) {
+    left_seq_ = m.fp.seq;
+    // We expected this call's header inside the left neighbour's first
+    // payload message, but it came on its own: the left runs another call.
+    if (header_inline_ && side == 0 && m.fp.seq == fp_.seq) check_call(m.fp, from);
+    early_headers_.push_back(m);
+    return;
+  }
+  // An ABORT notice travelling around the ring: fail with the origin's reason.
+  received_abort_ = std::make_unique<ControlMsg>(m);
+  abort_from_ = from;
+  const ErrKind kind = ErrKind(m.kind);
+  const std::string why = abort_text(m);
   RingError e(kind == ErrKind::mismatch ? ErrKind::mismatch : ErrKind::aborted, rank_, m.origin, fp_.seq,
               why + " (reported to rank " + std::to_string(rank_) + " through the ring)");
   e.origin = m.origin;
@@ -618,12 +626,6 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
   if (aborted_) return;
   aborted_ = true;
   abort_reason_ = e.what();
-  // Ranks waiting in the shared-memory window hear it there (the first
-  // failure published wins; one heard through the ring keeps its origin).
-  if (window_) {
-    if (received_abort_) window_->fail(received_abort_->origin, ErrKind(received_abort_->kind), e.what());
-    else window_->fail(e.origin >= 0 ? e.origin : rank_, e.cause, e.what());
-  }
   t_->on_fail();
   // Withdraw everything still posted, so no late message lands in a buffer
   // the caller gets back; what cannot be withdrawn keeps its memory in the
@@ -646,6 +648,14 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
     notice.kind = int32_t(e.kind);
     notice.peer = e.peer;
     notice.interrupted = user_interrupted_ ? 1 : 0;
+  }
+  // Ranks waiting in the shared-memory window hear it there (the first
+  // failure published wins), in the words the ring would use for news it
+  // passes on or a point-to-point op; a collective's own failure in full.
+  if (window_) {
+    const bool told = received_abort_ || call;
+    window_->fail(told ? notice.origin : (e.origin >= 0 ? e.origin : rank_), told ? ErrKind(notice.kind) : e.cause,
+                  told ? abort_text(notice) : std::string(e.what()));
   }
   // Both ways round the ring (each rank forwards away from where it heard
   // it), so one rank that is away (asleep, computing, a straggler) cannot

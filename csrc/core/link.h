@@ -195,6 +195,7 @@ class Link {
   void post_control_recv(int side);  // side 0: from the left neighbour, 1: from the right
   void take_control(int side);       // a control message arrived on `side`: repost, then handle it
   void handle_control(const ControlMsg& m, int side);  // throws on ABORT
+  std::string abort_text(const ControlMsg& m) const;   // what the notice says happened at its origin
   // Block on reqs until one is done or `deadline`, in slices that poll the
   // interrupt check. Returns wait_any's answer.
   int wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::time_point deadline);
