@@ -1,7 +1,8 @@
 """The implementations the benchmark compares, on the same buffers: ringcomm,
 Open MPI through mpi4py (its default choice, and its ring algorithms forced
 by MCA parameters), torch.distributed's Gloo, NCCL's own collectives
-(--device cuda), and a test-only corrupt one.
+(--device cuda), and a test-only corrupt one; and the memcpy reference
+(``MemcpyImpl``, run beside them by the harness).
 
 An implementation is a class with ``supports`` and ``run`` (see ``Impl``),
 constructed with the harness (``ctx.device``); ``IMPLS`` maps names to them,
@@ -317,6 +318,21 @@ class NcclImpl(Impl):
 
     def close(self) -> None:
         self.base.close()
+
+
+class MemcpyImpl(Impl):
+    """The physical reference, not a collective: every rank copies a buffer of
+    the collective's full size (send to recv), after the same barrier as the
+    implementations, so all N ranks copy at the same moment; on the host
+    numpy's copy, with --device cuda a device-to-device copy on the rank's
+    GPU. Always run by the harness (not in IMPLS)."""
+    name = "memcpy"
+
+    def __init__(self, ctx):
+        self.xp = ctx.xp
+
+    def run(self, c: Case) -> None:
+        self.xp.copyto(c.recv, c.send)
 
 
 class CorruptImpl(RingcommImpl):

@@ -20,7 +20,8 @@ from ..tuning import costmodel, selection
 from .checks import COLLECTIVES, NEW_COLLECTIVES, RING_COLLECTIVES, bus_factor
 
 ROW_KEYS = ("collective", "impl", "size", "count", "dtype", "op", "inplace", "time_us", "p10_us", "p90_us",
-            "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent", "algorithm")
+            "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent", "algorithm",
+            "mode", "memcpy_gbps", "memcpy_us", "busbw_per_memcpy")
 SHORT = {"ring": "ring", "recursive_doubling": "rd", "halving_doubling": "hd", "naive": "naive"}
 
 
@@ -43,48 +44,107 @@ def fmt_size(b: int) -> str:
 
 
 def make_rows(coll, nbytes, count, dtype, op, results, n, memcpy) -> list[dict]:
+    """One row per (implementation, in-place) from Bench.measure's results.
+
+    The "memcpy" result (the concurrent copy of the full buffer, interleaved
+    with the implementations in both passes) is not a row: every row carries
+    it as memcpy_us / memcpy_gbps (bytes one rank copied per second: full /
+    median time) and busbw_per_memcpy (busbw / memcpy_gbps). pct_memcpy is busbw against
+    `memcpy`, the single-core copy measured once at the start (older
+    documents' only reference)."""
     rows = []
     full = count * vocab.itemsize(dtype)
     for (name, inplace), r in results.items():
+        if name == "memcpy":
+            continue
         t = r["median"]
         algbw = full / t / 1e9
         busbw = algbw * bus_factor(coll, n)
+        ref = results.get(("memcpy", False))  # one per size, over both passes
+        ref_gbps = full / ref["median"] / 1e9 if ref else None
         rows.append({"collective": coll, "impl": name, "size": full, "count": count, "dtype": dtype, "op": op,
                      "inplace": inplace, "time_us": t * 1e6, "p10_us": r["p10"] * 1e6, "p90_us": r["p90"] * 1e6,
                      "iters": r["iters"], "reps": r["reps"], "algbw_gbps": algbw, "busbw_gbps": busbw,
                      "pct_memcpy": 100 * busbw / memcpy if memcpy else None, "wrong": r["wrong"],
                      "sent_per_rank": r["sent"], "expected_sent": r["expected"],
-                     "algorithm": r.get("algorithm")})
+                     "algorithm": r.get("algorithm"), "mode": r.get("mode", "hot"),
+                     "memcpy_gbps": ref_gbps, "memcpy_us": ref["median"] * 1e6 if ref else None,
+                     "memcpy_p10_us": ref["p10"] * 1e6 if ref else None,
+                     "memcpy_p90_us": ref["p90"] * 1e6 if ref else None,
+                     "busbw_per_memcpy": busbw / ref_gbps if ref_gbps else None})
     return rows
 
 
 HEADER = (f"{'size':>9} {'count':>10} {'type':>8} {'redop':>5} {'impl':>9}  "
-          f"{'time(us)':>10} {'p10':>9} {'p90':>9} {'algbw':>7} {'busbw':>7} {'%cpy':>5} {'#wrong':>6}  "
-          f"{'time(us)':>10} {'busbw':>7} {'#wrong':>6}  {'sent/rank':>11} {'expected':>11} {'algo':>5}")
+          f"{'time(us)':>10} {'p10':>9} {'p90':>9} {'algbw':>7} {'busbw':>7} {'/memcpy':>7} {'#wrong':>6}  "
+          f"{'time(us)':>10} {'busbw':>7} {'/memcpy':>7} {'#wrong':>6}  {'sent/rank':>11} {'expected':>11} {'algo':>5}")
+
+
+def _frac(r) -> str:
+    v = r.get("busbw_per_memcpy")
+    return f"{v:7.2f}" if v is not None else f"{'-':>7}"
 
 
 def print_size_block(rows: list[dict], out=sys.stdout) -> None:
+    """One size: the memcpy reference first (GB/s per rank in algbw and
+    busbw), then one line per implementation."""
     by_impl: dict = {}
     for r in rows:
         by_impl.setdefault(r["impl"], {})[r["inplace"]] = r
+    lines = []
+    ref = None
     for name, modes in by_impl.items():
         o, i = modes.get(False), modes.get(True)
         base = o or i
+        if ref is None and base.get("memcpy_us") is not None:
+            ref = base
         line = (f"{fmt_size(base['size']):>9} {base['count']:>10} {base['dtype']:>8} {base['op']:>5} {name:>9}  ")
         if o:
-            pct = f"{o['pct_memcpy']:5.0f}" if o["pct_memcpy"] is not None else "    -"
             line += (f"{o['time_us']:10.1f} {o['p10_us']:9.1f} {o['p90_us']:9.1f} {o['algbw_gbps']:7.2f} "
-                     f"{o['busbw_gbps']:7.2f} {pct} {o['wrong']:6d}  ")
+                     f"{o['busbw_gbps']:7.2f} {_frac(o)} {o['wrong']:6d}  ")
         else:
-            line += f"{'n/a':>10} {'':>9} {'':>9} {'':>7} {'':>7} {'':>5} {'':>6}  "
+            line += f"{'n/a':>10} {'':>9} {'':>9} {'':>7} {'':>7} {'':>7} {'':>6}  "
         if i:
-            line += f"{i['time_us']:10.1f} {i['busbw_gbps']:7.2f} {i['wrong']:6d}  "
+            line += f"{i['time_us']:10.1f} {i['busbw_gbps']:7.2f} {_frac(i)} {i['wrong']:6d}  "
         else:
-            line += f"{'n/a':>10} {'':>7} {'':>6}  "
+            line += f"{'n/a':>10} {'':>7} {'':>7} {'':>6}  "
         if base.get("sent_per_rank") is not None:
             line += f"{base['sent_per_rank']:>11} {base['expected_sent']:>11}"
             line += f" {SHORT.get(base.get('algorithm'), base.get('algorithm') or ''):>5}"
-        print(line, file=out, flush=True)
+        lines.append(line.rstrip())
+    if ref is not None:  # the reference of both passes: GB/s per rank in algbw and busbw
+        lines.insert(0, f"{fmt_size(ref['size']):>9} {ref['count']:>10} {ref['dtype']:>8} {ref['op']:>5} "
+                        f"{'memcpy':>9}  {ref['memcpy_us']:10.1f} {ref['memcpy_p10_us']:9.1f} "
+                        f"{ref['memcpy_p90_us']:9.1f} {ref['memcpy_gbps']:7.2f} {ref['memcpy_gbps']:7.2f} "
+                        f"{'ref':>7}")
+    print("\n".join(lines), file=out, flush=True)
+
+
+def memcpy_table(rows: list[dict], n: int, lines: list[str]) -> dict:
+    """Per collective and size: the concurrent memcpy rate and each
+    implementation's busbw / memcpy, out of place (in place in brackets)."""
+    out: dict = {}
+    for coll in COLLECTIVES:
+        sel = [r for r in rows if r["collective"] == coll and r.get("busbw_per_memcpy") is not None]
+        if not sel:
+            continue
+        impls = sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x))
+        lines.append(f"# {coll}: busbw / memcpy ({n} ranks copying at once; out of place, in place in brackets)")
+        lines.append(f"#   {'size':>9} {'memcpy GB/s':>12} " + " ".join(f"{m:>15}" for m in impls))
+        keys = sorted({(r["size"], r["dtype"], r["op"]) for r in sel})
+        for key in keys:
+            at = {(r["impl"], r["inplace"]): r for r in sel if (r["size"], r["dtype"], r["op"]) == key}
+            o_ref = next((r for (m, ip), r in at.items() if not ip), None) or next(iter(at.values()))
+            cells = []
+            for m in impls:
+                o, i = at.get((m, False)), at.get((m, True))
+                cell = (f"{o['busbw_per_memcpy']:.2f}" if o else "-") + (f" ({i['busbw_per_memcpy']:.2f})" if i else "")
+                cells.append(f"{cell:>15}")
+                out.setdefault(coll, {}).setdefault(m, {})[f"{key[0]}/{key[1]}/{key[2]}"] = {
+                    "out_of_place": o["busbw_per_memcpy"] if o else None,
+                    "in_place": i["busbw_per_memcpy"] if i else None}
+            lines.append(f"#   {fmt_size(key[0]):>9} {o_ref['memcpy_gbps']:12.2f} " + " ".join(cells))
+    return out
 
 
 def footer(rows: list[dict], n: int, lines: list[str]) -> dict:
@@ -230,9 +290,18 @@ def plot(rows: list[dict], n: int, path: str, title: str) -> None:
     fig, axes = plt.subplots(1, len(colls), figsize=(6 * len(colls), 4.5), squeeze=False)
     for ax, coll in zip(axes[0], colls):
         sel = [r for r in rows if r["collective"] == coll and not r["inplace"]]
-        for impl in sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x)):
-            pts = sorted((r["size"], r["busbw_gbps"]) for r in sel if r["impl"] == impl)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        modes = sorted({r.get("mode", "hot") for r in sel}, key=lambda m: m != "hot")
+        for mode in modes:
+            style = "-" if mode == "hot" else ":"
+            tag = f" ({mode})" if len(modes) > 1 else ""
+            at_mode = [r for r in sel if r.get("mode", "hot") == mode]
+            for impl in sorted({r["impl"] for r in at_mode}, key=lambda x: (x != "ringcomm", x)):
+                pts = sorted((r["size"], r["busbw_gbps"]) for r in at_mode if r["impl"] == impl)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=impl + tag)
+            ref = sorted({r["size"]: r["memcpy_gbps"] for r in at_mode if r.get("memcpy_gbps")}.items())
+            if ref:
+                ax.plot([p[0] for p in ref], [p[1] for p in ref], "k" + style, linewidth=2,
+                        label=f"memcpy, {n} ranks at once{tag}")
         mod = sorted((r["size"], r["size"] / (r["model_us"] * 1e-6) / 1e9 * bus_factor(coll, n))
                      for r in sel if r["impl"] == "ringcomm" and "model_us" in r)
         if mod:
