@@ -57,6 +57,34 @@ def test_check_data_reference_is_exact():
             assert exp.dtype == benchmark.vocab.NUMPY[dtype] and exp.size == 100
 
 
+def test_check_data_from_one_period_equals_the_formula():
+    # check_data and check_expected repeat one period of the reducing
+    # patterns; the direct formulas (numpy over the whole index) must agree
+    from ringcomm import vocab
+    for dtype in ("bfloat16", "float16", "int8", "uint8", "int32", "float64"):
+        for op in ("sum", "avg", "prod", "min", "max"):
+            if op == "avg" and dtype not in vocab.FLOATING:
+                continue
+            for count in (1, 3, 7, 36, 1001):
+                i = np.arange(count, dtype=np.int64)
+                xs = []
+                for rank in range(3):
+                    v = {"sum": (rank + 1) * (i % 5 + 1) % 9, "avg": (rank + 1) * (i % 5 + 1) % 9,
+                         "prod": np.where((i + rank) % 3 == 0, 2, 1)}.get(op, (rank * 3 + i) % 7)
+                    want = v.astype(vocab.NUMPY[dtype])
+                    got = benchmark.check_data(dtype, op, rank, count)
+                    assert got.dtype == want.dtype and np.array_equal(got, want), (dtype, op, count, rank)
+                    xs.append(want.astype(np.float64))
+                x = np.stack(xs)
+                red = {"sum": x.sum(0), "avg": x.sum(0), "prod": x.prod(0), "min": x.min(0), "max": x.max(0)}[op]
+                want = red.astype(vocab.NUMPY[dtype])
+                if op == "avg":
+                    compute = np.dtype(np.float32) if dtype in ("float16", "bfloat16") else vocab.NUMPY[dtype]
+                    want = (want.astype(compute) / compute.type(3)).astype(vocab.NUMPY[dtype])
+                got = benchmark.check_expected(dtype, op, 3, count)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (dtype, op, count)
+
+
 def run_bench(*args, env=None, timeout=300):
     e = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "ringcomm.cli", "bench", *args], capture_output=True,
