@@ -132,6 +132,7 @@ def memcpy_table(rows: list[dict], n: int, lines: list[str]) -> dict:
         lines.append(f"# {coll}: busbw / memcpy ({n} ranks copying at once; out of place, in place in brackets)")
         lines.append(f"#   {'size':>9} {'memcpy GB/s':>12} " + " ".join(f"{m:>15}" for m in impls))
         keys = sorted({(r["size"], r["dtype"], r["op"]) for r in sel})
+        own = set()  # implementations measured against another launch's memcpy (mpi-ring)
         for key in keys:
             at = {(r["impl"], r["inplace"]): r for r in sel if (r["size"], r["dtype"], r["op"]) == key}
             o_ref = next((r for (m, ip), r in at.items() if not ip), None) or next(iter(at.values()))
@@ -139,11 +140,16 @@ def memcpy_table(rows: list[dict], n: int, lines: list[str]) -> dict:
             for m in impls:
                 o, i = at.get((m, False)), at.get((m, True))
                 cell = (f"{o['busbw_per_memcpy']:.2f}" if o else "-") + (f" ({i['busbw_per_memcpy']:.2f})" if i else "")
+                if any(r is not None and r["memcpy_gbps"] != o_ref["memcpy_gbps"] for r in (o, i)):
+                    cell += "*"
+                    own.add(m)
                 cells.append(f"{cell:>15}")
                 out.setdefault(coll, {}).setdefault(m, {})[f"{key[0]}/{key[1]}/{key[2]}"] = {
                     "out_of_place": o["busbw_per_memcpy"] if o else None,
                     "in_place": i["busbw_per_memcpy"] if i else None}
             lines.append(f"#   {fmt_size(key[0]):>9} {o_ref['memcpy_gbps']:12.2f} " + " ".join(cells))
+        if own:
+            lines.append(f"#   * {', '.join(sorted(own))}: against the memcpy of its own launch (its table above)")
     return out
 
 
