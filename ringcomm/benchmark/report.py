@@ -297,27 +297,36 @@ def plot(rows: list[dict], n: int, path: str, title: str) -> None:
     for ax, coll in zip(axes[0], colls):
         sel = [r for r in rows if r["collective"] == coll and not r["inplace"]]
         modes = sorted({r.get("mode", "hot") for r in sel}, key=lambda m: m != "hot")
+        impls = sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x))
+        color = {m: f"C{k}" for k, m in enumerate(impls)}
         for mode in modes:
             style = "-" if mode == "hot" else ":"
             tag = f" ({mode})" if len(modes) > 1 else ""
             at_mode = [r for r in sel if r.get("mode", "hot") == mode]
-            for impl in sorted({r["impl"] for r in at_mode}, key=lambda x: (x != "ringcomm", x)):
+            for impl in impls:
                 pts = sorted((r["size"], r["busbw_gbps"]) for r in at_mode if r["impl"] == impl)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=impl + tag)
-            ref = sorted({r["size"]: r["memcpy_gbps"] for r in at_mode if r.get("memcpy_gbps")}.items())
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color[impl], marker="o",
+                            label=impl + tag)
+            ref: dict = {}
+            for r in at_mode:  # the main launch's reference (its rows come first; mpi-ring's launch has its own)
+                if r.get("memcpy_gbps"):
+                    ref.setdefault(r["size"], r["memcpy_gbps"])
             if ref:
-                ax.plot([p[0] for p in ref], [p[1] for p in ref], "k" + style, linewidth=2,
+                pts = sorted(ref.items())
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "k" + style, linewidth=2,
                         label=f"memcpy, {n} ranks at once{tag}")
-        mod = sorted((r["size"], r["size"] / (r["model_us"] * 1e-6) / 1e9 * bus_factor(coll, n))
-                     for r in sel if r["impl"] == "ringcomm" and "model_us" in r)
-        if mod:
-            ax.plot([p[0] for p in mod], [p[1] for p in mod], "k--", label="ringcomm alpha-beta model")
+            mod = sorted((r["size"], r["size"] / (r["model_us"] * 1e-6) / 1e9 * bus_factor(coll, n))
+                         for r in at_mode if r["impl"] == "ringcomm" and "model_us" in r)
+            if mod:
+                ax.plot([p[0] for p in mod], [p[1] for p in mod], "--" if mode == "hot" else "-.", color="grey",
+                        label=f"ringcomm alpha-beta model{tag}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("buffer size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
         ax.set_title(f"{coll}, n={n}")
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7, ncol=2 if len(modes) > 1 else 1)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
