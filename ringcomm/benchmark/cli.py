@@ -186,55 +186,66 @@ def run_mpi(argv=None) -> int:
     for impl in bench.impls:
         impl.close()
     cold = bench.cold_info()
-    if rank == 0:
-        if args.extra_json and os.path.exists(args.extra_json):
-            extra = json.load(open(args.extra_json))["rows"]
-            all_rows += extra
-            wrong += sum(r["wrong"] for r in extra) if args.check else 0
-            if not args.rows_only:
-                print("# mpi-ring (separate launch with Open MPI's ring algorithms forced, its own memcpy "
-                      "reference):")
-                for mode in args.modes:
-                    for coll in args.collectives:
-                        at = [r for r in extra if r["collective"] == coll and r.get("mode", "hot") == mode]
-                        if at:
-                            print(f"# {coll} ({mode})")
-                        for key in sorted({(r["dtype"], r["op"], r["size"]) for r in at}):
-                            print_size_block([r for r in at if (r["dtype"], r["op"], r["size"]) == key])
-        lines: list[str] = []
-        by_mode: dict = {}
-        for mode in args.modes:
-            rows = [r for r in all_rows if r.get("mode", "hot") == mode]
-            if not args.rows_only:
-                if len(args.modes) > 1:
-                    lines.append(f"# ---- mode {mode} ----")
-                models = fit_models(rows, n, lines)
-                if args.device == "host":
-                    from ..tuning import selection  # what init() gave auto here (rank 0's constants)
-                    models["all_reduce_algorithms"] = fit_algorithms(rows, n, lines, selection.costs_for("mpi", n))
-                summary = footer(rows, n, lines)
-                summary["busbw_per_memcpy"] = memcpy_table(rows, n, lines)
-            else:
-                models, summary = {}, {}
-            by_mode[mode] = {"models": models, "summary": summary}
-            if mode == "cold":
-                by_mode[mode]["cold"] = cold
+    try:
+        if rank == 0:
+            wrong = _report(args, n, all_rows, wrong, ledger_bad, memcpy, cold)
+    except BaseException:
+        # the other ranks wait in the status broadcast below: release them, then fail here
+        w.bcast(2)
+        raise
+    return int(w.bcast(1 if (wrong or ledger_bad) else 0))
+
+
+def _report(args, n, all_rows, wrong, ledger_bad, memcpy, cold) -> int:
+    """Rank 0: the mpi-ring launch's rows, the footers per mode, --json,
+    --plot; returns the wrong elements, the mpi-ring launch's included."""
+    if args.extra_json and os.path.exists(args.extra_json):
+        extra = json.load(open(args.extra_json))["rows"]
+        all_rows += extra
+        wrong += sum(r["wrong"] for r in extra) if args.check else 0
         if not args.rows_only:
-            lines.append(f"# out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-            if ledger_bad:
-                lines.append(f"# ledger != expected on {len(ledger_bad)} rows: FAILED")
-            print("\n".join(lines), flush=True)
-        if args.json:
-            first = by_mode[args.modes[0]]
-            doc = {"version": 1, "machine": machine_info(), "args": {k: v for k, v in vars(args).items()},
-                   "n": n, "memcpy_gbps": memcpy, "rows": all_rows, "models": first["models"],
-                   "summary": first["summary"], "modes": by_mode, "cold": cold}
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1, default=str)
-        if args.plot and not args.rows_only:
-            plot(all_rows, n, args.plot, f"ringcomm bench, n={n}, {platform.node()}")
-    status = 1 if (wrong or ledger_bad) else 0
-    return int(w.bcast(status))
+            print("# mpi-ring (separate launch with Open MPI's ring algorithms forced, its own memcpy "
+                  "reference):")
+            for mode in args.modes:
+                for coll in args.collectives:
+                    at = [r for r in extra if r["collective"] == coll and r.get("mode", "hot") == mode]
+                    if at:
+                        print(f"# {coll} ({mode})")
+                    for key in sorted({(r["dtype"], r["op"], r["size"]) for r in at}):
+                        print_size_block([r for r in at if (r["dtype"], r["op"], r["size"]) == key])
+    lines: list[str] = []
+    by_mode: dict = {}
+    for mode in args.modes:
+        rows = [r for r in all_rows if r.get("mode", "hot") == mode]
+        if not args.rows_only:
+            if len(args.modes) > 1:
+                lines.append(f"# ---- mode {mode} ----")
+            models = fit_models(rows, n, lines)
+            if args.device == "host":
+                from ..tuning import selection  # what init() gave auto here (rank 0's constants)
+                models["all_reduce_algorithms"] = fit_algorithms(rows, n, lines, selection.costs_for("mpi", n))
+            summary = footer(rows, n, lines)
+            summary["busbw_per_memcpy"] = memcpy_table(rows, n, lines)
+        else:
+            models, summary = {}, {}
+        by_mode[mode] = {"models": models, "summary": summary}
+        if mode == "cold":
+            by_mode[mode]["cold"] = cold
+    if not args.rows_only:
+        lines.append(f"# out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+        if ledger_bad:
+            lines.append(f"# ledger != expected on {len(ledger_bad)} rows: FAILED")
+        print("\n".join(lines), flush=True)
+    if args.json:
+        first = by_mode[args.modes[0]]
+        doc = {"version": 1, "machine": machine_info(), "args": {k: v for k, v in vars(args).items()},
+               "n": n, "memcpy_gbps": memcpy, "rows": all_rows, "models": first["models"],
+               "summary": first["summary"], "modes": by_mode, "cold": cold}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+    if args.plot and not args.rows_only:
+        plot(all_rows, n, args.plot, f"ringcomm bench, n={n}, {platform.node()}")
+    return wrong
 
 
 def _mode_line(mode: str, bench: Bench) -> str:

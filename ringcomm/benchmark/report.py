@@ -22,7 +22,8 @@ from .checks import COLLECTIVES, NEW_COLLECTIVES, RING_COLLECTIVES, bus_factor
 ROW_KEYS = ("collective", "impl", "size", "count", "dtype", "op", "inplace", "time_us", "p10_us", "p90_us",
             "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent", "algorithm",
             "mode", "memcpy_gbps", "memcpy_us", "busbw_per_memcpy")
-SHORT = {"ring": "ring", "recursive_doubling": "rd", "halving_doubling": "hd", "naive": "naive"}
+SHORT = {"ring": "ring", "recursive_doubling": "rd", "halving_doubling": "hd", "naive": "naive", "shm": "shm",
+         "shm_flat": "flat"}
 
 
 def validate_json(doc: dict) -> None:
@@ -207,8 +208,12 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
     """all_reduce: fit the alpha-beta-gamma model (selection.py) to every
     algorithm that ran, print it against the measurements, and compare what
     auto ran with the best forced algorithm (rc-*) at each size."""
-    sel = [r for r in rows if r["collective"] == "all_reduce" and not r["inplace"] and r.get("algorithm")
-           and (r["impl"] == "ringcomm" or r["impl"].startswith("rc-"))]
+    everything = [r for r in rows if r["collective"] == "all_reduce" and not r["inplace"] and r.get("algorithm")
+                  and (r["impl"] == "ringcomm" or r["impl"].startswith("rc-"))]
+    # the model has terms for its own algorithms only: others auto may run
+    # (the shared-memory ones of issue 24) stay out of the fit, not out of
+    # the auto-versus-forced table below
+    sel = [r for r in everything if r["algorithm"] in selection.ALGORITHMS]
     if n == 1 or len({(r["algorithm"], r["size"]) for r in sel}) < 3:
         return {}
     pts = [{"algorithm": r["algorithm"], "n": n, "bytes": r["size"], "seconds": r["time_us"] * 1e-6} for r in sel]
@@ -218,6 +223,9 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
            "gamma_ns_per_byte": costs.gamma * 1e9, "rd_max": rd, "hd_max": hd}
     lines.append(f"# all_reduce algorithms: model fitted here: {costs}; auto would run recursive doubling "
                  f"up to {rd} B, halving-doubling up to {hd} B, the ring above")
+    others = sorted({r["algorithm"] for r in everything} - set(selection.ALGORITHMS))
+    if others:
+        lines.append(f"#   not in this fit (the model has no terms for them): {', '.join(others)}")
     try:  # what auto would choose by this run's own times (as if `ringcomm tune` had measured them)
         first = (sel[0]["dtype"], sel[0]["op"])  # one dtype and op: the times of one kind of call
         here = selection.Measured.from_rows(
@@ -235,7 +243,7 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
                      f"{hd_} B, the ring above): the constants auto used in this run, built-in defaults until "
                      f"`ringcomm tune` has fitted them on this machine; the fit above is this run's, not used")
     by_size: dict = {}
-    for r in sel:
+    for r in everything:
         by_size.setdefault((r["dtype"], r["op"], r["size"]), {})[r["impl"]] = r
     forced = sorted({r["impl"] for r in sel if r["impl"].startswith("rc-")})
     if forced:
