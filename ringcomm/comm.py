@@ -72,6 +72,40 @@ class Communicator:
         rd, hd = selection.auto_limits(costs, self.size)
         self._engine.set_auto_limits(rd, hd, selection.reduce_limit(costs, self.size))
 
+    def empty(self, shape, dtype="float32", *, family: str = "numpy"):
+        """An uninitialized array (numpy, or torch with ``family="torch"``)
+        in this rank's part of the shared arena: collectives on such arrays
+        run zero copy (``algorithm="zero_copy"``, chosen by auto), peers
+        reading them where they are, with no staging copy.
+
+        Like PyTorch's SymmetricMemory, but the arrays need not sit at the
+        same place on every rank: each rank announces where its are, per
+        call. A zero-copy call needs every rank's arrays (all_reduce: input
+        and output) in the arena; a rank whose are not runs another
+        algorithm, which the others see as a MismatchError naming both. The
+        arena (``RINGCOMM_SHM_ARENA`` bytes per rank, 128 MiB) is made at the
+        first call, collectively: every rank must make that call. An array
+        returns its block when the last view of it is gone. Needs ranks that
+        share memory (``shared_memory``; in process: always). The
+        GradBucketer (and so ``ringcomm.torch.DistributedDataParallel``)
+        puts its buckets there by itself.
+        """
+        from . import shm
+        return shm.empty(self, shape, dtype, family)
+
+    @property
+    def last_algorithm_between_hosts(self) -> str | None:
+        """Hierarchical communicators (ranks on several hosts): the algorithm
+        the last all_reduce ran between hosts; else None."""
+        return self._engine.last_algorithm_between_hosts
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether ``algorithm="auto"`` runs all_reduce, reduce_scatter,
+        all_gather, broadcast and barrier in the ranks' shared-memory window
+        (ranks of one host; ringcomm.shm)."""
+        return bool(self._engine.has_window and self._engine.shm_auto)
+
     @property
     def last_algorithm(self) -> str:
         """The algorithm of the collective issued last on this rank (what
@@ -165,39 +199,46 @@ class Communicator:
                 raise
         return self._submit(self._door.all_reduce(x, op, out, algorithm), async_op)
 
-    def reduce_scatter(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "ring"):
+    def reduce_scatter(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Reduce `x` over all ranks and leave chunk `rank` of the result here.
 
         Chunks follow the split rule (numpy.array_split): chunk r has
         len(x)//n elements, plus one if r < len(x) % n. Returns a new 1-D array
         (same family as `x`) unless `out` is given. `x` is not modified.
-        algorithm: "ring" (default), "halving_doubling" (power-of-two sizes
-        only), or "auto" (the ring: its sums are the ones all_reduce's ring
-        computes, which sharded training relies on).
+        algorithm: "auto" (default: "shm" when the ranks share a host's
+        memory, see ``shared_memory``, else the ring), "ring",
+        "halving_doubling" (power-of-two sizes only) or "shm". The ring's
+        sums are those of all_reduce's ring, shm's those of all_reduce's
+        shm and shm_flat (which sharded training relies on).
         """
         return self._submit(self._door.reduce_scatter(x, op, out, algorithm, empty_like), async_op)
 
-    def all_gather(self, x, *, out=None, async_op: bool = False, algorithm: str = "ring"):
+    def all_gather(self, x, *, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Concatenate every rank's `x` in rank order; every rank gets the result.
 
         Rank r's input must be chunk r of the total under the split rule. With
         `out` (the total's size) the total is known; without it the ranks first
         exchange their counts (one extra small collective; all ranks must then
-        call without `out`). algorithm: "ring" (default), "halving_doubling"
-        (power-of-two sizes only), or "auto" (the ring).
+        call without `out`). algorithm: "auto" (default: "shm" when the ranks
+        share a host's memory, else the ring), "ring", "halving_doubling"
+        (power-of-two sizes only) or "shm".
         """
         xb = self._door.view(x, "all_gather input")
         if out is None:
             out = empty_like(xb, self._gathered_total(xb))
         return self._submit(self._door.all_gather(xb, out, algorithm), async_op)
 
-    def broadcast(self, x, root: int = 0, *, async_op: bool = False):
-        """Copy `x` from rank `root` to every rank, in place. Returns `x`."""
-        return self._submit(self._door.broadcast(x, root), async_op)
+    def broadcast(self, x, root: int = 0, *, async_op: bool = False, algorithm: str = "auto"):
+        """Copy `x` from rank `root` to every rank, in place. Returns `x`.
+        algorithm: "auto" (default: "shm" when the ranks share a host's
+        memory, else "ring": pipelined along the ring), "ring" or "shm"."""
+        return self._submit(self._door.broadcast(x, root, algorithm), async_op)
 
-    def barrier(self, *, async_op: bool = False):
-        """Return once every rank has entered the barrier."""
-        return self._submit(self._door.barrier(), async_op)
+    def barrier(self, *, async_op: bool = False, algorithm: str = "auto"):
+        """Return once every rank has entered the barrier. algorithm: "auto"
+        (default: "shm" when the ranks share a host's memory, else "ring":
+        a token around the ring), "ring" or "shm"."""
+        return self._submit(self._door.barrier(algorithm), async_op)
 
     def reduce(self, x, root: int = 0, op: str = "sum", *, out=None, async_op: bool = False,
                algorithm: str = "auto"):
@@ -347,9 +388,20 @@ class Communicator:
             raise
 
     # ---- ledger, lifecycle ------------------------------------------------
-    def traffic(self) -> Traffic:
-        """Snapshot of the traffic ledger (bytes and messages per peer and collective)."""
-        return Traffic(self._engine.traffic(), self.rank)
+    def traffic(self, part: str = "all") -> Traffic:
+        """Snapshot of the traffic ledger (bytes and messages per peer and collective).
+
+        Ranks on several hosts with a hierarchical all_reduce book its two
+        parts apart: part="intra" (read from and by the peers of this host,
+        in shared memory), "inter" (sent to and received from the other
+        hosts' ranks); "all" (default) is their sum."""
+        if part not in ("all", "intra", "inter"):
+            raise InvalidArgument(f"traffic part must be 'all', 'intra' or 'inter', got {part!r}")
+        intra = self._engine.traffic()
+        if not self._engine.hierarchical:
+            return Traffic(intra if part != "inter" else intra * 0, self.rank)
+        inter = self._engine.traffic_between_hosts()
+        return Traffic({"all": intra + inter, "intra": intra, "inter": inter}[part], self.rank)
 
     def reset_traffic(self) -> None:
         self._engine.reset_traffic()

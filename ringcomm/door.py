@@ -84,17 +84,17 @@ class Door:
                   in_place_at=-vocab.chunk_offset(total, self.size, self.rank) * vocab.itemsize(xb.dtype))
         return self._call("all_gather", xb, ob, total, 0, 0, vocab.algorithm_code(algorithm), ob.obj)
 
-    def broadcast(self, x, root) -> Described:
+    def broadcast(self, x, root, algorithm: str = "auto") -> Described:
         xb = self.view(x, "broadcast buffer")
         root = int(root)
         if not 0 <= root < self.size:
             raise InvalidArgument(f"broadcast root {root} is out of range (expected 0 <= root < {self.size})")
         if self.rank != root:
             _writable(xb, "broadcast buffer")
-        return self._call("broadcast", xb, xb, xb.count, 0, root, 0, xb.obj)
+        return self._call("broadcast", xb, xb, xb.count, 0, root, vocab.algorithm_code(algorithm), xb.obj)
 
-    def barrier(self) -> Described:
-        return self._call("barrier", None, None, 0, 0, 0, 0, None)
+    def barrier(self, algorithm: str = "auto") -> Described:
+        return self._call("barrier", None, None, 0, 0, 0, vocab.algorithm_code(algorithm), None)
 
     def reduce(self, x, root, op: str, out, algorithm: str) -> Described:
         """The root gets the reduction (in x, or in out); elsewhere x is only read and out is ignored."""

@@ -33,9 +33,29 @@ def info() -> dict:
         d["nccl"] = None
     from . import cuda
     d["cuda"] = cuda.status()
-    d["transports"] = (["mpi", "inproc", "inproc(emulated)", "emulated-nccl"]
+    d["transports"] = (["mpi", "shm", "inproc", "inproc(emulated)", "emulated-nccl"]
                        + (["nccl", "inproc(cuda)"] if cuda.available() else []))
+    d["shm"] = _shm_line()
     return d
+
+
+def _shm_line() -> str:
+    """What algorithm="auto" does between ranks of one host, and the room for it."""
+    from . import shm
+    try:
+        st = os.statvfs("/dev/shm")
+        room = f"/dev/shm {st.f_bavail * st.f_frsize >> 20} MiB free"
+    except OSError:
+        room = "no /dev/shm"
+    try:
+        mode = shm.mode()
+    except Exception as e:  # noqa: BLE001 - shown, not raised
+        return f"RINGCOMM_TRANSPORT invalid: {e}"
+    if mode == "mpi":
+        return f"RINGCOMM_TRANSPORT=mpi: MPI point-to-point only ({room})"
+    return (f"RINGCOMM_TRANSPORT={mode}: ranks of one host ({shm.host_key()}) run all_reduce as shm_flat up to "
+            f"{shm.flat_max()} B, shm above; reduce_scatter, all_gather, broadcast, barrier as shm; "
+            f"slot {shm.slot_bytes()} B per rank x 2 ({room})")
 
 
 def _installed(dist: str) -> bool:

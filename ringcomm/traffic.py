@@ -25,6 +25,12 @@ r's input to rank p).
 For count divisible by n this is (n-1)/n of the buffer per half, and
 2(n-1)/n for all_reduce. (For all_gather, ``count`` is the gathered total.)
 
+On shared memory (algorithm "shm", "shm_flat": csrc/algorithms/shm.cpp)
+nothing is sent: a rank books as sent to j what j reads from its slot and
+as received from j what it reads from j's. The direct all_reduce then moves
+c[j] + c[r] elements each way per peer j, 2(n-1)/n of the buffer per rank
+as the ring, but spread over every peer (``_shared``).
+
 The other all_reduce algorithms (csrc/algorithms/recursive_doubling.cpp,
 csrc/algorithms/halving_doubling.cpp) talk to other peers. With p = 2^floor(log2 n)
 and rem = n - p, ranks below 2*rem fold: even rank r sends its buffer to
@@ -48,7 +54,7 @@ import numpy as np
 
 from . import vocab
 
-__all__ = ["expected", "Expected", "Traffic", "COLLECTIVES"]
+__all__ = ["expected", "expected_hierarchical", "Expected", "Traffic", "COLLECTIVES"]
 
 COLLECTIVES = tuple(vocab.COLLECTIVES)
 
@@ -123,6 +129,8 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
         return Expected({0: nbytes}, {0: nbytes})
     if algorithm in ("recursive_doubling", "halving_doubling"):
         return _pairwise(collective, count, size, n, rank, algorithm)
+    if algorithm in ("shm", "shm_flat", "zero_copy"):
+        return _shared(collective, count, size, n, rank, root, algorithm)
     if algorithm != "ring":
         raise ValueError(f"unknown algorithm {algorithm!r}")
     left, right = (rank - 1) % n, (rank + 1) % n
@@ -143,6 +151,59 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     sent = {right: out * size} if out else {}
     received = {left: inn * size} if inn else {}
     return Expected(sent, received)
+
+
+def expected_hierarchical(count: int, dtype: str, hosts: list, rank: int,
+                          between: str = "ring") -> tuple[Expected, Expected]:
+    """The hierarchical all_reduce (ranks on several hosts, the same number
+    on each): (intra, inter) for `rank`, by communicator rank. `hosts[q]`
+    names rank q's host. Inside a host (its L ranks in rank order, local
+    index l) the direct shm reduce-scatter and all-gather of the whole
+    buffer; between hosts (the ranks of local index l, one per host in the
+    order hosts first appear) an all_reduce of chunk l of the L chunks, by
+    the algorithm `between` (``comm.last_algorithm_between_hosts``)."""
+    order = list(dict.fromkeys(hosts))
+    local = [q for q in range(len(hosts)) if hosts[q] == hosts[rank]]
+    L, li = len(local), local.index(rank)
+    cross = [[q for q in range(len(hosts)) if hosts[q] == h][li] for h in order]
+    e = expected("all_reduce", count, dtype, L, li, algorithm="shm")
+    intra = Expected({local[j]: b for j, b in e.sent.items()}, {local[j]: b for j, b in e.received.items()})
+    c = vocab.chunk_count(count, L, li)
+    x = expected("all_reduce", c, dtype, len(order), order.index(hosts[rank]), algorithm=between)
+    inter = Expected({cross[j]: b for j, b in x.sent.items()}, {cross[j]: b for j, b in x.received.items()})
+    return intra, inter
+
+
+def _shared(collective: str, count: int, size: int, n: int, rank: int, root: int, algorithm: str) -> Expected:
+    """shm / shm_flat (csrc/algorithms/shm.cpp): nothing is sent; rank r books
+    as sent to j what j reads from r's slot, and as received from j what it
+    reads from j's. The direct all_reduce: j reads chunk j's part of r's
+    input and r's reduced chunk r; the one-sync one: j reads all of r's
+    input. reduce_scatter and all_gather are the direct one's halves; a
+    broadcast's peers read the root's buffer."""
+    c = lambda i: vocab.chunk_count(count, n, i)  # noqa: E731
+    peers = [j for j in range(n) if j != rank]
+    if algorithm == "shm_flat":
+        if collective != "all_reduce":
+            raise ValueError("algorithm 'shm_flat' exists for all_reduce only")
+        both = {j: count * size for j in peers if count}
+        return Expected(both, dict(both))
+    if collective == "all_reduce":
+        both = {j: (c(j) + c(rank)) * size for j in peers if c(j) + c(rank)}
+        return Expected(both, dict(both))
+    if collective == "reduce_scatter":
+        return Expected({j: c(j) * size for j in peers if c(j)}, {j: c(rank) * size for j in peers if c(rank)})
+    if collective == "all_gather":
+        return Expected({j: c(rank) * size for j in peers if c(rank)}, {j: c(j) * size for j in peers if c(j)})
+    if collective == "broadcast":
+        if not count:
+            return Expected()
+        if rank == root:
+            return Expected({j: count * size for j in peers}, {})
+        return Expected({}, {root: count * size})
+    if collective == "barrier":
+        return Expected()
+    raise ValueError(f"algorithm 'shm' does not run {collective}")
 
 
 def _pairwise(collective: str, count: int, size: int, n: int, rank: int, algorithm: str) -> Expected:

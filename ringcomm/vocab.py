@@ -40,7 +40,8 @@ P2P = ("send", "recv")
 # binomial: reduce's tree; linear: gather/scatter through the root;
 # pairwise: all_to_all's exchanges.
 ALGORITHMS = {"auto": -1, "ring": 0, "naive": 1, "recursive_doubling": 2, "halving_doubling": 3,
-              "binomial": 4, "linear": 5, "pairwise": 6}
+              "binomial": 4, "linear": 5, "pairwise": 6, "shm": 7, "shm_flat": 8,
+              "zero_copy": 9, "hierarchical": 10}
 
 NUMPY = {
     "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),

@@ -46,7 +46,8 @@ def local_rank(comm, with_size: bool = False):
 
 
 def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | None = None,
-         segment_bytes: int | str | None = None, window: int | None = None) -> Communicator:
+         segment_bytes: int | str | None = None, window: int | None = None,
+         transport: str | None = None) -> Communicator:
     """A communicator over MPI (COMM_WORLD unless `mpi_comm` is given).
 
     Collective over the MPI communicator: every rank must call it. ringcomm
@@ -58,6 +59,11 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     ordinal: payload on that GPU (made the calling thread's current device), moved with NCCL point-to-point
     (ncclSend/ncclRecv) and reduced by ringcomm's kernels; control messages
     still go through MPI. Arrays must then be GPU arrays on that GPU.
+
+    transport (host memory): what ``algorithm="auto"`` uses between ranks
+    of one host: "auto" (default; also ``RINGCOMM_TRANSPORT``): shared
+    memory when every rank is on one host, else MPI point-to-point; "mpi":
+    MPI point-to-point only; "shm": shared memory or an error (ringcomm.shm).
     """
     from . import _failfast, _singleton
     MPI = _singleton.mpi()  # starts MPI (as a singleton: without /dev/shm files)
@@ -67,6 +73,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     if device is None:
         engine = core.mpi_engine(MPI._handleof(comm), s.timeout, s.segment_bytes, s.window)
         label = "mpi"
+        from . import shm
+        shared = shm.attach_mpi(engine, comm, transport, s)
     else:
         from . import cuda
         cuda.require()
@@ -87,6 +95,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
         cuda._cuda.set_device(gpu)  # this process's arrays belong there (cupy and torch follow it)
         label = "nccl"
     c = Communicator(engine, s, label, index=next(_mpi_index))
+    if device is None and shared == "shm":  # comm.empty() makes the shared arena over this MPI communicator
+        c._arena_maker = lambda: shm._make_arena_mpi(engine.window, comm)
     from .tuning import selection
     # Rank 0's constants for everyone: all ranks must make the same choices.
     c.set_costs(comm.bcast(selection.costs_for(label, comm.Get_size()) if comm.Get_rank() == 0 else None, root=0))
@@ -99,8 +109,12 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
 def _local_engines(n: int, s: config.Settings, device, jitter_us: float) -> list:
     if device is None or device == "emulated":
         world = core.inproc_world(n)
-        return [core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window, device == "emulated",
-                                   float(jitter_us)) for r in range(n)]
+        engines = [core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window, device == "emulated",
+                                      float(jitter_us)) for r in range(n)]
+        if device is None:
+            from . import shm
+            shm.attach_local(engines)
+        return engines
     if device == "emulated-nccl":
         control, payload = core.inproc_world(n), core.inproc_world(n)
         return [core.inproc_engine(control, r, s.timeout, s.segment_bytes, s.window, True, float(jitter_us),

@@ -82,6 +82,25 @@ class HostArrays:
         return np.full(count, value, dtype=dtype)
 
 
+class ArenaArrays(HostArrays):
+    """The suite's arrays in the communicator's shared arena (comm.empty):
+    its collectives then run zero copy. Every rank allocates in the same
+    order (the suite's code is the same on every rank)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def put(self, a: np.ndarray):
+        x = self.comm.empty(a.shape, a.dtype)
+        x[...] = a
+        return x
+
+    def full(self, count, value, dtype):
+        x = self.comm.empty(count, dtype)
+        x[...] = value
+        return x
+
+
 _cache: dict = {}
 _cache_lock = threading.Lock()
 
@@ -141,6 +160,8 @@ def check_traffic(comm, before, collective, count, dtype, what, root=0) -> list[
 def halves_algorithm(algorithm: str, n: int) -> str:
     """The algorithm reduce_scatter/all_gather run in a suite for `algorithm`:
     halving-doubling's halves where the split rule allows (n a power of two)."""
+    if algorithm in ("shm", "shm_flat", "zero_copy"):
+        return "zero_copy" if algorithm == "zero_copy" else "shm"
     return "halving_doubling" if algorithm == "halving_doubling" and n & (n - 1) == 0 else "ring"
 
 
@@ -199,7 +220,7 @@ def run_cases(comm, counts, combos=COMBOS, collectives=("all_reduce", "reduce_sc
     return errs
 
 
-def run_broadcasts(comm, counts, dtypes=DTYPES, arrays=HostArrays) -> list[str]:
+def run_broadcasts(comm, counts, dtypes=DTYPES, arrays=HostArrays, algorithm="auto") -> list[str]:
     n, r = comm.size, comm.rank
     errs = []
     for count in counts:
@@ -210,23 +231,25 @@ def run_broadcasts(comm, counts, dtypes=DTYPES, arrays=HostArrays) -> list[str]:
                 src = rank_data(dtype, "min", n, count, [root])[0]
                 x = arrays.put(src.copy()) if r == root else arrays.full(count, 0, src.dtype)
                 before = comm.traffic()
-                comm.broadcast(x, root=root)
-                tag = f"broadcast n={n} count={count} {dtype} root={root} seg={comm.segment_bytes}"
+                comm.broadcast(x, root=root, algorithm=algorithm)
+                tag = f"broadcast n={n} count={count} {dtype} root={root} seg={comm.segment_bytes} " \
+                      f"algorithm={comm.last_algorithm}"
                 errs += compare(arrays.get(x), src, tag, r)
                 errs += check_traffic(comm, before, "broadcast", count, dtype, tag, root=root)
     return errs
 
 
-def run_barrier(comm) -> list[str]:
+def run_barrier(comm, algorithm="auto") -> list[str]:
     """Barrier: nobody leaves before everybody entered (checked with a shared
     clock for in-process ranks; for MPI just that it completes)."""
     before = comm.traffic()
     for _ in range(3):
-        comm.barrier()
+        comm.barrier(algorithm=algorithm)
     d = comm.traffic() - before
     if d.bytes_sent("barrier") or d.bytes_received("barrier"):
         return [f"rank {comm.rank}: barrier moved payload bytes"]
-    want = 3 * max(0, comm.size - 2)
+    # the ring passes n-2 tokens per rank; in shared memory, flags alone
+    want = 0 if comm.last_algorithm == "shm" else 3 * max(0, comm.size - 2)
     if d.msgs_sent("barrier") != want:
         return [f"rank {comm.rank}: barrier sent {d.msgs_sent('barrier')} tokens, expected {want}"]
     return []

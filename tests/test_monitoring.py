@@ -8,7 +8,10 @@ profile per rank. What Open MPI saw each rank send to each peer must equal
 ringcomm's ledger (payload + control), and the payload must be exactly
 2(N-1)/N of the buffer per all_reduce. The other algorithms talk to other
 peers (recursive doubling: rank XOR 2^k); for them Open MPI must have seen
-exactly the peers and bytes of ``traffic.expected``.
+exactly the peers and bytes of ``traffic.expected``. The same holds, one
+operation per job, for reduce (binomial and ring), gather and scatter (equal
+blocks and per-rank counts), all_to_all (equal and uneven splits) and
+point-to-point send/recv (tests/scripts/monitored_ops.py).
 """
 
 import json
@@ -20,6 +23,7 @@ import sys
 import pytest
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "monitored_allreduce.py")
+OPS_SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "monitored_ops.py")
 
 
 def parse_profile(path):
@@ -33,15 +37,17 @@ def parse_profile(path):
     return out
 
 
-def run_monitored(n, btl, count, iters, algorithm, tmp_path):
-    """({rank: ledger line}, {rank: Open MPI's profile}) of one monitored job."""
+def run_monitored(n, btl, count, iters, algorithm, tmp_path, script=SCRIPT):
+    """({rank: ledger line}, {rank: Open MPI's profile}) of one monitored job
+    (`script count iters algorithm`; for OPS_SCRIPT `algorithm` is the op)."""
     prefix = str(tmp_path / "prof")
     cmd = [sys.executable, "-m", "ringcomm.cli", "run", "-n", str(n),
            *(["--mca", "btl", btl] if btl else []),
            "--mca", "pml_monitoring_enable", "2",
            "--mca", "pml_monitoring_enable_output", "3",
            "--mca", "pml_monitoring_filename", prefix,
-           "--", sys.executable, SCRIPT, str(count), str(iters), algorithm]
+           "--", sys.executable, script, *((algorithm, str(count), str(iters)) if script == OPS_SCRIPT
+                                           else (str(count), str(iters), algorithm))]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     ledgers = {}
@@ -98,3 +104,58 @@ def test_ledger_equals_open_mpi_monitoring(n, btl, tmp_path):
         assert led["payload_sent"][str(right)] == iters * 2 * (n - 1) * nbytes // n
         print(f"n={n} rank {r} -> {right}: Open MPI {mpi_bytes} B / {mpi_msgs} msgs; "
               f"ledger payload {led['payload_sent'][str(right)]} B + control {led['control_sent'][str(right)]} B")
+
+
+def _peers(d):
+    return {int(p): v for p, v in d.items()}
+
+
+@pytest.mark.parametrize("op,n", [(op, n) for op in ("reduce", "gather", "scatter", "all_to_all", "send_recv")
+                                  for n in (3, 4)] + [("send_recv", 2)])
+def test_new_operations_equal_open_mpi_monitoring(op, n, tmp_path):
+    """One operation per job: ringcomm's ledger (every collective kind, payload
+    + control) per peer equals what Open MPI carried, both directions (this
+    rank's E lines, and the peers' E lines towards it), message counts too;
+    and the operation's payload per peer equals the sum of traffic.expected
+    over the calls the job made (listed by the script)."""
+    from ringcomm import traffic
+    count, iters = 3001, 2  # odd: uneven split-rule blocks; above Open MPI's eager limit
+    ledgers, profiles = run_monitored(n, None, count, iters, op, tmp_path, script=OPS_SCRIPT)
+    kinds = {"send_recv": ("send", "recv")}.get(op, (op,))
+    for r in range(n):
+        led, seen = ledgers[r], profiles[r]
+        assert not led["errors"], led["errors"]
+        # Closed form: the sum over this rank's calls, per collective kind and peer.
+        want = {k: ({}, {}) for k in kinds}
+        for coll, kw in led["forms"]:
+            e = traffic.expected(coll, kw["count"], "float32", n, r, root=kw.get("root", 0),
+                                 algorithm=kw.get("algorithm", "ring"), counts=kw.get("counts"),
+                                 splits=kw.get("splits"))
+            for i, part in enumerate((e.sent, e.received)):
+                for p, b in part.items():
+                    want[coll][i][p] = want[coll][i].get(p, 0) + b
+        assert sorted(led["by_collective"]) == sorted(kinds), \
+            f"rank {r}: the ledger booked {sorted(led['by_collective'])}, expected only {kinds}"
+        for k in kinds:
+            got = led["by_collective"][k]
+            assert _peers(got["sent"]) == want[k][0], \
+                f"rank {r} {k}: payload sent per peer {got['sent']}, closed form {want[k][0]}"
+            assert _peers(got["received"]) == want[k][1], \
+                f"rank {r} {k}: payload received per peer {got['received']}, closed form {want[k][1]}"
+        # Open MPI saw this rank send exactly the ledger's bytes and messages, to exactly its peers...
+        sent = {p: b + led["control_sent"].get(str(p), 0) for p, b in _peers(led["payload_sent"]).items()}
+        sent.update({p: b for p, b in _peers(led["control_sent"]).items() if p not in sent})
+        assert {dst: b for (_, dst), (b, _) in seen.items()} == sent, \
+            f"rank {r}: Open MPI counted {seen} sent, ledger (payload + control) {sent}"
+        assert {dst: k for (_, dst), (_, k) in seen.items()} == _peers(led["msgs_sent"]), \
+            f"rank {r}: Open MPI's message counts {seen}, ledger {led['msgs_sent']}"
+        # ...and what every peer's Open MPI sent to this rank is what this rank's ledger received.
+        towards = {q: profiles[q][(q, r)] for q in range(n) if (q, r) in profiles[q]}
+        assert {q: b for q, (b, _) in towards.items()} == _peers(led["received"]), \
+            f"rank {r}: Open MPI carried {towards} to it, ledger received {led['received']}"
+        assert {q: k for q, (_, k) in towards.items()} == _peers(led["msgs_received"]), \
+            f"rank {r}: Open MPI's messages to it {towards}, ledger {led['msgs_received']}"
+    print(f"{op} n={n}: " + "; ".join(
+        f"rank {r} sent {sum(b for b, _ in profiles[r].values())} B in "
+        f"{sum(k for _, k in profiles[r].values())} msgs (payload {sum(_peers(ledgers[r]['payload_sent']).values())} B)"
+        for r in range(n)))

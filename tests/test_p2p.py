@@ -227,6 +227,39 @@ def test_abort_wakes_pending_recv():
     ringcomm.run_local(2, body)
 
 
+@pytest.mark.parametrize("case", ["mismatch", "timeout"])
+def test_peers_hear_which_p2p_op_failed(case):
+    """A failed p2p op aborts the communicator; the ranks that hear of it
+    through the ring (the sender, and rank 2, a bystander) are told which op
+    failed where: rank 1's recv from rank 0 with its tag, not a collective
+    (an all_reduce ran before, so a wrong message would cite it)."""
+    def body(comm):
+        r = comm.rank
+        comm.all_reduce(np.arange(4, dtype=np.float32) + r)
+        comm.timeout = 0.5 if r == 1 else 10
+        try:
+            if r == 1:
+                comm.recv(np.zeros(4, np.float32), 0, tag=3 if case == "mismatch" else 4)
+            else:
+                if r == 0 and case == "mismatch":
+                    comm.send(np.arange(5, dtype=np.float32), 1, tag=3)
+                comm.barrier()  # rank 1 never comes: this rank hears of its failure
+        except ringcomm.RingcommError as e:
+            return type(e).__name__, str(e)
+        return "no error", ""
+    out = ringcomm.run_local(3, body)
+    want = {"mismatch": ("MismatchError", "tag 3"), "timeout": ("CollectiveTimeout", "tag 4")}[case]
+    assert out[1][0] == want[0], f"rank 1: {out[1]}"
+    for r in (0, 2):
+        kind, msg = out[r]
+        assert kind != "no error", f"rank {r} never heard of rank 1's failure"
+        assert "rank 1" in msg and "recv" in msg and want[1] in msg and "from rank 0" in msg, \
+            f"rank {r} is not told which op failed: {msg}"
+        assert "all_reduce" not in msg, f"rank {r} is told of a collective that did not fail: {msg}"
+        if case == "timeout":
+            assert "timed out" in msg, f"rank {r}: {msg}"
+
+
 def test_bad_input_before_any_byte_moves():
     def body(comm):
         x = np.zeros(4, np.float32)

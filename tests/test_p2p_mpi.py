@@ -34,3 +34,6 @@ def test_p2p_size_mismatch_over_mpi_fails_both_sides():
     out = run(2, "mismatch")
     assert out[1]["mismatch"].startswith("MismatchError") and "40 bytes" in out[1]["mismatch"], out[1]
     assert out[0]["mismatch"] != "no error", out[0]
+    # The sender is told which op failed where (not a collective that never ran).
+    assert "rank 1's recv(count=8, dtype=float32, from rank 0, tag 3)" in out[0]["mismatch"], out[0]
+    assert "all_reduce" not in out[0]["mismatch"], out[0]

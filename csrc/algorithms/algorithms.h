@@ -7,6 +7,7 @@
 #include "algorithms/plan.h"
 #include "core/reducer.h"
 
+#include <functional>
 #include <vector>
 
 namespace ringcomm {
@@ -86,5 +87,31 @@ void pairwise_all_to_all(Link& link, const BlockSplit& send, const BlockSplit& r
 
 // Barrier: a zero-byte token passed n-1 hops around the ring (broadcast.cpp).
 void ring_barrier(Link& link);
+
+// ---- in the shared-memory window of one host (shm.cpp; link.window()) ----
+// Direct reduce-scatter + all-gather in rounds of one slot ("shm"); the
+// reduce-scatter alone leaves chunk `rank` at `own` (not finalized, as the
+// ring's); the one-sync all-reduce for small buffers ("shm_flat"); the
+// all-gather, broadcast and barrier through the slots. Arguments as the
+// ring's; every rank sums in rank order.
+void shm_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
+void shm_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* own);
+void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out);
+void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out);
+void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf);
+void shm_barrier(Link& link);
+// Zero copy ("zero_copy"): the input (all_reduce: and output) in each
+// rank's part of the shared arena, at the offsets of its call's fingerprint
+// (link.call().arena_in / arena_out, announced in the window); peers read
+// them there.
+void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, int64_t out_off);
+void zero_copy_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, char* own);
+void zero_copy_all_gather(Link& link, const RingPlan& plan, char* out);
+// Across hosts ("hierarchical"): link.window() holds this host's ranks; the
+// direct reduce-scatter inside the host, `across(chunk, n)` all-reducing this
+// rank's chunk (op sum for avg) with the ranks of equal local index on the
+// other hosts, then the all-gather inside the host.
+void hierarchical_all_reduce(Link& link, size_t count, size_t es, const Reducer& red, const char* in, char* out,
+                             const std::function<void(char*, size_t)>& across);
 
 }  // namespace ringcomm

@@ -7,6 +7,13 @@ namespace ringcomm {
 std::string describe(const Fingerprint& f) {
   char buf[240];
   Coll c = Coll(f.coll);
+  if (coll_is_p2p(c)) {  // engine/p2p.cpp's fingerprint of an op: root = the peer (-1: any), algo = the tag
+    const bool send = c == Coll::send;
+    std::string peer = f.root >= 0 ? "rank " + std::to_string(f.root) : std::string("any rank");
+    std::snprintf(buf, sizeof buf, "%s(count=%lld, dtype=%s, %s %s, tag %d)", coll_name(c), (long long)f.count,
+                  dtype_name(DType(f.dtype)), send ? "to" : "from", peer.c_str(), f.algo);
+    return buf;
+  }
   switch (c) {
     case Coll::all_reduce: case Coll::reduce_scatter:
       std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, op=%s)", (unsigned long long)f.seq,
@@ -40,6 +47,7 @@ std::string describe(const Fingerprint& f) {
     s += h;
   }
   if (f.algo != 0) s += std::string(" [algorithm=") + algo_name(Algo(f.algo)) + "]";
+
   if (c != Coll::barrier) s += " with segment_bytes=" + std::to_string(f.segment_bytes);
   return s;
 }

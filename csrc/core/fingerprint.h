@@ -24,6 +24,11 @@ struct Fingerprint {
   // splits differ by rank; each pair's sizes are checked by its message).
   // 0: the split rule.
   uint64_t counts = 0;
+  // Zero copy (algorithm zero_copy): where this rank's input and output sit
+  // in its part of the shared arena, for the peers that read them there
+  // (ShmWindow::peer_call); -1: not in the arena. Not compared: each rank's
+  // own.
+  int64_t arena_in = -1, arena_out = -1;
 };
 constexpr uint64_t kPerPeer = 1;
 // A hash of a per-rank count list, never 0 or kPerPeer.

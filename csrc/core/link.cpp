@@ -128,7 +128,21 @@ void Link::handle_control(const ControlMsg& m, int side) {
   std::string why;
   ErrKind kind = ErrKind(m.kind);
   const bool other_unknown = m.other.coll == 0 && m.other.seq == 0;  // found by a message, not a fingerprint
-  if (kind == ErrKind::mismatch && other_unknown && m.peer == rank_) {
+  if (coll_is_p2p(Coll(m.fp.coll))) {  // a send or recv failed at the origin (Engine::fail_p2p)
+    const bool send = Coll(m.fp.coll) == Coll::send;
+    const std::string op = "rank " + std::to_string(m.origin) + "'s " + describe(m.fp);
+    const std::string other = m.peer >= 0 ? "rank " + std::to_string(m.peer) : std::string("any rank");
+    if (kind == ErrKind::mismatch)
+      why = op + " failed: the message from " + other + " did not match it (size and dtype must be equal)";
+    else if (kind == ErrKind::timeout)
+      why = op + " timed out waiting for " + (send ? other + " to receive it" : "a message from " + other);
+    else if (kind == ErrKind::aborted && m.interrupted)
+      why = op + " was interrupted (KeyboardInterrupt)";
+    else if (kind == ErrKind::aborted)
+      why = op + " ended when rank " + std::to_string(m.origin) + " aborted the communicator";
+    else
+      why = op + " failed (" + std::string(kind == ErrKind::transport ? "transport error" : "error") + ")";
+  } else if (kind == ErrKind::mismatch && other_unknown && m.peer == rank_) {
     why = mismatch_text(m.fp, fp_);  // the message of another call was ours: we know both
   } else if (kind == ErrKind::mismatch && other_unknown) {
     why = "rank " + std::to_string(m.origin) + " in " + describe(m.fp) + " got a message from rank " +
@@ -160,6 +174,7 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
   stamp_ = stamp_of(fp_) & stamp_mask_;
   coll_ = Coll(fp.coll);
   header_inline_ = header_inline;
+  if (window_) window_->announce(fp_);
   // Normally empty (drain() or fail() emptied it); a request left by a
   // collective that ended some other way must still not be freed under MPI.
   bool kept = false;
@@ -512,11 +527,17 @@ void Link::slow_wait(Request* r, const char* what, int step, int segment) {
   progress_.waiting.store(0, std::memory_order_relaxed);
 }
 
-std::string Link::peer_note(int peer) {
+std::string Link::peer_report(int peer) {
   if (peer_state_) {
     std::string s = peer_state_(peer);
     if (!s.empty()) return " Rank " + std::to_string(peer) + ": " + s + ".";
   }
+  return "";
+}
+
+std::string Link::peer_note(int peer) {
+  std::string report = peer_report(peer);
+  if (!report.empty()) return report;
   if (peer == left() && fp_.seq) {  // what its control stream has told us
     if (left_seq_ >= fp_.seq) return " Rank " + std::to_string(peer) + " has started this call (its header arrived).";
     if (left_seq_ == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
@@ -584,10 +605,25 @@ Request* Link::recv_token(int peer) {
   return live_.back().get();
 }
 
-void Link::fail(const RingError& e) {
+void Link::begin_shared(const Fingerprint& fp) {
+  if (aborted_) throw RingError(ErrKind::aborted, rank_, -1, fp.seq, "communicator was aborted: " + abort_reason_);
+  fp_ = fp;
+  fp_.rank = rank_;
+  coll_ = Coll(fp.coll);
+  progress_.reset();
+  window_->announce(fp_);
+}
+
+void Link::fail(const RingError& e, const Fingerprint* call) {
   if (aborted_) return;
   aborted_ = true;
   abort_reason_ = e.what();
+  // Ranks waiting in the shared-memory window hear it there (the first
+  // failure published wins; one heard through the ring keeps its origin).
+  if (window_) {
+    if (received_abort_) window_->fail(received_abort_->origin, ErrKind(received_abort_->kind), e.what());
+    else window_->fail(e.origin >= 0 ? e.origin : rank_, e.cause, e.what());
+  }
   t_->on_fail();
   // Withdraw everything still posted, so no late message lands in a buffer
   // the caller gets back; what cannot be withdrawn keeps its memory in the
@@ -604,7 +640,8 @@ void Link::fail(const RingError& e) {
     notice = *received_abort_;
   } else {
     notice.type = kAbort;
-    notice.fp = fp_;
+    notice.fp = call ? *call : fp_;
+    notice.fp.rank = rank_;
     notice.origin = rank_;
     notice.kind = int32_t(e.kind);
     notice.peer = e.peer;

@@ -49,6 +49,7 @@
 #include "core/flight.h"
 #include "core/ledger.h"
 #include "core/quarantine.h"
+#include "core/shm_window.h"
 #include "core/trace.h"
 #include "core/transport.h"
 
@@ -82,6 +83,9 @@ class Link {
   // first message goes to the neighbour anyway: one message less per call;
   // Engine decides, alike on every rank).
   void begin(const Fingerprint& fp, bool header_inline = false);
+  // A collective that runs in the shared-memory window (algorithms/shm.cpp):
+  // no header is sent, the window carries the call (ShmWindow::announce).
+  void begin_shared(const Fingerprint& fp);
   // Receive and check the left neighbour's header (once per collective;
   // recv() and drain() call it). Throws MismatchError on disagreement.
   void await_header();
@@ -100,8 +104,9 @@ class Link {
   // After any exception escaped a collective: withdraw outstanding requests
   // (those that cannot be withdrawn go to the quarantine with the memory
   // they may touch), pass an ABORT notice to the right, and mark this link
-  // as dead.
-  void fail(const RingError& e);
+  // as dead. `call` (a failed p2p op, which never begins on the link): the
+  // notice names it, with e's kind and peer, instead of the last collective.
+  void fail(const RingError& e, const Fingerprint* call = nullptr);
   // After fail(): the claim on the failed collective's caller arrays (null
   // when no request that may touch them outlived it).
   std::shared_ptr<Hold> hold() const { return hold_; }
@@ -113,6 +118,8 @@ class Link {
   void mark_user_interrupt() { user_interrupted_.store(true); }
   const std::string& abort_reason() const { return abort_reason_; }
   uint64_t seq() const { return fp_.seq; }
+  // The running collective's fingerprint (begin / begin_shared).
+  const Fingerprint& call() const { return fp_; }
 
   // ---- payload movement (called by the algorithms) ----
   // The returned request is owned by the Link until drain(); null when bytes == 0
@@ -143,6 +150,25 @@ class Link {
   // Says what a peer is doing, for timeout messages (in-process worlds can
   // tell; null elsewhere).
   void set_peer_state(std::function<std::string(int)> f) { peer_state_ = std::move(f); }
+  // " Rank j: what it is doing." for a timeout message (empty when unknown):
+  // peer_report() from the peer itself (in-process worlds), else what the
+  // control stream has told about the left neighbour.
+  std::string peer_note(int peer);
+  std::string peer_report(int peer);
+  // Has the interrupt check (set_interrupt_check) fired? For waits outside
+  // the transport (the shared-memory window).
+  bool interrupt_requested() const { return interrupt_check_ && (*interrupt_check_)(); }
+  // Ctrl-C is the reason for the coming (or current) abort.
+  bool user_interrupted() const { return user_interrupted_.load(); }
+  // What this rank waits for, for the flight recorder (waiting: 1 receive,
+  // 2 send, 0: no longer waiting); also for waits outside the transport.
+  void publish_wait(int peer, int waiting, const char* what, Clock::time_point since);
+  // The ranks of this communicator share a host: their shared-memory window
+  // (null: none). Every call is announced in it, and a failure published
+  // there as well as told around the ring.
+  void attach_window(std::shared_ptr<ShmWindow> w) { window_ = std::move(w); }
+  ShmWindow* window() const { return window_.get(); }
+  std::shared_ptr<ShmWindow> shared_window() const { return window_; }
   // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work
   // buffer), in the memory the payload lives in (the Device's, if any).
   char* scratch(int which, size_t bytes);
@@ -179,11 +205,9 @@ class Link {
   int wait_or_control(Request* r, Clock::time_point now, Clock::time_point deadline);
   bool quick_wait(Request* r);  // wait()'s first polls, without the clock
   void slow_wait(Request* r, const char* what, int step, int segment);
-  // What this rank waits for, for the flight recorder (waiting: 1 receive, 2 send).
-  void publish_wait(int peer, int waiting, const char* what, Clock::time_point since);
+
   void counted(const Request& r);  // a payload request completed: progress
   void quarantine(RequestPtr r, bool payload);
-  std::string peer_note(int peer);
   // ---- how a collective fails; each error is built in one place ----
   // A wait ended without r: deadline (throw_timeout), abort or Ctrl-C (throw_aborted).
   [[noreturn]] void throw_wait_failure(int why, const Request& r, const char* what, int step, int segment);
@@ -262,6 +286,7 @@ class Link {
   std::function<std::string(int)> peer_state_;
   Progress progress_;
 
+  std::shared_ptr<ShmWindow> window_;
   Tracer* tracer_ = nullptr;
   TraceStep open_step_;
 };

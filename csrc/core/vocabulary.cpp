@@ -45,6 +45,10 @@ const char* algo_name(Algo a) {
     case Algo::binomial: return "binomial";
     case Algo::linear: return "linear";
     case Algo::pairwise: return "pairwise";
+    case Algo::shm: return "shm";
+    case Algo::shm_flat: return "shm_flat";
+    case Algo::zero_copy: return "zero_copy";
+    case Algo::hierarchical: return "hierarchical";
     default: return "auto";
   }
 }

@@ -51,7 +51,8 @@ constexpr bool coll_is_p2p(Coll c) { return c == Coll::send || c == Coll::recv; 
 // binomial: reduce's tree (small buffers); linear: gather and scatter through
 // the root, one message stream per rank; pairwise: all_to_all's n-1 exchanges.
 enum class Algo : int32_t {
-  ring = 0, naive, recursive_doubling, halving_doubling, binomial, linear, pairwise, kCount, automatic = -1
+  ring = 0, naive, recursive_doubling, halving_doubling, binomial, linear, pairwise, shm, shm_flat, zero_copy, hierarchical, kCount,
+  automatic = -1
 };
 // Error kinds map one-to-one onto the Python exception classes in ringcomm/errors.py.
 enum class ErrKind : int32_t { invalid = 0, timeout, mismatch, aborted, transport };

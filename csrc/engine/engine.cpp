@@ -77,6 +77,7 @@ void Engine::validate(Task& t) {
   if (coll_is_p2p(t.coll)) throw_invalid("send and recv are not queued collectives: use Engine::p2p_send/p2p_recv");
   if (coll_reduces(t.coll)) check_reducer(t.dtype, t.op);
   else dtype_size(t.dtype);
+  locate_in_arena(t);
   t.algo = int(choose_algorithm(t));
   last_algo_.store(t.algo, std::memory_order_relaxed);
   if (coll_has_root(t.coll) && (t.root < 0 || t.root >= size()))
@@ -123,6 +124,25 @@ void Engine::check_counts(const Task& t) const {
   }
 }
 
+bool Engine::locate_in_arena(Task& t) const {
+  t.arena_in = t.arena_out = -1;
+  ShmWindow* w = link_.window();
+  if (!w || !w->has_arena() || link_.device()) return false;
+  const size_t es = dtype_size(t.dtype);
+  const size_t mine = split_size(t.count, size_t(size()), size_t(rank())) * es, all = t.count * es;
+  switch (t.coll) {
+    case Coll::all_reduce:  // the output too (peers copy the reduced chunks from it)
+      t.arena_in = w->arena_offset(t.in, all);
+      t.arena_out = t.out == t.in ? t.arena_in : w->arena_offset(t.out, all);
+      if (t.arena_in < 0 || t.arena_out < 0) t.arena_in = t.arena_out = -1;
+      break;
+    case Coll::reduce_scatter: t.arena_in = w->arena_offset(t.in, all); break;
+    case Coll::all_gather: t.arena_in = w->arena_offset(t.in, mine); break;
+    default: break;
+  }
+  return t.arena_in >= 0;
+}
+
 Algo Engine::choose_algorithm(const Task& t) const {
   const Algo a = Algo(t.algo);
   if (a == Algo::automatic) {
@@ -134,6 +154,15 @@ Algo Engine::choose_algorithm(const Task& t) const {
     const bool host = !link_.device();
     if (t.coll == Coll::gather || t.coll == Coll::scatter) return Algo::linear;
     if (t.coll == Coll::all_to_all) return Algo::pairwise;
+    if (cross_ && t.coll == Coll::all_reduce && host && size() > 1) return Algo::hierarchical;
+    // Arrays in the shared arena: the caller asked for zero copy (comm.empty).
+    if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
+    if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && t.coll != Coll::reduce) {
+      if (t.coll == Coll::all_reduce &&
+          t.count * dtype_size(t.dtype) <= auto_flat_max_.load(std::memory_order_relaxed))
+        return Algo::shm_flat;
+      return Algo::shm;
+    }
     if (t.coll == Coll::reduce)  // (the ring on a device, as all_reduce)
       return host && t.count * dtype_size(t.dtype) <= auto_reduce_max_.load(std::memory_order_relaxed)
                  ? Algo::binomial
@@ -146,6 +175,36 @@ Algo Engine::choose_algorithm(const Task& t) const {
     return Algo::ring;
   }
   if (int(a) < 0 || a >= Algo::kCount) throw_invalid("unknown algorithm code " + std::to_string(t.algo));
+  if (a == Algo::hierarchical) {
+    if (!cross_ || t.coll != Coll::all_reduce)
+      throw_invalid("algorithm 'hierarchical' runs all_reduce on ranks of several hosts that share memory "
+                    "within each host" + std::string(cross_ ? "" : "; this communicator has no such hierarchy"));
+    return a;
+  }
+  if (cross_ && (a == Algo::zero_copy || a == Algo::shm || a == Algo::shm_flat))
+    throw_invalid("algorithm '" + std::string(algo_name(a)) +
+                  "' runs on ranks of one host; this communicator's span several (its window holds this host's)");
+  if (a == Algo::zero_copy) {
+    if (t.arena_in < 0)
+      throw_invalid(std::string("algorithm 'zero_copy' runs all_reduce, reduce_scatter and all_gather on arrays in "
+                                "the shared arena (comm.empty(); all_reduce: its output too), ") +
+                    (link_.window() && link_.window()->has_arena() ? "and this call's are not there"
+                                                                    : "and this communicator has none"));
+    return a;
+  }
+  if (a == Algo::shm || a == Algo::shm_flat) {
+    const bool runs = a == Algo::shm ? (int(t.coll) < int(Coll::reduce)) : t.coll == Coll::all_reduce;
+    if (!runs)
+      throw_invalid("algorithm '" + std::string(algo_name(a)) + "' runs " +
+                    (a == Algo::shm ? "all_reduce, reduce_scatter, all_gather, broadcast and barrier"
+                                    : "all_reduce") +
+                    " only");
+    if (!link_.window())
+      throw_invalid("algorithm '" + std::string(algo_name(a)) +
+                    "' needs ranks that share a host (a shared-memory window); this communicator has none "
+                    "(RINGCOMM_TRANSPORT=mpi, ranks on several hosts, or payload on a device)");
+    return a;
+  }
   // The rooted and personalized collectives: their own algorithms.
   const bool fits = t.coll == Coll::reduce ? (a == Algo::ring || a == Algo::binomial)
                     : t.coll == Coll::gather || t.coll == Coll::scatter ? a == Algo::linear
@@ -169,10 +228,14 @@ Algo Engine::choose_algorithm(const Task& t) const {
   return a;
 }
 
-void Engine::fail_p2p(const RingError& e) {
+void Engine::fail_p2p(const RingError& e, const Fingerprint& call, bool by_interrupt) {
   const bool first = !aborted();
+  if (first) {  // the abort below tells the ring of this op (execute), not of the link's last collective
+    std::lock_guard<std::mutex> g(state_m_);
+    if (!p2p_failure_) p2p_failure_ = std::make_unique<P2PFailure>(P2PFailure{e, call});
+  }
   record_abort(e.what(), e.origin >= 0 ? e.origin : rank(), e.cause);
-  if (first) abort();  // wakes waits (collective and p2p), then fails the link on the worker: the ring is told
+  if (first) abort(by_interrupt);  // wakes waits (collective and p2p), then fails the link on the worker
 }
 
 void Engine::record_abort(const std::string& reason, int origin, ErrKind cause) {
@@ -287,11 +350,24 @@ bool Engine::wait_interruptible(Work& w, double timeout_s, const std::function<b
   }
 }
 
+std::vector<Counters> Engine::cross_traffic() {
+  if (!cross_) return std::vector<Counters>(size_t(Coll::kCount) * size_t(size()) * 2);
+  const std::vector<Counters> theirs = cross_->ledger().snapshot();
+  const size_t h = cross_members_.size(), n = size_t(size());
+  std::vector<Counters> out(size_t(Coll::kCount) * n * 2);
+  for (size_t c = 0; c < size_t(Coll::kCount); ++c)
+    for (size_t p = 0; p < h; ++p)
+      for (size_t k = 0; k < 2; ++k) out[(c * n + size_t(cross_members_[p])) * 2 + k] = theirs[(c * h + p) * 2 + k];
+  return out;
+}
+
 std::shared_ptr<Work> Engine::abort(bool by_interrupt) {
   // Interrupt a collective that is waiting now (it fails, and fail() tells the
   // ring), then queue the abort itself for when nothing runs.
   if (by_interrupt) link_.mark_user_interrupt();
   link_.transport().interrupt();
+  if (ShmWindow* w = link_.window()) w->wake();  // a wait in the window sees the interrupt at once
+  if (cross_) cross_->abort(by_interrupt);  // and one between hosts (which tells the other hosts)
   Task t;
   t.abort = true;
   bool run_here = false;
@@ -330,7 +406,13 @@ void Engine::execute(const Task& t, Work& w) {
     err = std::make_unique<RingError>(ErrKind::transport, rank(), -1, w.seq(), e.what());
   }
   if (err && t.abort) {  // the abort itself succeeded
-    link_.fail(*err);
+    std::unique_ptr<P2PFailure> p2p;
+    {
+      std::lock_guard<std::mutex> g(state_m_);
+      p2p = std::move(p2p_failure_);
+    }
+    if (p2p) link_.fail(p2p->error, &p2p->call);  // a p2p op failed: the notice names it
+    else link_.fail(*err);
     record_abort(err->what(), rank(), ErrKind::aborted);
     err.reset();
   }
@@ -342,6 +424,7 @@ void Engine::execute(const Task& t, Work& w) {
     if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
       link_.fail(*err);
       record_abort(err->what(), err->origin, err->cause);
+      if (cross_ && !cross_->aborted()) cross_->abort();  // ranks of other hosts waiting between hosts hear of it
     }
   }
   if (!t.abort) {
@@ -411,6 +494,11 @@ void Engine::perform(const Task& t, Work& w) {
   }
   else if (!t.counts.empty()) fp.counts = counts_hash(t.counts.data(), t.counts.size());
   fp.algo = t.algo;
+  const bool zero_copy = Algo(t.algo) == Algo::zero_copy;
+  if (zero_copy) {  // where peers find this rank's arrays (announced in the window)
+    fp.arena_in = t.arena_in;
+    fp.arena_out = t.arena_out;
+  }
 
   const size_t es = dtype_size(t.dtype);
   // Pairwise algorithms on two ranks: the partner is both neighbours, and the
@@ -418,7 +506,10 @@ void Engine::perform(const Task& t, Work& w) {
   // transports only: not in device memory.)
   const bool inline_header = size() == 2 && t.count > 0 && link_.stamped() &&
                              (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
-  link_.begin(fp, inline_header);
+  const bool shared = Algo(t.algo) == Algo::shm || Algo(t.algo) == Algo::shm_flat || zero_copy ||
+                      Algo(t.algo) == Algo::hierarchical;
+  if (shared) link_.begin_shared(fp);
+  else link_.begin(fp, inline_header);
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
   switch (t.coll) {
     case Coll::all_reduce: {
@@ -430,6 +521,27 @@ void Engine::perform(const Task& t, Work& w) {
         case Algo::naive: naive_all_reduce(link_, plan, *red, in, out); break;
         case Algo::recursive_doubling: recursive_doubling_all_reduce(link_, plan, *red, in, out); break;
         case Algo::halving_doubling: halving_doubling_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::shm: shm_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::shm_flat: shm_flat_all_reduce(link_, plan, *red, in, out); break;
+        case Algo::zero_copy: zero_copy_all_reduce(link_, plan, *red, t.arena_out); break;
+        case Algo::hierarchical:
+          hierarchical_all_reduce(link_, t.count, es, *red, in, out, [&](char* chunk, size_t n) {
+            Task across;
+            across.coll = Coll::all_reduce;
+            across.in = across.out = chunk;
+            across.count = n;
+            across.dtype = t.dtype;
+            across.op = t.op == Op::avg ? Op::sum : t.op;  // avg divides once, by every rank, after
+            across.algo = int(Algo::automatic);
+            std::shared_ptr<Work> done = cross_->submit_and_wait(across, t.interrupted);
+            if (const RingError* e = done->error()) {
+              RingError err(e->kind, rank(), e->peer < 0 ? -1 : cross_members_[size_t(e->peer)], seq,
+                            std::string("between hosts: ") + e->what());
+              err.cause = e->cause;
+              throw err;
+            }
+          });
+          break;
         default: ring_all_reduce(link_, plan, *red, in, out);
       }
       break;
@@ -439,6 +551,16 @@ void Engine::perform(const Task& t, Work& w) {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       // Partial sums of the chunks this rank passes on need a home that is
       // neither the caller's input (never written) nor its chunk-sized output.
+      if (zero_copy) {
+        zero_copy_reduce_scatter(link_, plan, *red, static_cast<char*>(t.out));
+        red->finalize(t.out, plan.chunk_count(rank()), size());
+        break;
+      }
+      if (shared) {
+        shm_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+        red->finalize(t.out, plan.chunk_count(rank()), size());
+        break;
+      }
       char* acc = link_.scratch(1, t.count * es);
       if (Algo(t.algo) == Algo::halving_doubling)
         halving_doubling_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc,
@@ -450,17 +572,23 @@ void Engine::perform(const Task& t, Work& w) {
     }
     case Coll::all_gather: {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      if (Algo(t.algo) == Algo::halving_doubling)
+      if (zero_copy)
+        zero_copy_all_gather(link_, plan, static_cast<char*>(t.out));
+      else if (shared)
+        shm_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+      else if (Algo(t.algo) == Algo::halving_doubling)
         halving_doubling_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
       else
         ring_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
       break;
     }
     case Coll::broadcast:
-      chain_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
+      if (shared) shm_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
+      else chain_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
       break;
     case Coll::barrier:
-      ring_barrier(link_);
+      if (shared) shm_barrier(link_);
+      else ring_barrier(link_);
       break;
     case Coll::reduce: {
       const Reducer* red = &reducer(t.dtype, t.op);
@@ -490,7 +618,7 @@ void Engine::perform(const Task& t, Work& w) {
     default:
       throw_invalid("unknown collective");
   }
-  link_.drain();
+  if (!shared) link_.drain();  // (the window has no requests)
   link_.end_call();
   if (dev) {
     std::lock_guard<std::mutex> g(w.m_);

@@ -74,6 +74,9 @@ struct Task {
   bool abort = false;  // not a collective: abort the communicator (Engine::abort)
   const std::function<bool()>* interrupted = nullptr;  // submit_and_wait on the caller's thread: Ctrl-C check
   bool started = false;  // its flight record already says running (an inline run)
+  // Filled by validate(): where the input and output sit in this rank's part
+  // of the shared arena (-1: not there); zero copy needs them there.
+  int64_t arena_in = -1, arena_out = -1;
 };
 
 class Engine {
@@ -136,8 +139,11 @@ class Engine {
   P2PPending& p2p_pending() { return p2p_pending_; }
   uint64_t next_p2p_id() { return next_p2p_id_.fetch_add(1, std::memory_order_relaxed) + 1; }
   // A p2p op failed (not for bad arguments): the communicator is aborted and
-  // the ring told, as after a failed collective. Thread-safe.
-  void fail_p2p(const RingError& e);
+  // the ring told, as after a failed collective, naming that op (`call`: its
+  // fingerprint, coll send or recv, root = the peer, algo = the tag) and
+  // e's kind and peer, not the link's last collective. `by_interrupt`: Ctrl-C
+  // (Engine::abort). Thread-safe.
+  void fail_p2p(const RingError& e, const Fingerprint& call, bool by_interrupt = false);
   // algorithm="auto" for all_reduce on host memory: recursive doubling up to
   // rd_max bytes, halving-doubling up to hd_max, the ring above (the cost
   // model's crossovers for this communicator: ringcomm/selection.py).
@@ -149,6 +155,38 @@ class Engine {
     auto_hd_max_.store(hd_max);
     auto_reduce_max_.store(reduce_max);
   }
+  // The ranks share a host: the shared-memory window the shm algorithms run
+  // in (algorithms/shm.cpp). `for_auto`: algorithm="auto" runs all_reduce,
+  // reduce_scatter, all_gather, broadcast and barrier there (the one-sync
+  // all_reduce up to flat_max bytes). Before the first collective.
+  void attach_window(std::shared_ptr<ShmWindow> w, bool for_auto, size_t flat_max) {
+    link_.attach_window(std::move(w));
+    shm_auto_.store(for_auto);
+    auto_flat_max_.store(flat_max);
+  }
+  void set_shm_auto(bool for_auto, size_t flat_max) {
+    shm_auto_.store(for_auto);
+    auto_flat_max_.store(flat_max);
+  }
+  // Ranks on several hosts: `local` is this host's ranks' window (its
+  // members: their ranks here), `cross` an engine over the ranks with this
+  // rank's local index, one per host (cross_members: their ranks here).
+  // algorithm="auto" runs all_reduce hierarchically; the rest over the link.
+  void attach_hierarchy(std::shared_ptr<ShmWindow> local, std::shared_ptr<Engine> cross,
+                        std::vector<int> cross_members) {
+    link_.attach_window(std::move(local));
+    cross_ = std::move(cross);
+    cross_members_ = std::move(cross_members);
+  }
+  bool hierarchical() const { return cross_ != nullptr; }
+  // Algo the inter-host engine ran last (-1: none).
+  int cross_last_algo() const { return cross_ ? cross_->last_algo() : -1; }
+  // The inter-host engine's ledger, by this communicator's ranks (empty: none).
+  std::vector<Counters> cross_traffic();
+  bool has_window() const { return link_.window() != nullptr; }
+  std::shared_ptr<ShmWindow> window() const { return link_.shared_window(); }
+  bool shm_auto() const { return shm_auto_.load(); }
+  size_t shm_flat_max() const { return auto_flat_max_.load(); }
   // Algo of the collective submitted last (what "auto" chose).
   int last_algo() const { return last_algo_.load(std::memory_order_relaxed); }
   // Takes effect for collectives submitted afterwards.
@@ -174,6 +212,8 @@ class Engine {
   // on an aborted communicator; fills t.algo (choose_algorithm).
   void validate(Task& t);
   void check_counts(const Task& t) const;  // per-rank counts: one per rank, summing to their buffer
+  // Can the call run zero copy (its arrays in the shared arena)? Fills t.arena_in / arena_out.
+  bool locate_in_arena(Task& t) const;
   // The algorithm the call runs: t.algo when it exists for this collective
   // and communicator (else RingError(invalid)); for Algo::automatic, by size
   // against the limits of set_auto_limits(), alike on every rank.
@@ -197,9 +237,18 @@ class Engine {
   std::string abort_reason_;
   int abort_origin_ = -1;
   ErrKind abort_cause_ = ErrKind::aborted;
+  // The failed p2p op the next abort tells the ring about (fail_p2p); under state_m_.
+  struct P2PFailure {
+    RingError error;
+    Fingerprint call;
+  };
+  std::unique_ptr<P2PFailure> p2p_failure_;
   Options opts_;  // guarded by m_; copied into each task
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
-  std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0};
+  std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0}, auto_flat_max_{0};
+  std::atomic<bool> shm_auto_{false};
+  std::shared_ptr<Engine> cross_;  // hierarchical: the inter-host engine
+  std::vector<int> cross_members_;
   std::atomic<int> last_algo_{0};
   std::atomic<uint64_t> next_p2p_id_{0};
   P2PPending p2p_pending_;

@@ -238,6 +238,17 @@ int P2POp::source() {
   return source_;
 }
 
+Fingerprint P2POp::call() const {
+  Fingerprint f;
+  f.coll = int32_t(is_send_ ? Coll::send : Coll::recv);
+  f.count = int64_t(count_);
+  f.dtype = int32_t(dtype_);
+  f.root = peer_;  // -1: any source
+  f.algo = tag_;
+  f.rank = rank_;
+  return f;
+}
+
 void P2POp::fail(ErrKind kind, const std::string& what) {
   const std::string peer = peer_ == kAnySource ? "any rank" : "rank " + std::to_string(peer_);
   RingError e(kind, rank_, peer_, 0,
@@ -318,7 +329,7 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
         last_check = now;
         if (interrupted && (*interrupted)()) {
           if (fired) *fired = true;
-          engine_->abort(true);
+          by_interrupt_ = true;  // the abort (fail_p2p below) says so to the ring
           fail(ErrKind::aborted, "interrupted (Ctrl-C)");
         }
         if (engine_->aborted()) fail(ErrKind::aborted, "the communicator was aborted: " + engine_->abort_reason());
@@ -335,7 +346,7 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
       if (now >= mine) return false;
     } catch (const RingError& e) {
       auto err = std::make_unique<RingError>(e);
-      if (e.kind != ErrKind::invalid) engine_->fail_p2p(e);  // the ring is told, as for a collective
+      if (e.kind != ErrKind::invalid) engine_->fail_p2p(e, call(), by_interrupt_);  // the ring is told of this op
       finish(std::move(err));
       return true;
     }

@@ -32,7 +32,8 @@
 // isend before its irecv still takes the peer's message, and the peer's
 // wait on its own send completes: waits may come in any order.
 // Any failure (mismatch, deadline, Ctrl-C) aborts the communicator and
-// tells the ring, as a failed collective does: the sender hears of it
+// tells the ring, as a failed collective does, naming the op (send or recv,
+// count, dtype, peer, tag: P2POp::call) and what went wrong: the sender hears of it
 // while it waits (its wait polls the ring), else at its deadline, which
 // names the peer.
 #pragma once
@@ -41,6 +42,7 @@
 #include <memory>
 #include <mutex>
 
+#include "core/fingerprint.h"
 #include "core/quarantine.h"
 #include "core/transport.h"
 
@@ -103,6 +105,8 @@ class P2POp {
   bool progress(Clock::time_point until);  // true: done; throws RingError
   void finish(std::unique_ptr<RingError> err);
   [[noreturn]] void fail(ErrKind kind, const std::string& what);
+  // What the ring is told failed (Engine::fail_p2p; describe() names it).
+  Fingerprint call() const;
 
   std::mutex m_;  // one waiter progresses it at a time
   std::shared_ptr<Engine> engine_;  // until it completes
@@ -121,6 +125,7 @@ class P2POp {
   int rank_ = -1;
   Clock::time_point deadline_;
   long polls_ = 0;
+  bool by_interrupt_ = false;  // it failed on Ctrl-C
   std::atomic<bool> done_{false};
   std::unique_ptr<RingError> err_;
   std::shared_ptr<Hold> hold_;

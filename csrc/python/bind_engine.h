@@ -13,6 +13,7 @@
 #include "core/quarantine.h"
 #include "engine/engine.h"
 #include "engine/p2p.h"
+#include "transports/shm_segment.h"
 #include "python/converters.h"
 #include "python/py_errors.h"
 #include "python/signals.h"
@@ -86,6 +87,14 @@ inline bool wait_p2p(P2POp& op, double timeout) {
     if (const RingError* err = op.error()) raise_object(failure_object(*err, op.hold()));
   return done;
 }
+
+// A block of the shared arena, as Python's arrays view it (comm.empty).
+struct ArenaBlock {
+  ArenaBlock(std::shared_ptr<ShmWindow> w, size_t off, size_t n) : window(std::move(w)), offset(off), bytes(n) {}
+  ~ArenaBlock() { window->arena_free(offset); }
+  std::shared_ptr<ShmWindow> window;  // keeps the mapping alive while an array views it
+  size_t offset, bytes;
+};
 
 // Registers Work, Tracer, InprocWorld, Engine and inproc_world() in `m`.
 inline void bind_engine(py::module_& m) {
@@ -188,6 +197,42 @@ inline void bind_engine(py::module_& m) {
 
   py::class_<WorldHandle>(m, "InprocWorld", py::module_local());
   m.def("inproc_world", [](int n) { return WorldHandle{make_inproc_world(n)}; }, py::arg("nranks"));
+  py::class_<ArenaBlock, std::shared_ptr<ArenaBlock>>(m, "ArenaBlock", py::buffer_protocol(), py::module_local(),
+                                                      "A block of this rank's part of the shared arena; freed "
+                                                      "when the last array viewing it is gone.")
+      .def_buffer([](ArenaBlock& b) {
+        return py::buffer_info(b.window->arena(b.window->rank()) + b.offset, 1, "B", 1, {py::ssize_t(b.bytes)}, {1});
+      })
+      .def_readonly("offset", &ArenaBlock::offset)
+      .def_readonly("nbytes", &ArenaBlock::bytes);
+  py::class_<ShmWindow, std::shared_ptr<ShmWindow>>(m, "ShmWindow", py::module_local(),
+                                                    "A shared-memory window of the ranks of one host.")
+      .def_property_readonly("rank", &ShmWindow::rank)
+      .def_property_readonly("size", &ShmWindow::size)
+      .def_property_readonly("slot_bytes", &ShmWindow::slot_bytes)
+      .def_property_readonly("label", &ShmWindow::label)
+      .def_property_readonly("has_arena", &ShmWindow::has_arena)
+      .def_property_readonly("arena_bytes", &ShmWindow::arena_bytes)
+      .def("arena_alloc",
+           [](std::shared_ptr<ShmWindow> w, size_t bytes) {
+             const size_t off = w->arena_alloc(bytes);
+             return std::make_shared<ArenaBlock>(w, off, bytes);
+           },
+           py::arg("nbytes"), "A block of this rank's part of the arena (symmetric: same order, same offsets).");
+  m.def("shm_arena_map", &shm_arena_map, py::arg("window"), py::arg("name"), py::arg("per_rank"), py::arg("create"),
+        py::call_guard<py::gil_scoped_release>(), "Create (or map) the window's shared arena segment.");
+  m.def("shm_local_arena", &shm_local_arena, py::arg("windows"), py::arg("per_rank"),
+        "In-process windows: one arena over plain memory.");
+  m.def("shm_bytes", &ShmWindow::bytes_for, py::arg("nranks"), py::arg("slot_bytes"),
+        "Bytes of a shared segment for nranks ranks with slots of slot_bytes.");
+  m.def("shm_create", &shm_create, py::arg("name"), py::arg("rank"), py::arg("nranks"), py::arg("slot_bytes"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Create, reserve (posix_fallocate) and map the shared segment `name` (mode 0600).");
+  m.def("shm_attach", &shm_attach, py::arg("name"), py::arg("rank"), py::arg("nranks"), py::arg("slot_bytes"),
+        py::call_guard<py::gil_scoped_release>(), "Map the shared segment another rank created.");
+  m.def("shm_remove", &shm_remove, py::arg("name"), "Unlink a shared segment's name (mappings stay).");
+  m.def("shm_local_windows", &shm_local_windows, py::arg("nranks"), py::arg("slot_bytes"),
+        "One window per in-process rank over one mapping.");
 
   py::class_<P2POp, std::shared_ptr<P2POp>>(m, "P2POp", py::module_local())
       .def("wait", &wait_p2p, py::arg("timeout") = -1.0,
@@ -318,6 +363,37 @@ inline void bind_engine(py::module_& m) {
       .def("set_auto_limits",
            [](EngineHandle& h, size_t rd, size_t hd, size_t reduce) { h.get().set_auto_limits(rd, hd, reduce); },
            py::arg("rd_max"), py::arg("hd_max"), py::arg("reduce_max") = 0)
+      .def("attach_window",
+           [](EngineHandle& h, std::shared_ptr<ShmWindow> w, bool for_auto, size_t flat_max) {
+             if (w->size() != h.get().size() || w->rank() != h.get().rank())
+               throw_invalid("the window's ranks differ from the communicator's");
+             h.get().attach_window(std::move(w), for_auto, flat_max);
+           },
+           py::arg("window"), py::arg("for_auto"), py::arg("flat_max"))
+      .def("set_shm_auto", [](EngineHandle& h, bool for_auto, size_t flat_max) { h.get().set_shm_auto(for_auto, flat_max); },
+           py::arg("for_auto"), py::arg("flat_max"))
+      .def("attach_hierarchy",
+           [](EngineHandle& h, std::shared_ptr<ShmWindow> local, std::vector<int> members, EngineHandle& cross,
+              std::vector<int> cross_members) {
+             if (int(members.size()) != local->size() || int(cross_members.size()) != cross.get().size())
+               throw_invalid("attach_hierarchy: member lists do not match the window and the cross engine");
+             local->set_members(std::move(members));
+             h.get().attach_hierarchy(std::move(local), cross.shared(), std::move(cross_members));
+           },
+           py::arg("window"), py::arg("members"), py::arg("cross"), py::arg("cross_members"))
+      .def_property_readonly("hierarchical", [](EngineHandle& h) { return h.get().hierarchical(); })
+      .def_property_readonly("last_algorithm_between_hosts",
+                             [](EngineHandle& h) -> py::object {
+                               const int a = h.get().cross_last_algo();
+                               return a < 0 ? py::object(py::none()) : py::object(py::str(algo_name(Algo(a))));
+                             })
+      .def("traffic_between_hosts",
+           [](EngineHandle& h) { return traffic_array(h.get().cross_traffic(), h.get().size()); },
+           "The inter-host part of a hierarchical communicator's ledger (by this communicator's ranks).")
+      .def_property_readonly("has_window", [](EngineHandle& h) { return h.get().has_window(); })
+      .def_property_readonly("window", [](EngineHandle& h) { return h.get().window(); })
+      .def_property_readonly("shm_auto", [](EngineHandle& h) { return h.get().shm_auto(); })
+      .def_property_readonly("shm_flat_max", [](EngineHandle& h) { return h.get().shm_flat_max(); })
       .def("last_algorithm", [](EngineHandle& h) { return std::string(algo_name(Algo(h.get().last_algo()))); })
       .def_property_readonly("segment_bytes", [](EngineHandle& h) { return h.get().options().segment_bytes; })
       .def_property_readonly("timeout", [](EngineHandle& h) { return h.get().options().timeout_s; })

@@ -23,7 +23,7 @@ ROW_KEYS = ("collective", "impl", "size", "count", "dtype", "op", "inplace", "ti
             "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent", "algorithm",
             "mode", "memcpy_gbps", "memcpy_us", "busbw_per_memcpy")
 SHORT = {"ring": "ring", "recursive_doubling": "rd", "halving_doubling": "hd", "naive": "naive", "shm": "shm",
-         "shm_flat": "flat"}
+         "shm_flat": "flat", "zero_copy": "zc"}
 
 
 def validate_json(doc: dict) -> None:
@@ -210,9 +210,10 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
     auto ran with the best forced algorithm (rc-*) at each size."""
     everything = [r for r in rows if r["collective"] == "all_reduce" and not r["inplace"] and r.get("algorithm")
                   and (r["impl"] == "ringcomm" or r["impl"].startswith("rc-"))]
-    # the model has terms for its own algorithms only: others auto may run
-    # (the shared-memory ones of issue 24) stay out of the fit, not out of
-    # the auto-versus-forced table below
+    # The model prices messages (steps, bytes sent, bytes reduced): the
+    # message-passing algorithms only, not the shared-memory ones auto may
+    # run (issue 24); those stay out of the fit, not out of the
+    # auto-versus-forced table below.
     sel = [r for r in everything if r["algorithm"] in selection.ALGORITHMS]
     if n == 1 or len({(r["algorithm"], r["size"]) for r in sel}) < 3:
         return {}

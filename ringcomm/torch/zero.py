@@ -69,7 +69,7 @@ from .. import vocab
 from ..train.buckets import MB, assign_buckets
 from ..train.consistency import broadcast_parameters
 from ..errors import InvalidArgument
-from ..train.sharding import MemoryLedger, adam_update, load_shards, save_shards
+from ..train.sharding import MemoryLedger, adam_update, load_shards, matched_sums, save_shards
 
 __all__ = ["TorchZero"]
 
@@ -344,9 +344,10 @@ class TorchZero:
         while self._next_launch < len(self._units) and not self._units[self._next_launch].pending:
             u = self._units[self._next_launch]
             if self.stage == 0:
-                u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True, algorithm="ring")
+                u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True, algorithm=matched_sums(self.comm))
             else:
-                u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True)
+                u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True,
+                                                  algorithm=matched_sums(self.comm))
             self._next_launch += 1
         if self.stage >= 2:  # free the full gradients whose reduce-scatter has finished
             for u in self._units[:self._next_launch]:

@@ -54,7 +54,7 @@ from .. import vocab
 from ..errors import BucketerError, InvalidArgument, RegistrationMismatchError, UnusedParametersError
 from .buckets import MB, assign_buckets
 from .consistency import gather_rows, hash64, param_label
-from .tensors import add_into, copy_into, describe, family, flat_view, item, scale_half, zero, zeros
+from .tensors import add_into, arena_zeros, copy_into, describe, family, flat_view, item, scale_half, zero, zeros
 
 __all__ = ["GradBucketer", "BucketInfo"]
 
@@ -405,12 +405,17 @@ class GradBucketer:
         self._buckets = []
         self._param_bucket = np.empty(len(self._specs), dtype=np.int64)
         self._views = [None] * len(self._specs)
+        sizes = [sum(self._specs[i].numel for i in idx) for _, idx in layout]
+        # Ranks of one host: the flat buffers in the shared arena, so their
+        # all_reduce runs zero copy (collective; all ranks or none).
+        shared = arena_zeros(self._comm, [(key, n + 1) for (key, _), n in zip(layout, sizes)])
         for bi, (key, idx) in enumerate(layout):
             offs, off = [], 0
             for i in idx:
                 offs.append(off)
                 off += self._specs[i].numel
-            b = _Bucket(bi, key, list(idx), offs, off, flat=zeros(key, off + 1), pending=len(idx))
+            flat = shared[bi] if shared is not None else zeros(key, off + 1)
+            b = _Bucket(bi, key, list(idx), offs, off, flat=flat, pending=len(idx))
             for i, o in zip(idx, offs):
                 self._param_bucket[i] = bi
                 self._views[i] = flat_view(b.flat, o, self._specs[i].numel, self._specs[i].shape)

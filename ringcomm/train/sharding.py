@@ -11,6 +11,16 @@ import numpy as np
 from ..errors import InvalidArgument
 
 
+def matched_sums(comm) -> str:
+    """The algorithm whose all_reduce and reduce_scatter compute the same sums,
+    bit for bit, which is what makes every ZeRO stage equal to DDP: "shm"
+    where ``algorithm="auto"`` runs in shared memory (every rank sums in rank
+    order, its all_reduce and shm_flat alike), else the ring (its
+    reduce-scatter is the first half of its all_reduce)."""
+    return "shm" if getattr(comm, "shared_memory", False) else "ring"
+
+
+
 def adam_update(p: np.ndarray, m, v, g: np.ndarray, t: int, lr: float, betas, eps: float,
                 weight_decay: float, optimizer: str = "adam") -> None:
     """One optimizer step on fp32 master weights `p` in place (Adam with

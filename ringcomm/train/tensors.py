@@ -76,6 +76,28 @@ def zeros(spec_key: tuple, count: int):
     return np.zeros(count, dtype=vocab.NUMPY[dtype])
 
 
+def arena_zeros(comm, wanted: list) -> list | None:
+    """Zeroed 1-D buffers, one per (spec_key, count) of `wanted`, in `comm`'s
+    shared arena (``comm.empty``: their collectives run zero copy), or None
+    on every rank. Collective: a rank that cannot get them all (the arena
+    is full, or fragmented differently) says so in one small all_reduce, so
+    every rank decides alike (a zero-copy call needs every rank's arrays in
+    the arena)."""
+    if not getattr(comm, "shared_memory", False) or any(k[2] not in (None, "cpu") for k, _ in wanted):
+        return None  # (alike on every rank)
+    bufs: list | None = []
+    try:
+        for (fam, dtype, _), count in wanted:
+            b = comm.empty(count, dtype, family=fam)
+            b[...] = 0
+            bufs.append(b)
+    except InvalidArgument:
+        bufs = None
+    ok = np.array([0 if bufs is None else 1], dtype=np.int32)
+    comm.all_reduce(ok, op="min")
+    return bufs if ok[0] else None
+
+
 def flat_view(flat, off: int, numel: int, shape: tuple):
     """flat[off:off + numel] as an array of `shape` (a view, no copy)."""
     part = flat[off:off + numel]

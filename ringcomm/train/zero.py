@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import vocab
-from .sharding import MemoryLedger, adam_update, load_shards, save_shards
+from .sharding import MemoryLedger, adam_update, load_shards, matched_sums, save_shards
 from ..errors import InvalidArgument
 
 __all__ = ["ZeroOptimizer", "consolidate", "expected_memory", "expected_traffic"]
@@ -252,11 +252,12 @@ class ZeroOptimizer:
         if u.grads is None:
             raise InvalidArgument(f"unit {i} has no gradients: call grads({i}) and fill them first")
         if self.stage == 0:
-            # The ring: its sums are bit for bit those of the ring reduce-scatter
-            # of the sharded stages, which is what makes them equal to DDP.
-            u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True, algorithm="ring")
+            # Sums bit for bit those of the sharded stages' reduce-scatter
+            # (matched_sums), which is what makes them equal to DDP.
+            u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True, algorithm=matched_sums(self.comm))
         else:
-            u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True)
+            u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True,
+                                                  algorithm=matched_sums(self.comm))
         self._free_reduced()
 
     def _free_reduced(self) -> None:

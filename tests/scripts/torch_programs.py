@@ -1,21 +1,25 @@
 """Real PyTorch programs over the "ringcomm" backend, each run twice in one
 MPI job: over the default group ("ringcomm") and over a gloo group of the same
 ranks, compared with each other and, where one exists, with a single-process
-reference (tests/test_torch_programs.py runs it under `ringcomm run -n 2` and
-`-n 3`).
+reference (tests/test_torch_programs.py runs it under `ringcomm run -n 2`,
+`-n 3` and `-n 4`).
 
 Programs: the object collectives; DTensor distribute_tensor / redistribute
 between Shard(0), Shard(1), Replicate and Partial; tensor parallelism
 (parallelize_module, ColwiseParallel + RowwiseParallel on an MLP, outputs and
-gradients); a mixture-of-experts dispatch/combine with all_to_all_single and
+gradients; and a pre-norm transformer block, attention + MLP, with
+SequenceParallel LayerNorms between ColwiseParallel and RowwiseParallel to
+Shard(1): outputs, input and parameter gradients); a mixture-of-experts dispatch/combine with all_to_all_single and
 uneven splits; torch.distributed.checkpoint save/load of an FSDP2 model and
 its optimizer, then resumed training; pipeline parallelism
 (torch.distributed.pipelining: an N-stage split of an MLP, one stage per rank,
 GPipe and 1F1B schedules, whose activations and gradients move by
 batch_isend_irecv), loss, outputs and gradients against one process.
 
+Arguments: the names of the programs to run (default: all).
+
 Prints one line "RESULT {json}" per rank: {program: {"ok", "max_diff", "tol",
-"note", "used"}}, "used" being the ringcomm collectives that carried the
+"note", "used", "secs"}}, "used" being the ringcomm collectives that carried the
 program (from the ledger). A program that raises is recorded as failed with
 its error; the job goes on with the next (a barrier over gloo keeps the ranks
 together).
@@ -26,6 +30,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 
@@ -69,10 +74,17 @@ def maxdiff(a, b) -> float:
     return float((a.double() - b.double()).abs().max())
 
 
+ONLY = set(sys.argv[1:])  # program names to run (all when none are given)
+
+
 def program(name: str, tol: float):
-    """Decorator: run fn() -> (max_diff, note), record pass if max_diff <= tol."""
+    """Decorator: run fn() -> (max_diff, note), record pass if max_diff <= tol
+    (skipped when names were given on the command line and this is not one)."""
     def wrap(fn):
+        if ONLY and name not in ONLY:
+            return fn
         used.clear()
+        t0 = time.perf_counter()
         try:
             diff, note = fn()
             results[name] = {"ok": diff <= tol, "max_diff": diff, "tol": tol, "note": note, "used": sorted(used)}
@@ -81,6 +93,7 @@ def program(name: str, tol: float):
                              "note": f"{type(exc).__name__}: {exc}"[:400] + " | " +
                              traceback.format_exc().splitlines()[-3][:200], "used": sorted(used)}
         dist.barrier(group=GLOO)
+        results[name]["secs"] = round(time.perf_counter() - t0, 2)  # both runs, ringcomm and gloo
         return fn
     return wrap
 
@@ -190,6 +203,106 @@ def _tp():
     d_gloo = max(maxdiff(a_out, b_out), maxdiff(a_grads, b_grads))
     return max(d_ref, d_gloo), (f"MLP 16-24-8 (w1 colwise, w2 rowwise), float32: outputs and all gradients; "
                                 f"vs 1 process {d_ref:.2e}, vs gloo {d_gloo:.2e}")
+
+
+# ---- tensor + sequence parallelism on a transformer block ---------------------
+class Attention(torch.nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.head_dim = dim // heads
+        self.wq, self.wk, self.wv = (torch.nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.wo = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        # view(..., -1, head_dim): under ColwiseParallel each rank holds heads / N of the heads.
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class Block(torch.nn.Module):
+    """Pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(.))."""
+
+    def __init__(self, dim, heads, hidden):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.mlp = MLP(dim, hidden, dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+@program("tp_sequence_parallel", tol=1e-5)
+def _tp_sp():
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    # 12 heads and hidden 48 divide among 2, 3 and 4 ranks; sequence 12 likewise.
+    dim, heads, hidden, batch, seq = 24, 12, 48, 3, 12
+    s_loc = seq // N
+
+    def make():
+        torch.manual_seed(9)
+        blk = Block(dim, heads, hidden)
+        with torch.no_grad():  # LayerNorm weights and biases not at their 1 / 0 init: their gradients matter
+            for ln in (blk.ln1, blk.ln2):
+                ln.weight.add_(torch.randn(dim) * 0.2)
+                ln.bias.add_(torch.randn(dim) * 0.2)
+        return blk
+
+    torch.manual_seed(10)
+    x = torch.randn(batch, seq, dim)
+    ref = make()
+    xr = x.clone().requires_grad_()
+    ref_out = ref(xr)
+    ref_out.pow(2).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
+    mine = slice(R * s_loc, (R + 1) * s_loc)  # this rank's part of the sequence
+
+    plan = {
+        "ln1": SequenceParallel(),  # LayerNorm on the sequence shard
+        "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),  # all_gather
+        "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+        "attn.wo": RowwiseParallel(output_layouts=Shard(1)),  # reduce_scatter back to sequence shards
+        "ln2": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.w1": ColwiseParallel(),
+        "mlp.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+    def run(mesh):
+        m = parallelize_module(make(), mesh, plan)
+        xl = x[:, mine].clone().requires_grad_()  # the residual stream stays sharded along the sequence
+        out = m(xl)
+        out = out.to_local() if hasattr(out, "to_local") else out
+        out.pow(2).sum().backward()  # the sum of the ranks' losses is the one-process loss
+        grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
+                 for n, p in m.named_parameters()}
+        return out.detach().clone(), xl.grad.clone(), grads
+
+    a_out, a_xg, a_grads = on_ring(run, init_device_mesh("cpu", (N,)))
+    b_out, b_xg, b_grads = run(DeviceMesh.from_group(GLOO, "cpu"))
+    names = sorted(ref_grads)
+    if sorted(a_grads) != names or sorted(b_grads) != names:
+        return float("inf"), f"parameters {sorted(a_grads)} / {sorted(b_grads)} != {names}"
+    # Relative differences: each tensor's max |diff| over its largest |reference value| (values reach ~50).
+    refs = {"output": ref_out.detach()[:, mine], "input grad": xr.grad[:, mine], **ref_grads}
+    ours = {"output": a_out, "input grad": a_xg, **a_grads}
+    gloos = {"output": b_out, "input grad": b_xg, **b_grads}
+    rel_ref = {k: maxdiff(ours[k], refs[k]) / float(refs[k].abs().max()) for k in refs}
+    rel_gloo = {k: maxdiff(ours[k], gloos[k]) / float(refs[k].abs().max()) for k in refs}
+    worst = max(rel_ref, key=rel_ref.get)
+    d_ref, d_gloo = rel_ref[worst], max(rel_gloo.values())
+    return max(d_ref, d_gloo), (f"pre-norm block dim {dim}, {heads} heads (causal SDPA), MLP {hidden}, LayerNorms "
+                                f"SequenceParallel, q/k/v/w1 colwise, wo/w2 rowwise to Shard(1), batch {batch} x seq "
+                                f"{seq} float32: output and input-gradient shards and all {len(names)} parameter "
+                                f"gradients, max |diff| relative to each tensor's largest |value|: vs 1 process "
+                                f"{d_ref:.2e} (worst: {worst}), vs gloo {d_gloo:.2e}")
 
 
 # ---- mixture of experts: dispatch and combine with all_to_all_single ---------

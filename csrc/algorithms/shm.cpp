@@ -1,0 +1,341 @@
+// Shared-memory collectives for the ranks of one host (core/shm_window.h).
+//
+// No messages: each rank writes into its own staging slot, every rank
+// sync()s, then each reads what it needs straight from its peers' slots.
+// Work goes in rounds of at most one slot per rank, so partial results stay
+// in the last-level cache; the slot of a round's parity is reused two
+// rounds later (the window's rotation).
+//
+// Direct all-reduce ("shm"; Open MPI's xhc/XBRC, DeepSpeed's shm.cpp): the
+// reduce-scatter and the all-gather each in one step, not N-1.
+//
+//   round t, piece of chunk j = elements [begin_j + tP, +P) of the buffer
+//   1. rank r copies its pieces of every other chunk j into its slot, part j
+//   2. sync
+//   3. rank r reduces piece r from every rank, in rank order 0..N-1 (its
+//      own from its input, the others from their slots), into part r of its
+//      slot (that part was free)
+//   4. sync                                              (all-reduce only)
+//   5. rank r copies every part j of rank j's slot into its output
+//
+// Every rank sums in the same order (0..N-1), so the reduce-scatter gives
+// the same bits as the all-reduce's chunk (ZeRO's sums equal DDP's), and
+// the one-sync "shm_flat" below agrees with both.
+//
+// One-sync all-reduce ("shm_flat"; for small buffers): every rank copies its
+// whole input into its slot, syncs once, and reduces all N slots itself.
+// N copies read per rank instead of 2(N-1)/N, but one sync instead of two.
+//
+// The ledger books, per peer, what this rank's peers read from its slot
+// (sent) and what it reads from theirs (received), one message per piece:
+// the ring's claim of 2(N-1)/N of the buffer per rank is checked per peer
+// here too.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "algorithms/algorithms.h"
+
+namespace ringcomm {
+
+namespace {
+
+// Elements of one chunk's piece per round: the slot holds one piece per rank,
+// each a whole number of cache lines where the slot allows.
+size_t piece_elems(const ShmWindow& w, size_t es) {
+  size_t part = w.slot_bytes() / size_t(w.size());
+  if (part >= 64) part = part / 64 * 64;
+  return std::max<size_t>(1, part / es);
+}
+
+size_t piece_len(size_t chunk, size_t t, size_t P) { return chunk > t * P ? std::min(P, chunk - t * P) : 0; }
+
+size_t rounds_for(size_t longest, size_t P) { return std::max<size_t>(1, (longest + P - 1) / P); }
+
+ShmWindow& window_of(Link& link) {
+  ShmWindow* w = link.window();
+  if (!w) throw_invalid("no shared-memory window on this communicator");
+  return *w;
+}
+
+// The reduce-scatter half of the direct algorithm, round by round; with
+// `all` (the all-reduce) each round's chunk pieces are also gathered into
+// `all` (count elements), else the reduced piece goes to `own`.
+void direct(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* own, char* all) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const Coll coll = Coll(fp.coll);
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  const size_t P = piece_elems(w, es);
+  size_t longest = 0;
+  for (int j = 0; j < n; ++j) longest = std::max(longest, plan.chunk_count(j));
+  const size_t rounds = rounds_for(longest, P);
+  Ledger& ledger = link.ledger();
+  for (size_t t = 0; t < rounds; ++t) {
+    const int par = w.next_parity();
+    char* mine = w.slot(r, par);
+    for (int j = 0; j < n; ++j) {  // 1. stage what the others reduce
+      const size_t len = piece_len(plan.chunk_count(j), t, P);
+      if (j == r || !len) continue;
+      std::memcpy(mine + size_t(j) * P * es, in + (plan.chunk_begin(j) + t * P) * es, len * es);
+      ledger.sent(coll, w.member(j), false, len * es);
+    }
+    w.sync(link, fp, t == 0);  // 2.
+    const size_t len = piece_len(plan.chunk_count(r), t, P);
+    char* acc = mine + size_t(r) * P * es;
+    if (len) {  // 3. reduce piece r, in rank order
+      const size_t at = (plan.chunk_begin(r) + t * P) * es;
+      auto src = [&](int j) -> const char* { return j == r ? in + at : w.slot(j, par) + size_t(r) * P * es; };
+      if (n == 1) std::memcpy(acc, src(0), len * es);
+      else red.reduce(acc, src(0), src(1), len);
+      for (int j = 2; j < n; ++j) red.reduce(acc, acc, src(j), len);
+      for (int j = 0; j < n; ++j)
+        if (j != r) ledger.received(coll, w.member(j), false, len * es);
+    }
+    if (!all) {
+      if (len) std::memcpy(own + t * P * es, acc, len * es);
+      continue;
+    }
+    if (len) red.finalize(acc, len, n);
+    w.sync(link, fp, false);  // 4.
+    for (int j = 0; j < n; ++j) {  // 5. gather the reduced pieces
+      const size_t lj = piece_len(plan.chunk_count(j), t, P);
+      if (!lj) continue;
+      const char* from = j == r ? acc : w.slot(j, par) + size_t(j) * P * es;
+      std::memcpy(all + (plan.chunk_begin(j) + t * P) * es, from, lj * es);
+      if (j == r) {
+        for (int k = 0; k < n; ++k)
+          if (k != r) ledger.sent(coll, w.member(k), false, lj * es);
+      } else {
+        ledger.received(coll, w.member(j), false, lj * es);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void shm_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out) {
+  direct(link, plan, red, in, nullptr, out);
+}
+
+void shm_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* own) {
+  direct(link, plan, red, in, own, nullptr);
+}
+
+void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const Coll coll = Coll(fp.coll);
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
+  const size_t rounds = rounds_for(plan.count(), W);
+  Ledger& ledger = link.ledger();
+  for (size_t t = 0; t < rounds; ++t) {
+    const int par = w.next_parity();
+    const size_t len = piece_len(plan.count(), t, W);
+    std::memcpy(w.slot(r, par), in + t * W * es, len * es);
+    w.sync(link, fp, t == 0);
+    if (!len) continue;
+    char* dst = out + t * W * es;  // (may be the input: it was staged)
+    if (n == 1) std::memcpy(dst, w.slot(0, par), len * es);
+    else red.reduce(dst, w.slot(0, par), w.slot(1, par), len);
+    for (int j = 2; j < n; ++j) red.reduce(dst, dst, w.slot(j, par), len);
+    red.finalize(dst, len, n);
+    for (int j = 0; j < n; ++j)
+      if (j != r) {
+        ledger.sent(coll, w.member(j), false, len * es);
+        ledger.received(coll, w.member(j), false, len * es);
+      }
+  }
+}
+
+void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const Coll coll = Coll(fp.coll);  // (all_reduce's when the hierarchical one gathers)
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
+  size_t longest = 0;
+  for (int j = 0; j < n; ++j) longest = std::max(longest, plan.chunk_count(j));
+  const size_t rounds = rounds_for(longest, W);
+  Ledger& ledger = link.ledger();
+  char* own_out = out + plan.chunk_begin(r) * es;
+  if (own != own_out) std::memmove(own_out, own, plan.chunk_count(r) * es);
+  for (size_t t = 0; t < rounds; ++t) {
+    const int par = w.next_parity();
+    const size_t len = piece_len(plan.chunk_count(r), t, W);
+    std::memcpy(w.slot(r, par), own_out + t * W * es, len * es);
+    if (len)
+      for (int j = 0; j < n; ++j)
+        if (j != r) ledger.sent(coll, w.member(j), false, len * es);
+    w.sync(link, fp, t == 0);
+    for (int j = 0; j < n; ++j) {
+      const size_t lj = piece_len(plan.chunk_count(j), t, W);
+      if (j == r || !lj) continue;
+      std::memcpy(out + (plan.chunk_begin(j) + t * W) * es, w.slot(j, par), lj * es);
+      ledger.received(coll, w.member(j), false, lj * es);
+    }
+  }
+}
+
+void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
+  const size_t rounds = rounds_for(count, W);
+  Ledger& ledger = link.ledger();
+  for (size_t t = 0; t < rounds; ++t) {
+    const int par = w.next_parity();
+    const size_t len = piece_len(count, t, W);
+    if (r == root) {
+      std::memcpy(w.slot(r, par), buf + t * W * es, len * es);
+      if (len)
+        for (int j = 0; j < n; ++j)
+          if (j != r) ledger.sent(Coll::broadcast, w.member(j), false, len * es);
+    }
+    w.sync(link, fp, t == 0);
+    if (r != root && len) {
+      std::memcpy(buf + t * W * es, w.slot(root, par), len * es);
+      ledger.received(Coll::broadcast, w.member(root), false, len * es);
+    }
+  }
+}
+
+void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
+
+// ---- zero copy: the arrays live in the shared arena ----------------------
+// Every rank's input (and all_reduce's output) sits in its part of the
+// arena, and peers read it there: no staging copy.
+//
+// Each rank's arrays may sit anywhere in its part: a peer reads their
+// offsets from the call it announced (ShmWindow::peer_call).
+//
+//   sync                     every input is ready
+//   reduce chunk r from every rank's input, in rank order, in pieces of one
+//   slot (in cache; a rank's own chunk r is read by it alone, so the result
+//   may overwrite it)        -> all_reduce: chunk r of its output; reduce_scatter: `own`
+//   sync                     (all_reduce) every chunk is reduced
+//   copy chunk j of rank j's output (all_gather: its input), every j != r
+//   sync                     no peer reads this rank's arrays any more: the
+//                            caller may write them again
+namespace {
+
+// Where each rank's input (or output) of this call sits in its part of the arena.
+std::vector<int64_t> peer_offsets(ShmWindow& w, const Fingerprint& fp, bool out) {
+  std::vector<int64_t> off(size_t(w.size()));
+  for (int j = 0; j < w.size(); ++j) {
+    const Fingerprint f = j == w.rank() ? fp : w.peer_call(j, fp);
+    off[size_t(j)] = out ? f.arena_out : f.arena_in;
+  }
+  return off;
+}
+
+void zc_reduce_chunk(Link& link, ShmWindow& w, const RingPlan& plan, const Reducer& red,
+                     const std::vector<int64_t>& in_off, char* dst, bool finalize) {
+  const Coll coll = Coll(link.call().coll);
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  const size_t total = plan.chunk_count(r), first = plan.chunk_begin(r);
+  const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
+  char* acc = w.slot(r, w.next_parity());
+  for (size_t done = 0; done < total; done += W) {
+    const size_t len = std::min(W, total - done);
+    auto src = [&](int j) { return w.arena(j) + size_t(in_off[size_t(j)]) + (first + done) * es; };
+    if (n == 1) std::memcpy(acc, src(0), len * es);
+    else red.reduce(acc, src(0), src(1), len);
+    for (int j = 2; j < n; ++j) red.reduce(acc, acc, src(j), len);
+    if (finalize) red.finalize(acc, len, n);
+    std::memcpy(dst + done * es, acc, len * es);
+  }
+  Ledger& ledger = link.ledger();
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    if (total) ledger.received(coll, w.member(j), false, total * es);  // chunk r of j's input
+    if (plan.chunk_count(j)) ledger.sent(coll, w.member(j), false, plan.chunk_count(j) * es);  // j reads ours
+  }
+}
+
+}  // namespace
+
+void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, int64_t out_off) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  w.sync(link, fp, true);
+  const std::vector<int64_t> ins = peer_offsets(w, fp, false), outs = peer_offsets(w, fp, true);
+  char* out = w.arena(r) + size_t(out_off);
+  zc_reduce_chunk(link, w, plan, red, ins, out + plan.chunk_begin(r) * es, true);
+  w.sync(link, fp, false);
+  Ledger& ledger = link.ledger();
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    const size_t len = plan.chunk_count(j), at = plan.chunk_begin(j) * es;
+    if (len) {
+      std::memcpy(out + at, w.arena(j) + size_t(outs[size_t(j)]) + at, len * es);
+      ledger.received(Coll::all_reduce, w.member(j), false, len * es);
+    }
+    if (plan.chunk_count(r)) ledger.sent(Coll::all_reduce, w.member(j), false, plan.chunk_count(r) * es);
+  }
+  w.sync(link, fp, false);
+}
+
+void zero_copy_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, char* own) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  w.sync(link, fp, true);
+  zc_reduce_chunk(link, w, plan, red, peer_offsets(w, fp, false), own, false);
+  w.sync(link, fp, false);
+}
+
+void zero_copy_all_gather(Link& link, const RingPlan& plan, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  w.sync(link, fp, true);
+  const std::vector<int64_t> ins = peer_offsets(w, fp, false);
+  Ledger& ledger = link.ledger();
+  for (int j = 0; j < n; ++j) {
+    const size_t len = plan.chunk_count(j);
+    if (!len) continue;
+    char* dst = out + plan.chunk_begin(j) * es;
+    const char* src = w.arena(j) + size_t(ins[size_t(j)]);
+    if (dst != src) std::memmove(dst, src, len * es);
+    if (j == r) {
+      for (int k = 0; k < n; ++k)
+        if (k != r) ledger.sent(Coll::all_gather, w.member(k), false, len * es);
+    } else {
+      ledger.received(Coll::all_gather, w.member(j), false, len * es);
+    }
+  }
+  w.sync(link, fp, false);
+}
+
+// ---- across hosts: hierarchical all-reduce --------------------------------
+// The window holds this host's L ranks; `across` all-reduces a buffer among
+// the ranks of every host with this rank's local index (one per host).
+//
+//   1. reduce-scatter inside the host (the direct one): local rank l holds
+//      chunk l (of L) summed over the host
+//   2. across(chunk l): every host's sums of chunk l, over the inter-host
+//      transport, each local rank its own slice at once
+//   3. all-gather inside the host
+// Only 1/L of the buffer leaves each rank for other hosts.
+void hierarchical_all_reduce(Link& link, size_t count, size_t es, const Reducer& red, const char* in, char* out,
+                             const std::function<void(char*, size_t)>& across) {
+  ShmWindow& w = window_of(link);
+  RingPlan local(count, w.size(), es, link.options().segment_bytes);
+  char* own = out + local.chunk_begin(w.rank()) * es;
+  direct(link, local, red, in, own, nullptr);
+  across(own, local.chunk_count(w.rank()));
+  red.finalize(own, local.chunk_count(w.rank()), link.size());
+  shm_all_gather(link, local, own, out);
+}
+
+}  // namespace ringcomm

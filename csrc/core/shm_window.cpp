@@ -1,0 +1,375 @@
+// ShmWindow (shm_window.h): the shared block's layout, the phase sync and
+// how a wait in it fails.
+#include "core/shm_window.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <iterator>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "core/link.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RC_PAUSE() _mm_pause()
+#else
+#define RC_PAUSE() std::this_thread::yield()
+#endif
+
+namespace ringcomm {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x72696e67736d3031ull;  // "ringsm01"
+constexpr size_t kLine = 64;
+constexpr int kCalls = 4;  // announced calls kept per rank (seq % 4)
+
+// Futexes on a shared mapping: not FUTEX_PRIVATE (the word is shared by
+// processes; in process the same calls work on ordinary memory).
+void futex_wait(std::atomic<uint32_t>* w, uint32_t expected, Clock::duration d) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  timespec ts{time_t(ns / 1000000000), long(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t>* w) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+uint64_t call_word(const Fingerprint& fp) { return (fp.seq << 32) | stamp_of(fp); }
+
+long spin_budget_ns(int nranks) {
+  if (const char* s = std::getenv("RINGCOMM_SHM_SPIN_US")) return std::max(0L, std::atol(s)) * 1000;
+  // More ranks than cores: a spinning rank takes the time slice the rank it
+  // waits for needs, so sleep almost at once.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return unsigned(nranks) > cores ? 2000 : 50000;
+}
+
+}  // namespace
+
+struct alignas(kLine) ShmWindow::Header {
+  uint64_t magic;
+  int32_t nranks;
+  int32_t pad;
+  uint64_t slot_bytes;
+  alignas(kLine) std::atomic<int32_t> claim;   // a failure is being written
+  std::atomic<int32_t> failed;                 // 0: none; else its origin + 1 (reason below is complete)
+  int32_t kind;
+  char reason[1024];
+  alignas(kLine) std::atomic<uint32_t> epoch;  // the futex word: bumped to wake sleepers
+  alignas(kLine) std::atomic<int32_t> sleepers;
+};
+
+struct alignas(kLine) ShmWindow::RankArea {
+  std::atomic<uint64_t> arrived;  // the last phase this rank reached (its own line: one writer)
+  alignas(kLine) int64_t pid;     // 0: in process
+  std::atomic<uint64_t> latest;   // seq of the newest call it announced
+  std::atomic<uint64_t> call[kCalls];  // (seq << 32) | stamp of call seq, at seq % kCalls
+  Fingerprint fp[kCalls];
+};
+
+size_t ShmWindow::bytes_for(int nranks, size_t slot_bytes) {
+  const size_t head = round_up(sizeof(Header) + size_t(nranks) * sizeof(RankArea), 4096);
+  return head + size_t(nranks) * 2 * round_up(slot_bytes, 4096);
+}
+
+ShmWindow::ShmWindow(void* base, size_t bytes, int rank, int nranks, size_t slot_bytes, bool creator,
+                     bool processes, std::shared_ptr<void> keep, std::string label)
+    : base_(static_cast<char*>(base)),
+      bytes_(bytes),
+      rank_(rank),
+      n_(nranks),
+      slot_bytes_(slot_bytes),
+      processes_(processes),
+      keep_(std::move(keep)),
+      label_(std::move(label)),
+      spin_ns_(spin_budget_ns(nranks)) {
+  if (bytes < bytes_for(nranks, slot_bytes)) throw_invalid("shared block too small for its ranks and slots");
+  Header* h = header();
+  if (creator) {
+    new (h) Header();
+    h->magic = kMagic;
+    h->nranks = nranks;
+    h->slot_bytes = slot_bytes;
+    for (int r = 0; r < nranks; ++r) new (area(r)) RankArea();
+  } else if (h->magic != kMagic || h->nranks != nranks || h->slot_bytes != slot_bytes) {
+    throw RingError(ErrKind::transport, rank, -1, 0, "shared segment " + label_ + " was not laid out for " +
+                                                         std::to_string(nranks) + " ranks (another job's?)");
+  }
+  area(rank)->pid = processes ? int64_t(getpid()) : 0;
+  // First touch on the owning rank: its slots' pages are faulted in here.
+  std::memset(slot(rank, 0), 0, slot_bytes_);
+  std::memset(slot(rank, 1), 0, slot_bytes_);
+}
+
+ShmWindow::~ShmWindow() = default;
+
+ShmWindow::Header* ShmWindow::header() const { return reinterpret_cast<Header*>(base_); }
+
+ShmWindow::RankArea* ShmWindow::area(int r) const {
+  return reinterpret_cast<RankArea*>(base_ + sizeof(Header)) + r;
+}
+
+char* ShmWindow::slot(int r, int parity) const {
+  const size_t head = round_up(sizeof(Header) + size_t(n_) * sizeof(RankArea), 4096);
+  return base_ + head + (size_t(r) * 2 + size_t(parity)) * round_up(slot_bytes_, 4096);
+}
+
+void ShmWindow::announce(const Fingerprint& fp) {
+  RankArea* me = area(rank_);
+  const int k = int(fp.seq % kCalls);
+  me->call[k].store(0, std::memory_order_relaxed);  // being rewritten (a reader then skips it)
+  std::atomic_thread_fence(std::memory_order_release);
+  me->fp[k] = fp;
+  me->fp[k].rank = rank_;
+  me->call[k].store(call_word(fp), std::memory_order_release);
+  me->latest.store(fp.seq, std::memory_order_release);
+}
+
+Fingerprint ShmWindow::peer_call(int j, const Fingerprint& mine) const {
+  // j announced it before its first sync and cannot announce call seq + 4
+  // before this call is over: the slot holds it now.
+  RankArea* a = area(j);
+  const int k = int(mine.seq % kCalls);
+  if (a->call[k].load(std::memory_order_acquire) != call_word(mine))
+    throw RingError(ErrKind::transport, rank_, j, mine.seq,
+                    "rank " + std::to_string(j) + "'s announcement of " + describe(mine) + " is gone from the window");
+  return a->fp[k];
+}
+
+bool ShmWindow::all_arrived(uint64_t phase, int* missing) const {
+  for (int j = 0; j < n_; ++j)
+    if (area(j)->arrived.load(std::memory_order_acquire) < phase) {
+      *missing = j;
+      return false;
+    }
+  return true;
+}
+
+int ShmWindow::failed_origin() const {
+  const int f = header()->failed.load(std::memory_order_acquire);
+  return f > 0 ? f - 1 : -1;
+}
+
+void ShmWindow::fail(int origin, ErrKind kind, const std::string& reason) {
+  Header* h = header();
+  if (h->claim.exchange(1, std::memory_order_acq_rel) == 0) {
+    const size_t n = std::min(reason.size(), sizeof(h->reason) - 1);
+    std::memcpy(h->reason, reason.data(), n);
+    h->reason[n] = 0;
+    h->kind = int32_t(kind);
+    h->failed.store(std::max(origin, 0) + 1, std::memory_order_release);
+  }
+  wake();
+}
+
+void ShmWindow::wake() {
+  Header* h = header();
+  h->epoch.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&h->epoch);
+}
+
+void ShmWindow::throw_published(const Link& link, const Fingerprint& fp) {
+  Header* h = header();
+  const int origin = failed_origin();
+  const ErrKind kind = ErrKind(h->kind);
+  RingError e(kind == ErrKind::mismatch ? ErrKind::mismatch : ErrKind::aborted, rank_, origin, fp.seq,
+              std::string(h->reason) + " (reported to rank " + std::to_string(rank_) + " through shared memory)");
+  e.origin = origin;
+  e.cause = kind;
+  (void)link;
+  throw e;
+}
+
+// The peers' announced calls for fp.seq must be this one. `arrived_only`:
+// only peers that have arrived at the current phase (the others may not
+// have announced yet).
+void ShmWindow::check_calls(const Link& link, const Fingerprint& fp, bool arrived_only) {
+  const uint64_t mine = call_word(fp);
+  const int k = int(fp.seq % kCalls);
+  for (int j = 0; j < n_; ++j) {
+    if (j == rank_) continue;
+    RankArea* a = area(j);
+    if (arrived_only && a->arrived.load(std::memory_order_acquire) < phase_) continue;
+    const uint64_t w = a->call[k].load(std::memory_order_acquire);
+    if (w == mine || (w >> 32) != (fp.seq & 0xffffffffu)) continue;  // the same call, or not (or no longer) there
+    Fingerprint theirs = a->fp[k];
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (a->call[k].load(std::memory_order_relaxed) != w) continue;  // rewritten while we read it
+    throw RingError(ErrKind::mismatch, rank_, j, fp.seq, mismatch_text(theirs, fp));
+  }
+  (void)link;
+}
+
+// A peer that has not arrived: has it announced another call for this seq,
+// moved past it, or died?
+void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, int missing) {
+  check_calls(link, fp, false);
+  RankArea* a = area(missing);
+  // It announces a later call only after arriving at every phase of this
+  // one: seen after its announcement, its arrival counter tells whether it
+  // skipped this call or just finished it since we looked.
+  const uint64_t latest = a->latest.load(std::memory_order_acquire);
+  if (latest > fp.seq && a->arrived.load(std::memory_order_acquire) < phase)
+    throw RingError(ErrKind::mismatch, rank_, missing, fp.seq,
+                    "rank " + std::to_string(missing) + " went on to call #" + std::to_string(latest) +
+                        " without joining " + describe(fp) + " on rank " + std::to_string(rank_) +
+                        " through shared memory: the ranks disagree on the call");
+  if (processes_ && a->pid > 0 && kill(pid_t(a->pid), 0) != 0 && errno == ESRCH)
+    throw RingError(ErrKind::transport, rank_, missing, fp.seq,
+                    "rank " + std::to_string(missing) + " (pid " + std::to_string(a->pid) + ") died while rank " +
+                        std::to_string(rank_) + " waited for it in " + describe(fp) + " (shared memory)");
+}
+
+// What the window says about `peer` (its newest announced call), or what
+// the link knows (in process: the peer's flight record).
+std::string ShmWindow::peer_state(Link& link, int peer, const Fingerprint& fp) {
+  std::string note = link.peer_report(peer);
+  if (!note.empty()) return note;
+  const uint64_t latest = area(peer)->latest.load(std::memory_order_acquire);
+  if (latest == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
+  return " The newest call rank " + std::to_string(peer) + " has announced is #" + std::to_string(latest) +
+         ": it has not reached #" + std::to_string(fp.seq) + ".";
+}
+
+void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
+  Header* h = header();
+  if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
+  const uint64_t p = ++phase_;
+  area(rank_)->arrived.store(p, std::memory_order_seq_cst);
+  if (h->sleepers.load(std::memory_order_seq_cst) > 0) wake();
+  int missing = -1;
+  if (!all_arrived(p, &missing)) {
+    const auto start = Clock::now();
+    const auto spin_until = start + std::chrono::nanoseconds(spin_ns_);
+    bool done = false;
+    for (unsigned i = 1; !done; ++i) {
+      RC_PAUSE();
+      done = all_arrived(p, &missing);
+      if (!done && (i & 63) == 0 && Clock::now() >= spin_until) break;
+    }
+    if (!done) {
+      link.publish_wait(missing, 1, "its part in shared memory", start);
+      const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(link.options().timeout_s));
+      auto last_poll = start;
+      int shown = missing;
+      for (;;) {
+        if (all_arrived(p, &missing)) break;
+        if (missing != shown) {  // the one waited for now (the flight recorder names it)
+          shown = missing;
+          link.publish_wait(missing, 1, "its part in shared memory", start);
+        }
+        if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
+        const auto now = Clock::now();
+        if (link.transport().interrupted())
+          throw RingError(ErrKind::aborted, rank_, -1, fp.seq,
+                          "rank " + std::to_string(rank_) +
+                              (link.user_interrupted() ? " was interrupted (KeyboardInterrupt) in " : " aborted ") +
+                              describe(fp) + " while it waited for rank " + std::to_string(missing) +
+                              " (shared memory)");
+        if (now - last_poll >= std::chrono::milliseconds(100)) {
+          last_poll = now;
+          if (link.interrupt_requested()) {
+            link.mark_user_interrupt();
+            throw RingError(ErrKind::aborted, rank_, -1, fp.seq,
+                            "rank " + std::to_string(rank_) + " was interrupted (KeyboardInterrupt) in " +
+                                describe(fp) + " while it waited for rank " + std::to_string(missing));
+          }
+        }
+        check_slow(link, fp, p, missing);
+        if (now >= deadline) {
+          char secs[32];
+          std::snprintf(secs, sizeof secs, "%g", link.options().timeout_s);
+          throw RingError(ErrKind::timeout, rank_, missing, fp.seq,
+                          "timed out after " + std::string(secs) + " s in " + describe(fp) + ": rank " +
+                              std::to_string(rank_) + " waited for rank " + std::to_string(missing) +
+                              " to arrive in shared memory (" + label_ +
+                              "); is that rank alive and calling the same collective?" + peer_state(link, missing, fp));
+        }
+        // Sleep until an arrival (or a failure) bumps the epoch: say so
+        // first, then look once more (an arrival between the two either is
+        // seen here or sees us sleeping and wakes us).
+        const uint32_t e = h->epoch.load(std::memory_order_seq_cst);
+        h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+        if (!all_arrived(p, &missing))
+          futex_wait(&h->epoch, e, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
+        h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      }
+      link.publish_wait(-1, 0, nullptr, start);
+    }
+  }
+  if (first) check_calls(link, fp, false);
+}
+
+void ShmWindow::attach_arena(char* base, size_t per_rank, std::shared_ptr<void> keep) {
+  std::lock_guard<std::mutex> g(arena_m_);
+  arena_ = base;
+  arena_per_rank_ = per_rank;
+  arena_keep_ = std::move(keep);
+  arena_free_.clear();
+  arena_used_.clear();
+  arena_free_[0] = per_rank;
+}
+
+int64_t ShmWindow::arena_offset(const void* p, size_t bytes) const {
+  if (!arena_) return -1;
+  const char* c = static_cast<const char*>(p);
+  const char* mine = arena(rank_);
+  if (c < mine || c + bytes > mine + arena_per_rank_) return -1;
+  return int64_t(c - mine);
+}
+
+size_t ShmWindow::arena_alloc(size_t bytes) {
+  std::lock_guard<std::mutex> g(arena_m_);
+  if (!arena_) throw_invalid("this communicator has no shared arena");
+  const size_t need = round_up(std::max<size_t>(bytes, 1), 4096);
+  for (auto it = arena_free_.begin(); it != arena_free_.end(); ++it) {
+    if (it->second < need) continue;
+    const size_t off = it->first, left = it->second - need;
+    arena_free_.erase(it);
+    if (left) arena_free_[off + need] = left;
+    arena_used_[off] = need;
+    return off;
+  }
+  size_t free_bytes = 0, largest = 0;
+  for (auto& f : arena_free_) {
+    free_bytes += f.second;
+    largest = std::max(largest, f.second);
+  }
+  throw_invalid("the shared arena is full: " + std::to_string(bytes) + " bytes asked, " + std::to_string(free_bytes) +
+                " free of " + std::to_string(arena_per_rank_) + " (largest block " + std::to_string(largest) +
+                "); free arrays or set RINGCOMM_SHM_ARENA (bytes per rank) larger");
+}
+
+void ShmWindow::arena_free(size_t offset) {
+  std::lock_guard<std::mutex> g(arena_m_);
+  auto u = arena_used_.find(offset);
+  if (u == arena_used_.end()) return;
+  size_t off = u->first, len = u->second;
+  arena_used_.erase(u);
+  auto next = arena_free_.lower_bound(off);
+  if (next != arena_free_.end() && next->first == off + len) {  // merge with the range after
+    len += next->second;
+    next = arena_free_.erase(next);
+  }
+  if (next != arena_free_.begin()) {  // and the one before
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      prev->second += len;
+      return;
+    }
+  }
+  arena_free_[off] = len;
+}
+
+}  // namespace ringcomm

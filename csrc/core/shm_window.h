@@ -1,0 +1,137 @@
+// ShmWindow: the ranks of one host reaching each other's memory directly.
+//
+// A block of memory every rank of the communicator has mapped (a shared
+// segment between processes, transports/shm_segment.h; plain memory between
+// in-process ranks). Laid out as:
+//
+//   header      abort word + reason (the first failure, for everyone), the
+//               futex word sleepers wait on, the count of sleepers
+//   per rank    its arrival counter (own cache line, one writer), its pid,
+//               the calls it announced (a ring of 4: seq, stamp, fingerprint)
+//   per rank    two staging slots of slot_bytes (parity 0 and 1)
+//
+// The shared-memory algorithms (algorithms/shm.cpp) run in rounds: each
+// rank writes its slot of the round's parity, everyone sync()s, then reads
+// what it needs from the peers' slots. A slot of parity p is written again
+// two rounds later, only after every peer has arrived at the round in
+// between, which it does after its last read of the slot: the rotation is
+// the only protection a slot needs (no trailing barrier, as in DeepSpeed's
+// shm.cpp and NCCL's FIFO).
+//
+// Waiting (sync): spin briefly, then sleep on a futex in the shared block;
+// an arriving rank wakes the sleepers only when one says it sleeps. Every
+// wait has the link's deadline (naming the peer), notices abort() and
+// Ctrl-C (Link), a failure any rank published in the header, a peer that
+// announced another call (MismatchError naming both), and a peer process
+// that died (SIGKILL: kill(pid, 0)).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/fingerprint.h"
+#include "core/vocabulary.h"
+
+namespace ringcomm {
+
+class Link;
+
+class ShmWindow {
+ public:
+  // Bytes a block for `nranks` ranks with slots of `slot_bytes` needs.
+  static size_t bytes_for(int nranks, size_t slot_bytes);
+  // `base`: the block (bytes_for() bytes, zero-filled when new); `keep`
+  // owns the mapping. `creator`: this rank lays the header out (before any
+  // other rank attaches: the bootstrap orders it). `shared_pid`: the ranks
+  // are other processes of this host (their liveness is checked); false for
+  // in-process ranks.
+  ShmWindow(void* base, size_t bytes, int rank, int nranks, size_t slot_bytes, bool creator, bool processes,
+            std::shared_ptr<void> keep, std::string label);
+  ~ShmWindow();
+
+  int rank() const { return rank_; }
+  int size() const { return n_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  const std::string& label() const { return label_; }
+  // Rank r's staging slot of `parity` (0 or 1), cache-line aligned.
+  char* slot(int r, int parity) const;
+  // The communicator's rank of window rank j (the ledger books by it):
+  // j itself unless set_members() said otherwise.
+  int member(int j) const { return members_.empty() ? j : members_[size_t(j)]; }
+  void set_members(std::vector<int> m) { members_ = std::move(m); }
+  // The parity of the next round (every rank runs the same rounds).
+  int next_parity() { return int(round_++ & 1); }
+
+  // Announce this rank's current call (every collective, whichever path it
+  // takes, so a peer waiting here can tell that it runs another one).
+  void announce(const Fingerprint& fp);
+  // Arrive at the next phase and wait until every rank has. `first`: the
+  // call's first sync: the peers' announced calls must equal fp (else
+  // MismatchError), before any of their slots is read. Throws RingError on
+  // timeout, abort, Ctrl-C, a published failure or a dead peer.
+  void sync(Link& link, const Fingerprint& fp, bool first);
+  // Peer j's announced call `mine.seq` (after the call's first sync, while
+  // j is still in it): what j passed for it (zero copy: its arena offsets).
+  Fingerprint peer_call(int j, const Fingerprint& mine) const;
+  // Publish a failure for every rank (the first one wins) and wake the
+  // sleepers. Any thread.
+  void fail(int origin, ErrKind kind, const std::string& reason);
+  // Has a failure been published? (origin, or -1)
+  int failed_origin() const;
+  // Wake this window's sleepers (Engine::abort: they then see the interrupt).
+  void wake();
+
+  // ---- the shared arena (zero copy) ----
+  // Memory every rank has mapped, one part of `per_rank` bytes per rank, in
+  // which ringcomm allocates arrays (comm.empty): a collective on them has
+  // its peers read each rank's part directly (algorithm zero_copy), with no
+  // staging copy. Allocation is symmetric: ranks that allocate and free in
+  // the same order get the same offsets (and a call checks that they did).
+  void attach_arena(char* base, size_t per_rank, std::shared_ptr<void> keep);
+  bool has_arena() const { return arena_ != nullptr; }
+  size_t arena_bytes() const { return arena_per_rank_; }
+  char* arena(int r) const { return arena_ + size_t(r) * arena_per_rank_; }
+  // Offset of [p, p + bytes) in this rank's part; -1 when not inside it.
+  int64_t arena_offset(const void* p, size_t bytes) const;
+  // A block of this rank's part (first fit, 4 KiB aligned); throws
+  // RingError(invalid) when no free range is large enough.
+  size_t arena_alloc(size_t bytes);
+  void arena_free(size_t offset);
+
+ private:
+  struct Header;
+  struct RankArea;
+  Header* header() const;
+  RankArea* area(int r) const;
+  bool all_arrived(uint64_t phase, int* missing) const;
+  [[noreturn]] void throw_published(const Link& link, const Fingerprint& fp);
+  void check_calls(const Link& link, const Fingerprint& fp, bool arrived_only);
+  void check_slow(Link& link, const Fingerprint& fp, uint64_t phase, int missing);
+  std::string peer_state(Link& link, int peer, const Fingerprint& fp);
+
+  char* base_;
+  size_t bytes_;
+  int rank_, n_;
+  size_t slot_bytes_;
+  bool processes_;
+  std::shared_ptr<void> keep_;
+  std::string label_;
+  uint64_t phase_ = 0;  // the last phase this rank arrived at
+  uint64_t round_ = 0;
+  long spin_ns_;        // how long sync spins before it sleeps
+  std::vector<int> members_;
+  char* arena_ = nullptr;
+  size_t arena_per_rank_ = 0;
+  std::shared_ptr<void> arena_keep_;
+  std::mutex arena_m_;                      // comm.empty and the arrays' finalizers, any thread
+  std::map<size_t, size_t> arena_free_;     // offset -> bytes, coalesced
+  std::map<size_t, size_t> arena_used_;
+};
+
+}  // namespace ringcomm

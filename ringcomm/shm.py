@@ -1,0 +1,260 @@
+"""Shared memory between the ranks of one host: finding them and mapping
+their window (csrc/core/shm_window.h, the algorithms in csrc/algorithms/shm.cpp).
+
+Which ranks share a host: the same ``hostname`` and kernel boot id
+(``/proc/sys/kernel/random/boot_id``), or the same ``RINGCOMM_HOST_ID`` (so
+tests can split one machine into several "hosts"); then confirmed by
+mapping: containers on one node may not share ``/dev/shm``.
+
+``RINGCOMM_TRANSPORT`` chooses what ``algorithm="auto"`` uses between ranks
+of one host: ``auto`` (default: shared memory when every rank of the
+communicator is on one host, else MPI point-to-point), ``mpi`` (never shared
+memory: no segment is made) or ``shm`` (shared memory, or an error when the
+ranks are not on one host). In-process worlds (``run_local``) always have a
+window (plain memory), so ``algorithm="shm"`` runs there; ``auto`` uses it
+only with ``RINGCOMM_TRANSPORT=shm``: the in-process world teaches the ring.
+
+Segments: created by the lowest rank with mode 0600 and O_EXCL under a name
+that carries the user, the job and a random nonce, reserved with
+``posix_fallocate`` (a full ``/dev/shm`` is a clear error, or under ``auto``
+a warning and MPI point-to-point), mapped by every rank, then unlinked as
+soon as all have mapped it: a crash leaves nothing in ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import socket
+import warnings
+
+from ._native import core
+from .errors import InvalidArgument, RingcommError
+
+__all__ = ["host_key", "mode", "slot_bytes", "flat_max", "arena_bytes", "attach_mpi", "attach_local", "empty"]
+
+MODES = ("auto", "mpi", "shm")
+
+# Bytes of one rank's staging slot (two per rank: the rounds alternate).
+# Small enough that every rank's two slots stay in the last-level cache.
+DEFAULT_SLOT = 256 * 1024
+# all_reduce up to this many bytes runs the one-sync algorithm (shm_flat):
+# every rank reduces the whole vector, which costs N reads of it but one
+# sync instead of two (measured: bench/shm_crossover.py).
+DEFAULT_FLAT_MAX = 16 * 1024
+
+
+def host_key() -> str:
+    """What identifies this host: ``RINGCOMM_HOST_ID``, else hostname + boot id."""
+    override = os.environ.get("RINGCOMM_HOST_ID")
+    if override:
+        return "id:" + override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}:{boot}"
+
+
+def mode(value: str | None = None) -> str:
+    m = (value or os.environ.get("RINGCOMM_TRANSPORT") or "auto").strip().lower()
+    if m not in MODES:
+        raise InvalidArgument(f"RINGCOMM_TRANSPORT must be one of {', '.join(MODES)}, got {m!r}")
+    return m
+
+
+def _int_env(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    if not v:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer number of bytes, got {v!r}") from None
+
+
+def slot_bytes() -> int:
+    b = _int_env("RINGCOMM_SHM_SLOT", DEFAULT_SLOT)
+    if b < 4096:
+        raise InvalidArgument(f"RINGCOMM_SHM_SLOT must be at least 4096 bytes, got {b}")
+    return b
+
+
+# Bytes of each rank's part of the shared arena (comm.empty), made at the
+# first comm.empty() call: reserved in /dev/shm then, per rank.
+DEFAULT_ARENA = 128 << 20
+
+
+def arena_bytes() -> int:
+    b = _int_env("RINGCOMM_SHM_ARENA", DEFAULT_ARENA)
+    if b < 4096:
+        raise InvalidArgument(f"RINGCOMM_SHM_ARENA must be at least 4096 bytes, got {b}")
+    return b // 4096 * 4096
+
+
+def flat_max() -> int:
+    return max(0, min(_int_env("RINGCOMM_SHM_FLAT_MAX", DEFAULT_FLAT_MAX), slot_bytes()))
+
+
+def _segment_name() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    job = (os.environ.get("OMPI_MCA_orte_ess_jobid") or os.environ.get("PMIX_NAMESPACE")
+           or os.environ.get("SLURM_JOB_ID") or str(os.getpid()))
+    safe = "".join(c if c.isalnum() else "_" for c in f"{user}-{job}")[:120]
+    return f"/ringcomm-{safe}-{secrets.token_hex(6)}"
+
+
+def _map_window(comm, slot: int):
+    """Map one window over the ranks of `comm` (one host): rank 0 creates the
+    segment, the others map it, rank 0 unlinks it once all have. Collective
+    over `comm`; returns (window or None, the first error or None)."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    name, err, window = None, None, None
+    if rank == 0:
+        name = _segment_name()
+        try:
+            window = core.shm_create(name, rank, n, slot)
+        except RingcommError as e:
+            err = str(e)
+    name, err = comm.bcast((name, err), root=0)
+    if err is None and rank != 0:
+        try:
+            window = core.shm_attach(name, rank, n, slot)
+        except RingcommError as e:
+            err = f"rank {rank}: {e}"
+    errors = [e for e in comm.allgather(err) if e]
+    if rank == 0 and name is not None and err is None:
+        core.shm_remove(name)  # every rank has mapped it (allgather above): nothing outlives the job
+    return (None, errors[0]) if errors else (window, None)
+
+
+def attach_mpi(engine, comm, transport: str | None = None, settings=None) -> str | None:
+    """Give `engine` (over the MPI communicator `comm`) what its ranks share:
+    one window when every rank is on one host ("shm"); on several hosts with
+    the same number (>= 2) of ranks each, this host's window and an engine
+    between the hosts, for the hierarchical all_reduce ("hierarchical").
+    Collective over `comm`. Returns which, or None."""
+    m = mode(transport)
+    n = comm.Get_size()
+    if m == "mpi" or n == 1:
+        return None
+    keys = comm.allgather(host_key())
+    order = list(dict.fromkeys(keys))
+    slot = slot_bytes()
+    if len(order) == 1:
+        window, err = _map_window(comm, slot)
+        if err:
+            if m == "shm":
+                raise RingcommError("RINGCOMM_TRANSPORT=shm, but the shared-memory window failed: " + err)
+            warnings.warn("ringcomm: no shared memory between the ranks of this host, using MPI point-to-point: "
+                          + err, RuntimeWarning, stacklevel=3)
+            return None
+        engine.attach_window(window, True, flat_max())
+        return "shm"
+    per_host = [keys.count(k) for k in order]
+    if len(set(per_host)) != 1 or per_host[0] < 2:
+        if m == "shm":
+            raise InvalidArgument(f"RINGCOMM_TRANSPORT=shm, but the {n} ranks are on {len(order)} hosts with "
+                                  f"{per_host} ranks: shared memory across hosts needs the same number (at least "
+                                  "2) on every host (use auto or mpi)")
+        return None
+    return _attach_hierarchy(engine, comm, keys, order, slot, settings, m)
+
+
+def _attach_hierarchy(engine, comm, keys, order, slot, settings, m) -> str | None:
+    from mpi4py import MPI
+    from .tuning import selection
+    rank = comm.Get_rank()
+    host = order.index(keys[rank])
+    local = comm.Split(host, rank)
+    cross = comm.Split(local.Get_rank(), host)
+    try:
+        window, err = _map_window(local, slot)
+        errors = [e for e in comm.allgather(err) if e]  # every host decides alike
+        if errors:
+            if m == "shm":
+                raise RingcommError("RINGCOMM_TRANSPORT=shm, but a host's shared-memory window failed: "
+                                    + errors[0])
+            warnings.warn("ringcomm: no shared memory within a host, using MPI point-to-point: " + errors[0],
+                          RuntimeWarning, stacklevel=4)
+            return None
+        members, cross_members = local.allgather(rank), cross.allgather(rank)
+        between = core.mpi_engine(MPI._handleof(cross), settings.timeout, settings.segment_bytes, settings.window)
+        costs = comm.bcast(selection.costs_for("mpi", cross.Get_size()) if rank == 0 else None, root=0)
+        rd, hd = selection.auto_limits(costs, cross.Get_size())
+        between.set_auto_limits(rd, hd, selection.reduce_limit(costs, cross.Get_size()))
+        engine.attach_hierarchy(window, members, between, cross_members)
+        return "hierarchical"
+    finally:
+        local.Free()
+        cross.Free()
+
+
+def _make_arena_mpi(window, comm) -> None:
+    """The window's shared arena, over MPI: made like the window's segment
+    (created by rank 0, mapped by all, then unlinked). Collective."""
+    per_rank, rank = arena_bytes(), comm.Get_rank()
+    name, err = None, None
+    if rank == 0:
+        name = _segment_name() + "-arena"
+        try:
+            core.shm_arena_map(window, name, per_rank, True)
+        except RingcommError as e:
+            err = str(e)
+    name, err = comm.bcast((name, err), root=0)
+    if err is None and rank != 0:
+        try:
+            core.shm_arena_map(window, name, per_rank, False)
+        except RingcommError as e:
+            err = f"rank {rank}: {e}"
+    errors = [e for e in comm.allgather(err) if e]
+    if rank == 0 and err is None:
+        core.shm_remove(name)
+    if errors:
+        raise RingcommError("cannot make the shared arena for comm.empty(): " + errors[0])
+
+
+def empty(comm, shape, dtype="float32", family: str = "numpy"):
+    """An uninitialized array in this rank's part of the shared arena
+    (``Communicator.empty``)."""
+    import numpy as np
+    from . import vocab
+    window = comm._engine.window
+    if window is None:
+        raise InvalidArgument("comm.empty() needs ranks that share memory (a shared-memory window): this "
+                              "communicator has none (RINGCOMM_TRANSPORT=mpi, ranks on several hosts, or a device)")
+    if not window.has_arena:
+        maker = getattr(comm, "_arena_maker", None)
+        if maker is None:
+            raise InvalidArgument("this communicator cannot make a shared arena")
+        maker()
+    name = vocab.numpy_name(dtype) if not isinstance(dtype, str) else str(np.dtype(vocab.NUMPY.get(dtype, dtype)))
+    if name not in vocab.NUMPY:
+        raise InvalidArgument(f"comm.empty: unsupported dtype {dtype!r}; expected one of {', '.join(vocab.NUMPY)}")
+    npd = vocab.NUMPY[name]
+    shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    block = window.arena_alloc(count * npd.itemsize)
+    if family == "numpy":
+        return np.frombuffer(block, dtype=npd, count=count).reshape(shape)
+    if family == "torch":
+        import torch
+        t = torch.frombuffer(block, dtype=vocab.torch_dtype(name), count=count) if count else \
+            torch.empty(0, dtype=vocab.torch_dtype(name))
+        return t.reshape(shape)
+    raise InvalidArgument(f"comm.empty: family must be 'numpy' or 'torch', got {family!r}")
+
+
+def attach_local(engines: list) -> None:
+    """In-process ranks: one window over plain memory; ``auto`` uses it only
+    with ``RINGCOMM_TRANSPORT=shm``."""
+    windows = core.shm_local_windows(len(engines), slot_bytes())
+    core.shm_local_arena(windows, arena_bytes())  # reserved lazily: untouched parts cost nothing
+    use = mode() == "shm"
+    for e, w in zip(engines, windows):
+        e.attach_window(w, use, flat_max())
