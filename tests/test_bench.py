@@ -57,6 +57,34 @@ def test_check_data_reference_is_exact():
             assert exp.dtype == benchmark.vocab.NUMPY[dtype] and exp.size == 100
 
 
+def test_check_data_from_one_period_equals_the_formula():
+    # check_data and check_expected repeat one period of the reducing
+    # patterns; the direct formulas (numpy over the whole index) must agree
+    from ringcomm import vocab
+    for dtype in ("bfloat16", "float16", "int8", "uint8", "int32", "float64"):
+        for op in ("sum", "avg", "prod", "min", "max"):
+            if op == "avg" and dtype not in vocab.FLOATING:
+                continue
+            for count in (1, 3, 7, 36, 1001):
+                i = np.arange(count, dtype=np.int64)
+                xs = []
+                for rank in range(3):
+                    v = {"sum": (rank + 1) * (i % 5 + 1) % 9, "avg": (rank + 1) * (i % 5 + 1) % 9,
+                         "prod": np.where((i + rank) % 3 == 0, 2, 1)}.get(op, (rank * 3 + i) % 7)
+                    want = v.astype(vocab.NUMPY[dtype])
+                    got = benchmark.check_data(dtype, op, rank, count)
+                    assert got.dtype == want.dtype and np.array_equal(got, want), (dtype, op, count, rank)
+                    xs.append(want.astype(np.float64))
+                x = np.stack(xs)
+                red = {"sum": x.sum(0), "avg": x.sum(0), "prod": x.prod(0), "min": x.min(0), "max": x.max(0)}[op]
+                want = red.astype(vocab.NUMPY[dtype])
+                if op == "avg":
+                    compute = np.dtype(np.float32) if dtype in ("float16", "bfloat16") else vocab.NUMPY[dtype]
+                    want = (want.astype(compute) / compute.type(3)).astype(vocab.NUMPY[dtype])
+                got = benchmark.check_expected(dtype, op, 3, count)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (dtype, op, count)
+
+
 def run_bench(*args, env=None, timeout=300):
     e = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "ringcomm.cli", "bench", *args], capture_output=True,
@@ -78,10 +106,16 @@ def test_smoke_run_n2(tmp_path):
     ours = [r for r in rows if r["impl"] == "ringcomm"]
     assert ours and all(r["sent_per_rank"] == r["expected_sent"] for r in ours)
     assert "out of bounds values : 0 OK" in res.stdout
-    # auto ran recursive doubling at these sizes: the ring's alpha-beta fit has
-    # no ring rows, the alpha-beta-gamma fit of what ran is there
-    assert "all_reduce algorithms: model fitted here: alpha=" in res.stdout
-    assert "model reduce_scatter: alpha" in res.stdout
+    # over MPI point-to-point auto ran recursive doubling at these sizes: the
+    # ring's alpha-beta fit has no ring rows, the alpha-beta-gamma fit of what
+    # ran is there (algorithms the model has no terms for, as issue 24's
+    # shared-memory ones, stay out of the fit)
+    from ringcomm.tuning import selection
+    ran = {r["algorithm"] for r in ours if r["collective"] == "all_reduce"}
+    if ran <= set(selection.ALGORITHMS):
+        assert "all_reduce algorithms: model fitted here: alpha=" in res.stdout
+    if {r["algorithm"] for r in ours if r["collective"] == "reduce_scatter"} <= {"ring", None}:
+        assert "model reduce_scatter: alpha" in res.stdout
 
 
 def test_compare_algorithms_n4(tmp_path):
@@ -89,9 +123,12 @@ def test_compare_algorithms_n4(tmp_path):
     # ran, the ledger matches that algorithm's closed form, the footer fits
     # the alpha-beta-gamma model and compares auto with the best forced one.
     from ringcomm.tuning import selection
+    # over MPI point-to-point (RINGCOMM_TRANSPORT=mpi where the library has
+    # issue 24's shared-memory path): the algorithms the model chooses among
     out = tmp_path / "b.json"
     res = run_bench("-N", "4", "-b", "8", "-e", "1M", "-f", "32", "-r", "2", "--target-ms", "5",
-                    "--impl", "ringcomm", "--compare-algorithms", "--json", str(out))
+                    "--impl", "ringcomm", "--compare-algorithms", "--json", str(out),
+                    env={"RINGCOMM_TRANSPORT": "mpi"})
     assert res.returncode == 0, res.stdout + res.stderr
     rows = json.load(open(out))["rows"]
     assert {r["impl"] for r in rows} == {"ringcomm", "rc-ring", "rc-rd", "rc-hd"}
@@ -219,3 +256,232 @@ def test_planted_wrong_result_in_the_new_collectives_is_counted(tmp_path):
     bad = {r["collective"]: r["wrong"] for r in rows if r["impl"] == "corrupt" and not r["inplace"]}
     assert bad == {c: 1 for c in NEW}, bad
     assert all(r["wrong"] == 0 for r in rows if r["impl"] == "ringcomm")
+
+
+# ---- issue 24: the concurrent memcpy reference, the barrier, hot and cold modes ---------------
+
+
+def test_llc_is_read_from_sysfs(tmp_path):
+    from ringcomm.benchmark.harness import _parse_cache_size, llc_info
+    assert _parse_cache_size("491520K") == 480 << 20 and _parse_cache_size("32M") == 32 << 20
+    assert _parse_cache_size("48K\n") == 48 << 10 and _parse_cache_size("1024") == 1024
+    for i, (level, kind, size) in enumerate(((1, "Data", "48K"), (1, "Instruction", "64K"), (2, "Unified", "2048K"),
+                                             (3, "Unified", "32768K"))):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", "0-7")):
+            (d / name).write_text(f"{value}\n")
+    got = llc_info(str(tmp_path))
+    assert got["bytes"] == 32 << 20 and got["level"] == 3 and got["shared_cpus"] == "0-7"
+    here = llc_info()  # this machine: sysfs or getconf, or says it does not know
+    assert here["bytes"] is None or here["bytes"] > 0
+
+
+def test_cold_pool_exceeds_the_llc_and_reuses_no_byte_early():
+    from ringcomm.benchmark.harness import ColdPool, cold_pool_bytes, llc_info, slot_bytes
+    llc = llc_info()["bytes"] or (32 << 20)
+    for full in (4, 65536, 1 << 20, 64 << 20):
+        pool = cold_pool_bytes(llc, full)
+        assert pool >= 2 * llc + 2 * slot_bytes(full) and pool % 4096 == 0
+    assert cold_pool_bytes(llc, 1 << 20, override=8 << 20) == (8 << 20) + 2 * slot_bytes(1 << 20)
+    # a small pool, slots of changing sizes: a byte comes back only after
+    # reuse_distance bytes of other slots (the cursor wraps in byte order)
+    largest = 3 * 4096
+    p = ColdPool(np, cold_pool_bytes(0, largest, override=40960), reuse_distance=40960)
+    assert not p.buf.any()  # touched (zeros) at allocation
+    last_use, taken = {}, 0
+    for i in range(200):
+        size = slot_bytes((1 + i % 3) * 2048)
+        off = p.take(size)
+        assert 0 <= off and off + size <= p.nbytes
+        for page in range(off // 4096, (off + size) // 4096):
+            if page in last_use:
+                assert taken - last_use[page] >= p.reuse_distance, (i, page)
+            last_use[page] = taken
+        taken += size
+
+
+class _FakeWorld:
+    """One rank; counts barriers (Bench.timed's MPI calls are no-ops here)."""
+    size, rank = 1, 0
+
+    def __init__(self):
+        self.barriers = 0
+
+    def Barrier(self):
+        self.barriers += 1
+
+    def allreduce(self, x, op=None):
+        return x
+
+    def Allreduce(self, send, recv, op=None):
+        pass
+
+
+def _fake_bench(mode_pool=None):
+    import argparse
+
+    from ringcomm.benchmark.harness import Bench
+    from ringcomm.benchmark.impls import Impl, MemcpyImpl
+
+    world = _FakeWorld()
+    log = []
+
+    class Recorder(Impl):
+        name = "rec"
+
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, c):
+            if not c.inplace:
+                np.copyto(c.recv, c.send)  # all_reduce on one rank
+            log.append((self.name, world.barriers, c.recv.ctypes.data, world.timing))
+
+    class CountingMemcpy(MemcpyImpl):
+        def run(self, c):
+            super().run(c)
+            log.append(("memcpy", world.barriers, c.recv.ctypes.data, world.timing))
+
+    b = object.__new__(Bench)
+    b.args = argparse.Namespace(warmup=2, iters=4, reps=3, target_ms=1, sizes=[4096], dtypes=["float32"],
+                                collectives=["all_reduce"], cold_pool_bytes=mode_pool)
+    b.w, b.n, b.rank, b.device, b.xp = world, 1, 0, "host", np
+    b.impls = [Recorder("a"), Recorder("b")]
+    b.memcpy = CountingMemcpy(b)
+    b.pool = b.llc = None
+    b.rows, b.total_wrong = [], 0
+    world.timing = False
+
+    def timed(impl, next_case, iters, _timed=b.timed):  # the warm-up, estimate and timed loops
+        world.timing = True
+        try:
+            return _timed(impl, next_case, iters)
+        finally:
+            world.timing = False
+    b.timed = timed
+    return b, log
+
+
+@pytest.mark.parametrize("mode", ["hot", "cold"])
+def test_every_timed_iteration_of_every_impl_follows_its_own_barrier(mode):
+    b, log = _fake_bench(mode_pool=1 << 20)
+    count, results = b.measure("all_reduce", 4096, "float32", "sum", mode)
+    assert {k for k in results} == {("a", False), ("a", True), ("b", False), ("b", True), ("memcpy", False)}
+    assert all(r["wrong"] == 0 for r in results.values())
+    # per pass and impl: 1 check run, then warm-up 2 + estimate 1 + reps 3 x iters 4, each after a barrier
+    timed = [e for e in log if e[3]]
+    assert len(log) - len(timed) == 4  # the correctness runs: one per impl and pass, outside the loops
+    barriers = [e[1] for e in timed]
+    assert barriers == sorted(barriers) and len(set(barriers)) == len(barriers), "two runs shared a barrier"
+    per_impl = {name: sum(1 for e in timed if e[0] == name) for name in ("a", "b", "memcpy")}
+    assert per_impl == {"a": 2 * 15, "b": 2 * 15, "memcpy": 2 * 15}, per_impl
+    addrs = {name: [e[2] for e in timed if e[0] == name] for name in ("a", "b", "memcpy")}
+    if mode == "hot":  # the same buffers every iteration (one pair per pass)
+        assert all(len(set(a)) == 2 for a in addrs.values()), addrs
+    else:  # cold: every iteration on buffers no other iteration used lately
+        every = [e[2] for e in timed]
+        assert all(x != y for x, y in zip(every, every[1:]))
+        assert b.cold_info()["reuse_distance_bytes"] >= 1 << 20
+    assert all(r["mode"] == mode for r in results.values())
+
+
+def test_mode_options():
+    assert benchmark.parse([]).modes == ["hot"]  # the default run stays hot
+    assert benchmark.parse(["--mode", "both"]).modes == ["hot", "cold"]
+    assert benchmark.parse(["--mode", "cold", "--cold-pool", "64M"]).cold_pool_bytes == 64 << 20
+    with pytest.raises(SystemExit):
+        benchmark.parse(["--mode", "lukewarm"])
+    with pytest.raises(SystemExit, match="--mode cold"):
+        benchmark.parse(["--mode", "both", "--device", "cuda"])
+
+
+def test_memcpy_reference_and_both_modes_n2(tmp_path):
+    from ringcomm.benchmark.harness import llc_info
+    out = tmp_path / "b.json"
+    res = run_bench("-N", "2", "-b", "4K", "-e", "64K", "-f", "16", "-r", "2", "--iters", "3", "--mode", "both",
+                    "--impl", "ringcomm,mpi", "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.load(open(out))
+    benchmark.validate_json(doc)
+    rows = doc["rows"]
+    assert {(r["impl"], r["mode"]) for r in rows} == {(m, mode) for m in ("ringcomm", "mpi")
+                                                      for mode in ("hot", "cold")}
+    for r in rows:  # the reference is there and sane, and the column is busbw over it
+        assert 0.01 < r["memcpy_gbps"] < 10000 and r["memcpy_us"] > 0, r
+        assert r["busbw_per_memcpy"] == pytest.approx(r["busbw_gbps"] / r["memcpy_gbps"])
+        assert r["memcpy_gbps"] == pytest.approx(r["size"] / r["memcpy_us"] / 1e3)
+        assert 0 < r["busbw_per_memcpy"] < 100 and r["wrong"] == 0
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 1.0)  # all_reduce, N = 2: 2(N-1)/N = 1
+    # one memcpy reference per size and mode, shared by every row of that size
+    for mode in ("hot", "cold"):
+        for size in (4096, 65536):
+            refs = {r["memcpy_gbps"] for r in rows if r["mode"] == mode and r["size"] == size}
+            assert len(refs) == 1, (mode, size, refs)
+    # the cold pool exceeds the last-level cache: a byte comes back after 2 x LLC
+    cold, llc = doc["cold"], llc_info()["bytes"]
+    if llc:
+        assert cold["llc_bytes"] == llc
+    assert cold["reuse_distance_bytes"] >= 2 * cold["llc_bytes"] and cold["pool_bytes"] > cold["llc_bytes"]
+    assert set(doc["modes"]) == {"hot", "cold"}
+    # both tables, each with the memcpy line and the /memcpy column, and both summaries
+    text = res.stdout
+    assert "# mode hot:" in text and "# mode cold:" in text
+    assert "# all_reduce (hot)" in text and "# all_reduce (cold)" in text
+    assert text.count("/memcpy") >= 4
+    memcpy_lines = [ln for ln in text.splitlines() if ln.split()[4:5] == ["memcpy"] and ln.rstrip().endswith("ref")]
+    assert len(memcpy_lines) == 2 * 2, memcpy_lines
+    assert "# ---- mode hot ----" in text and "# ---- mode cold ----" in text
+    assert text.count("# all_reduce: busbw / memcpy (2 ranks copying at once") == 2
+    assert "out of bounds values : 0 OK" in text
+
+
+def test_reduce_scatter_and_all_gather_run_the_library_default_under_auto(monkeypatch):
+    # under --algorithm auto the benchmark measures what auto runs (issue 24's
+    # shared-memory path, where the library has it), not a forced ring
+    import argparse
+
+    import ringcomm
+    from ringcomm.benchmark.impls import Case, RingcommImpl
+    calls = []
+
+    class FakeComm:
+        size, rank, last_algorithm = 2, 0, None
+
+        def reduce_scatter(self, x, op, out=None, **kw):
+            calls.append(("reduce_scatter", kw))
+
+        def all_gather(self, x, out=None, **kw):
+            calls.append(("all_gather", kw))
+
+    monkeypatch.setattr(ringcomm, "init", lambda device=None: FakeComm())
+    for algorithm, want in (("auto", {}), ("ring", {"algorithm": "ring"}),
+                            ("halving_doubling", {"algorithm": "halving_doubling"}),
+                            ("recursive_doubling", {"algorithm": "ring"})):
+        ctx = argparse.Namespace(device="host", args=argparse.Namespace(algorithm=algorithm))
+        impl = RingcommImpl(ctx)
+        calls.clear()
+        for coll in ("reduce_scatter", "all_gather"):
+            c = Case(coll, 8, "float32", "sum", False, 2, 0)
+            c.send, c.recv = np.zeros(8, np.float32), np.zeros(8, np.float32)
+            impl.run(c)
+        assert calls == [("reduce_scatter", want), ("all_gather", want)], (algorithm, calls)
+
+
+def test_algorithm_fit_leaves_out_what_the_model_does_not_know():
+    # auto may run an algorithm selection's model has no terms for (issue 24's
+    # "shm"): the footer fits the others and still compares auto per size
+    # (it raised ValueError on rank 0 and left the other ranks waiting)
+    from ringcomm.benchmark.report import fit_algorithms
+    rows = []
+    for size in (65536, 1 << 20, 4 << 20):
+        for impl, alg, us in (("ringcomm", "shm", 10.0), ("rc-ring", "ring", 30.0),
+                              ("rc-rd", "recursive_doubling", 25.0), ("rc-hd", "halving_doubling", 28.0)):
+            rows.append({"collective": "all_reduce", "inplace": False, "impl": impl, "algorithm": alg,
+                         "size": size, "dtype": "float32", "op": "sum", "time_us": us * size / 65536})
+    lines = []
+    out = fit_algorithms(rows, 2, lines)
+    text = "\n".join(lines)
+    assert "model fitted here" in text and "not in this fit (the model has no terms for them): shm" in text
+    assert out["auto_over_best_max"] == pytest.approx(10 / 25)
+    assert sum(1 for ln in lines if ln.split()[2:3] == ["shm"]) == 3, text

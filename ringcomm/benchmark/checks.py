@@ -67,7 +67,11 @@ def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
     op "none" (gather, scatter, all_to_all, sendrecv: nothing is reduced): a
     pattern of (rank, index) that is not periodic in the index, so a block
     delivered to the wrong place or from the wrong rank shows as wrong
-    elements (the reducing patterns repeat every 5 or 7 elements)."""
+    elements (the reducing patterns repeat every 3, 5 or 7 elements: built
+    from one period, which keeps the untimed checks of large buffers cheap)."""
+    period = _PERIOD.get(op)
+    if period is not None and count > period:
+        return _repeat(check_data(dtype, op, rank, period), count)
     i = np.arange(count, dtype=np.int64)
     if op == "none":
         v = (i * 7919 + rank * 104729 + (i * i) % 65521) % _MOVE_MOD.get(dtype, 65521)
@@ -80,7 +84,21 @@ def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
     return v.astype(vocab.NUMPY[dtype])
 
 
+def _repeat(base: np.ndarray, count: int) -> np.ndarray:
+    """base repeated to count elements."""
+    return np.tile(base, -(-count // base.size))[:count].copy()
+
+
+# The index period of each reducing op's pattern in check_data.
+_PERIOD = {"sum": 5, "avg": 5, "prod": 3, "min": 7, "max": 7}
+
+
 def check_expected(dtype: str, op: str, n: int, count: int) -> np.ndarray:
+    """The exact result of reducing every rank's check_data (elementwise, so
+    one period of it, repeated)."""
+    period = _PERIOD.get(op)
+    if period is not None and count > period:
+        return _repeat(check_expected(dtype, op, n, period), count)
     x = np.stack([check_data(dtype, op, r, count).astype(np.float64) for r in range(n)])
     red = {"sum": x.sum(0), "avg": x.sum(0), "prod": x.prod(0), "min": x.min(0), "max": x.max(0)}[op]
     out = red.astype(vocab.NUMPY[dtype])

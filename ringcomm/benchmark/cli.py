@@ -19,7 +19,8 @@ from ..launch import mpirun_command
 from .checks import COLLECTIVES, NEW_COLLECTIVES, OPS, REDUCING, RING_COLLECTIVES, size_list
 from .harness import Bench, device_copy_gbps, memcpy_gbps
 from .impls import DEVICE_IMPLS, IMPLS, RING_MCA
-from .report import HEADER, fit_algorithms, fit_models, footer, machine_info, make_rows, plot, print_size_block
+from .report import (HEADER, fit_algorithms, fit_models, fmt_size, footer, machine_info, make_rows, memcpy_table,
+                     plot, print_size_block)
 
 # The first paragraph of the package's docstring (`ringcomm bench --help`).
 DESCRIPTION = "Collective benchmark in the spirit of nccl-tests: ringcomm against Open MPI and Gloo."
@@ -56,6 +57,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="host", choices=("host", "cuda"),
                    help="host: numpy buffers; cuda: cupy buffers on each rank's GPU, ringcomm over NCCL "
                         "point-to-point against NCCL's collectives (default host)")
+    p.add_argument("--mode", default="hot", choices=("hot", "cold", "both"),
+                   help="hot: the same buffers every iteration (as DDP's freshly written buckets); cold: each "
+                        "iteration takes the next buffers of a pool of at least 2x the last-level cache per rank, "
+                        "so none finds its data in cache; both: a table for each (default hot). The memcpy "
+                        "reference runs in the same mode")
+    p.add_argument("--cold-pool", default=None,
+                   help="cold mode: bytes a buffer waits before it is used again (K/M/G; default 2x the "
+                        "last-level cache read from /sys/devices/system/cpu/cpu0/cache)")
     p.add_argument("--json", help="write every row plus machine and version info here")
     p.add_argument("--plot", help="write a PNG of busbw against size here (needs matplotlib)")
     p.add_argument("--progress", action="store_true",
@@ -68,6 +77,13 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv) -> argparse.Namespace:
     args = parser().parse_args(argv)
     args.sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    args.modes = ["hot", "cold"] if args.mode == "both" else [args.mode]
+    args.cold_pool_bytes = parse_size(args.cold_pool) if args.cold_pool else None
+    if args.cold_pool_bytes is not None and args.cold_pool_bytes <= 0:
+        raise SystemExit(f"ringcomm bench: --cold-pool must be positive, got {args.cold_pool!r}")
+    if args.device == "cuda" and "cold" in args.modes:
+        raise SystemExit("ringcomm bench: --mode cold (or both) is for --device host: the pool is sized by the "
+                         "CPU's last-level cache")
     args.ops = list(OPS) if args.op == "all" else args.op.split(",")
     args.dtypes = list(vocab.DTYPES) if args.datatype == "all" else args.datatype.split(",")
     args.collectives = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
@@ -121,76 +137,126 @@ def run_mpi(argv=None) -> int:
         memcpy = None
     memcpy = w.bcast(memcpy)
     tty = args.progress  # under mpirun stdout may be a pty even when piped: the launcher decides
-    if rank == 0 and not args.rows_only:
-        print(f"# ringcomm bench: n={n}, impls {','.join(i.name for i in bench.impls)}, "
-              f"{args.reps} interleaved reps, time = max over ranks, median [p10 p90]")
-        what = "single-core memcpy" if args.device == "host" else "device-to-device copy (GPU 0)"
-        print(f"# {what}: {memcpy:.2f} GB/s (reference for %cpy = busbw / copy bandwidth)")
+    show = rank == 0 and not args.rows_only
+    if show:
+        print(f"# ringcomm bench: n={n}, impls {','.join(i.name for i in bench.impls)}, mode {args.mode}, "
+              f"{args.reps} interleaved reps, the same barrier before every iteration of every impl, "
+              f"time = max over ranks, median [p10 p90]")
+        what = "host memcpy" if args.device == "host" else "device-to-device copy"
+        print(f"# memcpy row: the {what} of a buffer of the row's size by all {n} ranks at once, in the same "
+              f"mode and interleaving; GB/s per rank; /memcpy = busbw / that rate")
     all_rows: list[dict] = []
-    total = len(args.collectives) * len(args.dtypes) * len(args.ops) * len(args.sizes)
-    done = 0
-    for coll in args.collectives:
-        if rank == 0 and not args.rows_only:
-            print(f"#\n# {coll}{'':>52}out-of-place{'':>40}in-place")
-            print("#" + HEADER[1:])
-        for dtype in args.dtypes:
-            for op in args.ops:
-                if op == "avg" and dtype not in vocab.FLOATING or coll not in REDUCING and op != args.ops[0]:
-                    done += len(args.sizes)
-                    continue
-                # the new data-movement collectives check with data of their own (op "none")
-                data_op = "none" if coll in NEW_COLLECTIVES and coll not in REDUCING else op
-                for nbytes in args.sizes:
-                    count, results = bench.measure(coll, nbytes, dtype, data_op)
-                    rows = make_rows(coll, nbytes, count, dtype, op if coll in REDUCING else "none",
-                                     results, n, memcpy)
-                    all_rows += rows
-                    done += 1
-                    if rank == 0 and not args.rows_only:
-                        if tty:
-                            print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
-                        print_size_block(rows)
-                        if tty:
-                            bar = int(30 * done / total)
-                            print(f"[{'#' * bar}{'.' * (30 - bar)}] {done}/{total}", end="", file=sys.stderr,
-                                  flush=True)
+    per_mode = len(args.collectives) * len(args.dtypes) * len(args.ops) * len(args.sizes)
+    total, done = per_mode * len(args.modes), 0
+    for mode in args.modes:
+        if mode == "cold":
+            bench.cold_pool()  # allocate and touch it before anything is timed
+        if show:
+            print(f"#\n# mode {mode}: {_mode_line(mode, bench)}")
+        for coll in args.collectives:
+            if show:
+                print(f"#\n# {coll} ({mode}){'':>{max(1, 56 - len(coll) - len(mode))}}out-of-place"
+                      f"{'':>44}in-place")
+                print("#" + HEADER[1:])
+            for dtype in args.dtypes:
+                for op in args.ops:
+                    if op == "avg" and dtype not in vocab.FLOATING or coll not in REDUCING and op != args.ops[0]:
+                        done += len(args.sizes)
+                        continue
+                    # the new data-movement collectives check with data of their own (op "none")
+                    data_op = "none" if coll in NEW_COLLECTIVES and coll not in REDUCING else op
+                    for nbytes in args.sizes:
+                        count, results = bench.measure(coll, nbytes, dtype, data_op, mode)
+                        rows = make_rows(coll, nbytes, count, dtype, op if coll in REDUCING else "none",
+                                         results, n, memcpy)
+                        all_rows += rows
+                        done += 1
+                        if show:
+                            if tty:
+                                print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+                            print_size_block(rows)
+                            if tty:
+                                bar = int(30 * done / total)
+                                print(f"[{'#' * bar}{'.' * (30 - bar)}] {done}/{total}", end="", file=sys.stderr,
+                                      flush=True)
     if rank == 0 and tty:
         print(file=sys.stderr)
     wrong = sum(r["wrong"] for r in all_rows) if args.check else 0
     ledger_bad = [r for r in all_rows if r["sent_per_rank"] is not None and r["sent_per_rank"] != r["expected_sent"]]
     for impl in bench.impls:
         impl.close()
-    if rank == 0:
-        if args.extra_json and os.path.exists(args.extra_json):
-            extra = json.load(open(args.extra_json))["rows"]
-            all_rows += extra
-            wrong += sum(r["wrong"] for r in extra) if args.check else 0
-            if not args.rows_only:
-                print("# mpi-ring (separate launch with Open MPI's ring algorithms forced):")
-                for coll in args.collectives:
-                    for key in sorted({(r["dtype"], r["op"], r["size"]) for r in extra if r["collective"] == coll}):
-                        print_size_block([r for r in extra if r["collective"] == coll
-                                          and (r["dtype"], r["op"], r["size"]) == key])
-        lines: list[str] = []
-        models = fit_models(all_rows, n, lines) if not args.rows_only else {}
-        if not args.rows_only and args.device == "host":
-            from ..tuning import selection  # what init() gave auto here (rank 0's constants)
-            models["all_reduce_algorithms"] = fit_algorithms(all_rows, n, lines, selection.costs_for("mpi", n))
-        summary = footer(all_rows, n, lines) if not args.rows_only else {}
+    cold = bench.cold_info()
+    try:
+        if rank == 0:
+            wrong = _report(args, n, all_rows, wrong, ledger_bad, memcpy, cold)
+    except BaseException:
+        # the other ranks wait in the status broadcast below: release them, then fail here
+        w.bcast(2)
+        raise
+    return int(w.bcast(1 if (wrong or ledger_bad) else 0))
+
+
+def _report(args, n, all_rows, wrong, ledger_bad, memcpy, cold) -> int:
+    """Rank 0: the mpi-ring launch's rows, the footers per mode, --json,
+    --plot; returns the wrong elements, the mpi-ring launch's included."""
+    if args.extra_json and os.path.exists(args.extra_json):
+        extra = json.load(open(args.extra_json))["rows"]
+        all_rows += extra
+        wrong += sum(r["wrong"] for r in extra) if args.check else 0
         if not args.rows_only:
-            lines.append(f"# out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-            if ledger_bad:
-                lines.append(f"# ledger != expected on {len(ledger_bad)} rows: FAILED")
-            print("\n".join(lines), flush=True)
-        if args.json:
-            doc = {"version": 1, "machine": machine_info(), "args": {k: v for k, v in vars(args).items()},
-                   "n": n, "memcpy_gbps": memcpy, "rows": all_rows, "models": models, "summary": summary}
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1, default=str)
-        if args.plot and not args.rows_only:
-            plot(all_rows, n, args.plot, f"ringcomm bench, n={n}, {platform.node()}")
-    status = 1 if (wrong or ledger_bad) else 0
-    return int(w.bcast(status))
+            print("# mpi-ring (separate launch with Open MPI's ring algorithms forced, its own memcpy "
+                  "reference):")
+            for mode in args.modes:
+                for coll in args.collectives:
+                    at = [r for r in extra if r["collective"] == coll and r.get("mode", "hot") == mode]
+                    if at:
+                        print(f"# {coll} ({mode})")
+                    for key in sorted({(r["dtype"], r["op"], r["size"]) for r in at}):
+                        print_size_block([r for r in at if (r["dtype"], r["op"], r["size"]) == key])
+    lines: list[str] = []
+    by_mode: dict = {}
+    for mode in args.modes:
+        rows = [r for r in all_rows if r.get("mode", "hot") == mode]
+        if not args.rows_only:
+            if len(args.modes) > 1:
+                lines.append(f"# ---- mode {mode} ----")
+            models = fit_models(rows, n, lines)
+            if args.device == "host":
+                from ..tuning import selection  # what init() gave auto here (rank 0's constants)
+                models["all_reduce_algorithms"] = fit_algorithms(rows, n, lines, selection.costs_for("mpi", n))
+            summary = footer(rows, n, lines)
+            summary["busbw_per_memcpy"] = memcpy_table(rows, n, lines)
+        else:
+            models, summary = {}, {}
+        by_mode[mode] = {"models": models, "summary": summary}
+        if mode == "cold":
+            by_mode[mode]["cold"] = cold
+    if not args.rows_only:
+        lines.append(f"# out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+        if ledger_bad:
+            lines.append(f"# ledger != expected on {len(ledger_bad)} rows: FAILED")
+        print("\n".join(lines), flush=True)
+    if args.json:
+        first = by_mode[args.modes[0]]
+        doc = {"version": 1, "machine": machine_info(), "args": {k: v for k, v in vars(args).items()},
+               "n": n, "memcpy_gbps": memcpy, "rows": all_rows, "models": first["models"],
+               "summary": first["summary"], "modes": by_mode, "cold": cold}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+    if args.plot and not args.rows_only:
+        plot(all_rows, n, args.plot, f"ringcomm bench, n={n}, {platform.node()}")
+    return wrong
+
+
+def _mode_line(mode: str, bench: Bench) -> str:
+    if mode == "hot":
+        return "the same buffers every iteration (as DDP's freshly written buckets)"
+    c = bench.cold_info()
+    llc = (f"L{c['llc_level']} {fmt_size(c['llc_bytes'])}, shared by CPUs {c['llc_shared_cpus']}"
+           if not c["llc_assumed"] else f"unknown, assumed {fmt_size(c['llc_bytes'])}")
+    return (f"each iteration takes the next buffers of a pool of {c['pool_bytes'] / 2**20:.0f} MiB per rank; "
+            f"a byte is used again only after {c['reuse_distance_bytes'] / 2**20:.0f} MiB of other buffers "
+            f"(last-level cache: {llc})")
 
 
 RANK_FLAGS = ("-n", "-N", "--np", "--nranks")

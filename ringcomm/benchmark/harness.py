@@ -1,19 +1,130 @@
-"""Measurement, on every rank: the copy-bandwidth reference, and ``Bench``,
+"""Measurement, on every rank: the copy-bandwidth references, and ``Bench``,
 which allocates the buffers of one case per implementation, checks the
 result outside the timed loop (exact count of wrong elements, ringcomm's
 traffic ledger against traffic.expected), then times interleaved
-repetitions (round-robin, rotating the order; a repetition's time is the
-maximum over ranks) and summarizes them (median, p10, p90)."""
+repetitions (round-robin, rotating the order) and summarizes them (median,
+p10, p90).
+
+Every timed iteration of every implementation, the memcpy reference
+included, starts after the same ``MPI_Barrier`` on COMM_WORLD and is timed
+on each rank from leaving the barrier to its end (GPU: a stream sync); an
+iteration's time is the maximum over ranks, a repetition's the mean of its
+iterations'.
+
+Modes: "hot" runs every iteration on the same buffers (as DDP reduces
+freshly written buckets); "cold" takes each iteration's buffers from the
+next free bytes of a pool of at least twice the last-level cache per rank,
+so no byte is used again before 2 x LLC of other buffers went through this
+rank: no iteration finds its data in cache. The memcpy reference (every
+rank copies a buffer of the collective's full size at the same moment)
+runs in the same mode, interleaved with the implementations.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 
 import numpy as np
 
 from .. import vocab
 from .checks import ROOT, check_data, check_expected, count_for, split
-from .impls import IMPLS, Case, Impl, RingcommImpl, torch_available
+from .impls import IMPLS, Case, Impl, MemcpyImpl, RingcommImpl, torch_available
+
+MODES = ("hot", "cold")
+COLD_LLC_FACTOR = 2   # the cold pool holds at least this many last-level caches per rank
+PAGE = 4096
+
+
+def _parse_cache_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def llc_info(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict:
+    """The last-level cache of CPU 0: {"bytes", "level", "shared_cpus", "source"}.
+
+    From sysfs (the highest-level data or unified cache), else `getconf
+    LEVEL3_CACHE_SIZE` / `LEVEL2_CACHE_SIZE`; bytes is None when neither says."""
+    best = None
+    try:
+        for d in sorted(os.listdir(root)):
+            if not d.startswith("index"):
+                continue
+            path = os.path.join(root, d)
+            read = lambda name: open(os.path.join(path, name)).read().strip()  # noqa: E731
+            try:
+                if read("type") == "Instruction":
+                    continue
+                level, size = int(read("level")), _parse_cache_size(read("size"))
+            except (OSError, ValueError):
+                continue
+            try:
+                shared = read("shared_cpu_list")
+            except OSError:
+                shared = "?"
+            if best is None or level > best["level"]:
+                best = {"bytes": size, "level": level, "shared_cpus": shared, "source": path}
+    except OSError:
+        pass
+    if best is not None:
+        return best
+    for level in (3, 2):
+        try:
+            out = subprocess.run(["getconf", f"LEVEL{level}_CACHE_SIZE"], capture_output=True, text=True,
+                                 timeout=10).stdout.strip()
+            if out and int(out) > 0:
+                return {"bytes": int(out), "level": level, "shared_cpus": "?", "source": "getconf"}
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            pass
+    return {"bytes": None, "level": None, "shared_cpus": "?", "source": "unknown"}
+
+
+LLC_UNKNOWN_BYTES = 256 << 20  # assumed when the machine does not say (larger than most LLCs)
+
+
+def _round_up(x: int, m: int = PAGE) -> int:
+    return -(-x // m) * m
+
+
+def slot_bytes(full_bytes: int) -> int:
+    """The pool bytes one iteration takes: two page-aligned halves of the
+    collective's full buffer (send in the first, receive in the second; every
+    collective's buffers and the memcpy's source and destination fit)."""
+    return 2 * _round_up(max(full_bytes, 1))
+
+
+def cold_pool_bytes(llc_bytes: int, max_full_bytes: int, override: int | None = None) -> int:
+    """Per-rank size of the cold pool: at least COLD_LLC_FACTOR x the LLC (or
+    `override`), plus two slots of the largest buffer, so that whatever the
+    size, a byte comes back only after at least 2 x LLC (or `override`) of
+    other buffers, and at least two iterations fit."""
+    base = override if override else COLD_LLC_FACTOR * llc_bytes
+    return _round_up(base) + 2 * slot_bytes(max_full_bytes)
+
+
+class ColdPool:
+    """Per-rank pool; `take(nbytes)` returns the offset of the next free
+    bytes, wrapping to 0 when they would run past the end (round robin in
+    byte order across sizes, implementations and passes)."""
+
+    def __init__(self, xp, nbytes: int, reuse_distance: int):
+        self.nbytes, self.reuse_distance = nbytes, reuse_distance
+        self.buf = xp.empty(nbytes, xp.uint8)
+        self.buf.fill(0)  # first touch on this rank; zeros: no denormals, no NaN in any dtype
+        self.cursor = 0
+
+    def take(self, nbytes: int) -> int:
+        if self.cursor + nbytes > self.nbytes:
+            self.cursor = 0
+        off, self.cursor = self.cursor, self.cursor + nbytes
+        return off
+
+    def view(self, off: int, count: int, dtype) -> np.ndarray:
+        dt = np.dtype(dtype)
+        return self.buf[off:off + count * dt.itemsize].view(dt)
 
 
 def summarize(samples) -> dict:
@@ -23,7 +134,9 @@ def summarize(samples) -> dict:
 
 
 def memcpy_gbps(nbytes: int = 64 << 20, reps: int = 5) -> float:
-    """Single-core copy bandwidth: bytes copied per second (best of reps)."""
+    """Single-core copy bandwidth, one rank alone: bytes copied per second
+    (best of reps). Kept in --json as "memcpy_gbps"; the table's reference is
+    the concurrent memcpy measured per size (``MemcpyImpl``)."""
     src = np.ones(nbytes, np.uint8)
     dst = np.empty_like(src)
     np.copyto(dst, src)
@@ -80,22 +193,52 @@ class Bench:
             self.impls.append(IMPLS[name](self))
         self.rows: list[dict] = []
         self.total_wrong = 0
+        self.memcpy = MemcpyImpl(self)
+        self.pool: ColdPool | None = None
+        self.llc = None
 
-    def alloc(self, coll, count, dtype, op, inplace) -> Case:
+    def cold_pool(self) -> ColdPool:
+        """The cold pool (allocated and touched on first use; the LLC taken as
+        the largest any rank reports, so every rank's pool has the same size)."""
+        if self.pool is None:
+            from mpi4py import MPI
+            llc = llc_info()
+            known = self.w.allreduce(llc["bytes"] or 0, op=MPI.MAX)
+            llc["assumed"] = not known
+            llc["bytes"] = known or LLC_UNKNOWN_BYTES
+            self.llc = llc
+            largest = max(count_for(b, d, self.n, c) * vocab.itemsize(d)
+                          for b in self.args.sizes for d in self.args.dtypes for c in self.args.collectives)
+            override = getattr(self.args, "cold_pool_bytes", None)
+            nbytes = cold_pool_bytes(llc["bytes"], largest, override)
+            self.pool = ColdPool(self.xp, nbytes, reuse_distance=nbytes - 2 * slot_bytes(largest))
+        return self.pool
+
+    @staticmethod
+    def shapes(coll, count, n, rank) -> tuple[int, int]:
+        """Element counts of (send, recv) for a collective (the memcpy: count each)."""
+        c = Case(coll, count, "uint8", "sum", False, n, rank)
+        if coll in ("all_reduce", "reduce", "all_to_all", "sendrecv", "memcpy"):
+            return count, count
+        if coll == "gather":  # every rank allocates the root's output (only the root's is written)
+            return c.block, count
+        if coll == "scatter":  # every rank allocates the root's input (only the root's is read)
+            return count, c.block
+        if coll == "reduce_scatter":
+            return count, c.chunk[1]
+        return c.chunk[1], count
+
+    def alloc(self, coll, count, dtype, op, inplace, pool_offset=None) -> Case:
+        """The buffers of one case: fresh and zeroed, or (pool_offset given)
+        views of the cold pool's slot at that offset, not touched here."""
         c = Case(coll, count, dtype, op, inplace, self.n, self.rank)
         dt = vocab.NUMPY[dtype]
-        off, ln = c.chunk
-        xp = self.xp
-        if coll in ("all_reduce", "reduce", "all_to_all", "sendrecv"):
-            c.send, c.recv = xp.empty(count, dt), xp.empty(count, dt)
-        elif coll == "gather":  # every rank allocates the root's output (only the root's is written)
-            c.send, c.recv = xp.empty(c.block, dt), xp.empty(count, dt)
-        elif coll == "scatter":  # every rank allocates the root's input (only the root's is read)
-            c.send, c.recv = xp.empty(count, dt), xp.empty(c.block, dt)
-        elif coll == "reduce_scatter":
-            c.send, c.recv = xp.empty(count, dt), xp.empty(ln, dt)
-        else:
-            c.send, c.recv = xp.empty(ln, dt), xp.empty(count, dt)
+        ns, nr = self.shapes(coll, count, self.n, self.rank)
+        if pool_offset is not None:
+            half = slot_bytes(count * vocab.itemsize(dtype)) // 2
+            c.send, c.recv = self.pool.view(pool_offset, ns, dt), self.pool.view(pool_offset + half, nr, dt)
+            return c
+        c.send, c.recv = self.xp.empty(ns, dt), self.xp.empty(nr, dt)
         c.send[...] = 0
         c.recv[...] = 0
         return c
@@ -146,16 +289,39 @@ class Bench:
         if self.xp is not np:
             self.xp.cuda.get_current_stream().synchronize()
 
-    def measure(self, coll, nbytes, dtype, op):
+    def timed(self, impl: Impl, next_case, iters: int) -> float:
+        """Run `iters` iterations, each after the same barrier; return the mean
+        over iterations of the slowest rank's time (barrier excluded)."""
+        from mpi4py import MPI
+        times = np.empty(iters)
+        for k in range(iters):
+            c = next_case()
+            self.w.Barrier()
+            t0 = time.perf_counter()
+            impl.run(c)
+            self.sync()
+            times[k] = time.perf_counter() - t0
+        self.w.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+        return float(times.mean())
+
+    def measure(self, coll, nbytes, dtype, op, mode="hot"):
+        """Check, then time every implementation and the memcpy reference,
+        interleaved. Results keyed (name, inplace); ("memcpy", False) is the
+        reference, timed in each pass where some implementation ran and
+        summarized over the repetitions of both passes."""
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: expected one of {MODES}")
         count = count_for(nbytes, dtype, self.n, coll)
-        results = {}
+        full = count * vocab.itemsize(dtype)
+        pool = self.cold_pool() if mode == "cold" else None
+        results, ref_samples = {}, []
         for inplace in (False, True):
             cases = {}
             for impl in self.impls:
                 c = self.alloc(coll, count, dtype, op, inplace)
                 if not impl.supports(c):
                     continue
-                # correctness, outside the timed loop
+                # correctness, outside the timed loop (on buffers of its own, not the pool's)
                 self.fill(c, impl)
                 impl.run(c)
                 wrong = self.w.allreduce(self.count_wrong(c, impl))
@@ -166,33 +332,51 @@ class Bench:
                     algorithm = impl.last_algorithm  # what ran (auto's choice), alike on every rank
                     expected = max(expected_sent(coll, count, dtype, self.n, r, algorithm) for r in range(self.n))
                 cases[impl.name] = (impl, c, wrong, sent, expected, algorithm)
+            if cases:  # the reference: every rank copies the full buffer at once
+                cases[self.memcpy.name] = (self.memcpy, self.alloc("memcpy", count, dtype, op, False),
+                                           0, None, None, None)
+
+            def next_case(name, coll_of):
+                """hot: the case's own buffers; cold: the pool's next slot."""
+                if pool is None:
+                    c = cases[name][1]
+                    return lambda: c
+                slot = slot_bytes(full)
+                return lambda: self.alloc(coll_of, count, dtype, op, inplace, pool_offset=pool.take(slot))
+
+            feeds = {name: next_case(name, "memcpy" if name == self.memcpy.name else coll) for name in cases}
             # warm-up and iteration count (from the slowest implementation)
             est = 0.0
-            for impl, c, *_ in cases.values():
-                for _ in range(self.args.warmup):
-                    impl.run(c)
-                self.sync()
-                est = max(est, self.w.allreduce(_timeit(lambda impl=impl, c=c: (impl.run(c), self.sync())),
-                                                op=_mpi_max()))
+            for name, (impl, *_) in cases.items():
+                if self.args.warmup:
+                    self.timed(impl, feeds[name], self.args.warmup)
+                est = max(est, self.timed(impl, feeds[name], 1))
             iters = self.args.iters or max(1, min(1000, int(self.args.target_ms * 1e-3 / max(est, 1e-7))))
             samples = {name: [] for name in cases}
             names = list(cases)
             for rep in range(self.args.reps):
                 order = names[rep % len(names):] + names[:rep % len(names)] if names else []
                 for name in order:
-                    impl, c = cases[name][0], cases[name][1]
-                    self.w.Barrier()
-                    t0 = time.perf_counter()
-                    for _ in range(iters):
-                        impl.run(c)
-                    self.sync()
-                    t = (time.perf_counter() - t0) / iters
-                    samples[name].append(self.w.allreduce(t, op=_mpi_max()))
+                    samples[name].append(self.timed(cases[name][0], feeds[name], iters))
             for name, (_, _, wrong, sent, expected, algorithm) in cases.items():
+                if name == self.memcpy.name:
+                    ref_samples += samples[name]
+                    continue
                 s = summarize(samples[name])
                 results[(name, inplace)] = dict(s, wrong=wrong, sent=sent, expected=expected, iters=iters,
-                                                algorithm=algorithm)
+                                                algorithm=algorithm, mode=mode)
+        if ref_samples:  # one reference per size: the memcpy's repetitions of both passes
+            results[(self.memcpy.name, False)] = dict(summarize(ref_samples), wrong=0, sent=None, expected=None,
+                                                      iters=None, algorithm=None, mode=mode)
         return count, results
+
+    def cold_info(self) -> dict | None:
+        """What the cold pool is (None before cold mode ran)."""
+        if self.pool is None:
+            return None
+        return {"llc_bytes": self.llc["bytes"], "llc_level": self.llc["level"], "llc_assumed": self.llc["assumed"],
+                "llc_shared_cpus": self.llc["shared_cpus"], "pool_bytes": self.pool.nbytes,
+                "reuse_distance_bytes": self.pool.reuse_distance}
 
 
 def expected_sent(coll, count, dtype, n, rank, algorithm) -> int:

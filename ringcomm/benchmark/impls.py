@@ -1,7 +1,8 @@
 """The implementations the benchmark compares, on the same buffers: ringcomm,
 Open MPI through mpi4py (its default choice, and its ring algorithms forced
 by MCA parameters), torch.distributed's Gloo, NCCL's own collectives
-(--device cuda), and a test-only corrupt one.
+(--device cuda), and a test-only corrupt one; and the memcpy reference
+(``MemcpyImpl``, run beside them by the harness).
 
 An implementation is a class with ``supports`` and ``run`` (see ``Impl``),
 constructed with the harness (``ctx.device``); ``IMPLS`` maps names to them,
@@ -81,9 +82,11 @@ class Impl:
 
 
 class RingcommImpl(Impl):
-    """ringcomm; all_reduce with --algorithm (default "auto"), reduce-scatter
-    and all-gather on the ring (halving-doubling's when that is forced and
-    the ranks are a power of two)."""
+    """ringcomm; all_reduce with --algorithm (default "auto"); reduce-scatter
+    and all-gather with the library's default algorithm under --algorithm
+    auto (so what auto would run there, shared memory included, is what is
+    measured), else the ring (halving-doubling's when that is forced and the
+    ranks are a power of two)."""
     name = "ringcomm"
     forced = None  # the rc-* implementations: one algorithm, side by side with auto
 
@@ -94,6 +97,8 @@ class RingcommImpl(Impl):
         self.algorithm = self.forced or getattr(args, "algorithm", "auto") or "auto"
         n = self.comm.size
         self.halves = "halving_doubling" if self.algorithm == "halving_doubling" and n & (n - 1) == 0 else "ring"
+        # reduce_scatter / all_gather keywords: none under auto (the library's default)
+        self.rs_ag = {} if self.algorithm == "auto" else {"algorithm": self.halves}
         self.last_algorithm = None  # what the last checked call ran (auto's choice)
 
     def supports(self, c: Case) -> bool:
@@ -128,9 +133,9 @@ class RingcommImpl(Impl):
             else:
                 self.comm.all_reduce(c.send, c.op, out=c.recv, algorithm=self.algorithm)
         elif c.collective == "reduce_scatter":
-            self.comm.reduce_scatter(c.send, c.op, out=c.output_view(), algorithm=self.halves)
+            self.comm.reduce_scatter(c.send, c.op, out=c.output_view(), **self.rs_ag)
         else:
-            self.comm.all_gather(c.input_view(), out=c.recv, algorithm=self.halves)
+            self.comm.all_gather(c.input_view(), out=c.recv, **self.rs_ag)
 
     def sent_bytes(self, c: Case) -> int:
         before = self.comm.traffic()
@@ -317,6 +322,21 @@ class NcclImpl(Impl):
 
     def close(self) -> None:
         self.base.close()
+
+
+class MemcpyImpl(Impl):
+    """The physical reference, not a collective: every rank copies a buffer of
+    the collective's full size (send to recv), after the same barrier as the
+    implementations, so all N ranks copy at the same moment; on the host
+    numpy's copy, with --device cuda a device-to-device copy on the rank's
+    GPU. Always run by the harness (not in IMPLS)."""
+    name = "memcpy"
+
+    def __init__(self, ctx):
+        self.xp = ctx.xp
+
+    def run(self, c: Case) -> None:
+        self.xp.copyto(c.recv, c.send)
 
 
 class CorruptImpl(RingcommImpl):

@@ -20,8 +20,10 @@ from ..tuning import costmodel, selection
 from .checks import COLLECTIVES, NEW_COLLECTIVES, RING_COLLECTIVES, bus_factor
 
 ROW_KEYS = ("collective", "impl", "size", "count", "dtype", "op", "inplace", "time_us", "p10_us", "p90_us",
-            "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent", "algorithm")
-SHORT = {"ring": "ring", "recursive_doubling": "rd", "halving_doubling": "hd", "naive": "naive"}
+            "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent", "algorithm",
+            "mode", "memcpy_gbps", "memcpy_us", "busbw_per_memcpy")
+SHORT = {"ring": "ring", "recursive_doubling": "rd", "halving_doubling": "hd", "naive": "naive", "shm": "shm",
+         "shm_flat": "flat", "zero_copy": "zc"}
 
 
 def validate_json(doc: dict) -> None:
@@ -43,48 +45,113 @@ def fmt_size(b: int) -> str:
 
 
 def make_rows(coll, nbytes, count, dtype, op, results, n, memcpy) -> list[dict]:
+    """One row per (implementation, in-place) from Bench.measure's results.
+
+    The "memcpy" result (the concurrent copy of the full buffer, interleaved
+    with the implementations in both passes) is not a row: every row carries
+    it as memcpy_us / memcpy_gbps (bytes one rank copied per second: full /
+    median time) and busbw_per_memcpy (busbw / memcpy_gbps). pct_memcpy is busbw against
+    `memcpy`, the single-core copy measured once at the start (older
+    documents' only reference)."""
     rows = []
     full = count * vocab.itemsize(dtype)
     for (name, inplace), r in results.items():
+        if name == "memcpy":
+            continue
         t = r["median"]
         algbw = full / t / 1e9
         busbw = algbw * bus_factor(coll, n)
+        ref = results.get(("memcpy", False))  # one per size, over both passes
+        ref_gbps = full / ref["median"] / 1e9 if ref else None
         rows.append({"collective": coll, "impl": name, "size": full, "count": count, "dtype": dtype, "op": op,
                      "inplace": inplace, "time_us": t * 1e6, "p10_us": r["p10"] * 1e6, "p90_us": r["p90"] * 1e6,
                      "iters": r["iters"], "reps": r["reps"], "algbw_gbps": algbw, "busbw_gbps": busbw,
                      "pct_memcpy": 100 * busbw / memcpy if memcpy else None, "wrong": r["wrong"],
                      "sent_per_rank": r["sent"], "expected_sent": r["expected"],
-                     "algorithm": r.get("algorithm")})
+                     "algorithm": r.get("algorithm"), "mode": r.get("mode", "hot"),
+                     "memcpy_gbps": ref_gbps, "memcpy_us": ref["median"] * 1e6 if ref else None,
+                     "memcpy_p10_us": ref["p10"] * 1e6 if ref else None,
+                     "memcpy_p90_us": ref["p90"] * 1e6 if ref else None,
+                     "busbw_per_memcpy": busbw / ref_gbps if ref_gbps else None})
     return rows
 
 
 HEADER = (f"{'size':>9} {'count':>10} {'type':>8} {'redop':>5} {'impl':>9}  "
-          f"{'time(us)':>10} {'p10':>9} {'p90':>9} {'algbw':>7} {'busbw':>7} {'%cpy':>5} {'#wrong':>6}  "
-          f"{'time(us)':>10} {'busbw':>7} {'#wrong':>6}  {'sent/rank':>11} {'expected':>11} {'algo':>5}")
+          f"{'time(us)':>10} {'p10':>9} {'p90':>9} {'algbw':>7} {'busbw':>7} {'/memcpy':>7} {'#wrong':>6}  "
+          f"{'time(us)':>10} {'busbw':>7} {'/memcpy':>7} {'#wrong':>6}  {'sent/rank':>11} {'expected':>11} {'algo':>5}")
+
+
+def _frac(r) -> str:
+    v = r.get("busbw_per_memcpy")
+    return f"{v:7.2f}" if v is not None else f"{'-':>7}"
 
 
 def print_size_block(rows: list[dict], out=sys.stdout) -> None:
+    """One size: the memcpy reference first (GB/s per rank in algbw and
+    busbw), then one line per implementation."""
     by_impl: dict = {}
     for r in rows:
         by_impl.setdefault(r["impl"], {})[r["inplace"]] = r
+    lines = []
+    ref = None
     for name, modes in by_impl.items():
         o, i = modes.get(False), modes.get(True)
         base = o or i
+        if ref is None and base.get("memcpy_us") is not None:
+            ref = base
         line = (f"{fmt_size(base['size']):>9} {base['count']:>10} {base['dtype']:>8} {base['op']:>5} {name:>9}  ")
         if o:
-            pct = f"{o['pct_memcpy']:5.0f}" if o["pct_memcpy"] is not None else "    -"
             line += (f"{o['time_us']:10.1f} {o['p10_us']:9.1f} {o['p90_us']:9.1f} {o['algbw_gbps']:7.2f} "
-                     f"{o['busbw_gbps']:7.2f} {pct} {o['wrong']:6d}  ")
+                     f"{o['busbw_gbps']:7.2f} {_frac(o)} {o['wrong']:6d}  ")
         else:
-            line += f"{'n/a':>10} {'':>9} {'':>9} {'':>7} {'':>7} {'':>5} {'':>6}  "
+            line += f"{'n/a':>10} {'':>9} {'':>9} {'':>7} {'':>7} {'':>7} {'':>6}  "
         if i:
-            line += f"{i['time_us']:10.1f} {i['busbw_gbps']:7.2f} {i['wrong']:6d}  "
+            line += f"{i['time_us']:10.1f} {i['busbw_gbps']:7.2f} {_frac(i)} {i['wrong']:6d}  "
         else:
-            line += f"{'n/a':>10} {'':>7} {'':>6}  "
+            line += f"{'n/a':>10} {'':>7} {'':>7} {'':>6}  "
         if base.get("sent_per_rank") is not None:
             line += f"{base['sent_per_rank']:>11} {base['expected_sent']:>11}"
             line += f" {SHORT.get(base.get('algorithm'), base.get('algorithm') or ''):>5}"
-        print(line, file=out, flush=True)
+        lines.append(line.rstrip())
+    if ref is not None:  # the reference of both passes: GB/s per rank in algbw and busbw
+        lines.insert(0, f"{fmt_size(ref['size']):>9} {ref['count']:>10} {ref['dtype']:>8} {ref['op']:>5} "
+                        f"{'memcpy':>9}  {ref['memcpy_us']:10.1f} {ref['memcpy_p10_us']:9.1f} "
+                        f"{ref['memcpy_p90_us']:9.1f} {ref['memcpy_gbps']:7.2f} {ref['memcpy_gbps']:7.2f} "
+                        f"{'ref':>7}")
+    print("\n".join(lines), file=out, flush=True)
+
+
+def memcpy_table(rows: list[dict], n: int, lines: list[str]) -> dict:
+    """Per collective and size: the concurrent memcpy rate and each
+    implementation's busbw / memcpy, out of place (in place in brackets)."""
+    out: dict = {}
+    for coll in COLLECTIVES:
+        sel = [r for r in rows if r["collective"] == coll and r.get("busbw_per_memcpy") is not None]
+        if not sel:
+            continue
+        impls = sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x))
+        lines.append(f"# {coll}: busbw / memcpy ({n} ranks copying at once; out of place, in place in brackets)")
+        lines.append(f"#   {'size':>9} {'memcpy GB/s':>12} " + " ".join(f"{m:>15}" for m in impls))
+        keys = sorted({(r["size"], r["dtype"], r["op"]) for r in sel})
+        own = set()  # implementations measured against another launch's memcpy (mpi-ring)
+        for key in keys:
+            at = {(r["impl"], r["inplace"]): r for r in sel if (r["size"], r["dtype"], r["op"]) == key}
+            o_ref = next((r for (m, ip), r in at.items() if not ip), None) or next(iter(at.values()))
+            cells = []
+            for m in impls:
+                o, i = at.get((m, False)), at.get((m, True))
+                cell = (f"{o['busbw_per_memcpy']:.2f}" if o else "-") + (f" ({i['busbw_per_memcpy']:.2f})" if i else "")
+                if any(r is not None and r["memcpy_gbps"] != o_ref["memcpy_gbps"] for r in (o, i)):
+                    cell += "*"
+                    own.add(m)
+                cells.append(f"{cell:>15}")
+                out.setdefault(coll, {}).setdefault(m, {})[f"{key[0]}/{key[1]}/{key[2]}"] = {
+                    "out_of_place": o["busbw_per_memcpy"] if o else None,
+                    "in_place": i["busbw_per_memcpy"] if i else None}
+            lines.append(f"#   {fmt_size(key[0]):>9} {o_ref['memcpy_gbps']:12.2f} " + " ".join(cells))
+        if own:
+            lines.append(f"#   * {', '.join(sorted(own))}: against the memcpy of its own launch (its table above)")
+    return out
 
 
 def footer(rows: list[dict], n: int, lines: list[str]) -> dict:
@@ -141,11 +208,13 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
     """all_reduce: fit the alpha-beta-gamma model (selection.py) to every
     algorithm that ran, print it against the measurements, and compare what
     auto ran with the best forced algorithm (rc-*) at each size."""
+    everything = [r for r in rows if r["collective"] == "all_reduce" and not r["inplace"] and r.get("algorithm")
+                  and (r["impl"] == "ringcomm" or r["impl"].startswith("rc-"))]
     # The model prices messages (steps, bytes sent, bytes reduced): the
-    # message-passing algorithms only, not the shared-memory ones.
-    sel = [r for r in rows if r["collective"] == "all_reduce" and not r["inplace"]
-           and r.get("algorithm") in selection.ALGORITHMS
-           and (r["impl"] == "ringcomm" or r["impl"].startswith("rc-"))]
+    # message-passing algorithms only, not the shared-memory ones auto may
+    # run (issue 24); those stay out of the fit, not out of the
+    # auto-versus-forced table below.
+    sel = [r for r in everything if r["algorithm"] in selection.ALGORITHMS]
     if n == 1 or len({(r["algorithm"], r["size"]) for r in sel}) < 3:
         return {}
     pts = [{"algorithm": r["algorithm"], "n": n, "bytes": r["size"], "seconds": r["time_us"] * 1e-6} for r in sel]
@@ -155,6 +224,9 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
            "gamma_ns_per_byte": costs.gamma * 1e9, "rd_max": rd, "hd_max": hd}
     lines.append(f"# all_reduce algorithms: model fitted here: {costs}; auto would run recursive doubling "
                  f"up to {rd} B, halving-doubling up to {hd} B, the ring above")
+    others = sorted({r["algorithm"] for r in everything} - set(selection.ALGORITHMS))
+    if others:
+        lines.append(f"#   not in this fit (the model has no terms for them): {', '.join(others)}")
     try:  # what auto would choose by this run's own times (as if `ringcomm tune` had measured them)
         first = (sel[0]["dtype"], sel[0]["op"])  # one dtype and op: the times of one kind of call
         here = selection.Measured.from_rows(
@@ -172,7 +244,7 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
                      f"{hd_} B, the ring above): the constants auto used in this run, built-in defaults until "
                      f"`ringcomm tune` has fitted them on this machine; the fit above is this run's, not used")
     by_size: dict = {}
-    for r in sel:
+    for r in everything:
         by_size.setdefault((r["dtype"], r["op"], r["size"]), {})[r["impl"]] = r
     forced = sorted({r["impl"] for r in sel if r["impl"].startswith("rc-")})
     if forced:
@@ -233,19 +305,37 @@ def plot(rows: list[dict], n: int, path: str, title: str) -> None:
     fig, axes = plt.subplots(1, len(colls), figsize=(6 * len(colls), 4.5), squeeze=False)
     for ax, coll in zip(axes[0], colls):
         sel = [r for r in rows if r["collective"] == coll and not r["inplace"]]
-        for impl in sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x)):
-            pts = sorted((r["size"], r["busbw_gbps"]) for r in sel if r["impl"] == impl)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
-        mod = sorted((r["size"], r["size"] / (r["model_us"] * 1e-6) / 1e9 * bus_factor(coll, n))
-                     for r in sel if r["impl"] == "ringcomm" and "model_us" in r)
-        if mod:
-            ax.plot([p[0] for p in mod], [p[1] for p in mod], "k--", label="ringcomm alpha-beta model")
+        modes = sorted({r.get("mode", "hot") for r in sel}, key=lambda m: m != "hot")
+        impls = sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x))
+        color = {m: f"C{k}" for k, m in enumerate(impls)}
+        for mode in modes:
+            style = "-" if mode == "hot" else ":"
+            tag = f" ({mode})" if len(modes) > 1 else ""
+            at_mode = [r for r in sel if r.get("mode", "hot") == mode]
+            for impl in impls:
+                pts = sorted((r["size"], r["busbw_gbps"]) for r in at_mode if r["impl"] == impl)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color[impl], marker="o",
+                            label=impl + tag)
+            ref: dict = {}
+            for r in at_mode:  # the main launch's reference (its rows come first; mpi-ring's launch has its own)
+                if r.get("memcpy_gbps"):
+                    ref.setdefault(r["size"], r["memcpy_gbps"])
+            if ref:
+                pts = sorted(ref.items())
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "k" + style, linewidth=2,
+                        label=f"memcpy, {n} ranks at once{tag}")
+            mod = sorted((r["size"], r["size"] / (r["model_us"] * 1e-6) / 1e9 * bus_factor(coll, n))
+                         for r in at_mode if r["impl"] == "ringcomm" and "model_us" in r)
+            if mod:
+                ax.plot([p[0] for p in mod], [p[1] for p in mod], "--" if mode == "hot" else "-.", color="grey",
+                        label=f"ringcomm alpha-beta model{tag}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("buffer size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
         ax.set_title(f"{coll}, n={n}")
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7, ncol=2 if len(modes) > 1 else 1)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
