@@ -3,6 +3,7 @@
 #include "core/shm_window.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -46,13 +47,18 @@ void futex_wake_all(std::atomic<uint32_t>* w) {
 
 uint64_t call_word(const Fingerprint& fp) { return (fp.seq << 32) | stamp_of(fp); }
 
-long spin_budget_ns(int nranks) {
-  if (const char* s = std::getenv("RINGCOMM_SHM_SPIN_US")) return std::max(0L, std::atol(s)) * 1000;
-  // More ranks than cores: a spinning rank takes the time slice the rank it
-  // waits for needs, so sleep almost at once.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return unsigned(nranks) > cores ? 2000 : 50000;
+bool oversubscribed(int nranks) { return unsigned(nranks) > std::max(1u, std::thread::hardware_concurrency()); }
+
+long env_us(const char* name, long dflt_ns) {
+  if (const char* s = std::getenv(name)) return std::max(0L, std::atol(s)) * 1000;
+  return dflt_ns;
 }
+
+// How long sync spins, then yields, before it sleeps on the futex. More
+// ranks than cores: a spinning rank takes the time slice the rank it waits
+// for needs, so it yields almost at once.
+long spin_budget_ns(int nranks) { return env_us("RINGCOMM_SHM_SPIN_US", oversubscribed(nranks) ? 1000 : 50000); }
+long yield_budget_ns(int nranks) { return env_us("RINGCOMM_SHM_YIELD_US", oversubscribed(nranks) ? 2000000 : 200000); }
 
 }  // namespace
 
@@ -92,7 +98,8 @@ ShmWindow::ShmWindow(void* base, size_t bytes, int rank, int nranks, size_t slot
       processes_(processes),
       keep_(std::move(keep)),
       label_(std::move(label)),
-      spin_ns_(spin_budget_ns(nranks)) {
+      spin_ns_(spin_budget_ns(nranks)),
+      yield_ns_(yield_budget_ns(nranks)) {
   if (bytes < bytes_for(nranks, slot_bytes)) throw_invalid("shared block too small for its ranks and slots");
   Header* h = header();
   if (creator) {
@@ -256,6 +263,15 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
       RC_PAUSE();
       done = all_arrived(p, &missing);
       if (!done && (i & 63) == 0 && Clock::now() >= spin_until) break;
+    }
+    // Then yield the core for a while: with more ranks than cores the rank
+    // we wait for needs this time slice, and a futex round trip (sleep, the
+    // writer's wake, the scheduler) costs tens of microseconds more than
+    // sched_yield (what Open MPI's progress loop does when oversubscribed).
+    const auto yield_until = start + std::chrono::nanoseconds(yield_ns_);
+    while (!done && Clock::now() < yield_until) {
+      sched_yield();
+      done = all_arrived(p, &missing);
     }
     if (!done) {
       link.publish_wait(missing, 1, "its part in shared memory", start);

@@ -124,7 +124,8 @@ class ShmWindow {
   std::string label_;
   uint64_t phase_ = 0;  // the last phase this rank arrived at
   uint64_t round_ = 0;
-  long spin_ns_;        // how long sync spins before it sleeps
+  long spin_ns_;        // how long sync spins, then yields, before it sleeps
+  long yield_ns_;
   std::vector<int> members_;
   char* arena_ = nullptr;
   size_t arena_per_rank_ = 0;
