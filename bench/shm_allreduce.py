@@ -7,7 +7,7 @@ iteration of every implementation), the median over reps of the per-call
 time (max over ranks), for:
   memcpy      every rank copies a buffer of the size at the same time (the
               memory system's rate, the reference: busbw / memcpy GB/s)
-  shm         ringcomm auto (shm_flat up to 16 KiB, shm above)
+  shm         ringcomm auto (shm_flat up to 32 KiB, shm above)
   zero_copy   ringcomm on arrays from comm.empty (the shared arena)
   ring        ringcomm's ring over MPI point-to-point (algorithm="ring")
   mpi         MPI_Allreduce (Open MPI's own choice)
