@@ -111,28 +111,37 @@ def _segment_name() -> str:
     return f"/ringcomm-{safe}-{secrets.token_hex(6)}"
 
 
-def _map_window(comm, slot: int):
-    """Map one window over the ranks of `comm` (one host): rank 0 creates the
-    segment, the others map it, rank 0 unlinks it once all have. Collective
-    over `comm`; returns (window or None, the first error or None)."""
-    n, rank = comm.Get_size(), comm.Get_rank()
-    name, err, window = None, None, None
+def _share_segment(comm, suffix: str, map_it) -> tuple:
+    """The hand-shake of every shared segment: rank 0 creates it
+    (``map_it(name, True)``), the name goes to the others, which map it
+    (``map_it(name, False)``), and rank 0 unlinks it once every rank has
+    (so nothing outlives the job). Collective over `comm`; returns (this
+    rank's result or None, the first error of any rank or None)."""
+    rank = comm.Get_rank()
+    name, err, got = None, None, None
     if rank == 0:
-        name = _segment_name()
+        name = _segment_name() + suffix
         try:
-            window = core.shm_create(name, rank, n, slot)
+            got = map_it(name, True)
         except RingcommError as e:
             err = str(e)
     name, err = comm.bcast((name, err), root=0)
     if err is None and rank != 0:
         try:
-            window = core.shm_attach(name, rank, n, slot)
+            got = map_it(name, False)
         except RingcommError as e:
             err = f"rank {rank}: {e}"
     errors = [e for e in comm.allgather(err) if e]
     if rank == 0 and name is not None and err is None:
-        core.shm_remove(name)  # every rank has mapped it (allgather above): nothing outlives the job
-    return (None, errors[0]) if errors else (window, None)
+        core.shm_remove(name)  # every rank has mapped it (the allgather above)
+    return (None, errors[0]) if errors else (got, None)
+
+
+def _map_window(comm, slot: int):
+    """One window over the ranks of `comm` (one host): (window or None, error or None)."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    return _share_segment(comm, "", lambda name, create: (core.shm_create if create else core.shm_attach)(
+        name, rank, n, slot))
 
 
 def attach_mpi(engine, comm, transport: str | None = None, settings=None) -> str | None:
@@ -198,27 +207,11 @@ def _attach_hierarchy(engine, comm, keys, order, slot, settings, m) -> str | Non
 
 
 def _make_arena_mpi(window, comm) -> None:
-    """The window's shared arena, over MPI: made like the window's segment
-    (created by rank 0, mapped by all, then unlinked). Collective."""
-    per_rank, rank = arena_bytes(), comm.Get_rank()
-    name, err = None, None
-    if rank == 0:
-        name = _segment_name() + "-arena"
-        try:
-            core.shm_arena_map(window, name, per_rank, True)
-        except RingcommError as e:
-            err = str(e)
-    name, err = comm.bcast((name, err), root=0)
-    if err is None and rank != 0:
-        try:
-            core.shm_arena_map(window, name, per_rank, False)
-        except RingcommError as e:
-            err = f"rank {rank}: {e}"
-    errors = [e for e in comm.allgather(err) if e]
-    if rank == 0 and err is None:
-        core.shm_remove(name)
-    if errors:
-        raise RingcommError("cannot make the shared arena for comm.empty(): " + errors[0])
+    """The window's shared arena, over MPI (the window's hand-shake). Collective."""
+    per_rank = arena_bytes()
+    _, err = _share_segment(comm, "-arena", lambda name, create: core.shm_arena_map(window, name, per_rank, create))
+    if err:
+        raise RingcommError("cannot make the shared arena for comm.empty(): " + err)
 
 
 def empty(comm, shape, dtype="float32", family: str = "numpy"):
