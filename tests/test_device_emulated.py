@@ -216,3 +216,20 @@ def test_grouped_transport_broadcast_barrier_and_zero_byte_segments(n):
         return errs
     errs = flat(run(n, body, jitter_us=100, device="emulated-nccl"))
     assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("device", ["emulated", "emulated-nccl"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_reduce_gather_scatter_all_to_all_on_the_device_paths(n, device):
+    # Issue 23's collectives over the device path: every copy and reduction
+    # queued with jitter ("emulated"), or payload in NCCL-like groups that
+    # block until all their messages matched ("emulated-nccl"): results and
+    # the ledger as on the host (collectives_suite checks both).
+    import collectives_suite as cs
+
+    def body(comm):
+        comm.segment_bytes = 512  # several segments per message
+        return cs.run_all(comm, [0, 1, n + 1, 101, 300 * n + 7],
+                          reduce_combos=[("float32", "sum"), ("bfloat16", "avg"), ("int8", "prod"), ("int64", "max")])
+    errs = flat(run(n, body, device=device, jitter_us=50 if device == "emulated" else 0))
+    assert not errs, "\n".join(errs[:20])
