@@ -45,6 +45,17 @@ def results(stdout: str) -> dict:
     return out
 
 
+@pytest.fixture(autouse=True)
+def no_segment_left_behind():
+    """After every fault, on either path: no ringcomm segment in /dev/shm
+    (each is unlinked as soon as every rank has mapped it)."""
+    def segments():
+        return {f for f in os.listdir("/dev/shm") if f.startswith("ringcomm-")}
+    before = segments()
+    yield
+    assert segments() <= before, f"left in /dev/shm: {sorted(segments() - before)}"
+
+
 def mpirun(n, script, *args, mca=(), timeout=120, env=None):
     extra = [x for k, v in mca for x in ("--mca", k, v)]
     cmd = RUN + ["-n", str(n)] + extra + ["--", sys.executable, os.path.join(SCRIPTS, script), *map(str, args)]
