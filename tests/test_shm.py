@@ -238,6 +238,31 @@ def test_a_rank_on_another_path_is_a_mismatch_not_a_hang():
     assert max(r[2] for r in res) < 5.0, res
 
 
+def test_a_rank_that_ran_ahead_never_returns_wrong_data(monkeypatch):
+    # Rank 1's gather to rank 0 completes on its own (small sends go out
+    # eagerly), so it reaches its next call, an all_reduce in the window,
+    # while rank 0 runs a different all_reduce as its first: both reach the
+    # same phase in different calls. Every sync compares the calls both
+    # ways, so neither may return (review finding: rank 1 used to).
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", "shm")
+
+    def body(comm):
+        try:
+            if comm.rank == 1:
+                comm.gather(np.ones(2, np.float32), root=0)
+                x = np.ones(4, np.float32)
+                comm.all_reduce(x)
+                return "returned", x.tolist()
+            x = np.ones(6, np.float32)
+            comm.all_reduce(x)
+            return "returned", x.tolist()
+        except (MismatchError, CommunicatorAborted) as e:
+            return type(e).__name__, str(e)
+    res = ringcomm.run_local(2, body, timeout=20)
+    assert all(r[0] != "returned" for r in res), res
+    assert any(r[0] == "MismatchError" for r in res), res
+
+
 def test_timeout_names_the_missing_rank():
     def body(comm):
         if comm.rank == 2:

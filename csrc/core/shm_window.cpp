@@ -5,6 +5,7 @@
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -47,6 +48,13 @@ void futex_wake_all(std::atomic<uint32_t>* w) {
 
 uint64_t call_word(const Fingerprint& fp) { return (fp.seq << 32) | stamp_of(fp); }
 
+// The inode of this process's pid namespace (0: unknown). Containers that
+// share /dev/shm (--ipc=host) may still each have their own.
+uint64_t pid_namespace() {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? uint64_t(st.st_ino) : 0;
+}
+
 bool oversubscribed(int nranks) { return unsigned(nranks) > std::max(1u, std::thread::hardware_concurrency()); }
 
 long env_us(const char* name, long dflt_ns) {
@@ -77,7 +85,12 @@ struct alignas(kLine) ShmWindow::Header {
 
 struct alignas(kLine) ShmWindow::RankArea {
   std::atomic<uint64_t> arrived;  // the last phase this rank reached (its own line: one writer)
+  // The call this rank was in when it reached phase p, at p & 1: written
+  // before `arrived`, and not again before phase p + 2, which needs every
+  // rank at p + 1, so every rank can compare it after the sync of p.
+  std::atomic<uint64_t> at[2];
   alignas(kLine) int64_t pid;     // 0: in process
+  uint64_t pidns;                 // its pid namespace (a pid means something only in the same one)
   std::atomic<uint64_t> latest;   // seq of the newest call it announced
   std::atomic<uint64_t> call[kCalls];  // (seq << 32) | stamp of call seq, at seq % kCalls
   Fingerprint fp[kCalls];
@@ -113,6 +126,7 @@ ShmWindow::ShmWindow(void* base, size_t bytes, int rank, int nranks, size_t slot
                                                          std::to_string(nranks) + " ranks (another job's?)");
   }
   area(rank)->pid = processes ? int64_t(getpid()) : 0;
+  area(rank)->pidns = pid_namespace();
   // First touch on the owning rank: its slots' pages are faulted in here.
   std::memset(slot(rank, 0), 0, slot_bytes_);
   std::memset(slot(rank, 1), 0, slot_bytes_);
@@ -231,7 +245,7 @@ void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, in
                     "rank " + std::to_string(missing) + " went on to call #" + std::to_string(latest) +
                         " without joining " + describe(fp) + " on rank " + std::to_string(rank_) +
                         " through shared memory: the ranks disagree on the call");
-  if (processes_ && a->pid > 0 && kill(pid_t(a->pid), 0) != 0 && errno == ESRCH)
+  if (processes_ && a->pid > 0 && a->pidns == area(rank_)->pidns && kill(pid_t(a->pid), 0) != 0 && errno == ESRCH)
     throw RingError(ErrKind::transport, rank_, missing, fp.seq,
                     "rank " + std::to_string(missing) + " (pid " + std::to_string(a->pid) + ") died while rank " +
                         std::to_string(rank_) + " waited for it in " + describe(fp) + " (shared memory)");
@@ -252,7 +266,9 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
   Header* h = header();
   if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
   const uint64_t p = ++phase_;
-  area(rank_)->arrived.store(p, std::memory_order_seq_cst);
+  const uint64_t mine = call_word(fp);
+  area(rank_)->at[p & 1].store(mine, std::memory_order_relaxed);
+  area(rank_)->arrived.store(p, std::memory_order_seq_cst);  // (publishes `at` too)
   if (h->sleepers.load(std::memory_order_seq_cst) > 0) wake();
   int missing = -1;
   if (!all_arrived(p, &missing)) {
@@ -317,14 +333,45 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
         // seen here or sees us sleeping and wakes us).
         const uint32_t e = h->epoch.load(std::memory_order_seq_cst);
         h->sleepers.fetch_add(1, std::memory_order_seq_cst);
-        if (!all_arrived(p, &missing))
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (!all_arrived(p, &missing) && h->failed.load(std::memory_order_acquire) == 0 &&
+            !link.transport().interrupted())
           futex_wait(&h->epoch, e, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
         h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
       }
       link.publish_wait(-1, 0, nullptr, start);
     }
   }
-  if (first) check_calls(link, fp, false);
+  // Every rank arrived at p: each must have been in this call (two-sided,
+  // on every sync: a peer that went ahead on its own is caught here, not
+  // by its next call), and no rank may have failed meanwhile (one that
+  // gave up may already have handed its arrays back to its caller).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
+  for (int j = 0; j < n_; ++j) {
+    if (j == rank_) continue;
+    const uint64_t theirs = area(j)->at[p & 1].load(std::memory_order_acquire);
+    if (theirs != mine) throw_other_call(j, theirs, fp);
+  }
+  (void)first;
+}
+
+// Rank j reached this phase in another call (its word: seq << 32 | stamp):
+// name it from its announcements when they still hold it.
+void ShmWindow::throw_other_call(int j, uint64_t word, const Fingerprint& fp) {
+  RankArea* a = area(j);
+  const uint64_t seq = word >> 32;
+  const int k = int(seq % kCalls);
+  if (a->call[k].load(std::memory_order_acquire) == word) {
+    Fingerprint theirs = a->fp[k];
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (a->call[k].load(std::memory_order_relaxed) == word)
+      throw RingError(ErrKind::mismatch, rank_, j, fp.seq, mismatch_text(theirs, fp));
+  }
+  throw RingError(ErrKind::mismatch, rank_, j, fp.seq,
+                  "ranks disagree on a collective call: rank " + std::to_string(j) + " reached the same step in "
+                  "shared memory in call #" + std::to_string(seq) + " (another call), while rank " +
+                  std::to_string(rank_) + " called " + describe(fp));
 }
 
 void ShmWindow::attach_arena(char* base, size_t per_rank, std::shared_ptr<void> keep) {

@@ -114,6 +114,7 @@ class ShmWindow {
   void check_calls(const Link& link, const Fingerprint& fp, bool arrived_only);
   void check_slow(Link& link, const Fingerprint& fp, uint64_t phase, int missing);
   std::string peer_state(Link& link, int peer, const Fingerprint& fp);
+  [[noreturn]] void throw_other_call(int j, uint64_t word, const Fingerprint& fp);
 
   char* base_;
   size_t bytes_;

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import vocab
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, RingcommError
 
 __all__ = ["Spec", "family", "describe", "zeros", "flat_view", "copy_into", "add_into", "zero", "scale_half",
            "item", "as_numpy", "bytes_of"]
@@ -91,7 +91,7 @@ def arena_zeros(comm, wanted: list) -> list | None:
             b = comm.empty(count, dtype, family=fam)
             b[...] = 0
             bufs.append(b)
-    except InvalidArgument:
+    except RingcommError:  # the arena is full, or cannot be made (every rank hears alike)
         bufs = None
     ok = np.array([0 if bufs is None else 1], dtype=np.int32)
     comm.all_reduce(ok, op="min")
