@@ -211,6 +211,15 @@ class Communicator:
         sums are those of all_reduce's ring, shm's those of all_reduce's
         shm and shm_flat (which sharded training relies on).
         """
+        if self._fast_lane and not async_op and out is not None:  # as all_reduce's (1-D numpy, out given)
+            opc = vocab.OPS.get(op, -1) if isinstance(op, str) else -1
+            algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
+            try:
+                if self._engine.run_halves(True, x, out, opc, algo):
+                    return out
+            except BaseException as exc:
+                self._failed(exc, (x, out))
+                raise
         return self._submit(self._door.reduce_scatter(x, op, out, algorithm, empty_like), async_op)
 
     def all_gather(self, x, *, out=None, async_op: bool = False, algorithm: str = "auto"):
@@ -223,6 +232,14 @@ class Communicator:
         share a host's memory, else the ring), "ring", "halving_doubling"
         (power-of-two sizes only) or "shm".
         """
+        if self._fast_lane and not async_op and out is not None:  # as all_reduce's (1-D numpy, out given)
+            algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
+            try:
+                if self._engine.run_halves(False, x, out, 0, algo):
+                    return out
+            except BaseException as exc:
+                self._failed(exc, (x, out))
+                raise
         xb = self._door.view(x, "all_gather input")
         if out is None:
             out = empty_like(xb, self._gathered_total(xb))

@@ -96,6 +96,29 @@ def arena_bytes() -> int:
     return b // 4096 * 4096
 
 
+# The largest buffer auto runs in the window, per collective, while the
+# ranks fit the cores: above it Open MPI's single-copy point-to-point (the
+# kernel copies straight from the peer's buffer) outran the staged copies
+# here, N = 2 (bench/README.md, "Shared memory on one host"): all_reduce
+# shm 18.9 vs ring 21.5 us at 128 KiB, 68.6 vs 52.6 at 512 KiB;
+# reduce_scatter 2.0 vs 3.2 at 4 KiB, 7.1 vs 5.6 at 64 KiB; all_gather 1.9
+# vs 3.1 at 4 KiB, 7.3 vs 5.5 at 64 KiB. With more ranks than cores the
+# window won at every size measured (N = 4 on 2 cores), so no limit then.
+# RINGCOMM_SHM_MAX sets one limit for all; RINGCOMM_TRANSPORT=shm none.
+SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32 << 10, "broadcast": 1 << 62}
+UNLIMITED = 1 << 62
+
+
+def shm_max(nranks: int) -> list:
+    """[all_reduce, reduce_scatter, all_gather, broadcast] limits for auto."""
+    v = os.environ.get("RINGCOMM_SHM_MAX")
+    if v:
+        return [_int_env("RINGCOMM_SHM_MAX", UNLIMITED)] * 4
+    if mode() == "shm" or nranks > (os.cpu_count() or 1):
+        return [UNLIMITED] * 4
+    return [SHM_MAX[c] for c in ("all_reduce", "reduce_scatter", "all_gather", "broadcast")]
+
+
 def flat_max() -> int:
     return max(0, min(_int_env("RINGCOMM_SHM_FLAT_MAX", DEFAULT_FLAT_MAX), slot_bytes()))
 
@@ -166,6 +189,7 @@ def attach_mpi(engine, comm, transport: str | None = None, settings=None) -> str
                           + err, RuntimeWarning, stacklevel=3)
             return None
         engine.attach_window(window, True, flat_max())
+        engine.set_shm_auto(True, flat_max(), shm_max(n))
         return "shm"
     per_host = [keys.count(k) for k in order]
     if len(set(per_host)) != 1 or per_host[0] < 2:

@@ -328,7 +328,7 @@ SCRIPT = textwrap.dedent('''
     errs = []
     comm.all_reduce(np.ones(4, np.float32))
     small = comm.last_algorithm
-    comm.all_reduce(np.ones(1 << 16, np.float32))
+    comm.all_reduce(np.ones(1 << 14, np.float32))  # 64 KiB: above shm_flat, within auto's shm limit
     big = comm.last_algorithm
     if {check_suite}:
         errs += suite.run_cases(comm, [0, 1, n + 1, 100003], suite.COMBOS[::2])
@@ -374,11 +374,19 @@ def test_over_mpi_one_host_uses_shared_memory_and_leaves_nothing(n):
 def test_over_mpi_transport_mpi_and_several_hosts_use_point_to_point():
     res = run_script(2, {"RINGCOMM_TRANSPORT": "mpi"}, check_suite=False)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert all("small=recursive_doubling" in line and "big=ring" in line or "big=halving" in line
-               for line in lines(res)), res.stdout
+    assert lines(res) and all("small=recursive_doubling" in line and "shm" not in line for line in lines(res)), \
+        res.stdout
     # RINGCOMM_HOST_ID splits one machine: ranks on two "hosts" share no window
     res = run_script(2, {"RINGCOMM_HOST_ID": "x"}, check_suite=False)  # one id for both: one host
     assert all("big=shm" in line for line in lines(res)), res.stdout
+    # above auto's limit with the ranks fitting the cores: Open MPI's single copy (shm.SHM_MAX)
+    script0 = ("import ringcomm, numpy as np; c=ringcomm.init(); c.all_reduce(np.ones(1<<18,np.float32)); "
+               "print('ALGO', c.last_algorithm); c.all_reduce(np.ones(1<<18,np.float32), algorithm='shm'); "
+               "print('ALGO', c.last_algorithm)")
+    res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", script0], capture_output=True, text=True,
+                         timeout=120)
+    algos = [line for line in res.stdout.splitlines() if line.startswith("ALGO")]
+    assert sorted(set(algos)) == ["ALGO ring", "ALGO shm"] and len(algos) == 4, res.stdout + res.stderr
     script = ("import os, ringcomm, numpy as np; os.environ['RINGCOMM_HOST_ID']='h'+os.environ['OMPI_COMM_WORLD_RANK']; "
               "c=ringcomm.init(); c.all_reduce(np.ones(1<<16,np.float32)); print('ALGO', c.last_algorithm)")
     res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", script], capture_output=True, text=True,
@@ -399,7 +407,7 @@ def test_a_full_dev_shm_falls_back_with_a_warning(tmp_path):
     res = run_script(2, {"RINGCOMM_SHM_SLOT": str(too_big)}, check_suite=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "no shared memory" in res.stderr and "/dev/shm" in res.stderr, res.stderr
-    assert all("big=ring" in line for line in lines(res)), res.stdout
+    assert lines(res) and all("shm" not in line.split("errors")[0] for line in lines(res)), res.stdout
     assert shm_files() == []
 
 
@@ -410,13 +418,13 @@ def test_killed_rank_is_noticed_by_peers_waiting_in_the_window():
     script = textwrap.dedent('''
         import os, signal, time, numpy as np, ringcomm
         c = ringcomm.init(timeout=60)
-        c.all_reduce(np.ones(1 << 16, np.float32))
+        c.all_reduce(np.ones(1 << 16, np.float32), algorithm="shm")
         if c.rank == 1:
             time.sleep(0.5)
             print("KILL", time.time(), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         try:
-            c.all_reduce(np.ones(1 << 16, np.float32))
+            c.all_reduce(np.ones(1 << 16, np.float32), algorithm="shm")
         except Exception as e:
             print("RAISED", time.time(), type(e).__name__, str(e)[:300], flush=True)
     ''')
@@ -444,10 +452,10 @@ def test_ctrl_c_over_mpi_in_the_window():
         print("READY", os.getpid(), flush=True)
         try:
             if c.rank == 0:
-                c.all_reduce(np.ones(1 << 16, np.float32))
+                c.all_reduce(np.ones(1 << 16, np.float32), algorithm="shm")
             else:
                 time.sleep(3)
-                c.all_reduce(np.ones(1 << 16, np.float32))
+                c.all_reduce(np.ones(1 << 16, np.float32), algorithm="shm")
         except BaseException as e:
             print("RAISED", c.rank, type(e).__name__, str(e)[:200], flush=True)
     ''')

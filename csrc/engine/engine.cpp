@@ -157,7 +157,10 @@ Algo Engine::choose_algorithm(const Task& t) const {
     if (cross_ && t.coll == Coll::all_reduce && host && size() > 1) return Algo::hierarchical;
     // Arrays in the shared arena: the caller asked for zero copy (comm.empty).
     if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
-    if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && t.coll != Coll::reduce) {
+    const bool within = t.coll == Coll::barrier ||
+                        (int(t.coll) < 4 &&
+                         t.count * dtype_size(t.dtype) <= shm_max_[int(t.coll)].load(std::memory_order_relaxed));
+    if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && within) {
       if (t.coll == Coll::all_reduce &&
           t.count * dtype_size(t.dtype) <= auto_flat_max_.load(std::memory_order_relaxed))
         return Algo::shm_flat;

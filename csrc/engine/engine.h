@@ -164,9 +164,14 @@ class Engine {
     shm_auto_.store(for_auto);
     auto_flat_max_.store(flat_max);
   }
-  void set_shm_auto(bool for_auto, size_t flat_max) {
+  // `shm_max`: per collective (all_reduce, reduce_scatter, all_gather,
+  // broadcast), the largest buffer auto runs in the window; above it the
+  // message path's choice (on a machine where Open MPI's single-copy
+  // point-to-point outruns the staged copies). Barrier: always the window.
+  void set_shm_auto(bool for_auto, size_t flat_max, const std::vector<size_t>& shm_max = {}) {
     shm_auto_.store(for_auto);
     auto_flat_max_.store(flat_max);
+    for (size_t i = 0; i < 4; ++i) shm_max_[i].store(i < shm_max.size() ? shm_max[i] : SIZE_MAX);
   }
   // Ranks on several hosts: `local` is this host's ranks' window (its
   // members: their ranks here), `cross` an engine over the ranks with this
@@ -247,6 +252,7 @@ class Engine {
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
   std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0}, auto_flat_max_{0};
   std::atomic<bool> shm_auto_{false};
+  std::atomic<size_t> shm_max_[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
   std::shared_ptr<Engine> cross_;  // hierarchical: the inter-host engine
   std::vector<int> cross_members_;
   std::atomic<int> last_algo_{0};

@@ -313,6 +313,21 @@ inline void bind_engine(py::module_& m) {
            py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"),
            "Synchronous all_reduce of numpy arrays or torch CPU tensors described natively; False when the "
            "arrays need the Python adapter (ringcomm/door.py).")
+      .def("run_halves",
+           [](EngineHandle& h, bool scatter, py::handle x, py::handle out, int op, int algo) {
+             // reduce_scatter (scatter) or all_gather's fast lane (host_halves_call).
+             Call c;
+             Engine& e = h.get();
+             if (e.device() ||
+                 !host_halves_call(scatter ? Coll::reduce_scatter : Coll::all_gather, x, out, op, algo, e.rank(),
+                                   e.size(), c))
+               return false;
+             call_host(h, make_task(c));
+             return true;
+           },
+           py::arg("scatter"), py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"),
+           "Synchronous reduce_scatter / all_gather of 1-D numpy arrays with out= given, described natively; "
+           "False when the Python adapter must run.")
       .def_property_readonly("device",
                              [](EngineHandle& h) -> py::object {
                                auto d = h.get().device();
@@ -370,8 +385,13 @@ inline void bind_engine(py::module_& m) {
              h.get().attach_window(std::move(w), for_auto, flat_max);
            },
            py::arg("window"), py::arg("for_auto"), py::arg("flat_max"))
-      .def("set_shm_auto", [](EngineHandle& h, bool for_auto, size_t flat_max) { h.get().set_shm_auto(for_auto, flat_max); },
-           py::arg("for_auto"), py::arg("flat_max"))
+      .def("set_shm_auto",
+           [](EngineHandle& h, bool for_auto, size_t flat_max, std::vector<size_t> shm_max) {
+             h.get().set_shm_auto(for_auto, flat_max, shm_max);
+           },
+           py::arg("for_auto"), py::arg("flat_max"), py::arg("shm_max") = std::vector<size_t>{},
+           "Whether auto runs in the window, the one-sync all_reduce's limit, and per collective (all_reduce, "
+           "reduce_scatter, all_gather, broadcast) the largest buffer auto runs there.")
       .def("attach_hierarchy",
            [](EngineHandle& h, std::shared_ptr<ShmWindow> local, std::vector<int> members, EngineHandle& cross,
               std::vector<int> cross_members) {

@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "algorithms/plan.h"
 #include "core/flight.h"
 #include "core/ledger.h"
 #include "core/link.h"
@@ -156,6 +157,36 @@ inline bool host_all_reduce_call(py::handle x, py::handle out, int op, int algo,
   if (c.in != c.out && c.in < c.out + bytes && c.out < c.in + bytes) return false;  // partial overlap
   c.coll = int(Coll::all_reduce);
   c.op = op;
+  c.algo = algo;
+  c.root = 0;
+  return true;
+}
+
+// The same fast lane for reduce_scatter (`x` the full buffer, `out` this
+// rank's chunk) and all_gather (`x` this rank's chunk, `out` the full
+// buffer): 1-D numpy ndarrays of one supported dtype, C-contiguous, `out`
+// writable and apart from `x`, the chunk of the split rule's size. False for
+// anything else (torch tensors, other shapes, overlap): the Python adapter.
+inline bool host_halves_call(Coll coll, py::handle x, py::handle out, int op, int algo, int rank, int size, Call& c) {
+  if (!py::isinstance<py::array>(x) || !py::isinstance<py::array>(out)) return false;
+  auto a = py::reinterpret_borrow<py::array>(x), b = py::reinterpret_borrow<py::array>(out);
+  if (a.ndim() != 1 || b.ndim() != 1) return false;
+  int dout = -1;
+  size_t nin = 0, nout = 0;
+  if (!numpy_array(x, false, c.dtype, nin, c.in) || !numpy_array(out, true, dout, nout, c.out) || dout != c.dtype)
+    return false;
+  const size_t total = coll == Coll::reduce_scatter ? nin : nout;
+  const size_t mine = split_size(total, size_t(size), size_t(rank));
+  if ((coll == Coll::reduce_scatter ? nout : nin) != mine) return false;
+  if (coll == Coll::reduce_scatter &&
+      (op < 0 || op >= int(Op::kCount) || (Op(op) == Op::avg && !dtype_is_floating(DType(c.dtype)))))
+    return false;
+  if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
+  const size_t es = dtype_size(DType(c.dtype));
+  if (c.in < c.out + nout * es && c.out < c.in + nin * es) return false;  // overlap: the adapter decides
+  c.coll = int(coll);
+  c.count = total;
+  c.op = coll == Coll::reduce_scatter ? op : 0;
   c.algo = algo;
   c.root = 0;
   return true;
