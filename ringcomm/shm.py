@@ -34,7 +34,7 @@ from .errors import InvalidArgument, RingcommError
 
 __all__ = ["host_key", "mode", "slot_bytes", "flat_max", "arena_bytes", "attach_mpi", "attach_local", "empty"]
 
-MODES = ("auto", "mpi", "shm")
+MODES = ("auto", "mpi", "shm", "ucx")
 
 # Bytes of one rank's staging slot (two per rank: the rounds alternate).
 # Small enough that every rank's two slots stay in the last-level cache.
@@ -129,7 +129,7 @@ def _segment_name() -> str:
     except (KeyError, OSError):
         user = str(os.getuid())
     job = (os.environ.get("OMPI_MCA_orte_ess_jobid") or os.environ.get("PMIX_NAMESPACE")
-           or os.environ.get("SLURM_JOB_ID") or str(os.getpid()))
+           or os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or str(os.getpid()))
     safe = "".join(c if c.isalnum() else "_" for c in f"{user}-{job}")[:120]
     return f"/ringcomm-{safe}-{secrets.token_hex(6)}"
 
@@ -167,15 +167,18 @@ def _map_window(comm, slot: int):
         name, rank, n, slot))
 
 
-def attach_mpi(engine, comm, transport: str | None = None, settings=None) -> str | None:
-    """Give `engine` (over the MPI communicator `comm`) what its ranks share:
-    one window when every rank is on one host ("shm"); on several hosts with
-    the same number (>= 2) of ranks each, this host's window and an engine
-    between the hosts, for the hierarchical all_reduce ("hierarchical").
-    Collective over `comm`. Returns which, or None."""
+def attach(engine, comm, transport: str | None, settings, make_between) -> str | None:
+    """Give `engine` what its ranks share: one window when every rank is on
+    one host ("shm"); on several hosts with the same number (>= 2) of ranks
+    each, this host's window and an engine between the hosts, for the
+    hierarchical all_reduce ("hierarchical"). `comm`: the ranks' bootstrap
+    group, an MPI communicator or a store group (ringcomm/bootstrap.py);
+    `make_between(group)`: an engine over a sub-group (the ranks with the same
+    local index), over the same kind of transport as `engine`. Collective
+    over `comm`. Returns which, or None."""
     m = mode(transport)
     n = comm.Get_size()
-    if m == "mpi" or n == 1:
+    if m in ("mpi", "ucx") or n == 1:
         return None
     keys = comm.allgather(host_key())
     order = list(dict.fromkeys(keys))
@@ -185,8 +188,8 @@ def attach_mpi(engine, comm, transport: str | None = None, settings=None) -> str
         if err:
             if m == "shm":
                 raise RingcommError("RINGCOMM_TRANSPORT=shm, but the shared-memory window failed: " + err)
-            warnings.warn("ringcomm: no shared memory between the ranks of this host, using MPI point-to-point: "
-                          + err, RuntimeWarning, stacklevel=3)
+            warnings.warn("ringcomm: no shared memory between the ranks of this host, using point-to-point "
+                          "messages: " + err, RuntimeWarning, stacklevel=3)
             return None
         engine.attach_window(window, True, flat_max())
         engine.set_shm_auto(True, flat_max(), shm_max(n))
@@ -198,11 +201,19 @@ def attach_mpi(engine, comm, transport: str | None = None, settings=None) -> str
                                   f"{per_host} ranks: shared memory across hosts needs the same number (at least "
                                   "2) on every host (use auto or mpi)")
         return None
-    return _attach_hierarchy(engine, comm, keys, order, slot, settings, m)
+    return _attach_hierarchy(engine, comm, keys, order, slot, m, make_between)
 
 
-def _attach_hierarchy(engine, comm, keys, order, slot, settings, m) -> str | None:
-    from mpi4py import MPI
+def attach_mpi(engine, comm, transport: str | None = None, settings=None) -> str | None:
+    """:func:`attach` over the MPI communicator `comm` (the engine between
+    hosts over MPI point-to-point)."""
+    def between(cross):
+        from mpi4py import MPI
+        return core.mpi_engine(MPI._handleof(cross), settings.timeout, settings.segment_bytes, settings.window)
+    return attach(engine, comm, transport, settings, between)
+
+
+def _attach_hierarchy(engine, comm, keys, order, slot, m, make_between) -> str | None:
     from .tuning import selection
     rank = comm.Get_rank()
     host = order.index(keys[rank])
@@ -215,11 +226,11 @@ def _attach_hierarchy(engine, comm, keys, order, slot, settings, m) -> str | Non
             if m == "shm":
                 raise RingcommError("RINGCOMM_TRANSPORT=shm, but a host's shared-memory window failed: "
                                     + errors[0])
-            warnings.warn("ringcomm: no shared memory within a host, using MPI point-to-point: " + errors[0],
+            warnings.warn("ringcomm: no shared memory within a host, using point-to-point messages: " + errors[0],
                           RuntimeWarning, stacklevel=4)
             return None
         members, cross_members = local.allgather(rank), cross.allgather(rank)
-        between = core.mpi_engine(MPI._handleof(cross), settings.timeout, settings.segment_bytes, settings.window)
+        between = make_between(cross)
         costs = comm.bcast(selection.costs_for("mpi", cross.Get_size()) if rank == 0 else None, root=0)
         rd, hd = selection.auto_limits(costs, cross.Get_size())
         between.set_auto_limits(rd, hd, selection.reduce_limit(costs, cross.Get_size()))
@@ -230,8 +241,9 @@ def _attach_hierarchy(engine, comm, keys, order, slot, settings, m) -> str | Non
         cross.Free()
 
 
-def _make_arena_mpi(window, comm) -> None:
-    """The window's shared arena, over MPI (the window's hand-shake). Collective."""
+def make_arena(window, comm) -> None:
+    """The window's shared arena, over the window's hand-shake (`comm`: an
+    MPI communicator or a store group). Collective."""
     per_rank = arena_bytes()
     _, err = _share_segment(comm, "-arena", lambda name, create: core.shm_arena_map(window, name, per_rank, create))
     if err:

@@ -22,6 +22,7 @@ __all__ = ["init", "run_local", "local_rank"]
 _mpi_comms: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 _mpi_index = itertools.count(1)    # communicators made by init() in this process (same order on every rank)
 _local_index = itertools.count(1)  # worlds made by run_local()
+_store_index = itertools.count(1)  # communicators made by init() over a store (same order on every rank)
 
 
 def _close_mpi_comms() -> None:
@@ -47,8 +48,20 @@ def local_rank(comm, with_size: bool = False):
 
 def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | None = None,
          segment_bytes: int | str | None = None, window: int | None = None,
-         transport: str | None = None) -> Communicator:
-    """A communicator over MPI (COMM_WORLD unless `mpi_comm` is given).
+         transport: str | None = None, store=None, rank: int | None = None, size: int | None = None,
+         bootstrap: str | None = None) -> Communicator:
+    """A communicator over the job's ranks: over MPI (COMM_WORLD unless
+    `mpi_comm` is given) when an MPI launcher started the job, else over a
+    store (ringcomm/bootstrap.py).
+
+    store, rank, size: bootstrap through `store` (torch's TCPStore,
+    FileStore or PrefixStore, or anything offering set/get/add/wait), for
+    processes no MPI launcher started; MPI is then never initialized.
+    Messages go through UCX, collectives within a host through shared
+    memory. Without `store`, under torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT set and no MPI launcher), the store is torchrun's, as
+    torch's ``env://``. bootstrap: "auto" (default; also
+    ``RINGCOMM_BOOTSTRAP``), "mpi" or "store".
 
     Collective over the MPI communicator: every rank must call it. ringcomm
     duplicates the communicator, so its messages never mix with yours.
@@ -65,6 +78,16 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     memory when every rank is on one host, else MPI point-to-point; "mpi":
     MPI point-to-point only; "shm": shared memory or an error (ringcomm.shm).
     """
+    from . import bootstrap as boot
+    if boot.choose(store is not None, bootstrap) == "store":
+        if mpi_comm is not None:
+            raise InvalidArgument("init(): give either an MPI communicator or a store, not both")
+        if device is not None:
+            raise InvalidArgument("init(store=...): the device path under a store bootstrap is not built yet "
+                                  "(launch with mpirun for GPUs)")
+        return _init_store(store, rank, size, timeout, segment_bytes, window, transport)
+    if store is not None:
+        raise InvalidArgument("init(store=...) with RINGCOMM_BOOTSTRAP=mpi: choose one")
     from . import _failfast, _singleton
     MPI = _singleton.mpi()  # starts MPI (as a singleton: without /dev/shm files)
 
@@ -96,13 +119,45 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
         label = "nccl"
     c = Communicator(engine, s, label, index=next(_mpi_index))
     if device is None and shared == "shm":  # comm.empty() makes the shared arena over this MPI communicator
-        c._arena_maker = lambda: shm._make_arena_mpi(engine.window, comm)
+        c._arena_maker = lambda: shm.make_arena(engine.window, comm)
     from .tuning import selection
     # Rank 0's constants for everyone: all ranks must make the same choices.
     c.set_costs(comm.bcast(selection.costs_for(label, comm.Get_size()) if comm.Get_rank() == 0 else None, root=0))
     _mpi_comms.add(c)
     _failfast.register(c, comm)  # a rank dying of an exception aborts c: its peers fail at once
     _singleton.notice_once(comm.Get_size())
+    return c
+
+
+def _init_store(store, rank, size, timeout, segment_bytes, window, transport) -> Communicator:
+    """init() over a store: UCX between every pair of ranks, and the ranks'
+    shared memory (one host, or the hierarchy across hosts)."""
+    from . import bootstrap as boot, shm, ucx
+    s = config.settings(timeout, segment_bytes, window)
+    if store is None:
+        if rank is not None or size is not None:
+            raise InvalidArgument("init(rank=..., size=...) needs store=... too")
+        if not boot.torchrun_env():
+            raise InvalidArgument("RINGCOMM_BOOTSTRAP=store needs init(store=..., rank=..., size=...) or "
+                                  "torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+        store, rank, size = boot.env_store(s.timeout)
+    elif rank is None or size is None:
+        raise InvalidArgument("init(store=...) needs rank= and size= too")
+    if shm.mode(transport) == "mpi":
+        raise InvalidArgument("RINGCOMM_TRANSPORT=mpi needs an MPI launch (mpirun); a store bootstrap moves "
+                              "messages with UCX (transport auto, shm or ucx)")
+    index = next(_store_index)
+    group = boot.StoreGroup(store, rank, size, s.timeout, prefix=f"ringcomm/comm{index}")
+    engine = ucx.make_engine(group.allgather, group.rank, group.size, s)
+    shared = shm.attach(engine, group, transport, s,
+                        lambda cross: ucx.make_engine(cross.allgather, cross.rank, cross.size, s))
+    c = Communicator(engine, s, "ucx", index=index)
+    if shared == "shm":
+        c._arena_maker = lambda: shm.make_arena(engine.window, group)
+    from .tuning import selection
+    c.set_costs(group.bcast(selection.costs_for("ucx", group.size) if group.rank == 0 else None, root=0))
+    c._bootstrap = group  # keeps the store alive as long as the communicator
+    _mpi_comms.add(c)
     return c
 
 

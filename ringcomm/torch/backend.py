@@ -621,22 +621,32 @@ def _reduce_scatter_opts():
 
 # ---------------------------------------------------------------------------
 def _create(dist_opts, backend_opts=None) -> ProcessGroupRingcomm:
-    """torch's factory: a ringcomm communicator over the group's MPI ranks."""
+    """torch's factory: a ringcomm communicator over the group's ranks, over
+    MPI when an MPI launcher started the job, else over the store torch hands
+    every backend (torchrun; ringcomm/bootstrap.py)."""
     import ringcomm
+    from .. import bootstrap
     from .._singleton import mpi
+    timeout = dist_opts.timeout.total_seconds() if dist_opts.timeout is not None else None
+    if timeout is not None and timeout <= 0:
+        timeout = None
+    if bootstrap.choose(True) == "store":
+        # torch scoped the store to this group (and, under torchrun, to this
+        # restart attempt): new_group and DeviceMesh never need MPI.
+        comm = ringcomm.init(store=dist_opts.store, rank=dist_opts.group_rank, size=dist_opts.group_size,
+                             timeout=timeout, bootstrap="store")
+        return ProcessGroupRingcomm(comm, dist_opts.group_rank, dist_opts.group_size)
     MPI = mpi()  # a process no launcher started: MPI as a singleton without /dev/shm files
     world = MPI.COMM_WORLD
     rank, size = dist_opts.group_rank, dist_opts.group_size
     ranks = list(dist_opts.global_ranks_in_group)  # empty: all ranks (the default group)
-    timeout = dist_opts.timeout.total_seconds() if dist_opts.timeout is not None else None
-    if timeout is not None and timeout <= 0:
-        timeout = None
     if not ranks:
         if world.size != size or world.rank != rank:
             raise RuntimeError(
                 f"ringcomm backend: torch says rank {rank} of {size}, but MPI says rank {world.rank} of "
                 f"{world.size}. Launch with `ringcomm run -n N python ...` or mpirun (torchrun starts processes "
-                "that MPI cannot connect; see README 'Use from PyTorch').")
+                "that MPI cannot connect: there ringcomm bootstraps from torch's store, unless "
+                "RINGCOMM_BOOTSTRAP=mpi; see README 'Use from PyTorch').")
         mpi_comm = world
     else:
         if world.rank not in ranks:

@@ -335,7 +335,8 @@ def tune_path() -> str:
 
 
 def _transport_key(label: str) -> str:
-    return "mpi" if label.startswith("mpi") else "inproc"
+    # UCX, like MPI point-to-point, moves bytes between processes.
+    return "mpi" if label.startswith(("mpi", "ucx")) else "inproc"
 
 
 def _costs(d) -> Costs:

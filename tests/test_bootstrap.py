@@ -1,0 +1,94 @@
+"""The store bootstrap (ringcomm/bootstrap.py): which mode a process takes,
+and the store group's allgather, broadcast, barrier and split over a real
+torch TCPStore (ranks as threads, one client each), keys deleted once read,
+a missing rank named at the timeout. The launches themselves (torchrun, two
+agents as two nodes) are in tests/test_torchrun.py."""
+
+import datetime
+import threading
+
+import pytest
+
+from ringcomm import bootstrap
+from ringcomm.errors import CollectiveTimeout, InvalidArgument
+
+dist = pytest.importorskip("torch.distributed")
+
+
+def test_mode_choice():
+    mpi = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert bootstrap.choose(False, environ=mpi) == "mpi"
+    assert bootstrap.choose(True, environ=mpi) == "mpi"  # mpirun's world wins under auto
+    assert bootstrap.choose(False, environ=torchrun) == "store"
+    assert bootstrap.choose(False, environ={**torchrun, "PMIX_RANK": "0"}) == "mpi"  # srun --mpi=pmix
+    assert bootstrap.choose(True, environ={}) == "store"
+    assert bootstrap.choose(False, environ={}) == "mpi"  # plain `python script.py`: a one-rank MPI job
+    assert bootstrap.choose(False, "store", environ=mpi) == "store"
+    with pytest.raises(InvalidArgument, match="RINGCOMM_BOOTSTRAP"):
+        bootstrap.mode("tcp")
+
+
+def run_group(n, fn, timeout=10.0, prefix="t"):
+    master = dist.TCPStore("127.0.0.1", 0, n + 1, True, timeout=datetime.timedelta(seconds=30),
+                           wait_for_workers=False)
+    out, errors = [None] * n, [None] * n
+
+    def body(r):
+        try:
+            client = dist.TCPStore("127.0.0.1", master.port, n + 1, False, timeout=datetime.timedelta(seconds=30))
+            out[r] = fn(bootstrap.StoreGroup(client, r, n, timeout, prefix))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return master, out, errors
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_collectives_and_keys_deleted(n):
+    def fn(g):
+        got = []
+        for i in range(3):
+            got.append(g.allgather((g.rank, i, "x" * g.rank)))
+        got.append(g.bcast({"from": 0, "v": [1, 2]} if g.rank == 0 else None, root=0))
+        got.append(g.bcast(g.rank * 10, root=n - 1))
+        g.barrier()
+        half = g.Split(g.rank % 2, key=-g.rank)  # reversed order within each color
+        got.append((half.Get_rank(), half.Get_size(), half.allgather(g.rank)))
+        return got
+
+    master, out, errors = run_group(n, fn)
+    assert errors == [None] * n, errors
+    for r, got in enumerate(out):
+        for i in range(3):
+            assert got[i] == [(q, i, "x" * q) for q in range(n)], f"rank {r}: allgather {i}: {got[i]}"
+        assert got[3] == {"from": 0, "v": [1, 2]}, f"rank {r}"
+        assert got[4] == (n - 1) * 10, f"rank {r}"
+        mine = sorted((q for q in range(n) if q % 2 == r % 2), reverse=True)
+        assert got[5] == (mine.index(r), len(mine), mine), f"rank {r}: split {got[5]}"
+    # every call's keys were deleted by its last reader: nothing is left in the store
+    assert master.num_keys() <= 1, f"{master.num_keys()} keys left"  # (the TCPStore's own init key)
+
+
+def test_missing_rank_is_named_at_the_timeout():
+    def fn(g):
+        if g.rank == 2:
+            return None  # never arrives
+        return g.allgather(g.rank)
+
+    _, out, errors = run_group(3, fn, timeout=1.0)
+    for r in (0, 1):
+        assert isinstance(errors[r], CollectiveTimeout), errors
+        assert "rank(s) [2] did not arrive within 1 s" in str(errors[r]), str(errors[r])
+
+
+def test_bad_arguments():
+    with pytest.raises(InvalidArgument, match="rank must be in"):
+        bootstrap.StoreGroup(object(), 2, 2, 1.0)
+    with pytest.raises(InvalidArgument, match="set/get/add/wait"):
+        bootstrap.StoreGroup(object(), 0, 2, 1.0)
