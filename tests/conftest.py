@@ -43,3 +43,31 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     if rep.skipped and isinstance(rep.longrepr, tuple) and NO_GPU_PREFIX in str(rep.longrepr[2]):
         rep.longrepr = (rep.fspath, 1, rep.longrepr[2])
+
+
+# Nothing left behind (issue 25): no run of ringcomm, by any launcher or none,
+# successful or failed, may leave a file in /dev/shm. Every launch of the suite
+# (mpirun, torchrun, plain processes, faults) is covered by this one count.
+LEAKS = ("ringcomm", "sm_segment", "ucx")
+
+
+def _shm_names() -> set:
+    try:
+        return {f for f in os.listdir("/dev/shm") if f.startswith(LEAKS)}
+    except OSError:
+        return set()
+
+
+_shm_at_start = _shm_names()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import time
+    left = _shm_names() - _shm_at_start
+    if left:
+        time.sleep(2)  # a file another job on this machine is still using goes away
+        left &= _shm_names()
+    if left:
+        print(f"\nFAILED: the test session left {len(left)} file(s) in /dev/shm: {sorted(left)[:10]}",
+              file=sys.stderr)
+        session.exitstatus = 1
