@@ -24,6 +24,7 @@ soon as all have mapped it: a crash leaves nothing in ``/dev/shm``.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import secrets
 import socket
@@ -109,18 +110,50 @@ SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32
 UNLIMITED = 1 << 62
 
 
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+def tuned(nranks: int | None) -> dict | None:
+    """What ``ringcomm tune`` measured for `nranks` ranks of one host:
+    {"all_reduce", "reduce_scatter", "all_gather": the largest size (bytes)
+    up to which the window beat point-to-point, "flat_max": up to which the
+    one-sync all_reduce beat the direct one}, or None (not measured)."""
+    from .tuning import selection
+    if not nranks:
+        return None
+    try:
+        with open(selection.tune_path()) as f:
+            entry = json.load(f)["shm"]["limits"][str(int(nranks))]
+        return {k: int(entry[k]) for k in ("all_reduce", "reduce_scatter", "all_gather", "flat_max")}
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
 def shm_max(nranks: int) -> list:
-    """[all_reduce, reduce_scatter, all_gather, broadcast] limits for auto."""
+    """[all_reduce, reduce_scatter, all_gather, broadcast] limits for auto:
+    ``RINGCOMM_SHM_MAX``, else none with ``RINGCOMM_TRANSPORT=shm``, else
+    what ``ringcomm tune`` measured on this many ranks, else the built-in
+    limits above (none when the ranks outnumber the cores)."""
     v = os.environ.get("RINGCOMM_SHM_MAX")
     if v:
         return [_int_env("RINGCOMM_SHM_MAX", UNLIMITED)] * 4
-    if mode() == "shm" or nranks > (os.cpu_count() or 1):
+    if mode() == "shm":
         return [UNLIMITED] * 4
-    return [SHM_MAX[c] for c in ("all_reduce", "reduce_scatter", "all_gather", "broadcast")]
+    t = tuned(nranks)
+    if t is not None:
+        return [t["all_reduce"], t["reduce_scatter"], t["all_gather"], UNLIMITED]
+    if nranks > (os.cpu_count() or 1):
+        return [UNLIMITED] * 4
+    return [SHM_MAX[c] for c in COLLECTIVES]
 
 
-def flat_max() -> int:
-    return max(0, min(_int_env("RINGCOMM_SHM_FLAT_MAX", DEFAULT_FLAT_MAX), slot_bytes()))
+def flat_max(nranks: int | None = None) -> int:
+    """all_reduce up to this many bytes runs shm_flat: ``RINGCOMM_SHM_FLAT_MAX``,
+    else what ``ringcomm tune`` measured on `nranks` ranks, else the default;
+    never above a slot."""
+    t = None if "RINGCOMM_SHM_FLAT_MAX" in os.environ else tuned(nranks)
+    default = t["flat_max"] if t is not None else DEFAULT_FLAT_MAX
+    return max(0, min(_int_env("RINGCOMM_SHM_FLAT_MAX", default), slot_bytes()))
 
 
 def _segment_name() -> str:
@@ -191,8 +224,10 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
             warnings.warn("ringcomm: no shared memory between the ranks of this host, using point-to-point "
                           "messages: " + err, RuntimeWarning, stacklevel=3)
             return None
-        engine.attach_window(window, True, flat_max())
-        engine.set_shm_auto(True, flat_max(), shm_max(n))
+        # Rank 0's limits for everyone: every rank must choose alike.
+        flat, limits = comm.bcast((flat_max(n), shm_max(n)) if comm.Get_rank() == 0 else None, root=0)
+        engine.attach_window(window, True, flat)
+        engine.set_shm_auto(True, flat, limits)
         return "shm"
     per_host = [keys.count(k) for k in order]
     if len(set(per_host)) != 1 or per_host[0] < 2:

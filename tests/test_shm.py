@@ -537,3 +537,63 @@ def test_hierarchical_all_reduce_over_hosts_split_by_host_id(n, per_host):
     got = lines(res)
     assert len(got) == n and all("errors=0" in line for line in got), res.stdout
     assert shm_files() == []
+
+
+# ---- ringcomm tune: the window's crossovers --------------------------------
+def _shm_rows(n, table):
+    """tune's rows from {(collective, algorithm): [us per size]} at sizes 1K, 4K, 16K, 64K."""
+    sizes = [1 << 10, 4 << 10, 16 << 10, 64 << 10]
+    return [{"collective": c, "algorithm": a, "n": n, "bytes": b, "seconds": us * 1e-6}
+            for (c, a), row in table.items() for b, us in zip(sizes, row)]
+
+
+def test_tune_shm_limits_from_rows():
+    from ringcomm.tuning.tune import shm_limits
+    rows = _shm_rows(2, {
+        ("all_reduce", "shm"): [3, 4, 6, 20], ("all_reduce", "shm_flat"): [2, 3, 7, 25],
+        ("all_reduce", "ring"): [9, 10, 12, 15], ("all_reduce", "recursive_doubling"): [5, 6, 9, 30],
+        ("all_reduce", "halving_doubling"): [8, 9, 11, 18],
+        ("reduce_scatter", "shm"): [2, 2, 3, 4], ("reduce_scatter", "ring"): [3, 3, 4, 5],
+        ("all_gather", "shm"): [4, 2, 3, 4], ("all_gather", "ring"): [3, 3, 4, 5]})
+    lim = shm_limits(rows, 2)
+    # all_reduce: the window wins up to 16 KiB, loses at 64 KiB (20 > 15);
+    # reduce_scatter wins everywhere; all_gather loses at the smallest size
+    # (a later win does not count: the limit is one interval from below).
+    assert lim == {"all_reduce": 16 << 10, "reduce_scatter": shm_mod.UNLIMITED, "all_gather": 0, "flat_max": 4 << 10}
+
+
+def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
+    from ringcomm.tuning import selection
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("RINGCOMM_SHM_MAX", raising=False)
+    monkeypatch.delenv("RINGCOMM_SHM_FLAT_MAX", raising=False)
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", "auto")
+    assert shm_mod.tuned(2) is None
+    selection.save_entry("shm", {"limits": {"2": {"all_reduce": 65536, "reduce_scatter": 8192,
+                                                  "all_gather": 0, "flat_max": 4096}}})
+    assert shm_mod.shm_max(2) == [65536, 8192, 0, shm_mod.UNLIMITED]
+    assert shm_mod.flat_max(2) == 4096
+    assert shm_mod.tuned(3) is None  # not measured on 3 ranks: the built-in limits
+    monkeypatch.setenv("RINGCOMM_SHM_FLAT_MAX", "1024")
+    assert shm_mod.flat_max(2) == 1024  # the variable wins
+
+
+def test_tune_measures_the_window_in_process():
+    from ringcomm.tuning.tune import measure_shm, shm_limits
+
+    def body(comm):
+        def barrier(t):  # the slowest rank's time, so every rank makes the same number of calls
+            v = np.array([t])
+            comm.all_reduce(v, op="max", algorithm="ring")
+            return float(v[0])
+        return measure_shm(comm, sizes=(4, 4096, 1 << 20), reps=2, budget_s=0.002, barrier=barrier)
+
+    rows = ringcomm.run_local(2, body)[0]
+    got = {(r["collective"], r["algorithm"], r["bytes"]) for r in rows}
+    for b in (8, 4096, 1 << 20):  # (4 B rounds up to one element per rank)
+        for c in ("all_reduce", "reduce_scatter", "all_gather"):
+            for a in ("shm", "ring"):
+                assert (c, a, b) in got, (c, a, b, sorted(got))
+    assert ("all_reduce", "shm_flat", 4096) in got and ("all_reduce", "shm_flat", 1 << 20) not in got
+    assert all(r["seconds"] > 0 for r in rows)
+    assert set(shm_limits(rows, 2)) == {"all_reduce", "reduce_scatter", "all_gather", "flat_max"}

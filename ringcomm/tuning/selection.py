@@ -370,13 +370,18 @@ def costs_for(label: str, n: int | None = None):
 def save(key: str, costs: Costs, extra: dict | None = None) -> str:
     """Write `costs` and `extra` (tune's rows: what ``Measured`` is read
     from) for transport `key`, keeping the other transports' entries."""
+    return save_entry(key, dict(asdict(costs), **(extra or {})))
+
+
+def save_entry(key: str, entry: dict) -> str:
+    """Write `entry` under `key` in the tune file, keeping the other keys."""
     path = tune_path()
     try:
         with open(path) as f:
             doc = json.load(f)
     except (OSError, ValueError):
         doc = {}
-    doc[key] = dict(asdict(costs), **(extra or {}))
+    doc[key] = entry
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from . import selection
+from .. import shm
 from ..launch import mpirun_command
 
 SIZES = (8, 256, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -57,14 +58,84 @@ def measure(comm, sizes=SIZES, reps: int = 5, budget_s: float = 0.05, barrier=No
     return rows
 
 
+def _iters(fn, barrier, budget_s: float) -> int:
+    """Calls per sample: enough that timer resolution and noise average out."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    iters = int(max(1, min(2000, budget_s / max(barrier(time.perf_counter() - t0), 1e-7))))
+    return iters
+
+
+def measure_shm(comm, sizes=SIZES, reps: int = 5, budget_s: float = 0.05, barrier=None) -> list[dict]:
+    """Rows {"collective", "algorithm", "n", "bytes", "seconds"} of the
+    window's algorithms and their point-to-point rivals on `comm` (which has
+    a shared-memory window), interleaved per repetition. `bytes`: the full
+    buffer (all_reduce's, reduce_scatter's input, all_gather's output)."""
+    from .. import shm
+    n, rows = comm.size, []
+    for nbytes in sizes:
+        count = max(n, nbytes // 4 // n * n)
+        full, out_full = np.ones(count, np.float32), np.empty(count, np.float32)
+        part, out_part = np.ones(count // n, np.float32), np.empty(count // n, np.float32)
+        calls = {("all_reduce", a): (lambda a=a: comm.all_reduce(full, out=out_full, algorithm=a))
+                 for a in ("shm", "ring", "recursive_doubling", "halving_doubling")}
+        if 4 * count <= shm.slot_bytes():
+            calls[("all_reduce", "shm_flat")] = lambda: comm.all_reduce(full, out=out_full, algorithm="shm_flat")
+        for a in ("shm", "ring"):
+            calls[("reduce_scatter", a)] = lambda a=a: comm.reduce_scatter(full, out=out_part, algorithm=a)
+            calls[("all_gather", a)] = lambda a=a: comm.all_gather(part, out=out_full, algorithm=a)
+        iters = {k: _iters(f, barrier, budget_s) for k, f in calls.items()}
+        samples = {k: [] for k in calls}
+        for _ in range(reps):
+            for k, f in calls.items():
+                t0 = time.perf_counter()
+                for _ in range(iters[k]):
+                    f()
+                samples[k].append(barrier((time.perf_counter() - t0) / iters[k]))
+        for (coll, a), s in samples.items():
+            rows.append({"collective": coll, "algorithm": a, "n": n, "bytes": 4 * count,
+                         "seconds": float(np.median(s))})
+    return rows
+
+
+def shm_limits(rows: list[dict], n: int) -> dict:
+    """From measure_shm's rows on `n` ranks: per collective the largest size
+    up to which the window won at every size measured (UNLIMITED when it won
+    everywhere, 0 when it lost at the smallest), and flat_max, the largest
+    size up to which shm_flat beat shm at every size (0: never)."""
+    from .. import shm
+    t = {(r["collective"], r["algorithm"], r["bytes"]): r["seconds"] for r in rows if r["n"] == n}
+    sizes = sorted({b for (_, _, b) in t})
+    out = {}
+    for coll, rivals in (("all_reduce", ("ring", "recursive_doubling", "halving_doubling")),
+                         ("reduce_scatter", ("ring",)), ("all_gather", ("ring",))):
+        limit = shm.UNLIMITED
+        for i, b in enumerate(sizes):
+            mine = min(t[(coll, a, b)] for a in ("shm", "shm_flat") if (coll, a, b) in t)
+            if mine > min(t[(coll, a, b)] for a in rivals):
+                limit = sizes[i - 1] if i else 0
+                break
+        out[coll] = limit
+    flat = 0
+    for b in sizes:
+        if ("all_reduce", "shm_flat", b) not in t or t[("all_reduce", "shm_flat", b)] > t[("all_reduce", "shm", b)]:
+            break
+        flat = b
+    out["flat_max"] = flat
+    return out
+
+
 def _mpi_worker() -> None:
     from mpi4py import MPI
     import ringcomm
     w = MPI.COMM_WORLD
     comm = ringcomm.init(timeout=120)
     rows = measure(comm, barrier=lambda t: w.allreduce(t, op=MPI.MAX))
+    shm_rows = measure_shm(comm, barrier=lambda t: w.allreduce(t, op=MPI.MAX)) if comm.shared_memory else []
     if w.rank == 0:
         print("TUNE " + json.dumps(rows), flush=True)
+        print("TUNESHM " + json.dumps(shm_rows), flush=True)
     comm.close()
 
 
@@ -98,7 +169,7 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     args = p.parse_args(argv)
     ns = [int(v) for v in args.n.split(",")]
-    results = {}
+    results, shm_rows = {}, []
     if not args.no_mpi:
         rows = []
         for n in ns:
@@ -110,6 +181,8 @@ def main(argv=None) -> int:
                       file=sys.stderr)
                 return 1
             rows += json.loads(line[5:])
+            shm_line = next((ln for ln in res.stdout.splitlines() if ln.startswith("TUNESHM ")), "TUNESHM []")
+            shm_rows += json.loads(shm_line[8:])
         results["mpi"] = rows
     results["inproc"] = _inproc_rows(2)
     when = datetime.datetime.now().isoformat(timespec="seconds")
@@ -134,6 +207,17 @@ def main(argv=None) -> int:
                   f"the ring above (the fitted lines alone would say {mrd} B, {mhd} B)")
         if not args.dry_run:
             path = selection.save(key, costs, {"measured": when, "ranks": ranks, "rows": rows})
+    limits = {}
+    for n in sorted({r["n"] for r in shm_rows}):
+        limits[str(n)] = lim = shm_limits(shm_rows, n)
+        print(f"shared memory on {n} ranks of one host: " + ", ".join(
+            f"{k} up to {'any size' if v >= shm.UNLIMITED else f'{v} B'}" for k, v in lim.items()))
+        print(f"  {'collective':<16}{'algorithm':<20}{'bytes':>10}{'measured us':>13}")
+        for r in shm_rows:
+            if r["n"] == n:
+                print(f"  {r['collective']:<16}{r['algorithm']:<20}{r['bytes']:>10}{r['seconds'] * 1e6:>13.2f}")
+    if limits and not args.dry_run:
+        path = selection.save_entry("shm", {"measured": when, "limits": limits, "rows": shm_rows})
     if not args.dry_run:
         print(f"written to {path}")
     return 0

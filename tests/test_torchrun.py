@@ -1,0 +1,188 @@
+"""Launches without MPI (issue 25): real torchrun jobs and plain processes
+meeting in a store.
+
+* ``torchrun --standalone --nproc-per-node 2`` and ``4``
+  (tests/scripts/torchrun_job.py): every collective against numpy, new_group,
+  a 2-D DeviceMesh, ``ringcomm.init()`` from torchrun's variables, the
+  ledger, MPI never initialized, shared memory within the host.
+* The backend's whole matrix (tests/scripts/torch_backend_check.py: every op,
+  DDP and FSDP2 against gloo) and the PyTorch programs
+  (tests/scripts/torch_programs.py: DTensor, tensor, sequence and pipeline
+  parallelism, MoE, checkpointing) under torchrun at N = 2.
+* Two torchrun agents on this machine as two nodes (c10d rendezvous on
+  127.0.0.1, ``RINGCOMM_HOST_ID`` per node, UCX over loopback TCP): the
+  hierarchical path.
+* A restart (``--max-restarts 1``) after a worker died mid-job.
+* ``ringcomm.init(store=FileStore(...), rank=, size=)`` in plain processes,
+  and a peer that dies: the other raises within the timeout, naming it.
+
+Every launch must leave ``/dev/shm`` as it found it.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+from ringcomm import ucx  # noqa: E402
+
+HERE = os.path.dirname(__file__)
+JOB = os.path.join(HERE, "scripts", "torchrun_job.py")
+
+if not ucx.available():
+    pytest.skip(f"UCX cannot be loaded: {ucx.why_not()}", allow_module_level=True)
+
+
+def shm_files() -> set:
+    try:
+        return {f for f in os.listdir("/dev/shm") if f.startswith(("ringcomm", "sm_segment", "ucx"))}
+    except OSError:
+        return set()
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_")) and k not in
+           ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RINGCOMM_TRANSPORT")}
+    env.update({"OMP_NUM_THREADS": "1", "RINGCOMM_SINGLETON_OK": "1"})
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def results(out: str) -> dict:
+    got = {}
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[7:])
+            got[d["rank"]] = d
+    return got
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args, script, *script_args, env=None, timeout=300):
+    before = shm_files()
+    cmd = [sys.executable, "-m", "torch.distributed.run", *args, script, *script_args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env())
+    left = shm_files() - before
+    assert not left, f"left in /dev/shm: {sorted(left)}"
+    return res
+
+
+def check_job(res, n, *, shared=True, hierarchical=False):
+    got = results(res.stdout)
+    assert res.returncode == 0 and sorted(got) == list(range(n)), res.stdout[-3000:] + res.stderr[-3000:]
+    fails = [f for d in got.values() for f in d["fails"]]
+    assert not fails, "\n".join(fails)
+    c = got[0]["counts"]
+    for op in ("no_mpi", "label", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all",
+               "new_group", "init_env", "init_env_transport") + (("send_recv",) if n > 1 else ()) + \
+            (("mesh_dp", "mesh_tp") if n == 4 else ()) + (("ledger",) if not hierarchical else ()):
+        assert c.get(op, 0) > 0, f"no {op} cases ran: {c}"
+    for d in got.values():
+        assert d["shared_memory"] is shared, d
+        assert d["hierarchical"] is hierarchical, d
+    return got
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_torchrun_standalone(n):
+    res = torchrun(["--standalone", f"--nproc-per-node={n}"], JOB)
+    got = check_job(res, n)
+    print(f"\nn={n}: init_process_group {max(d['init_s'] for d in got.values()):.2f} s (slowest rank); "
+          f"transport {got[0]['transport']}; all_reduce ran {got[0]['algorithm']}")
+
+
+def test_torchrun_backend_matrix_and_programs():
+    for script in ("torch_backend_check.py", "torch_programs.py"):
+        res = torchrun(["--standalone", "--nproc-per-node=2"], os.path.join(HERE, "scripts", script), timeout=600)
+        got = results(res.stdout)
+        assert res.returncode == 0 and sorted(got) == [0, 1], script + res.stdout[-3000:] + res.stderr[-3000:]
+        if script == "torch_backend_check.py":
+            fails = [f for d in got.values() for f in d["fails"]]
+            assert not fails, "\n".join(fails)
+            assert got[0]["ddp_diff"] == 0.0 and set(got[0]["fsdp_diffs"]) == {"float32", "bf16", "fp16"}, got[0]
+        else:
+            for r, d in got.items():
+                bad = {k: v for k, v in d["programs"].items() if not v.get("ok")}
+                assert not bad, f"rank {r}: {bad}"
+
+
+def test_two_agents_as_two_nodes():
+    port = free_port()
+    procs = []
+    before = shm_files()
+    for node in (0, 1):
+        env = clean_env(RINGCOMM_HOST_ID=f"node{node}", UCX_TLS="tcp,self", UCX_NET_DEVICES="lo")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+               "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+               "--rdzv-id=ringcomm-two-nodes", JOB]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert not shm_files() - before
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:] + err[-3000:]
+    got = {}
+    for out, _ in outs:
+        got.update(results(out))
+    assert sorted(got) == [0, 1, 2, 3], outs
+    fails = [f for d in got.values() for f in d["fails"]]
+    assert not fails, "\n".join(fails)
+    assert all(d["hierarchical"] for d in got.values()), got
+
+
+def test_restart_after_a_worker_died():
+    res = torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1", "--monitor-interval=0.2"], JOB,
+                   env=clean_env(RINGCOMM_TEST_DIE_AT_ATTEMPT=0, JOB_TIMEOUT=20))
+    got = check_job(res, 2)
+    assert all(d["attempt"] == 1 for d in got.values()), got
+
+
+STORE_JOB = textwrap.dedent("""
+    import sys, os, numpy as np, torch.distributed as dist, ringcomm
+    path, rank, size, die = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+    comm = ringcomm.init(store=dist.FileStore(path, size), rank=rank, size=size, timeout=5)
+    assert "mpi4py.MPI" not in sys.modules
+    x = np.arange(100003, dtype=np.float64) * (rank + 1)
+    comm.all_reduce(x)
+    assert np.array_equal(x, np.arange(100003) * sum(range(1, size + 1))), rank
+    print("OK", rank, comm.transport, comm.shared_memory, flush=True)
+    if die and rank == 1:
+        os._exit(7)
+    try:
+        for _ in range(100):
+            comm.all_reduce(np.ones(1 << 16))
+        print("NO ERROR", flush=True)
+    except ringcomm.RingcommError as e:
+        if not die:
+            raise
+        print("RAISED", type(e).__name__, str(e).replace(chr(10), " ")[:400], flush=True)
+    """)
+
+
+@pytest.mark.parametrize("die", [False, True])
+def test_init_with_a_store_in_plain_processes(tmp_path, die):
+    n = 3
+    before = shm_files()
+    procs = [subprocess.Popen([sys.executable, "-c", STORE_JOB, str(tmp_path / "store"), str(r), str(n),
+                               "1" if die else "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env()) for r in range(n)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert not shm_files() - before
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert f"OK {r} ucx" in out, out + err
+        if die and r == 1:
+            assert p.returncode == 7
+        elif die:
+            assert "RAISED" in out and "rank 1" in out, out + err
+        else:
+            assert p.returncode == 0 and "NO ERROR" in out, out + err
