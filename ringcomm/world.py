@@ -63,17 +63,22 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     transport (host memory): what ``algorithm="auto"`` uses between ranks
     of one host: "auto" (default; also ``RINGCOMM_TRANSPORT``): shared
     memory when every rank is on one host, else MPI point-to-point; "mpi":
-    MPI point-to-point only; "shm": shared memory or an error (ringcomm.shm).
+    MPI point-to-point only; "shm": shared memory or an error (ringcomm.shm);
+    "ucx": every message over UCX (ringcomm.ucx; needs libucx-cu13).
     """
     from . import _failfast, _singleton
     MPI = _singleton.mpi()  # starts MPI (as a singleton: without /dev/shm files)
 
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     s = config.settings(timeout, segment_bytes, window)
-    if device is None:
+    from . import shm
+    if device is None and shm.mode(transport) == "ucx":  # UCX moves every message; MPI only swaps the addresses
+        from . import ucx
+        engine = ucx.make_engine(comm.allgather, comm.Get_rank(), comm.Get_size(), s)
+        label, shared = "ucx", None
+    elif device is None:
         engine = core.mpi_engine(MPI._handleof(comm), s.timeout, s.segment_bytes, s.window)
         label = "mpi"
-        from . import shm
         shared = shm.attach_mpi(engine, comm, transport, s)
     else:
         from . import cuda
