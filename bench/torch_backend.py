@@ -1,6 +1,9 @@
 """torch.distributed over "ringcomm" vs over gloo, side by side in one job.
 
     ringcomm run -n 2 python bench/torch_backend.py [--reps 7] [--json out.json]
+    torchrun --standalone --nproc-per-node 2 bench/torch_backend.py   (store bootstrap, UCX + shared memory)
+
+(bench/launchers.py runs it under both launchers, alternating, and compares.)
 
 Measures, with the implementations interleaved in every repetition (this
 machine is shared and noisy; medians and [p10, p90] over repetitions, the
@@ -67,14 +70,18 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here (rank 0)")
     args = ap.parse_args()
 
+    t0 = time.perf_counter()
     dist.init_process_group("ringcomm")
+    init_s = time.perf_counter() - t0
     rank, n = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
+    init_s = slowest(init_s, gloo)
     ring = dist.group.WORLD
     comm = rt.communicator()
     from ringcomm.config import parse_size
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    results: dict = {"n": n, "reps": args.reps, "all_reduce": {}, "new_ops": {}, "ddp": {}}
+    results: dict = {"n": n, "reps": args.reps, "all_reduce": {}, "new_ops": {}, "ddp": {}, "init_s": init_s,
+                     "transport": comm.transport, "shared_memory": comm.shared_memory}
 
     for nbytes in sizes:
         count = max(1, nbytes // 4)
@@ -124,6 +131,13 @@ def main() -> None:
             results["new_ops"].setdefault(op, {})[nbytes] = {k: stats(v) for k, v in times.items()}
 
     # DDP over each backend: the same model and data.
+    if args.ddp_steps <= 0:
+        if rank == 0 and args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        dist.destroy_process_group()
+        return
+
     def make(group):
         torch.manual_seed(0)
         layers = []
@@ -152,8 +166,8 @@ def main() -> None:
     results["ddp_params"] = sum(p.numel() for p in models["ringcomm"][0].parameters())
 
     if rank == 0:
-        print(f"# torch.distributed over ringcomm vs gloo: n={n}, {args.reps} interleaved reps, "
-              "time = slowest rank, median [p10 p90]")
+        print(f"# torch.distributed over ringcomm ({comm.transport}) vs gloo: n={n}, {args.reps} interleaved reps, "
+              f"time = slowest rank, median [p10 p90]; init_process_group {init_s:.2f} s")
         print(f"{'bytes':>10} {'impl':>15} {'time_us':>10} {'p10':>9} {'p90':>9} {'busbw GB/s':>11}")
         for nbytes, d in results["all_reduce"].items():
             for k, (med, lo, hi) in d.items():

@@ -10,7 +10,7 @@ Two modes (``RINGCOMM_BOOTSTRAP=auto|mpi|store``, or ``init(store=...)``):
   store: torchrun and TorchElastic (``init_process_group`` passes the
   backend its c10d store, already scoped per group and per restart), or
   ``ringcomm.init(store=..., rank=..., size=...)`` with any store offering
-  ``set``/``get``/``add``/``wait``/``delete_key`` (torch's ``TCPStore``,
+  ``set``/``get``/``add``/``check``/``delete_key`` (torch's ``TCPStore``,
   ``FileStore``, ``PrefixStore``). MPI is never initialized in this mode and
   ``mpi4py`` never imported: messages go through UCX, shared memory within a
   host, and the store carries only the bootstrap (worker addresses, segment
@@ -71,10 +71,16 @@ def choose(store_given: bool, value: str | None = None, environ=None) -> str:
     return "mpi"
 
 
+_env_inits = 0
+
+
 def env_store(timeout: float):
     """(store, rank, size) from torchrun's variables, as torch's ``env://``:
     a client of the agent's store under TorchElastic (TORCHELASTIC_USE_AGENT_STORE),
-    else rank 0 hosts it on MASTER_PORT. Scoped per restart attempt."""
+    else rank 0 hosts it on MASTER_PORT. Scoped per restart attempt and per
+    call (every rank calls init() in the same order)."""
+    global _env_inits
+    _env_inits += 1
     import torch.distributed as dist
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
@@ -82,7 +88,7 @@ def env_store(timeout: float):
                           is_master=(rank == 0 and not agent), timeout=datetime.timedelta(seconds=timeout),
                           wait_for_workers=False)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"ringcomm/attempt{attempt}", store), rank, size
+    return dist.PrefixStore(f"ringcomm/attempt{attempt}/init{_env_inits}", store), rank, size
 
 
 class StoreGroup:
@@ -90,15 +96,12 @@ class StoreGroup:
     collectives, mpi4py-style names. Every rank of the group must make the
     same calls in the same order (as with MPI)."""
 
-    # How often a wait looks up from the store, so Ctrl-C is noticed.
-    _SLICE = 0.5
-
     def __init__(self, store, rank: int, size: int, timeout: float, prefix: str = "ringcomm"):
         if not 0 <= int(rank) < int(size):
             raise InvalidArgument(f"rank must be in [0, size), got rank {rank} of size {size}")
-        for m in ("set", "get", "add", "wait"):
+        for m in ("set", "get", "add", "check"):
             if not callable(getattr(store, m, None)):
-                raise InvalidArgument(f"the store must offer set/get/add/wait (torch's TCPStore, FileStore, "
+                raise InvalidArgument(f"the store must offer set/get/add/check (torch's TCPStore, FileStore, "
                                       f"PrefixStore); {type(store).__name__} has no {m}()")
         self.store, self.rank, self.size = store, int(rank), int(size)
         self.timeout, self.prefix = float(timeout), prefix
@@ -119,21 +122,24 @@ class StoreGroup:
         return f"{self.prefix}/{self._seq}"
 
     def _wait(self, keys: list, ranks: list, what: str) -> None:
+        # check() polls without blocking: a long store.wait() would hold off
+        # Ctrl-C, and short ones make torch log a warning at every expiry.
         deadline = time.monotonic() + self.timeout
+        pause = 0.0005
         while True:
-            left = deadline - time.monotonic()
             try:
-                self.store.wait(keys, datetime.timedelta(seconds=max(0.001, min(self._SLICE, left))))
-                return
-            except RuntimeError as e:  # torch's "Wait timeout" (DistStoreError)
-                if "timeout" not in str(e).lower() and "timed out" not in str(e).lower():
-                    raise RingcommError(f"ringcomm bootstrap ({what}): the store failed: {e}") from e
+                if self.store.check(keys):
+                    return
+            except RuntimeError as e:
+                raise RingcommError(f"ringcomm bootstrap ({what}, rank {self.rank}): the store failed: {e}") from e
             if time.monotonic() >= deadline:
                 missing = [r for k, r in zip(keys, ranks) if not self.store.check([k])]
                 raise CollectiveTimeout(
                     f"ringcomm bootstrap ({what}, rank {self.rank} of {self.size}): rank(s) {missing} did not "
                     f"arrive within {self.timeout:g} s (the group's timeout): did they start, and do all ranks "
                     "make the same calls?")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
 
     def _done(self, base: str, keys: list) -> None:
         # The last rank to have read a call's keys deletes them.

@@ -9,8 +9,9 @@ mapping: containers on one node may not share ``/dev/shm``.
 ``RINGCOMM_TRANSPORT`` chooses what ``algorithm="auto"`` uses between ranks
 of one host: ``auto`` (default: shared memory when every rank of the
 communicator is on one host, else MPI point-to-point), ``mpi`` (never shared
-memory: no segment is made) or ``shm`` (shared memory, or an error when the
-ranks are not on one host). In-process worlds (``run_local``) always have a
+memory: no segment is made), ``shm`` (shared memory, or an error when the
+ranks are not on one host) or ``ucx`` (every message over UCX, no shared
+memory: ringcomm/ucx.py). In-process worlds (``run_local``) always have a
 window (plain memory), so ``algorithm="shm"`` runs there; ``auto`` uses it
 only with ``RINGCOMM_TRANSPORT=shm``: the in-process world teaches the ring.
 
@@ -35,7 +36,7 @@ from .errors import InvalidArgument, RingcommError
 
 __all__ = ["host_key", "mode", "slot_bytes", "flat_max", "arena_bytes", "attach_mpi", "attach_local", "empty"]
 
-MODES = ("auto", "mpi", "shm", "ucx")
+MODES = ("auto", "mpi", "shm", "ucx")  # ucx: the engine's messages over UCX, no window (ringcomm/ucx.py)
 
 # Bytes of one rank's staging slot (two per rank: the rounds alternate).
 # Small enough that every rank's two slots stay in the last-level cache.

@@ -22,7 +22,11 @@ __all__ = ["init", "run_local", "local_rank"]
 _mpi_comms: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 _mpi_index = itertools.count(1)    # communicators made by init() in this process (same order on every rank)
 _local_index = itertools.count(1)  # worlds made by run_local()
-_store_index = itertools.count(1)  # communicators made by init() over a store (same order on every rank)
+_store_index = itertools.count(1)  # communicators made by init() over a store
+# id(store) -> (store, communicators made over it). The stores are kept, so
+# an id is never reused for another store (which would shift the prefixes of
+# one rank but not another's).
+_store_uses: dict = {}
 
 
 def _close_mpi_comms() -> None:
@@ -55,7 +59,7 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     store (ringcomm/bootstrap.py).
 
     store, rank, size: bootstrap through `store` (torch's TCPStore,
-    FileStore or PrefixStore, or anything offering set/get/add/wait), for
+    FileStore or PrefixStore, or anything offering set/get/add/check), for
     processes no MPI launcher started; MPI is then never initialized.
     Messages go through UCX, collectives within a host through shared
     memory. Without `store`, under torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
@@ -76,7 +80,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     transport (host memory): what ``algorithm="auto"`` uses between ranks
     of one host: "auto" (default; also ``RINGCOMM_TRANSPORT``): shared
     memory when every rank is on one host, else MPI point-to-point; "mpi":
-    MPI point-to-point only; "shm": shared memory or an error (ringcomm.shm).
+    MPI point-to-point only; "shm": shared memory or an error (ringcomm.shm);
+    "ucx": every message over UCX (ringcomm.ucx; needs libucx-cu13).
     """
     from . import bootstrap as boot
     if boot.choose(store is not None, bootstrap) == "store":
@@ -93,10 +98,14 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
 
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     s = config.settings(timeout, segment_bytes, window)
-    if device is None:
+    from . import shm
+    if device is None and shm.mode(transport) == "ucx":  # UCX moves every message; MPI only swaps the addresses
+        from . import ucx
+        engine = ucx.make_engine(comm.allgather, comm.Get_rank(), comm.Get_size(), s)
+        label, shared = "ucx", None
+    elif device is None:
         engine = core.mpi_engine(MPI._handleof(comm), s.timeout, s.segment_bytes, s.window)
         label = "mpi"
-        from . import shm
         shared = shm.attach_mpi(engine, comm, transport, s)
     else:
         from . import cuda
@@ -146,8 +155,12 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport) ->
     if shm.mode(transport) == "mpi":
         raise InvalidArgument("RINGCOMM_TRANSPORT=mpi needs an MPI launch (mpirun); a store bootstrap moves "
                               "messages with UCX (transport auto, shm or ucx)")
+    # Keys under a prefix per communicator made on this store object (every
+    # rank makes them in the same order): two communicators never share keys.
+    use = _store_uses.get(id(store), (store, 0))[1] + 1
+    _store_uses[id(store)] = (store, use)
+    group = boot.StoreGroup(store, rank, size, s.timeout, prefix=f"ringcomm/comm{use}")
     index = next(_store_index)
-    group = boot.StoreGroup(store, rank, size, s.timeout, prefix=f"ringcomm/comm{index}")
     engine = ucx.make_engine(group.allgather, group.rank, group.size, s)
     shared = shm.attach(engine, group, transport, s,
                         lambda cross: ucx.make_engine(cross.allgather, cross.rank, cross.size, s))

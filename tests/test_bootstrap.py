@@ -90,5 +90,5 @@ def test_missing_rank_is_named_at_the_timeout():
 def test_bad_arguments():
     with pytest.raises(InvalidArgument, match="rank must be in"):
         bootstrap.StoreGroup(object(), 2, 2, 1.0)
-    with pytest.raises(InvalidArgument, match="set/get/add/wait"):
+    with pytest.raises(InvalidArgument, match="set/get/add/check"):
         bootstrap.StoreGroup(object(), 0, 2, 1.0)

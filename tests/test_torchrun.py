@@ -19,11 +19,13 @@ meeting in a store.
 Every launch must leave ``/dev/shm`` as it found it.
 """
 
+import glob
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -39,8 +41,11 @@ if not ucx.available():
 
 
 def shm_files() -> set:
+    # (Open MPI's sm_segment files are counted once for the whole session in
+    # conftest.py: a store launch starts no MPI, which the job checks itself,
+    # and another MPI job on this machine may hold one at the moment.)
     try:
-        return {f for f in os.listdir("/dev/shm") if f.startswith(("ringcomm", "sm_segment", "ucx"))}
+        return {f for f in os.listdir("/dev/shm") if f.startswith(("ringcomm", "ucx"))}
     except OSError:
         return set()
 
@@ -69,10 +74,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_stdout(log_dir) -> str:
+    """The workers' stdout, one file each (torchrun --redirects 1): the
+    ranks' lines never interleave mid-line as they do on torchrun's own
+    stdout. The last attempt's files come last."""
+    files = sorted(glob.glob(os.path.join(str(log_dir), "**", "stdout.log"), recursive=True),
+                   key=lambda f: ("attempt_" in f and int(f.split("attempt_")[1].split(os.sep)[0]), f))
+    return "".join(open(f).read() for f in files)
+
+
 def torchrun(args, script, *script_args, env=None, timeout=300):
+    """torchrun `args` `script`; returns the completed process, its stdout
+    replaced by the workers' (every attempt, in order)."""
     before = shm_files()
-    cmd = [sys.executable, "-m", "torch.distributed.run", *args, script, *script_args]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env())
+    with tempfile.TemporaryDirectory() as logs:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--log-dir={logs}", "--redirects=1", *args, script,
+               *script_args]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env())
+        res.stdout = worker_stdout(logs) + res.stdout
     left = shm_files() - before
     assert not left, f"left in /dev/shm: {sorted(left)}"
     return res
@@ -121,9 +140,13 @@ def test_two_agents_as_two_nodes():
     port = free_port()
     procs = []
     before = shm_files()
+    logs = tempfile.mkdtemp()
     for node in (0, 1):
-        env = clean_env(RINGCOMM_HOST_ID=f"node{node}", UCX_TLS="tcp,self", UCX_NET_DEVICES="lo")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+        # (UCX_TLS=tcp: between the "nodes" UCX would otherwise find the
+        # same machine and use shared memory.)
+        env = clean_env(RINGCOMM_HOST_ID=f"node{node}", UCX_TLS="tcp")
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--log-dir={logs}/{node}", "--redirects=1",
+               "--nnodes=2", f"--node-rank={node}",
                "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                "--rdzv-id=ringcomm-two-nodes", JOB]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
@@ -131,9 +154,7 @@ def test_two_agents_as_two_nodes():
     assert not shm_files() - before
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out[-3000:] + err[-3000:]
-    got = {}
-    for out, _ in outs:
-        got.update(results(out))
+    got = results(worker_stdout(logs))
     assert sorted(got) == [0, 1, 2, 3], outs
     fails = [f for d in got.values() for f in d["fails"]]
     assert not fails, "\n".join(fails)

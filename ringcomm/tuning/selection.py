@@ -335,7 +335,8 @@ def tune_path() -> str:
 
 
 def _transport_key(label: str) -> str:
-    # UCX, like MPI point-to-point, moves bytes between processes.
+    # UCX between processes has no measured constants of its own yet: MPI's
+    # (both move messages between processes) are the nearer guess.
     return "mpi" if label.startswith(("mpi", "ucx")) else "inproc"
 
 

@@ -1,0 +1,625 @@
+#include "transports/ucx_transport.h"
+
+#include "transports/ucx_api.h"
+
+#ifdef RINGCOMM_HAVE_UCX
+
+#include <poll.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <thread>
+
+namespace ringcomm {
+
+namespace {
+
+// A UCP tag, 64 bits:
+//
+//   63..62   61 .............. 32   31 ............... 0
+//   channel  sender's rank          stamp (data) / user tag (p2p) / 0
+//
+// The sender's rank is in the tag because UCP matches on the tag alone, not
+// on the endpoint a message came through: a receive from one peer uses the
+// full mask, an any-source p2p receive masks the rank out and reads the
+// sender back from the tag it got. Channels never match each other's
+// receives (a collective's receive never takes a p2p message), and on the
+// data channel the stamp is part of the match: a message of another call
+// never lands in this call's buffer.
+constexpr int kChannelShift = 62;
+constexpr int kRankShift = 32;
+constexpr ucp_tag_t kRankMask = ((ucp_tag_t(1) << 30) - 1) << kRankShift;
+constexpr ucp_tag_t kLowMask = 0xffffffffull;
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t(0);
+constexpr int kMaxRanks = 1 << 30;
+
+ucp_tag_t make_tag(Channel ch, int sender, uint32_t low) {
+  return (ucp_tag_t(ch) << kChannelShift) | (ucp_tag_t(sender) << kRankShift) | low;
+}
+int tag_sender(ucp_tag_t t) { return int((t & kRankMask) >> kRankShift); }
+
+constexpr long kMinPolls = 64;  // polls before the clock is consulted at all
+
+}  // namespace
+
+// One mutex guards every UCP call on the worker (it is created
+// UCS_THREAD_MODE_SERIALIZED). Why not UCS_THREAD_MODE_MULTI: it needs a UCX
+// built with --enable-mt (the worker silently falls back otherwise), and our
+// own sequences must be atomic anyway: a data receive's probe-then-cancel,
+// a p2p take's probe-then-receive, the list of drains. The lock is held only
+// for non-blocking calls (progress, post, probe), never across a wait, so the
+// engine's thread and a user thread's point-to-point share it briefly.
+// ucp_worker_signal (interrupt) is documented safe from any thread, unlocked.
+struct UcxWorker {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int efd = -1;  // the worker's event fd (-1: none; waits then sleep in short steps)
+  std::string address;
+  std::mutex mu;
+  // Messages discarded (a p2p message of the wrong size, a data message of
+  // another call): received into a sink so that their sender's send
+  // completes (a rendezvous send waits for a receive), freed once done.
+  struct Drain {
+    void* req;
+    std::vector<char> sink;
+  };
+  std::vector<Drain> drains;  // guarded by mu
+
+  ~UcxWorker() {
+    const ucx::Api& a = ucx::api();
+    for (auto& d : drains) a.request_free(d.req);  // UCX releases it when it ends (or with the worker)
+    if (worker) a.worker_destroy(worker);
+    drains.clear();  // only now: nothing writes into a sink after the worker is gone
+    if (context) a.cleanup(context);
+  }
+
+  // Progress under mu: a bounded number of rounds, so a stream of arrivals
+  // cannot hold the lock (and a user thread's p2p call) for long.
+  void progress_locked() {
+    const ucx::Api& a = ucx::api();
+    for (int i = 0; i < 32 && a.worker_progress(worker) != 0; ++i) {
+    }
+    if (!drains.empty()) {
+      auto done = [&](Drain& d) {
+        if (a.request_check_status(d.req) == UCS_INPROGRESS) return false;
+        a.request_free(d.req);
+        return true;
+      };
+      drains.erase(std::remove_if(drains.begin(), drains.end(), done), drains.end());
+    }
+  }
+
+  // Receive `msg` (probed with remove=1) into a sink and forget it.
+  void drain_locked(ucp_tag_message_h msg, size_t bytes) {
+    const ucx::Api& a = ucx::api();
+    std::vector<char> sink(bytes + 1);
+    ucp_request_param_t p{};
+    void* r = a.tag_msg_recv_nbx(worker, sink.data(), bytes, msg, &p);
+    if (r && !UCS_PTR_IS_ERR(r)) drains.push_back({r, std::move(sink)});
+  }
+};
+
+namespace {
+
+struct UcxRequest : Request {
+  enum Kind { send, recv, take } kind = send;
+  std::shared_ptr<UcxWorker> w;
+  void* req = nullptr;            // UCX's request while in flight
+  ucs_status_t status = UCS_OK;   // its final status once req is null
+  size_t got = 0;                 // a receive: bytes of the message it took
+  ucp_tag_t tag = 0;              // a receive: its full tag
+  bool stamped = false;           // a data receive (can meet another call's message)
+  // A message of another stamp is next from the peer: the receive was
+  // cancelled, and if the cancel takes, that message is another call's.
+  bool withdrawing = false;
+  bool foreign = false;           // wrong_message for a message of another call (thrown again if asked)
+  uint32_t foreign_stamp = 0;
+  size_t foreign_bytes = 0;
+
+  ~UcxRequest() override {
+    if (!req) return;
+    // Only reached once cancel() returned true or test() said done
+    // (transport.h); freeing an unfinished one lets UCX release it later.
+    std::lock_guard<std::mutex> g(w->mu);
+    ucx::api().request_free(req);
+  }
+
+  // Under w->mu. True once complete (req released, status and got set).
+  bool poll_locked() {
+    if (!req) return true;
+    const ucx::Api& a = ucx::api();
+    ucs_status_t st;
+    ucp_tag_recv_info_t info{};
+    if (kind == recv) {
+      st = a.tag_recv_request_test(req, &info);
+    } else {
+      st = a.request_check_status(req);
+      info.length = bytes;
+    }
+    if (st == UCS_INPROGRESS) return false;
+    a.request_free(req);
+    req = nullptr;
+    status = st;
+    got = info.length;
+    return true;
+  }
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(std::shared_ptr<UcxWorker> w, const std::vector<std::string>& addresses, int rank)
+      : w_(std::move(w)), rank_(rank), size_(int(addresses.size())) {
+    if (size_ < 1 || size_ >= kMaxRanks) throw_invalid("UCX transport: bad number of ranks " + std::to_string(size_));
+    if (rank_ < 0 || rank_ >= size_) throw_invalid("UCX transport: rank out of range");
+    const ucx::Api& a = ucx::api();
+    std::lock_guard<std::mutex> g(w_->mu);
+    eps_.assign(size_, nullptr);
+    for (int p = 0; p < size_; ++p) {
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      ep.address = reinterpret_cast<const ucp_address_t*>(addresses[p].data());
+      ucs_status_t st = a.ep_create(w_->worker, &ep, &eps_[p]);
+      if (st != UCS_OK) {
+        close_endpoints_locked();
+        throw RingError(ErrKind::transport, rank_, p, 0,
+                        "ucp_ep_create to rank " + std::to_string(p) + " failed: " + ucx::status_text(st));
+      }
+    }
+    // Spin before blocking only when every rank could have a core of its
+    // own (the world's size bounds the ranks on this host): then a message
+    // answers within microseconds and sleeping costs more. Ranks that
+    // outnumber cores block at once, leaving the core to the peer.
+    cpu_set_t cpus;
+    long cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    spin_ = size_ <= cores ? std::chrono::microseconds(50) : std::chrono::microseconds(0);
+    name_ = describe_locked();
+  }
+
+  ~UcxTransport() override {
+    std::lock_guard<std::mutex> g(w_->mu);
+    discard_unexpected_locked();
+    close_endpoints_locked();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+  uint32_t stamp_mask() const override { return 0xffffffffu; }
+
+  RequestPtr isend(int peer, Channel ch, const void* buf, size_t bytes, int /*unit*/, uint32_t stamp) override {
+    auto r = make(peer, UcxRequest::send, bytes);
+    post_send(*r, buf, make_tag(ch, rank_, ch == Channel::data ? stamp : 0));
+    return r;
+  }
+
+  RequestPtr irecv(int peer, Channel ch, void* buf, size_t bytes, int /*unit*/, uint32_t stamp) override {
+    auto r = make(peer, UcxRequest::recv, bytes);
+    r->stamped = ch == Channel::data;
+    r->tag = make_tag(ch, peer, r->stamped ? stamp : 0);
+    const ucx::Api& a = ucx::api();
+    ucp_tag_recv_info_t info{};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+    p.recv_info.tag_info = &info;
+    std::lock_guard<std::mutex> g(w_->mu);
+    void* q = a.tag_recv_nbx(w_->worker, buf, bytes, r->tag, kFullMask, &p);
+    if (UCS_PTR_IS_ERR(q)) fail(peer, "ucp_tag_recv_nbx", UCS_PTR_STATUS(q));
+    if (q) {
+      r->req = q;
+    } else {  // matched a message that had already arrived in full
+      r->got = info.length;
+    }
+    return r;
+  }
+
+  // ---- point-to-point: a message is taken once it has arrived (probe with
+  // remove, then receive exactly that message), never posted blind ----
+  RequestPtr p2p_send(int peer, const void* buf, size_t bytes, uint32_t tag) override {
+    auto r = make(peer, UcxRequest::send, bytes);
+    post_send(*r, buf, make_tag(Channel::p2p, rank_, tag));
+    return r;
+  }
+
+  RequestPtr p2p_take(int peer, uint32_t tag, void* buf, size_t bytes) override {
+    std::lock_guard<std::mutex> g(w_->mu);
+    return take_locked(peer, tag, buf, bytes);
+  }
+
+  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes) override {
+    std::lock_guard<std::mutex> g(w_->mu);
+    w_->progress_locked();
+    ucp_tag_recv_info_t info{};
+    if (!ucx::api().tag_probe_nb(w_->worker, p2p_tag(peer, tag), p2p_mask(peer), 0, &info)) return false;
+    *src = tag_sender(info.sender_tag);
+    *bytes = info.length;
+    return true;
+  }
+
+  bool p2p_send_now(int peer, const void* buf, size_t bytes, uint32_t tag, RequestPtr* pending) override {
+    auto r = make(peer, UcxRequest::send, bytes);
+    post_send(*r, buf, make_tag(Channel::p2p, rank_, tag));
+    if (!r->req) {
+      if (r->status != UCS_OK) fail(peer, "ucp_tag_send_nbx", r->status);
+      return true;
+    }
+    *pending = std::move(r);
+    return false;
+  }
+
+  int p2p_take_now(int peer, uint32_t tag, void* buf, size_t bytes, RequestPtr* pending) override {
+    std::lock_guard<std::mutex> g(w_->mu);
+    auto r = take_locked(peer, tag, buf, bytes);
+    if (!r) return kP2PNone;
+    auto& u = static_cast<UcxRequest&>(*r);
+    if (!u.wrong_message && u.poll_locked() && u.status == UCS_OK) return u.peer;
+    *pending = std::move(r);  // still arriving, discarded, or failed: wait_any says which
+    return kP2PPending;
+  }
+
+  bool p2p_spin() const override { return true; }
+
+  // Progress the worker; spin briefly (a peer on its own core answers in
+  // microseconds), then sleep on the worker's event fd in short slices, so
+  // ranks that outnumber the cores leave them to their peers. interrupt()
+  // signals the worker, which wakes the fd.
+  int wait_any(Request* const* reqs, int n, Clock::time_point deadline) override {
+    Clock::time_point start{};
+    for (long iter = 0;; ++iter) {
+      {
+        std::lock_guard<std::mutex> g(w_->mu);
+        w_->progress_locked();
+        for (int i = 0; i < n; ++i) {
+          auto* r = static_cast<UcxRequest*>(reqs[i]);
+          if (!r) continue;
+          if (r->foreign) throw_foreign(*r);  // asked again
+          if (!r->done) {
+            if (!r->poll_locked()) continue;
+            finish_locked(*r);  // throws on a failure or a wrong message
+          }
+          return i;
+        }
+        // Waiting longer than a message takes: is a message of another call
+        // what comes next from a peer we wait for? (Not on every poll: a
+        // probe walks the unexpected queue.)
+        if (iter >= kMinPolls && (iter & 15) == 0)
+          for (int i = 0; i < n; ++i) {
+            auto* r = static_cast<UcxRequest*>(reqs[i]);
+            if (r && !r->done && r->stamped && r->req && !r->withdrawing) look_for_foreign_locked(*r);
+          }
+      }
+      if (iter < kMinPolls) continue;
+      if (interrupted()) return kInterrupted;
+      const auto now = Clock::now();
+      if (iter == kMinPolls) start = now;
+      if (now >= deadline) return -1;
+      if (now - start < spin_) continue;
+      block(deadline);
+    }
+  }
+
+  // A send cannot be withdrawn (UCX may be reading its buffer, and a
+  // cancelled send would leave its receiver waiting): false until complete.
+  // A receive is cancelled; it ends at once unless a message already
+  // matched it and is still arriving.
+  bool cancel(Request& req) override {
+    auto& r = static_cast<UcxRequest&>(req);
+    std::lock_guard<std::mutex> g(r.w->mu);
+    auto ended = [&] {
+      r.w->progress_locked();
+      if (!r.poll_locked()) return false;
+      if (r.withdrawing && r.status == UCS_ERR_CANCELED) drain_foreign_locked(r);
+      return true;
+    };
+    if (ended()) return true;
+    if (r.kind == UcxRequest::send) return false;
+    if (!r.withdrawing) ucx::api().request_cancel(r.w->worker, r.req);  // (a withdrawing one is cancelled already)
+    const auto until = Clock::now() + std::chrono::milliseconds(100);
+    while (Clock::now() < until)
+      if (ended()) return true;
+    return false;  // the quarantine tests it later
+  }
+
+  bool test(Request& req) override {
+    auto& r = static_cast<UcxRequest&>(req);
+    std::lock_guard<std::mutex> g(r.w->mu);
+    r.w->progress_locked();  // never throws: the library is loaded, and no call here reports by exception
+    if (!r.poll_locked()) return false;
+    if (r.withdrawing && r.status == UCS_ERR_CANCELED) drain_foreign_locked(r);
+    return true;
+  }
+
+ protected:
+  void wake() override { ucx::api().worker_signal(w_->worker); }
+
+ private:
+  std::unique_ptr<UcxRequest> make(int peer, UcxRequest::Kind kind, size_t bytes) {
+    if (peer < 0 || peer >= size_) throw_invalid("peer rank out of range: " + std::to_string(peer));
+    auto r = std::make_unique<UcxRequest>();
+    r->w = w_;
+    r->kind = kind;
+    r->peer = peer;
+    r->is_send = kind == UcxRequest::send;
+    r->bytes = bytes;
+    return r;
+  }
+
+  void post_send(UcxRequest& r, const void* buf, ucp_tag_t tag) {
+    ucp_request_param_t p{};
+    std::lock_guard<std::mutex> g(w_->mu);
+    void* q = ucx::api().tag_send_nbx(eps_[r.peer], buf, r.bytes, tag, &p);
+    if (UCS_PTR_IS_ERR(q)) fail(r.peer, "ucp_tag_send_nbx", UCS_PTR_STATUS(q));
+    r.req = q;  // null: sent at once (the buffer may be reused)
+  }
+
+  static ucp_tag_t p2p_tag(int peer, uint32_t tag) {
+    return make_tag(Channel::p2p, peer == kAnySource ? 0 : peer, tag);
+  }
+  static ucp_tag_t p2p_mask(int peer) { return peer == kAnySource ? ~kRankMask : kFullMask; }
+
+  RequestPtr take_locked(int peer, uint32_t tag, void* buf, size_t bytes) {
+    if (peer != kAnySource && (peer < 0 || peer >= size_)) throw_invalid("peer rank out of range: " + std::to_string(peer));
+    const ucx::Api& a = ucx::api();
+    w_->progress_locked();
+    ucp_tag_recv_info_t info{};
+    // remove=1: the message is ours alone (another thread's any-source take
+    // cannot receive it between the probe and the receive).
+    ucp_tag_message_h msg = a.tag_probe_nb(w_->worker, p2p_tag(peer, tag), p2p_mask(peer), 1, &info);
+    if (!msg) return nullptr;
+    auto r = make(tag_sender(info.sender_tag), UcxRequest::take, info.length);
+    if (info.length != bytes) {  // none of it reaches buf
+      w_->drain_locked(msg, info.length);
+      r->done = true;
+      r->wrong_message = true;
+      return r;
+    }
+    ucp_request_param_t p{};
+    void* q = a.tag_msg_recv_nbx(w_->worker, buf, bytes, msg, &p);
+    if (UCS_PTR_IS_ERR(q)) fail(r->peer, "ucp_tag_msg_recv_nbx", UCS_PTR_STATUS(q));
+    r->req = q;
+    r->got = bytes;
+    return r;
+  }
+
+  // r just completed: its outcome, as wait_any reports it.
+  void finish_locked(UcxRequest& r) {
+    r.done = true;
+    if (r.kind == UcxRequest::send) {
+      if (r.status != UCS_OK) fail(r.peer, "send", r.status);
+      return;
+    }
+    if (r.withdrawing && r.status == UCS_ERR_CANCELED) {
+      drain_foreign_locked(r);
+      throw_foreign(r);
+    }
+    r.stamp = uint32_t(r.tag & kLowMask);
+    if (r.status == UCS_ERR_MESSAGE_TRUNCATED) {  // a larger message than posted (its first bytes landed)
+      r.wrong_message = true;
+      throw RingError(ErrKind::transport, rank_, r.peer, 0,
+                      "UCX message from rank " + std::to_string(r.peer) + " larger than the " +
+                          std::to_string(r.bytes) + " bytes expected (truncated)");
+    }
+    if (r.status != UCS_OK) fail(r.peer, "receive", r.status);
+    if (r.got != r.bytes) {
+      r.wrong_message = true;
+      throw RingError(ErrKind::transport, rank_, r.peer, 0,
+                      "UCX message of " + std::to_string(r.got) + " bytes from rank " + std::to_string(r.peer) +
+                          ", expected " + std::to_string(r.bytes));
+    }
+  }
+
+  // The oldest unmatched data message from r's peer carries another stamp
+  // while r waits: the peer has moved past this call's message to r, or
+  // never sent it. Which, only a cancel tells: it takes only if no message
+  // matched r (one that matched, its data still arriving, completes r as
+  // usual). UCP keeps one sender's messages in order, so a message of this
+  // call sent before the other would have matched r first.
+  void look_for_foreign_locked(UcxRequest& r) {
+    ucp_tag_recv_info_t info{};
+    const ucp_tag_t mask = kFullMask & ~kLowMask;
+    if (!ucx::api().tag_probe_nb(w_->worker, make_tag(Channel::data, r.peer, 0), mask, 0, &info)) return;
+    const uint32_t stamp = uint32_t(info.sender_tag & kLowMask);
+    if (stamp == uint32_t(r.tag & kLowMask)) return;
+    r.withdrawing = true;
+    r.foreign_stamp = stamp;
+    r.foreign_bytes = info.length;
+    ucx::api().request_cancel(w_->worker, r.req);
+  }
+
+  // r was cancelled before any message matched it: the message found is
+  // another call's. It drains into a sink (so its sender's send completes),
+  // never into r's buffer. Never throws (test() calls it).
+  void drain_foreign_locked(UcxRequest& r) {
+    r.withdrawing = false;
+    r.foreign = true;
+    r.wrong_message = true;
+    r.stamp = r.foreign_stamp;
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg =
+        ucx::api().tag_probe_nb(r.w->worker, make_tag(Channel::data, r.peer, r.foreign_stamp), kFullMask, 1, &info);
+    if (msg) r.w->drain_locked(msg, info.length);
+  }
+
+  [[noreturn]] void throw_foreign(UcxRequest& r) {
+    r.done = true;
+    char what[200];
+    std::snprintf(what, sizeof what,
+                  "UCX message of %zu bytes and stamp %u from rank %d, expected %zu bytes and stamp %u "
+                  "(it did not touch the buffer)",
+                  r.foreign_bytes, unsigned(r.foreign_stamp), r.peer, r.bytes, unsigned(r.tag & kLowMask));
+    throw RingError(ErrKind::transport, rank_, r.peer, 0, what);
+  }
+
+  [[noreturn]] void fail(int peer, const char* what, ucs_status_t st) {
+    throw RingError(ErrKind::transport, rank_, peer, 0,
+                    std::string("UCX ") + what + " with rank " + std::to_string(peer) + " failed: " +
+                        ucx::status_text(st));
+  }
+
+  // Sleep until the worker has an event, a slice passes, or the deadline.
+  // Arm under the lock (UCS_ERR_BUSY: events are pending, progress again),
+  // poll without it, so a user thread's p2p call is never held up.
+  void block(Clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const int slice = int(std::max<long long>(0, std::min<long long>(left, 2)));  // a missed event costs 2 ms at most
+    if (w_->efd < 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      return;
+    }
+    ucs_status_t st;
+    {
+      std::lock_guard<std::mutex> g(w_->mu);
+      st = ucx::api().worker_arm(w_->worker);
+    }
+    if (st == UCS_ERR_BUSY) return;
+    if (st != UCS_OK) {  // no wake-ups after all: short sleeps
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      return;
+    }
+    if (interrupted()) return;  // signalled before the arm: do not sleep through it
+    pollfd pfd{w_->efd, POLLIN, 0};
+    poll(&pfd, 1, slice);
+  }
+
+  // Messages no receive will take (a failed call's, a peer's after an
+  // abort): received into sinks, so no sender's rendezvous waits for them
+  // and UCX does not warn about unmatched descriptors at worker_destroy.
+  void discard_unexpected_locked() {
+    w_->progress_locked();
+    ucp_tag_recv_info_t info{};
+    for (int i = 0; i < 100000; ++i) {
+      ucp_tag_message_h msg = ucx::api().tag_probe_nb(w_->worker, 0, 0, 1, &info);
+      if (!msg) break;
+      w_->drain_locked(msg, info.length);
+    }
+  }
+
+  // Close every endpoint with a flush (messages still queued are sent), but
+  // never wait long: a peer that is gone would make exit hang. Under mu.
+  void close_endpoints_locked() {
+    const ucx::Api& a = ucx::api();
+    std::vector<void*> closing;
+    for (ucp_ep_h& ep : eps_) {
+      if (!ep) continue;
+      ucp_request_param_t p{};
+      void* q = a.ep_close_nbx(ep, &p);
+      if (q && !UCS_PTR_IS_ERR(q)) closing.push_back(q);
+      ep = nullptr;
+    }
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    while (!closing.empty() && Clock::now() < until) {
+      w_->progress_locked();
+      closing.erase(std::remove_if(closing.begin(), closing.end(),
+                                   [&](void* q) {
+                                     if (a.request_check_status(q) == UCS_INPROGRESS) return false;
+                                     a.request_free(q);
+                                     return true;
+                                   }),
+                    closing.end());
+    }
+    for (void* q : closing) a.request_free(q);  // UCX finishes (or drops) them with the worker
+  }
+
+  // "ucx(1.22.0, tcp/sysv/posix)": the version and the transports UCP chose
+  // for the endpoints, in first-seen order.
+  std::string describe_locked() {
+    const ucx::Api& a = ucx::api();
+    std::vector<std::string> tls;
+    for (ucp_ep_h ep : eps_) {
+      ucp_transport_entry_t entries[16];
+      ucp_ep_attr_t attr{};
+      attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
+      attr.transports.entries = entries;
+      attr.transports.num_entries = 16;
+      attr.transports.entry_size = sizeof(ucp_transport_entry_t);
+      if (a.ep_query(ep, &attr) != UCS_OK) continue;
+      for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
+        const char* t = entries[i].transport_name;
+        if (t && *t && std::find(tls.begin(), tls.end(), t) == tls.end()) tls.push_back(t);
+      }
+    }
+    std::string s = "ucx(" + std::string(a.get_version_string());
+    for (size_t i = 0; i < tls.size(); ++i) s += (i ? "/" : ", ") + tls[i];
+    return s + ")";
+  }
+
+  std::shared_ptr<UcxWorker> w_;
+  std::vector<ucp_ep_h> eps_;  // eps_[p]: to rank p (this rank's own: UCX's self transport)
+  int rank_, size_;
+  Clock::duration spin_{0};
+  std::string name_;
+};
+
+}  // namespace
+
+std::shared_ptr<UcxWorker> make_ucx_worker() {
+  const ucx::Api& a = ucx::api();
+  auto w = std::make_shared<UcxWorker>();
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  // ucp_init is an inline wrapper of ucp_init_version; a null config reads
+  // UCX_* from the environment. The API version asked for is the older of
+  // our headers' and the library's: Open MPI's wheel brings UCX 1.20, whose
+  // tag API is all we use, and asking it for 1.22 only prints a warning.
+  unsigned major = 0, minor = 0, release = 0;
+  a.get_version(&major, &minor, &release);
+  if (major > UCP_API_MAJOR || (major == UCP_API_MAJOR && minor > UCP_API_MINOR)) {
+    major = UCP_API_MAJOR;
+    minor = UCP_API_MINOR;
+  }
+  ucs_status_t st = a.init_version(major, minor, &params, nullptr, &w->context);
+  if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_init failed: " + ucx::status_text(st));
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // UcxWorker::mu serializes every call
+  st = a.worker_create(w->context, &wp, &w->worker);
+  if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_worker_create failed: " + ucx::status_text(st));
+  if (a.worker_get_efd(w->worker, &w->efd) != UCS_OK) w->efd = -1;
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
+  st = a.worker_query(w->worker, &attr);
+  if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_worker_query failed: " + ucx::status_text(st));
+  w->address.assign(reinterpret_cast<const char*>(attr.address), attr.address_length);
+  a.worker_release_address(w->worker, attr.address);
+  return w;
+}
+
+std::string ucx_worker_address(const UcxWorker& w) { return w.address; }
+
+std::unique_ptr<Transport> make_ucx_transport(std::shared_ptr<UcxWorker> worker,
+                                              const std::vector<std::string>& addresses, int rank) {
+  if (!worker) throw_invalid("this UCX worker was already given to an engine");
+  return std::make_unique<UcxTransport>(std::move(worker), addresses, rank);
+}
+
+std::string ucx_version() { return ucx::version(); }
+
+}  // namespace ringcomm
+
+#else  // !RINGCOMM_HAVE_UCX: every entry point says why there is no UCX
+
+namespace ringcomm {
+
+struct UcxWorker {};
+
+namespace {
+[[noreturn]] void no_ucx() {
+  std::string why;
+  ucx::available(&why);
+  throw RingError(ErrKind::transport, -1, -1, 0, "UCX is not available: " + why);
+}
+}  // namespace
+
+std::shared_ptr<UcxWorker> make_ucx_worker() { no_ucx(); }
+std::string ucx_worker_address(const UcxWorker&) { no_ucx(); }
+std::unique_ptr<Transport> make_ucx_transport(std::shared_ptr<UcxWorker>, const std::vector<std::string>&, int) {
+  no_ucx();
+}
+std::string ucx_version() { return ucx::version(); }
+
+}  // namespace ringcomm
+
+#endif
