@@ -36,7 +36,32 @@ def info() -> dict:
     d["transports"] = (["mpi", "shm", "inproc", "inproc(emulated)", "emulated-nccl"]
                        + (["nccl", "inproc(cuda)"] if cuda.available() else []))
     d["shm"] = _shm_line()
+    d["ucx"] = _ucx_line()
+    if not d["ucx"].startswith("not usable"):
+        d["transports"].insert(2, "ucx")
+    d["bootstrap"] = _bootstrap_line()
     return d
+
+
+def _ucx_line() -> str:
+    from . import ucx
+    why = ucx.why_not()
+    return f"UCX {ucx.version()} (store launches; RINGCOMM_TRANSPORT=ucx under mpirun)" if why is None else \
+        f"not usable: {why}"
+
+
+def _bootstrap_line() -> str:
+    """How init() would find the other ranks in this environment."""
+    from . import bootstrap
+    try:
+        mode = bootstrap.choose(False)
+    except Exception as e:  # noqa: BLE001 - shown, not raised
+        return f"RINGCOMM_BOOTSTRAP invalid: {e}"
+    if mode == "mpi":
+        from ._singleton import launched
+        return "mpi (" + ("an MPI launcher started this process" if launched() else
+                          "no launcher: a one-rank job; torchrun or init(store=...) use a store") + ")"
+    return "store (torchrun's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
 
 
 def _shm_line() -> str:
