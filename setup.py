@@ -174,13 +174,13 @@ else:
             # modules): ringcomm._core stays free of any CUDA dependency.
             sources + sorted(glob.glob("csrc/cuda/*.cpp")) + ["csrc/python/cuda_module.cpp"],
             cxx_std=17,
-            include_dirs=["csrc", os.path.join(home, "include")],
-            extra_compile_args=["-O3", "-fno-math-errno", *mpi_cflags],
+            include_dirs=["csrc", os.path.join(home, "include"), *ucx_dirs],
+            extra_compile_args=["-O3", "-fno-math-errno", *ucx_flags, *mpi_cflags],
             library_dirs=runtime[0],
             # No NCCL at build or link time: libnccl.so.2 is dlopen'ed on first
             # use, found next to the package (the nvidia-nccl wheel, preloaded
             # by ringcomm.cuda), via NCCL_HOME or the loader's path.
-            extra_link_args=[*runtime[1], *mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../.."],
+            extra_link_args=[*runtime[1], *mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../..", "-ldl"],
             depends=headers + sorted(glob.glob("csrc/cuda/*.cu")),
         )
         cuda_ext.cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))

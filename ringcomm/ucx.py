@@ -59,15 +59,17 @@ def available() -> bool:
     return why_not() is None
 
 
-def make_engine(allgather, rank: int, size: int, settings):
+def make_engine(allgather, rank: int, size: int, settings, engine_maker=None, worker_maker=None):
     """An engine over UCX for this rank of `size`. Collective: every rank
     calls it; `allgather(obj) -> list` (in rank order) swaps the worker
     addresses. A rank that cannot make its worker says so to the others, so
-    no rank waits for an address that never comes."""
+    no rank waits for an address that never comes. `engine_maker(worker,
+    addresses)` / `worker_maker()`: another module's (ringcomm._cuda: the
+    payload over NCCL, the control messages over UCX)."""
     load()
     worker, err = None, None
     try:
-        worker = core.ucx_worker()
+        worker = (worker_maker or core.ucx_worker)()
     except RingcommError as e:
         err = f"rank {rank}: {e}"
     got = allgather(err if worker is None else worker.address)
@@ -76,4 +78,6 @@ def make_engine(allgather, rank: int, size: int, settings):
     failed = [a for a in got if not isinstance(a, bytes)]
     if failed:
         raise RingcommError(f"cannot use UCX: {failed[0]}")
+    if engine_maker is not None:
+        return engine_maker(worker, list(got))
     return core.ucx_engine(worker, list(got), rank, settings.timeout, settings.segment_bytes, settings.window)

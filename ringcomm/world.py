@@ -87,10 +87,7 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     if boot.choose(store is not None, bootstrap) == "store":
         if mpi_comm is not None:
             raise InvalidArgument("init(): give either an MPI communicator or a store, not both")
-        if device is not None:
-            raise InvalidArgument("init(store=...): the device path under a store bootstrap is not built yet "
-                                  "(launch with mpirun for GPUs)")
-        return _init_store(store, rank, size, timeout, segment_bytes, window, transport)
+        return _init_store(store, rank, size, timeout, segment_bytes, window, transport, device)
     if store is not None:
         raise InvalidArgument("init(store=...) with RINGCOMM_BOOTSTRAP=mpi: choose one")
     from . import _failfast, _singleton
@@ -110,19 +107,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     else:
         from . import cuda
         cuda.require()
-        if device == "cuda":
-            local, on_node = local_rank(comm, with_size=True)
-            if on_node > cuda.device_count():
-                raise InvalidArgument(
-                    f"{on_node} ranks on this node but {cuda.device_count()} GPU(s): NCCL needs one GPU per rank "
-                    "(for several ranks on one GPU use run_local(n, fn, device='cuda'))")
-            gpu = local
-        elif isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda:")):
-            gpu = int(str(device).split(":")[-1])
-        else:
-            raise InvalidArgument(f"device must be None, 'cuda', 'cuda:K' or a GPU ordinal, got {device!r}")
-        if not 0 <= gpu < cuda.device_count():
-            raise InvalidArgument(f"GPU {gpu} does not exist here ({cuda.device_count()} GPU(s))")
+        local, on_node = local_rank(comm, with_size=True) if device == "cuda" else (0, 1)
+        gpu = _gpu_for(device, local, on_node)
         engine = cuda._cuda.nccl_engine(MPI._handleof(comm), gpu, s.timeout, s.segment_bytes, s.window)
         cuda._cuda.set_device(gpu)  # this process's arrays belong there (cupy and torch follow it)
         label = "nccl"
@@ -138,9 +124,30 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     return c
 
 
-def _init_store(store, rank, size, timeout, segment_bytes, window, transport) -> Communicator:
+def _gpu_for(device, local: int, on_node: int) -> int:
+    """The GPU ordinal `device` means for the rank `local` of `on_node` on its host (NCCL: one GPU per rank)."""
+    from . import cuda
+    cuda.require()
+    if device == "cuda":
+        if on_node > cuda.device_count():
+            raise InvalidArgument(
+                f"{on_node} ranks on this node but {cuda.device_count()} GPU(s): NCCL needs one GPU per rank "
+                "(for several ranks on one GPU use run_local(n, fn, device='cuda'))")
+        gpu = local
+    elif isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda:")):
+        gpu = int(str(device).split(":")[-1])
+    else:
+        raise InvalidArgument(f"device must be None, 'cuda', 'cuda:K' or a GPU ordinal, got {device!r}")
+    if not 0 <= gpu < cuda.device_count():
+        raise InvalidArgument(f"GPU {gpu} does not exist here ({cuda.device_count()} GPU(s))")
+    return gpu
+
+
+def _init_store(store, rank, size, timeout, segment_bytes, window, transport, device=None) -> Communicator:
     """init() over a store: UCX between every pair of ranks, and the ranks'
-    shared memory (one host, or the hierarchy across hosts)."""
+    shared memory (one host, or the hierarchy across hosts); with a device,
+    the payload over NCCL (its unique id through the store, as torch does)
+    and the control messages over UCX."""
     from . import bootstrap as boot, shm, ucx
     s = config.settings(timeout, segment_bytes, window)
     if store is None:
@@ -161,6 +168,8 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport) ->
     _store_uses[id(store)] = (store, use)
     group = boot.StoreGroup(store, rank, size, s.timeout, prefix=f"ringcomm/comm{use}")
     index = next(_store_index)
+    if device is not None:
+        return _init_store_device(group, device, s, index)
     engine = ucx.make_engine(group.allgather, group.rank, group.size, s)
     shared = shm.attach(engine, group, transport, s,
                         lambda cross: ucx.make_engine(cross.allgather, cross.rank, cross.size, s))
@@ -170,6 +179,25 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport) ->
     from .tuning import selection
     c.set_costs(group.bcast(selection.costs_for("ucx", group.size) if group.rank == 0 else None, root=0))
     c._bootstrap = group  # keeps the store alive as long as the communicator
+    _mpi_comms.add(c)
+    return c
+
+
+def _init_store_device(group, device, s, index) -> Communicator:
+    from . import cuda, shm, ucx
+    keys = group.allgather(shm.host_key())
+    mine = [r for r, k in enumerate(keys) if k == keys[group.rank]]
+    gpu = _gpu_for(device, mine.index(group.rank), len(mine))
+    uid = group.bcast(bytes(cuda._cuda.nccl_unique_id()) if group.rank == 0 else None, root=0)
+    engine = ucx.make_engine(group.allgather, group.rank, group.size, s,
+                             lambda w, addresses: cuda._cuda.nccl_engine_ucx(
+                                 w, addresses, group.rank, gpu, uid, s.timeout, s.segment_bytes, s.window),
+                             worker_maker=cuda._cuda.ucx_worker)
+    cuda._cuda.set_device(gpu)
+    c = Communicator(engine, s, "nccl", index=index)
+    from .tuning import selection
+    c.set_costs(group.bcast(selection.costs_for("nccl", group.size) if group.rank == 0 else None, root=0))
+    c._bootstrap = group
     _mpi_comms.add(c)
     return c
 

@@ -92,3 +92,15 @@ def test_bad_arguments():
         bootstrap.StoreGroup(object(), 2, 2, 1.0)
     with pytest.raises(InvalidArgument, match="set/get/add/check"):
         bootstrap.StoreGroup(object(), 0, 2, 1.0)
+
+
+def test_store_launch_on_a_gpu_needs_one(tmp_path):
+    # The device path over a store (NCCL's unique id through the store,
+    # control messages over UCX): on a machine without a usable GPU it must
+    # say so before anything is made. (Runs on hardware: bench/gpu_checks.py.)
+    import ringcomm
+    from ringcomm import cuda
+    if cuda.available():
+        pytest.skip("a GPU is usable here: this checks the error without one")
+    with pytest.raises(InvalidArgument, match="GPU"):
+        ringcomm.init(store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, size=1, device="cuda")

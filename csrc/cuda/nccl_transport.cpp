@@ -15,10 +15,12 @@ namespace {
 
 class NcclTransport final : public GroupedTransport {
  public:
-  NcclTransport(uintptr_t comm_handle, int gpu, std::unique_ptr<Transport> host)
+  // `join(rank, size)` makes this rank's NCCL communicator (collective).
+  template <class Join>
+  NcclTransport(int gpu, std::unique_ptr<Transport> host, Join join)
       : GroupedTransport(std::move(host), std::make_shared<CudaDevice>(gpu)),
         cuda_(static_cast<CudaDevice*>(dev_.get())),
-        comm_(nccl_comm_init(comm_handle, gpu)) {}
+        comm_(join(rank(), size())) {}
 
   // The Engine has already waited (bounded) for the device work of finished
   // collectives. Anything still pending now waits for a peer that will not
@@ -82,6 +84,15 @@ class NcclTransport final : public GroupedTransport {
 
 }  // namespace
 
+namespace {
+ncclComm_t join_nccl(const ncclUniqueId& id, int rank, int size, int gpu) {
+  DeviceGuard g(gpu);
+  ncclComm_t c = nullptr;
+  RC_NCCL(ncclCommInitRank(&c, size, id, rank));
+  return c;
+}
+}  // namespace
+
 ncclComm_t nccl_comm_init(uintptr_t comm_handle, int gpu) {
   MPI_Comm comm;
   std::memcpy(&comm, &comm_handle, sizeof(MPI_Comm));
@@ -92,14 +103,29 @@ ncclComm_t nccl_comm_init(uintptr_t comm_handle, int gpu) {
   if (rank == 0) RC_NCCL(ncclGetUniqueId(&id));
   if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm) != MPI_SUCCESS)
     throw RingError(ErrKind::transport, rank, 0, 0, "MPI_Bcast of the NCCL unique id failed");
-  DeviceGuard g(gpu);
-  ncclComm_t c = nullptr;
-  RC_NCCL(ncclCommInitRank(&c, size, id, rank));
-  return c;
+  return join_nccl(id, rank, size, gpu);
 }
 
 std::unique_ptr<Transport> make_nccl_transport(uintptr_t comm_handle, int gpu) {
-  return std::make_unique<NcclTransport>(comm_handle, gpu, make_mpi_transport(comm_handle));
+  return std::make_unique<NcclTransport>(gpu, make_mpi_transport(comm_handle),
+                                         [&](int, int) { return nccl_comm_init(comm_handle, gpu); });
+}
+
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  RC_NCCL(ncclGetUniqueId(&id));
+  return std::string(reinterpret_cast<const char*>(&id), sizeof id);
+}
+
+std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport> host, int gpu,
+                                               const std::string& unique_id) {
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof id)
+    throw_invalid("a NCCL unique id has " + std::to_string(sizeof id) + " bytes, got " +
+                  std::to_string(unique_id.size()));
+  std::memcpy(&id, unique_id.data(), sizeof id);
+  return std::make_unique<NcclTransport>(gpu, std::move(host),
+                                         [&](int rank, int size) { return join_nccl(id, rank, size, gpu); });
 }
 
 }  // namespace ringcomm

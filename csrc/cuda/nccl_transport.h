@@ -10,6 +10,7 @@
 
 
 #include <memory>
+#include <string>
 
 #include "core/transport.h"
 #include "cuda/device_cuda.h"
@@ -20,6 +21,15 @@ namespace ringcomm {
 // Collective over `comm_handle` (an MPI_Comm as an integer): rank 0 makes the
 // NCCL unique id and broadcasts it; every rank joins on GPU `gpu`.
 std::unique_ptr<Transport> make_nccl_transport(uintptr_t comm_handle, int gpu);
+
+// Without MPI (a store launch): control messages over `host` (UCX), payload
+// over NCCL among the same ranks, joined with `unique_id` (nccl_unique_id()
+// of one rank, handed to every rank by the launcher's store, as torch does).
+std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport> host, int gpu,
+                                               const std::string& unique_id);
+
+// A new NCCL unique id, as bytes.
+std::string nccl_unique_id();
 
 // A NCCL communicator over the ranks of `comm_handle` on GPU `gpu` (rank 0
 // makes the unique id and broadcasts it over MPI; collective).

@@ -18,6 +18,8 @@
 #include "python/py_errors.h"
 #include "python/signals.h"
 #include "transports/inproc_transport.h"
+#include "transports/ucx_api.h"
+#include "transports/ucx_transport.h"
 
 namespace ringcomm {
 namespace bind {
@@ -429,5 +431,45 @@ inline void bind_engine(py::module_& m) {
 
 }
 
+// A UCP context and worker waiting for its peers' addresses; an engine
+// takes it over (the handle is empty afterwards).
+struct UcxWorkerHandle {
+  std::shared_ptr<UcxWorker> worker;
+  std::shared_ptr<UcxWorker> take() {
+    if (!worker) throw_invalid("this UCX worker was already given to an engine");
+    return std::move(worker);
+  }
+};
+
+// UCX's part of both modules: the worker (made before the addresses are
+// swapped), an engine over it (ringcomm._core; ringcomm._cuda adds one whose
+// payload goes over NCCL), and what `ringcomm info` asks.
+inline void bind_ucx(py::module_& m) {
+  py::class_<UcxWorkerHandle>(m, "UcxWorker", py::module_local())
+      .def_property_readonly("address",
+                             [](const UcxWorkerHandle& h) {
+                               if (!h.worker) throw_invalid("this UCX worker was already given to an engine");
+                               return py::bytes(ucx_worker_address(*h.worker));
+                             },
+                             "This worker's address, to give every peer (bytes).");
+  m.def("ucx_worker", [] { return UcxWorkerHandle{make_ucx_worker()}; },
+        "A UCP context and worker (UCX loaded on first use; raises TransportError when it cannot be).");
+  m.def("ucx_engine",
+        [](UcxWorkerHandle& worker, std::vector<std::string> addresses, int rank, double timeout,
+           size_t segment_bytes, int window) {
+          Options o = make_options(timeout, segment_bytes, window);
+          auto h = std::make_unique<EngineHandle>();
+          std::shared_ptr<UcxWorker> w = worker.take();
+          py::gil_scoped_release nogil;
+          h->engine = std::make_shared<Engine>(make_ucx_transport(std::move(w), addresses, rank), o);
+          return h;
+        },
+        py::arg("worker"), py::arg("addresses"), py::arg("rank"), py::arg("timeout"), py::arg("segment_bytes"),
+        py::arg("window"), "An engine over UCX; addresses[r] is rank r's worker address.");
+  m.def("ucx_in_process", &ucx::in_process, "Whether a libucp.so.0 is already loaded in this process.");
+  m.def("ucx_version", &ucx_version, "UCX's version string (raises TransportError when UCX cannot be loaded).");
+}
+
 }  // namespace bind
+
 }  // namespace ringcomm

@@ -33,12 +33,6 @@ struct DLTensor {
   int64_t* strides;
   uint64_t byte_offset;
 };
-// A UCP context and worker waiting for its peers' addresses; ucx_engine
-// takes it over (the handle is empty afterwards).
-struct UcxWorkerHandle {
-  std::shared_ptr<UcxWorker> worker;
-};
-
 struct DLManagedTensor { DLTensor dl_tensor; void* manager_ctx; void (*deleter)(DLManagedTensor*); };
 struct DLPackVersion { uint32_t major, minor; };
 struct DLManagedTensorVersioned {
@@ -106,29 +100,7 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("comm_handle"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"));
 
-  py::class_<UcxWorkerHandle>(m, "UcxWorker")
-      .def_property_readonly("address",
-                             [](const UcxWorkerHandle& h) {
-                               if (!h.worker) throw_invalid("this UCX worker was already given to an engine");
-                               return py::bytes(ucx_worker_address(*h.worker));
-                             },
-                             "This worker's address, to give every peer (bytes).");
-  m.def("ucx_worker", [] { return UcxWorkerHandle{make_ucx_worker()}; },
-        "A UCP context and worker (UCX loaded on first use; raises TransportError when it cannot be).");
-  m.def("ucx_engine",
-        [](UcxWorkerHandle& worker, std::vector<std::string> addresses, int rank, double timeout,
-           size_t segment_bytes, int window) {
-          Options o = make_options(timeout, segment_bytes, window);
-          auto h = std::make_unique<EngineHandle>();
-          std::shared_ptr<UcxWorker> w = std::move(worker.worker);
-          py::gil_scoped_release nogil;
-          h->engine = std::make_shared<Engine>(make_ucx_transport(std::move(w), addresses, rank), o);
-          return h;
-        },
-        py::arg("worker"), py::arg("addresses"), py::arg("rank"), py::arg("timeout"), py::arg("segment_bytes"),
-        py::arg("window"), "An engine over UCX; addresses[r] is rank r's worker address.");
-  m.def("ucx_in_process", &ucx::in_process, "Whether a libucp.so.0 is already loaded in this process.");
-  m.def("ucx_version", &ucx_version, "UCX's version string (raises TransportError when UCX cannot be loaded).");
+  bind_ucx(m);
 
   m.def("inproc_engine",
         [](const WorldHandle& world, int rank, double timeout, size_t segment_bytes, int window, bool emulate_device,

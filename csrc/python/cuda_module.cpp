@@ -91,6 +91,24 @@ PYBIND11_MODULE(_cuda, m) {
   register_error_translator();
   bind_engine(m);
 
+  bind_ucx(m);
+  m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); }, "A new NCCL unique id (bytes).");
+  m.def("nccl_engine_ucx",
+        [](UcxWorkerHandle& worker, std::vector<std::string> addresses, int rank, int gpu, std::string unique_id,
+           double timeout, size_t segment_bytes, int window) {
+          Options o = make_options(timeout, segment_bytes, window);
+          auto h = std::make_unique<EngineHandle>();
+          std::shared_ptr<UcxWorker> w = worker.take();
+          py::gil_scoped_release nogil;  // collective: ncclCommInitRank waits for every rank
+          h->engine = std::make_shared<Engine>(
+              make_nccl_transport(make_ucx_transport(std::move(w), addresses, rank), gpu, unique_id), o);
+          return h;
+        },
+        py::arg("worker"), py::arg("addresses"), py::arg("rank"), py::arg("gpu"), py::arg("unique_id"),
+        py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"),
+        "A ring over NCCL point-to-point on GPU `gpu` without MPI: control messages over UCX (addresses[r]: rank "
+        "r's worker address), the NCCL communicator joined with `unique_id` (every rank the same).");
+
   m.def("inproc_engines",
         [](const std::vector<int>& gpus, double timeout, size_t segment_bytes, int window) {
           Options o = make_options(timeout, segment_bytes, window);
