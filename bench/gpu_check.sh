@@ -137,6 +137,8 @@ step kernel_bw 120 "reduction kernel vs device-to-device copy bandwidth at 256 M
 step ring 120 "in-process N = 4 all_reduce of 256 MiB on one GPU vs its bytes-moved bound (goal <= 1.3x)" \
   $PY bench/gpu_ring.py -n 4 --bytes 256M --reps 10
 step nccl 120 "NCCL with one rank: unique id over MPI, our transport, NCCL's all_reduce, teardown" self nccl_one_rank
+step nccl_store 90 "NCCL without MPI: a store launch, unique id through the store, control over UCX" \
+  $PY bench/gpu_checks.py nccl_store
 step sanitize 240 "compute-sanitizer memcheck over sizes 1, 7, 33, 4099 with 64-byte segments, pool off" self sanitize
 
 {

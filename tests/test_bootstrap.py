@@ -97,7 +97,7 @@ def test_bad_arguments():
 def test_store_launch_on_a_gpu_needs_one(tmp_path):
     # The device path over a store (NCCL's unique id through the store,
     # control messages over UCX): on a machine without a usable GPU it must
-    # say so before anything is made. (Runs on hardware: bench/gpu_checks.py.)
+    # say so before anything is made. (On hardware: bench/gpu_checks.py nccl_store.)
     import ringcomm
     from ringcomm import cuda
     if cuda.available():
