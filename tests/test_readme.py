@@ -16,11 +16,13 @@ comment changed without the code (or the reverse) fails here.
 
 import ast
 import builtins
+import glob
 import importlib
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -29,7 +31,8 @@ import ringcomm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
-RUN_WITH = re.compile(r"run with:\s+ringcomm run -n (\d+) python (\S+\.py)")
+RUN_WITH = re.compile(r"(?:run with|or):\s+ringcomm run -n (\d+) python (\S+\.py)")
+TORCHRUN_WITH = re.compile(r"run with:\s+torchrun --standalone --nproc-per-node (\d+) (\S+\.py)")
 
 
 def blocks() -> list[tuple[str, str]]:
@@ -237,3 +240,16 @@ def test_use_from_pytorch(tmp_path):
     # "what DDP moved": 10 steps of one all_reduce bucket of Linear(32, 4)'s 132 float32, at least
     # the ring's 2(n-1)/n of it per step
     assert moved[0] >= 10 * 2 * (n - 1) * 132 * 4 // n
+    # the same block under torchrun, its first launcher: the store bootstrap
+    m = TORCHRUN_WITH.search(code)
+    assert m, "the block names no `run with: torchrun --standalone --nproc-per-node N NAME.py`"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    with tempfile.TemporaryDirectory() as logs:
+        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              f"--nproc-per-node={m.group(1)}", f"--log-dir={logs}", "--redirects=1", m.group(2)],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        out = "".join(open(f).read() for f in glob.glob(os.path.join(logs, "**", "stdout.log"), recursive=True))
+    assert res.returncode == 0, out + res.stderr[-3000:]
+    moved_tr = [int(l) for l in out.splitlines() if l.strip().isdigit()]
+    assert len(moved_tr) == int(m.group(1)) and moved_tr[0] >= 10 * 2 * (int(m.group(1)) - 1) * 132 * 4 // int(
+        m.group(1)), out
