@@ -22,8 +22,8 @@ __all__ = ["load", "version", "make_engine"]
 def load() -> None:
     """Preload the libucx wheel's libraries, when that wheel is installed
     (its absence is not an error: the system's libucp may serve), unless a
-    UCX is in the process already: Open MPI's wheel carries its own and
-    loads it at MPI_Init, and two copies in one process (two sets of memory
+    UCX is in the process already: Open MPI's wheel links its own into
+    libmpi (loaded with ringcomm._core), and two copies in one process (two sets of memory
     hooks, libuct resolving to the other copy's libucs) crash."""
     if core.ucx_in_process():
         return
