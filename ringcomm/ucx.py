@@ -25,8 +25,8 @@ def load() -> None:
     """``RINGCOMM_SOCKET_IFNAME`` becomes UCX's ``UCX_NET_DEVICES`` (unless
     that is set: UCX's own variables win). Preload the libucx wheel's libraries, when that wheel is installed
     (its absence is not an error: the system's libucp may serve), unless a
-    UCX is in the process already: Open MPI's wheel carries its own and
-    loads it at MPI_Init, and two copies in one process (two sets of memory
+    UCX is in the process already: Open MPI's wheel links its own into
+    libmpi (loaded with ringcomm._core), and two copies in one process (two sets of memory
     hooks, libuct resolving to the other copy's libucs) crash."""
     ifname = os.environ.get("RINGCOMM_SOCKET_IFNAME")
     if ifname and "UCX_NET_DEVICES" not in os.environ:

@@ -36,8 +36,8 @@ const State& state() {
     // RTLD_GLOBAL is not needed: we only dlsym from these handles. The
     // handles are never closed: UCX keeps threads and memory hooks that must
     // outlive every worker. A libucp already in the process (Open MPI's
-    // wheel brings its own UCX and loads it at MPI_Init) is the one found by
-    // soname, and the one to use: a second UCX in one process would install
+    // wheel links its own UCX 1.20 into libmpi, so it is loaded with
+    // ringcomm._core) is the one found by soname, and the one to use: a second UCX in one process would install
     // a second set of memory hooks (ringcomm/ucx.py then skips the preload).
     void* ucp = dlopen("libucp.so.0", RTLD_NOW | RTLD_LOCAL);
     if (!ucp) {

@@ -62,6 +62,29 @@ def run_p2p(comm):
             errs.append(f"rank 0: any source saw {sorted(seen)}")
     else:
         comm.send(p2p_data(r, 5), 0, tag=9)
+    # Point-to-point from a user thread while collectives run on this one:
+    # both reach the one UCP worker (its mutex, ucx_transport.cpp).
+    import threading
+    got = []
+
+    def shifts():
+        for k in range(6):
+            y = np.zeros(100003, np.float32)
+            ws = [comm.irecv(y, (r - 1) % n, tag=5), comm.isend(p2p_data(r, 100003, k), (r + 1) % n, tag=5)]
+            for w in ws:
+                w.wait()
+            got.append((k, y))
+    t = threading.Thread(target=shifts)
+    t.start()
+    for k in range(6):
+        x = p2p_data(r, 70001, k)
+        comm.all_reduce(x)
+        errs += suite.compare(x, sum(p2p_data(q, 70001, k) for q in range(n)), f"all_reduce beside p2p {k}", r)
+    t.join()
+    if len(got) != 6:
+        errs.append(f"rank {r}: the p2p thread did {len(got)} of 6 shifts")
+    for k, y in got:
+        errs += suite.compare(y, p2p_data((r - 1) % n, 100003, k), f"p2p shift beside all_reduce {k}", r)
     return errs
 
 
