@@ -169,41 +169,59 @@ def test_restart_after_a_worker_died():
 
 
 STORE_JOB = textwrap.dedent("""
-    import sys, os, numpy as np, torch.distributed as dist, ringcomm
-    path, rank, size, die = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+    import sys, os, time, signal, threading, numpy as np, torch.distributed as dist, ringcomm
+    path, rank, size, fault = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     comm = ringcomm.init(store=dist.FileStore(path, size), rank=rank, size=size, timeout=5)
     assert "mpi4py.MPI" not in sys.modules
     x = np.arange(100003, dtype=np.float64) * (rank + 1)
     comm.all_reduce(x)
     assert np.array_equal(x, np.arange(100003) * sum(range(1, size + 1))), rank
     print("OK", rank, comm.transport, comm.shared_memory, flush=True)
-    if die and rank == 1:
-        os._exit(7)
+    if fault == "die" and rank == 1:
+        os._exit(7)                       # killed in the middle of the job
+    if fault == "interrupt":
+        if rank == 0:                     # Ctrl-C while waiting for rank 1
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        if rank == 1:
+            time.sleep(2)
+    t0 = time.monotonic()
     try:
         for _ in range(100):
-            comm.all_reduce(np.ones(1 << 16))
+            n = 1001 if fault == "mismatch" and rank == 1 else 1000
+            comm.all_reduce(np.ones(n))
         print("NO ERROR", flush=True)
-    except ringcomm.RingcommError as e:
-        if not die:
+    except (ringcomm.RingcommError, KeyboardInterrupt) as e:
+        if fault == "none":
             raise
-        print("RAISED", type(e).__name__, str(e).replace(chr(10), " ")[:400], flush=True)
+        print("RAISED", type(e).__name__, f"after {time.monotonic() - t0:.1f} s:",
+              str(e).replace(chr(10), " ")[:400], flush=True)
     """)
 
 
-@pytest.mark.parametrize("die", [False, True])
-def test_init_with_a_store_in_plain_processes(tmp_path, die):
+@pytest.mark.parametrize("fault", ["none", "die", "mismatch", "interrupt"])
+def test_init_with_a_store_in_plain_processes(tmp_path, fault):
+    """The fault matrix's cases on a store launch (shared memory + UCX):
+    a peer killed mid-job, ranks that disagree on the call, Ctrl-C."""
     n = 3
     before = shm_files()
-    procs = [subprocess.Popen([sys.executable, "-c", STORE_JOB, str(tmp_path / "store"), str(r), str(n),
-                               "1" if die else "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=clean_env()) for r in range(n)]
+    procs = [subprocess.Popen([sys.executable, "-c", STORE_JOB, str(tmp_path / "store"), str(r), str(n), fault],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+             for r in range(n)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert not shm_files() - before
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert f"OK {r} ucx" in out, out + err
-        if die and r == 1:
-            assert p.returncode == 7
-        elif die:
-            assert "RAISED" in out and "rank 1" in out, out + err
-        else:
+        if fault == "none":
             assert p.returncode == 0 and "NO ERROR" in out, out + err
+            continue
+        if fault == "die" and r == 1:
+            assert p.returncode == 7
+            continue
+        assert "RAISED" in out, out + err
+        kind, secs = out.split("RAISED ")[1].split()[0], float(out.split(" after ")[1].split()[0])
+        if fault == "die":  # noticed by the peer's pid, well before the 5 s deadline
+            assert "rank 1" in out and "died" in out and secs < 4, out
+        elif fault == "mismatch":
+            assert kind in ("MismatchError", "CommunicatorAborted") and "1001" in out and secs < 4, out
+        else:  # interrupt: rank 0 stops at once; its peers hear of it, none waits for its deadline
+            assert (kind == "KeyboardInterrupt") == (r == 0) and secs < 4, out
