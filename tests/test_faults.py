@@ -272,6 +272,14 @@ def test_rank_killed_mid_collective_ends_the_job():
 TCP = [("btl", "tcp,self")]
 
 
+def test_a_queued_tcp_message_reaches_its_peer_while_the_sender_waits_in_shared_memory():
+    # Deterministic form of a CI deadlock (tests/scripts/tcp_lazy_connect.py).
+    res, wall = mpirun(4, "tcp_lazy_connect.py", mca=TCP, timeout=120)
+    assert_clean_exit(res)
+    assert res.stdout.count("RESULT ok") == 4, res.stdout
+    assert wall < 60, f"{wall:.0f} s: a rank waited for its deadline"
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_suite_over_open_mpi_tcp(n):
     res, wall = mpirun(n, "mpi_suite.py", mca=TCP, timeout=600)

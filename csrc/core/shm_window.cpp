@@ -338,6 +338,15 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
           }
         }
         check_slow(link, fp, p, missing);
+        // Keep the point-to-point transport moving while we sleep here: a
+        // message this rank sent just before (the header of a ring call on
+        // count 0, which needs nothing back) may still sit in its queue
+        // (Open MPI's TCP connects lazily, and only its progress engine
+        // sends), and the rank it is for may be waiting for it instead of
+        // arriving here. Found in CI: N = 4 over the TCP BTL, a ring
+        // reduce_scatter of 0 elements, then an all_reduce in the window.
+        // Also hears an ABORT notice travelling around the ring.
+        link.poll_control();
         if (now >= deadline) {
           char secs[32];
           std::snprintf(secs, sizeof secs, "%g", link.options().timeout_s);
