@@ -33,6 +33,7 @@ import warnings
 
 from ._native import core
 from .errors import InvalidArgument, RingcommError
+from .tuning.selection import UNLIMITED
 
 __all__ = ["host_key", "mode", "slot_bytes", "flat_max", "arena_bytes", "attach_mpi", "attach_local", "empty"]
 
@@ -107,8 +108,7 @@ def arena_bytes() -> int:
 # vs 3.1 at 4 KiB, 7.3 vs 5.5 at 64 KiB. With more ranks than cores the
 # window won at every size measured (N = 4 on 2 cores), so no limit then.
 # RINGCOMM_SHM_MAX sets one limit for all; RINGCOMM_TRANSPORT=shm none.
-SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32 << 10, "broadcast": 1 << 62}
-UNLIMITED = 1 << 62
+SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32 << 10, "broadcast": UNLIMITED}
 
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")

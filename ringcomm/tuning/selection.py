@@ -175,6 +175,9 @@ def predict(costs, algorithm: str, n: int, nbytes):
 # bytes), which is worth more than a few steps once buffers are large.
 MARGIN = 0.1
 
+# A size limit that never binds (written to the tune file as it is).
+UNLIMITED = 1 << 62
+
 
 def _line(costs: Costs, algorithm: str, n: int) -> tuple[float, float]:
     c0 = float(predict(costs, algorithm, n, 0))

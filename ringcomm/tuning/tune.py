@@ -24,7 +24,6 @@ import time
 import numpy as np
 
 from . import selection
-from .. import shm
 from ..launch import mpirun_command
 
 SIZES = (8, 256, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -72,15 +71,15 @@ def measure_shm(comm, sizes=SIZES, reps: int = 5, budget_s: float = 0.05, barrie
     window's algorithms and their point-to-point rivals on `comm` (which has
     a shared-memory window), interleaved per repetition. `bytes`: the full
     buffer (all_reduce's, reduce_scatter's input, all_gather's output)."""
-    from .. import shm
     n, rows = comm.size, []
+    slot = comm._engine.window.slot_bytes
     for nbytes in sizes:
         count = max(n, nbytes // 4 // n * n)
         full, out_full = np.ones(count, np.float32), np.empty(count, np.float32)
         part, out_part = np.ones(count // n, np.float32), np.empty(count // n, np.float32)
         calls = {("all_reduce", a): (lambda a=a: comm.all_reduce(full, out=out_full, algorithm=a))
                  for a in ("shm", "ring", "recursive_doubling", "halving_doubling")}
-        if 4 * count <= shm.slot_bytes():
+        if 4 * count <= slot:
             calls[("all_reduce", "shm_flat")] = lambda: comm.all_reduce(full, out=out_full, algorithm="shm_flat")
         for a in ("shm", "ring"):
             calls[("reduce_scatter", a)] = lambda a=a: comm.reduce_scatter(full, out=out_part, algorithm=a)
@@ -104,13 +103,12 @@ def shm_limits(rows: list[dict], n: int) -> dict:
     up to which the window won at every size measured (UNLIMITED when it won
     everywhere, 0 when it lost at the smallest), and flat_max, the largest
     size up to which shm_flat beat shm at every size (0: never)."""
-    from .. import shm
     t = {(r["collective"], r["algorithm"], r["bytes"]): r["seconds"] for r in rows if r["n"] == n}
     sizes = sorted({b for (_, _, b) in t})
     out = {}
     for coll, rivals in (("all_reduce", ("ring", "recursive_doubling", "halving_doubling")),
                          ("reduce_scatter", ("ring",)), ("all_gather", ("ring",))):
-        limit = shm.UNLIMITED
+        limit = selection.UNLIMITED
         for i, b in enumerate(sizes):
             mine = min(t[(coll, a, b)] for a in ("shm", "shm_flat") if (coll, a, b) in t)
             if mine > min(t[(coll, a, b)] for a in rivals):
@@ -211,7 +209,7 @@ def main(argv=None) -> int:
     for n in sorted({r["n"] for r in shm_rows}):
         limits[str(n)] = lim = shm_limits(shm_rows, n)
         print(f"shared memory on {n} ranks of one host: " + ", ".join(
-            f"{k} up to {'any size' if v >= shm.UNLIMITED else f'{v} B'}" for k, v in lim.items()))
+            f"{k} up to {'any size' if v >= selection.UNLIMITED else f'{v} B'}" for k, v in lim.items()))
         print(f"  {'collective':<16}{'algorithm':<20}{'bytes':>10}{'measured us':>13}")
         for r in shm_rows:
             if r["n"] == n:
