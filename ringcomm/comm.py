@@ -96,7 +96,8 @@ class Communicator:
     @property
     def last_algorithm_between_hosts(self) -> str | None:
         """Hierarchical communicators (ranks on several hosts): the algorithm
-        the last all_reduce ran between hosts; else None."""
+        the last hierarchical collective (all_reduce, reduce_scatter or
+        all_gather) ran between hosts; else None."""
         return self._engine.last_algorithm_between_hosts
 
     @property
@@ -408,7 +409,7 @@ class Communicator:
     def traffic(self, part: str = "all") -> Traffic:
         """Snapshot of the traffic ledger (bytes and messages per peer and collective).
 
-        Ranks on several hosts with a hierarchical all_reduce book its two
+        Ranks on several hosts with the hierarchical collectives book their two
         parts apart: part="intra" (read from and by the peers of this host,
         in shared memory), "inter" (sent to and received from the other
         hosts' ranks); "all" (default) is their sum."""

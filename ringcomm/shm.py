@@ -208,7 +208,9 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
     hierarchical all_reduce ("hierarchical"). `comm`: the ranks' bootstrap
     group, an MPI communicator or a store group (ringcomm/bootstrap.py);
     `make_between(group)`: an engine over a sub-group (the ranks with the same
-    local index), over the same kind of transport as `engine`. Collective
+    local index), over the same kind of transport as `engine`. Hierarchical
+    reduce_scatter and all_gather run too where each local index's ranks grow
+    from host to host (blocked or round-robin placement). Collective
     over `comm`. Returns which, or None."""
     m = mode(transport)
     n = comm.Get_size()
@@ -270,7 +272,9 @@ def _attach_hierarchy(engine, comm, keys, order, slot, m, make_between) -> str |
         costs = comm.bcast(selection.costs_for("mpi", cross.Get_size()) if rank == 0 else None, root=0)
         rd, hd = selection.auto_limits(costs, cross.Get_size())
         between.set_auto_limits(rd, hd, selection.reduce_limit(costs, cross.Get_size()))
-        engine.attach_hierarchy(window, members, between, cross_members)
+        # every host's ranks in rank order, hosts in the order between hosts
+        layout = [q for key in order for q in range(len(keys)) if keys[q] == key]
+        engine.attach_hierarchy(window, members, between, cross_members, layout)
         return "hierarchical"
     finally:
         local.Free()

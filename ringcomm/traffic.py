@@ -153,23 +153,38 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     return Expected(sent, received)
 
 
-def expected_hierarchical(count: int, dtype: str, hosts: list, rank: int,
-                          between: str = "ring") -> tuple[Expected, Expected]:
-    """The hierarchical all_reduce (ranks on several hosts, the same number
-    on each): (intra, inter) for `rank`, by communicator rank. `hosts[q]`
-    names rank q's host. Inside a host (its L ranks in rank order, local
-    index l) the direct shm reduce-scatter and all-gather of the whole
-    buffer; between hosts (the ranks of local index l, one per host in the
-    order hosts first appear) an all_reduce of chunk l of the L chunks, by
-    the algorithm `between` (``comm.last_algorithm_between_hosts``)."""
+def expected_hierarchical(count: int, dtype: str, hosts: list, rank: int, between: str = "ring",
+                          collective: str = "all_reduce") -> tuple[Expected, Expected]:
+    """The hierarchical all_reduce, reduce_scatter or all_gather (ranks on
+    several hosts, the same number on each): (intra, inter) for `rank`, by
+    communicator rank. `hosts[q]` names rank q's host. Inside a host (its L
+    ranks in rank order, local index l) the direct shm algorithm; between
+    hosts (the ranks of local index l, one per host in the order hosts first
+    appear) the same collective by the algorithm `between`
+    (``comm.last_algorithm_between_hosts``), on chunk l of the L chunks
+    (all_reduce), or on part l (reduce_scatter, all_gather): the chunks of
+    the N that those ranks own (csrc/algorithms/shm.cpp)."""
     order = list(dict.fromkeys(hosts))
-    local = [q for q in range(len(hosts)) if hosts[q] == hosts[rank]]
+    layout = [[q for q in range(len(hosts)) if hosts[q] == h] for h in order]
+    local = layout[order.index(hosts[rank])]
     L, li = len(local), local.index(rank)
-    cross = [[q for q in range(len(hosts)) if hosts[q] == h][li] for h in order]
-    e = expected("all_reduce", count, dtype, L, li, algorithm="shm")
-    intra = Expected({local[j]: b for j, b in e.sent.items()}, {local[j]: b for j, b in e.received.items()})
-    c = vocab.chunk_count(count, L, li)
-    x = expected("all_reduce", c, dtype, len(order), order.index(hosts[rank]), algorithm=between)
+    cross = [layout[h][li] for h in range(len(order))]
+    if collective == "all_reduce":
+        e = expected("all_reduce", count, dtype, L, li, algorithm="shm")
+        intra = Expected({local[j]: b for j, b in e.sent.items()}, {local[j]: b for j, b in e.received.items()})
+        part = vocab.chunk_count(count, L, li)
+    elif collective in ("reduce_scatter", "all_gather"):
+        size = vocab.itemsize(str(np.dtype(dtype)) if dtype not in vocab.NUMPY else dtype)
+        parts = [sum(vocab.chunk_count(count, len(hosts), layout[h][j]) for h in range(len(order)))
+                 for j in range(L)]
+        # the direct halves over parts of these sizes (as _shared's over chunks)
+        theirs = {local[j]: parts[j] * size for j in range(L) if j != li and parts[j]}
+        mine = {local[j]: parts[li] * size for j in range(L) if j != li and parts[li]}
+        intra = Expected(theirs, mine) if collective == "reduce_scatter" else Expected(mine, theirs)
+        part = parts[li]
+    else:
+        raise ValueError(f"no hierarchical {collective}: all_reduce, reduce_scatter and all_gather only")
+    x = expected(collective, part, dtype, len(order), order.index(hosts[rank]), algorithm=between)
     inter = Expected({cross[j]: b for j, b in x.sent.items()}, {cross[j]: b for j, b in x.received.items()})
     return intra, inter
 

@@ -485,37 +485,86 @@ def test_ctrl_c_over_mpi_in_the_window():
 HIER = textwrap.dedent('''
     import os, sys
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    per_host = int(sys.argv[1])
-    os.environ["RINGCOMM_HOST_ID"] = "host%d" % (rank // per_host)  # split this machine into hosts
+    n, per_host, placement = int(os.environ["OMPI_COMM_WORLD_SIZE"]), int(sys.argv[1]), sys.argv[2]
+    nhosts = n // per_host
+    def host_of(q):  # split this machine into hosts
+        if placement == "blocked":
+            return q // per_host
+        if placement == "round_robin":
+            return q % nhosts
+        return [0, 1, 1, 0][q]  # "crossed": local index 1 is rank 3 on host 0, rank 2 on host 1
+    os.environ["RINGCOMM_HOST_ID"] = "host%d" % host_of(rank)
     sys.path.insert(0, {tests!r})
     import numpy as np, ringcomm, suite
     from ringcomm import traffic
     comm = ringcomm.init()
-    n, r = comm.size, comm.rank
-    hosts = ["host%d" % (q // per_host) for q in range(n)]
+    r = comm.rank
+    hosts = ["host%d" % host_of(q) for q in range(n)]
+    halves = "hierarchical" if placement != "crossed" else "ring"
     errs = []
-    for count in (0, 1, n + 1, 1001, 100003):
+
+    def ledger(tag, coll, count, dtype, before):
+        between = comm.last_algorithm_between_hosts or "ring"
+        intra, inter = traffic.expected_hierarchical(count, dtype, hosts, r, between, coll)
+        for part, exp in (("intra", intra), ("inter", inter)):
+            d = comm.traffic(part) - before[part]
+            got = (d.per_peer("bytes_sent", coll), d.per_peer("bytes_received", coll))
+            if got != (exp.sent, exp.received):
+                errs.append(f"rank {{r}}: {{tag}}: {{part}} ledger {{got}}, expected {{(exp.sent, exp.received)}}")
+
+    for count in (0, 1, n - 1, n + 1, 1001, 100003):
         for dtype, op in suite.COMBOS[::2]:
             want = suite.cached_reference(dtype, op, n, count)
-            x = suite.rank_data(dtype, op, n, count, [r])[0].copy()
-            before = {{p: comm.traffic(p) for p in ("intra", "inter")}}
-            comm.all_reduce(x, op)
-            tag = f"hierarchical count={{count}} {{dtype}} {{op}}"
-            if comm.last_algorithm != "hierarchical":
-                errs.append(f"rank {{r}}: {{tag}}: ran {{comm.last_algorithm}}")
-            errs += suite.compare(x, want, tag, r)
-            intra, inter = traffic.expected_hierarchical(count, dtype, hosts, r,
-                                                          comm.last_algorithm_between_hosts or "ring")
-            for part, exp in (("intra", intra), ("inter", inter)):
-                d = comm.traffic(part) - before[part]
-                got = (d.per_peer("bytes_sent", "all_reduce"), d.per_peer("bytes_received", "all_reduce"))
-                if got != (exp.sent, exp.received):
-                    errs.append(f"rank {{r}}: {{tag}}: {{part}} ledger {{got}}, expected {{(exp.sent, exp.received)}}")
-    # the other collectives run over MPI point-to-point between every rank
-    y = comm.reduce_scatter(np.arange(4 * n, dtype=np.float32))
-    errs += suite.compare(y, np.arange(4 * r, 4 * r + 4, dtype=np.float32) * n, "reduce_scatter", r)
-    if comm.last_algorithm != "ring":
-        errs.append(f"rank {{r}}: reduce_scatter ran {{comm.last_algorithm}}")
+            mine = suite.rank_data(dtype, op, n, count, [r])[0]
+            lo, k = suite.offset(count, n, r), suite.split(count, n, r)
+            for coll in ("all_reduce", "reduce_scatter", "all_gather"):
+                if coll == "all_gather" and op != "sum":
+                    continue
+                tag = f"{{placement}} {{coll}} count={{count}} {{dtype}} {{op}}"
+                before = {{p: comm.traffic(p) for p in ("intra", "inter")}}
+                if coll == "all_reduce":
+                    x = mine.copy()
+                    comm.all_reduce(x, op)
+                    errs += suite.compare(x, want, tag, r)
+                elif coll == "reduce_scatter":
+                    x = mine.copy()
+                    got = comm.reduce_scatter(x, op)
+                    errs += suite.compare(got, want[lo:lo + k], tag, r)
+                    errs += suite.compare(x, mine, tag + " input modified", r)
+                else:
+                    full = suite.rank_data(dtype, op, n, count, range(n))
+                    gathered = np.concatenate([full[q][suite.offset(count, n, q):][:suite.split(count, n, q)]
+                                               for q in range(n)])
+                    out = np.full(count, 77, mine.dtype)
+                    comm.all_gather(mine[lo:lo + k].copy(), out=out)
+                    errs += suite.compare(out, gathered, tag, r)
+                ran = comm.last_algorithm
+                if ran != ("hierarchical" if coll == "all_reduce" else halves) and n > 1:
+                    errs.append(f"rank {{r}}: {{tag}}: ran {{ran}}")
+                elif ran == "hierarchical":
+                    ledger(tag, coll, count, dtype, before)
+    # in place: the reduce-scatter's output a view of its input, the
+    # all-gather's input a view of its output
+    x = suite.rank_data("float64", "sum", n, 1001, [r])[0].copy()
+    want = suite.cached_reference("float64", "sum", n, 1001)
+    lo, k = suite.offset(1001, n, r), suite.split(1001, n, r)
+    comm.reduce_scatter(x, out=x[lo:lo + k])
+    errs += suite.compare(x[lo:lo + k], want[lo:lo + k], "reduce_scatter in place", r)
+    y = np.full(1001, -1.0)
+    y[lo:lo + k] = want[lo:lo + k]
+    comm.all_gather(y[lo:lo + k], out=y)
+    errs += suite.compare(y, want, "all_gather in place", r)
+    if placement == "crossed":  # asked for, the halves name why they cannot run here
+        try:
+            comm.reduce_scatter(np.zeros(8, np.float32), algorithm="hierarchical")
+            errs.append(f"rank {{r}}: hierarchical reduce_scatter ran on a crossed placement")
+        except ringcomm.InvalidArgument as e:
+            if "grow from host to host" not in str(e):
+                errs.append(f"rank {{r}}: unexpected error {{e}}")
+    # broadcast runs over MPI point-to-point between every rank
+    b = np.arange(10.0) * (r + 1)
+    comm.broadcast(b, root=n - 1)
+    errs += suite.compare(b, np.arange(10.0) * n, "broadcast", r)
     from mpi4py import MPI
     errs = [e for es in MPI.COMM_WORLD.allgather(errs) for e in es]
     print(f"RANK {{r}} errors={{len(errs)}} between={{comm.last_algorithm_between_hosts}}", flush=True)
@@ -525,14 +574,18 @@ HIER = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("n,per_host", [(4, 2), (6, 3), (6, 2)])
-def test_hierarchical_all_reduce_over_hosts_split_by_host_id(n, per_host):
+@pytest.mark.parametrize("n,per_host,placement", [(4, 2, "blocked"), (6, 3, "blocked"), (6, 2, "blocked"),
+                                                  (6, 3, "round_robin"), (4, 2, "crossed")])
+def test_hierarchical_over_hosts_split_by_host_id(n, per_host, placement):
     # RINGCOMM_HOST_ID makes one machine n // per_host hosts: shared memory
-    # inside each, MPI between the ranks of equal local index; results exact,
-    # the ledger's intra- and inter-host parts each equal to the closed form.
+    # inside each, MPI between the ranks of equal local index. all_reduce,
+    # reduce_scatter and all_gather run hierarchically (the two halves where
+    # each local index's ranks grow from host to host: not "crossed"), their
+    # results exact, the ledger's intra- and inter-host parts each equal to
+    # the closed form.
     src = HIER.format(tests=os.path.dirname(os.path.abspath(__file__)))
-    res = subprocess.run(RUN + ["-n", str(n), "--", sys.executable, "-c", src, str(per_host)], capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(RUN + ["-n", str(n), "--", sys.executable, "-c", src, str(per_host), placement],
+                         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     got = lines(res)
     assert len(got) == n and all("errors=0" in line for line in got), res.stdout

@@ -107,11 +107,37 @@ void shm_barrier(Link& link);
 void zero_copy_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, int64_t out_off);
 void zero_copy_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, char* own);
 void zero_copy_all_gather(Link& link, const RingPlan& plan, char* out);
-// Across hosts ("hierarchical"): link.window() holds this host's ranks; the
-// direct reduce-scatter inside the host, `across(chunk, n)` all-reducing this
-// rank's chunk (op sum for avg) with the ranks of equal local index on the
-// other hosts, then the all-gather inside the host.
+// Across hosts ("hierarchical"): link.window() holds this host's ranks.
+// Ranks on H hosts, L on each: at(h, l) is the rank of local index l on host
+// h (hosts in the order of the engine between hosts, local ranks in the
+// window's order).
+struct HostLayout {
+  int hosts = 0, local = 0;
+  std::vector<int> ranks;  // [h * local + l]
+  int at(int h, int l) const { return ranks[size_t(h) * size_t(local) + size_t(l)]; }
+  // Whether every local index's ranks grow from host to host: then the split
+  // rule's chunks of a part between hosts are the ranks' own chunks
+  // (hierarchical reduce_scatter / all_gather, shm.cpp).
+  bool ordered() const {
+    for (int l = 0; l < local; ++l)
+      for (int h = 1; h < hosts; ++h)
+        if (at(h, l) < at(h - 1, l)) return false;
+    return true;
+  }
+};
+// `across(coll, in, out, count)` runs coll (op sum for avg) with the ranks of
+// equal local index on the other hosts; count as the collective takes it.
+using Across = std::function<void(Coll, const char*, char*, size_t)>;
+// All-reduce: the direct reduce-scatter inside the host, across(all_reduce)
+// of this rank's chunk, then the all-gather inside the host.
 void hierarchical_all_reduce(Link& link, size_t count, size_t es, const Reducer& red, const char* in, char* out,
-                             const std::function<void(char*, size_t)>& across);
+                             const Across& across);
+// Reduce-scatter into `out` (this rank's chunk, not finalized) and all-gather
+// of `own` (this rank's chunk) into `out`, through `perm` (count elements of
+// scratch): shm.cpp says how.
+void hierarchical_reduce_scatter(Link& link, const HostLayout& lay, size_t count, size_t es, const Reducer& red,
+                                 const char* in, char* out, char* perm, const Across& across);
+void hierarchical_all_gather(Link& link, const HostLayout& lay, size_t count, size_t es, const char* own,
+                             char* out, char* perm, const Across& across);
 
 }  // namespace ringcomm

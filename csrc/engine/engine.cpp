@@ -154,7 +154,10 @@ Algo Engine::choose_algorithm(const Task& t) const {
     const bool host = !link_.device();
     if (t.coll == Coll::gather || t.coll == Coll::scatter) return Algo::linear;
     if (t.coll == Coll::all_to_all) return Algo::pairwise;
-    if (cross_ && t.coll == Coll::all_reduce && host && size() > 1) return Algo::hierarchical;
+    if (cross_ && host && size() > 1 &&
+        (t.coll == Coll::all_reduce ||
+         (hier_halves_ && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather))))
+      return Algo::hierarchical;
     // Arrays in the shared arena: the caller asked for zero copy (comm.empty).
     if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
     const bool within = t.coll == Coll::barrier ||
@@ -179,9 +182,15 @@ Algo Engine::choose_algorithm(const Task& t) const {
   }
   if (int(a) < 0 || a >= Algo::kCount) throw_invalid("unknown algorithm code " + std::to_string(t.algo));
   if (a == Algo::hierarchical) {
-    if (!cross_ || t.coll != Coll::all_reduce)
-      throw_invalid("algorithm 'hierarchical' runs all_reduce on ranks of several hosts that share memory "
-                    "within each host" + std::string(cross_ ? "" : "; this communicator has no such hierarchy"));
+    const bool halves = t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather;
+    if (!cross_ || !(t.coll == Coll::all_reduce || halves))
+      throw_invalid("algorithm 'hierarchical' runs all_reduce, reduce_scatter and all_gather on ranks of several "
+                    "hosts that share memory within each host" +
+                    std::string(cross_ ? "" : "; this communicator has no such hierarchy"));
+    if (halves && !hier_halves_)
+      throw_invalid("algorithm 'hierarchical' runs " + std::string(coll_name(t.coll)) +
+                    " where every local index's ranks grow from host to host (hosts in the order of their first "
+                    "rank); this communicator's ranks are placed otherwise (all_reduce runs on any placement)");
     return a;
   }
   if (cross_ && (a == Algo::zero_copy || a == Algo::shm || a == Algo::shm_flat))
@@ -351,6 +360,28 @@ bool Engine::wait_interruptible(Work& w, double timeout_s, const std::function<b
       return false;
     }
   }
+}
+
+// The hierarchical collectives' step between hosts: `coll` on the engine
+// between hosts, its failure re-raised with this communicator's ranks.
+Across Engine::between_hosts(const Task& t, uint64_t seq) {
+  return [this, &t, seq](Coll coll, const char* in, char* out, size_t count) {
+    Task across;
+    across.coll = coll;
+    across.in = in;
+    across.out = out;
+    across.count = count;
+    across.dtype = t.dtype;
+    across.op = t.op == Op::avg ? Op::sum : t.op;  // avg divides once, by every rank, after
+    across.algo = int(Algo::automatic);
+    std::shared_ptr<Work> done = cross_->submit_and_wait(across, t.interrupted);
+    if (const RingError* e = done->error()) {
+      RingError err(e->kind, rank(), e->peer < 0 ? -1 : cross_members_[size_t(e->peer)], seq,
+                    std::string("between hosts: ") + e->what());
+      err.cause = e->cause;
+      throw err;
+    }
+  };
 }
 
 std::vector<Counters> Engine::cross_traffic() {
@@ -528,22 +559,7 @@ void Engine::perform(const Task& t, Work& w) {
         case Algo::shm_flat: shm_flat_all_reduce(link_, plan, *red, in, out); break;
         case Algo::zero_copy: zero_copy_all_reduce(link_, plan, *red, t.arena_out); break;
         case Algo::hierarchical:
-          hierarchical_all_reduce(link_, t.count, es, *red, in, out, [&](char* chunk, size_t n) {
-            Task across;
-            across.coll = Coll::all_reduce;
-            across.in = across.out = chunk;
-            across.count = n;
-            across.dtype = t.dtype;
-            across.op = t.op == Op::avg ? Op::sum : t.op;  // avg divides once, by every rank, after
-            across.algo = int(Algo::automatic);
-            std::shared_ptr<Work> done = cross_->submit_and_wait(across, t.interrupted);
-            if (const RingError* e = done->error()) {
-              RingError err(e->kind, rank(), e->peer < 0 ? -1 : cross_members_[size_t(e->peer)], seq,
-                            std::string("between hosts: ") + e->what());
-              err.cause = e->cause;
-              throw err;
-            }
-          });
+          hierarchical_all_reduce(link_, t.count, es, *red, in, out, between_hosts(t, seq));
           break;
         default: ring_all_reduce(link_, plan, *red, in, out);
       }
@@ -556,6 +572,12 @@ void Engine::perform(const Task& t, Work& w) {
       // neither the caller's input (never written) nor its chunk-sized output.
       if (zero_copy) {
         zero_copy_reduce_scatter(link_, plan, *red, static_cast<char*>(t.out));
+        red->finalize(t.out, plan.chunk_count(rank()), size());
+        break;
+      }
+      if (Algo(t.algo) == Algo::hierarchical) {
+        hierarchical_reduce_scatter(link_, layout_, t.count, es, *red, static_cast<const char*>(t.in),
+                                    static_cast<char*>(t.out), link_.scratch(1, t.count * es), between_hosts(t, seq));
         red->finalize(t.out, plan.chunk_count(rank()), size());
         break;
       }
@@ -575,7 +597,10 @@ void Engine::perform(const Task& t, Work& w) {
     }
     case Coll::all_gather: {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      if (zero_copy)
+      if (Algo(t.algo) == Algo::hierarchical)
+        hierarchical_all_gather(link_, layout_, t.count, es, static_cast<const char*>(t.in),
+                                static_cast<char*>(t.out), link_.scratch(1, t.count * es), between_hosts(t, seq));
+      else if (zero_copy)
         zero_copy_all_gather(link_, plan, static_cast<char*>(t.out));
       else if (shared)
         shm_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/algorithms.h"
 #include "core/link.h"
 #include "core/reducer.h"
 #include "engine/p2p.h"
@@ -175,13 +176,17 @@ class Engine {
   }
   // Ranks on several hosts: `local` is this host's ranks' window (its
   // members: their ranks here), `cross` an engine over the ranks with this
-  // rank's local index, one per host (cross_members: their ranks here).
-  // algorithm="auto" runs all_reduce hierarchically; the rest over the link.
+  // rank's local index, one per host (cross_members: their ranks here);
+  // `layout` every host's ranks (algorithms.h). algorithm="auto" runs
+  // all_reduce hierarchically, and reduce_scatter and all_gather where the
+  // layout allows (HostLayout::ordered); the rest over the link.
   void attach_hierarchy(std::shared_ptr<ShmWindow> local, std::shared_ptr<Engine> cross,
-                        std::vector<int> cross_members) {
+                        std::vector<int> cross_members, HostLayout layout) {
     link_.attach_window(std::move(local));
     cross_ = std::move(cross);
     cross_members_ = std::move(cross_members);
+    layout_ = std::move(layout);
+    hier_halves_ = layout_.ordered();
   }
   bool hierarchical() const { return cross_ != nullptr; }
   // Algo the inter-host engine ran last (-1: none).
@@ -217,6 +222,7 @@ class Engine {
   // on an aborted communicator; fills t.algo (choose_algorithm).
   void validate(Task& t);
   void check_counts(const Task& t) const;  // per-rank counts: one per rank, summing to their buffer
+  Across between_hosts(const Task& t, uint64_t seq);  // the hierarchical collectives' inter-host step
   // Can the call run zero copy (its arrays in the shared arena)? Fills t.arena_in / arena_out.
   bool locate_in_arena(Task& t) const;
   // The algorithm the call runs: t.algo when it exists for this collective
@@ -255,6 +261,8 @@ class Engine {
   std::atomic<size_t> shm_max_[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
   std::shared_ptr<Engine> cross_;  // hierarchical: the inter-host engine
   std::vector<int> cross_members_;
+  HostLayout layout_;
+  bool hier_halves_ = false;  // hierarchical reduce_scatter / all_gather run on this layout
   std::atomic<int> last_algo_{0};
   std::atomic<uint64_t> next_p2p_id_{0};
   P2PPending p2p_pending_;

@@ -396,13 +396,24 @@ inline void bind_engine(py::module_& m) {
            "reduce_scatter, all_gather, broadcast) the largest buffer auto runs there.")
       .def("attach_hierarchy",
            [](EngineHandle& h, std::shared_ptr<ShmWindow> local, std::vector<int> members, EngineHandle& cross,
-              std::vector<int> cross_members) {
-             if (int(members.size()) != local->size() || int(cross_members.size()) != cross.get().size())
+              std::vector<int> cross_members, std::vector<int> layout) {
+             const int hosts = cross.get().size(), per = local->size();
+             if (int(members.size()) != per || int(cross_members.size()) != hosts ||
+                 layout.size() != size_t(hosts) * size_t(per) || int(layout.size()) != h.get().size())
                throw_invalid("attach_hierarchy: member lists do not match the window and the cross engine");
+             HostLayout lay{hosts, per, std::move(layout)};
+             for (int q = 0; q < hosts; ++q)  // the layout agrees with this rank's own two groups
+               if (lay.at(q, local->rank()) != cross_members[size_t(q)])
+                 throw_invalid("attach_hierarchy: the layout disagrees with the ranks between hosts");
+             for (int l = 0; l < per; ++l)
+               if (lay.at(cross.get().rank(), l) != members[size_t(l)])
+                 throw_invalid("attach_hierarchy: the layout disagrees with this host's ranks");
              local->set_members(std::move(members));
-             h.get().attach_hierarchy(std::move(local), cross.shared(), std::move(cross_members));
+             h.get().attach_hierarchy(std::move(local), cross.shared(), std::move(cross_members), std::move(lay));
            },
-           py::arg("window"), py::arg("members"), py::arg("cross"), py::arg("cross_members"))
+           py::arg("window"), py::arg("members"), py::arg("cross"), py::arg("cross_members"), py::arg("layout"),
+           "Ranks on several hosts: this host's window (members: their ranks), the engine between hosts "
+           "(cross_members: its ranks' ranks here), and layout[h * L + l]: the rank of local index l on host h.")
       .def_property_readonly("hierarchical", [](EngineHandle& h) { return h.get().hierarchical(); })
       .def_property_readonly("last_algorithm_between_hosts",
                              [](EngineHandle& h) -> py::object {
