@@ -256,6 +256,13 @@ class Communicator:
         """Return once every rank has entered the barrier. algorithm: "auto"
         (default: "shm" when the ranks share a host's memory, else "ring":
         a token around the ring), "ring" or "shm"."""
+        if self._fast_lane and not async_op and isinstance(algorithm, str) and algorithm in vocab.ALGORITHMS:
+            try:  # nothing to describe: straight to the engine (the door's path costs ~5 us here)
+                self._engine.run_barrier(vocab.ALGORITHMS[algorithm])
+            except BaseException as exc:  # as in _submit
+                self._failed(exc, ())
+                raise
+            return None
         return self._submit(self._door.barrier(algorithm), async_op)
 
     def reduce(self, x, root: int = 0, op: str = "sum", *, out=None, async_op: bool = False,

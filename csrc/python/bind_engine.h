@@ -315,6 +315,14 @@ inline void bind_engine(py::module_& m) {
            py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"),
            "Synchronous all_reduce of numpy arrays or torch CPU tensors described natively; False when the "
            "arrays need the Python adapter (ringcomm/door.py).")
+      .def("run_barrier",
+           [](EngineHandle& h, int algo) {
+             Call c;  // (no payload: nothing to describe)
+             c.coll = int(Coll::barrier);
+             c.algo = algo;
+             call_host(h, make_task(c));
+           },
+           py::arg("algo"), "Synchronous barrier on a host communicator (the fast lane of comm.barrier).")
       .def("run_halves",
            [](EngineHandle& h, bool scatter, py::handle x, py::handle out, int op, int algo) {
              // reduce_scatter (scatter) or all_gather's fast lane (host_halves_call).
