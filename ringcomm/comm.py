@@ -250,6 +250,8 @@ class Communicator:
         """Copy `x` from rank `root` to every rank, in place. Returns `x`.
         algorithm: "auto" (default: "shm" when the ranks share a host's
         memory, else "ring": pipelined along the ring), "ring" or "shm"."""
+        if self._rooted_fast("broadcast", x, x, root, "sum", algorithm, async_op):
+            return x
         return self._submit(self._door.broadcast(x, root, algorithm), async_op)
 
     def barrier(self, *, async_op: bool = False, algorithm: str = "auto"):
@@ -277,6 +279,9 @@ class Communicator:
         ``selection.reduce_limit``; the ring reduce-scatter + gather above; a
         device communicator runs the ring), "binomial" or "ring".
         """
+        if algorithm in ("auto", "ring", "binomial") and self._rooted_fast("reduce", x, out, root, op, algorithm,
+                                                                           async_op):
+            return (x if out is None else out) if self.rank == root else None
         return self._submit(self._door.reduce(x, root, op, out, algorithm), async_op)
 
     def gather(self, x, root: int = 0, *, counts=None, out=None, async_op: bool = False):
@@ -291,6 +296,9 @@ class Communicator:
         None (`out` is ignored there). Linear: every rank sends its block
         straight to the root (csrc/algorithms/gather_scatter.cpp).
         """
+        if counts is None and (out is not None or self.rank != root) and \
+                self._rooted_fast("gather", x, out, root, "sum", "auto", async_op):
+            return out if self.rank == root else None
         return self._submit(self._door.gather(x, root, counts, out, empty_like), async_op)
 
     def scatter(self, x, root: int = 0, *, counts=None, out=None, async_op: bool = False):
@@ -305,6 +313,8 @@ class Communicator:
         `x` is not read: pass None with `out`, or any array of the right
         dtype and family as the template of a new output.
         """
+        if counts is None and out is not None and self._rooted_fast("scatter", x, out, root, "sum", "auto", async_op):
+            return out
         return self._submit(self._door.scatter(x, root, counts, out, empty_like), async_op)
 
     def all_to_all(self, x, splits=None, out_splits=None, *, out=None, async_op: bool = False):
@@ -321,6 +331,9 @@ class Communicator:
         and so do the others. Returns a new 1-D array unless `out` is given.
         Pairwise exchange, n-1 steps (csrc/algorithms/all_to_all.cpp).
         """
+        if splits is None and out_splits is None and out is not None and \
+                self._rooted_fast("all_to_all", x, out, 0, "sum", "auto", async_op):
+            return out
         return self._submit(self._door.all_to_all(x, splits, out_splits, out, empty_like), async_op)
 
     # ---- point-to-point -----------------------------------------------
@@ -544,6 +557,21 @@ class Communicator:
                 f"all_gather inputs have {counts.tolist()} elements on ranks 0..{self.size - 1}, but the "
                 f"split rule for their total {total} needs {want}")
         return total
+
+    def _rooted_fast(self, coll: str, x, out, root, op, algorithm, async_op: bool) -> bool:
+        """The native fast lane of broadcast, reduce, gather, scatter and
+        all_to_all (csrc/python/converters.h, host_rooted_call): True when it
+        ran the call; False when the door must describe it (anything unusual,
+        and every error: the door's messages are the only ones)."""
+        if not self._fast_lane or async_op or isinstance(root, bool) or not isinstance(root, int):
+            return False
+        opc = vocab.OPS.get(op, -1) if isinstance(op, str) else -1
+        algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
+        try:
+            return self._engine.run_rooted(vocab.COLLECTIVES[coll], x, out, root, opc, algo)
+        except BaseException as exc:  # the collective failed: as in _submit
+            self._failed(exc, (x, out))
+            raise
 
     def _submit(self, d: Described, async_op: bool):
         """Run or queue a call the door described; the result (or a Work)."""

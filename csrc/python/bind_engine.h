@@ -323,6 +323,19 @@ inline void bind_engine(py::module_& m) {
              call_host(h, make_task(c));
            },
            py::arg("algo"), "Synchronous barrier on a host communicator (the fast lane of comm.barrier).")
+      .def("run_rooted",
+           [](EngineHandle& h, int coll, py::handle x, py::handle out, int root, int op, int algo) {
+             // broadcast, reduce, gather, scatter, all_to_all's fast lane (host_rooted_call).
+             Call c;
+             Engine& e = h.get();
+             if (e.device() || !host_rooted_call(Coll(coll), x, out, root, op, algo, e.rank(), e.size(), c))
+               return false;
+             call_host(h, make_task(c));
+             return true;
+           },
+           py::arg("coll"), py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algo"),
+           "Synchronous broadcast, reduce, gather, scatter or all_to_all (equal blocks, out given) of numpy "
+           "arrays or torch CPU tensors, described natively; False when the Python adapter must run.")
       .def("run_halves",
            [](EngineHandle& h, bool scatter, py::handle x, py::handle out, int op, int algo) {
              // reduce_scatter (scatter) or all_gather's fast lane (host_halves_call).

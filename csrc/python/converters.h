@@ -192,6 +192,83 @@ inline bool host_halves_call(Coll coll, py::handle x, py::handle out, int op, in
   return true;
 }
 
+// One host array of either family: a numpy ndarray or a torch CPU tensor,
+// C-contiguous, of a supported dtype (numpy: writable when asked).
+inline bool host_array(py::handle x, bool writable, int& dtype, size_t& count, uintptr_t& ptr) {
+  if (py::isinstance<py::array>(x)) return numpy_array(x, writable, dtype, count, ptr);
+  const py::object& tensor = torch_types().tensor;
+  return tensor && PyObject_IsInstance(x.ptr(), tensor.ptr()) == 1 && torch_tensor(x, dtype, count, ptr);
+}
+
+// The same fast lane for the rooted and personalized collectives with equal
+// blocks (ringcomm/door.py's broadcast, reduce, gather, scatter, all_to_all
+// without counts or splits), the output given: the door's checks, and False
+// for anything it would refuse or treat specially (out missing, a partial
+// overlap, counts that do not divide), so its errors stay the only ones.
+// Only the arrays this rank uses are looked at (as the door does: off the
+// root, reduce's and gather's `out` and scatter's `x` are ignored).
+inline bool host_rooted_call(Coll coll, py::handle x, py::handle out, int root, int op, int algo, int rank,
+                             int size, Call& c) {
+  if (algo < int(Algo::automatic) || algo >= int(Algo::kCount) || root < 0 || root >= size) return false;
+  const bool at_root = rank == root;
+  int dx = -1, dout = -1;
+  size_t nx = 0, nout = 0;
+  uintptr_t px = 0, pout = 0;
+  auto overlap = [&](size_t es) { return px < pout + nout * es && pout < px + nx * es; };
+  switch (coll) {
+    case Coll::broadcast:  // in place; written off the root
+      if (!host_array(x, !at_root, dx, nx, px)) return false;
+      c.dtype = dx, c.count = nx, c.in = c.out = px;
+      break;
+    case Coll::reduce:
+      if (op < 0 || op >= int(Op::kCount) || !host_array(x, at_root && out.is_none(), dx, nx, px)) return false;
+      if (Op(op) == Op::avg && !dtype_is_floating(DType(dx))) return false;
+      if (at_root && !out.is_none()) {
+        if (!host_array(out, true, dout, nout, pout) || dout != dx || nout != nx) return false;
+        if (pout != px && overlap(dtype_size(DType(dx)))) return false;
+        if (py::isinstance<py::array>(x) != py::isinstance<py::array>(out) ||
+            !x.attr("shape").equal(out.attr("shape")))
+          return false;
+      } else if (at_root) {
+        pout = px;
+      }
+      c.dtype = dx, c.count = nx, c.in = px, c.out = at_root ? pout : 0, c.op = op;
+      break;
+    case Coll::gather: {  // the root's out: every block, this rank's at rank * block (or x is that block)
+      if (!host_array(x, false, dx, nx, px)) return false;
+      if (at_root) {
+        if (!host_array(out, true, dout, nout, pout) || dout != dx || nout != nx * size_t(size)) return false;
+        const size_t es = dtype_size(DType(dx));
+        if (overlap(es) && px != pout + size_t(rank) * nx * es) return false;
+      }
+      c.dtype = dx, c.count = nx * size_t(size), c.in = px, c.out = at_root ? pout : 0;
+      break;
+    }
+    case Coll::scatter: {  // the root's x: every block; out: this rank's
+      if (!host_array(out, true, dout, nout, pout)) return false;
+      if (at_root) {
+        if (!host_array(x, false, dx, nx, px) || dx != dout || nx != nout * size_t(size)) return false;
+        const size_t es = dtype_size(DType(dx));
+        if (overlap(es) && pout != px + size_t(rank) * nout * es) return false;
+      }
+      c.dtype = dout, c.count = nout * size_t(size), c.in = at_root ? px : 0, c.out = pout;
+      break;
+    }
+    case Coll::all_to_all:
+      if (!host_array(x, false, dx, nx, px) || !host_array(out, true, dout, nout, pout) || dout != dx ||
+          nout != nx || nx % size_t(size) || overlap(dtype_size(DType(dx))))
+        return false;
+      c.dtype = dx, c.count = nx, c.in = px, c.out = pout;
+      break;
+    default:
+      return false;
+  }
+  c.coll = int(coll);
+  c.algo = algo;
+  c.root = coll == Coll::all_to_all ? 0 : root;
+  return true;
+}
+
 // The same fast lane for a blocking send or recv: `x` one numpy ndarray or
 // torch CPU tensor (C-contiguous, a supported dtype; a receive's writable),
 // `peer` an int in range and not this rank (a receive: or None, any source),
