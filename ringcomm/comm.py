@@ -32,6 +32,12 @@ _COLL_NAMES = {v: k for k, v in vocab.COLLECTIVES.items()}
 _DTYPE_NAMES = {v: k for k, v in vocab.DTYPES.items()}
 
 
+# What the rooted fast lane passes on (anything else: the door, whose message names what runs).
+_FAST_ALGORITHMS = {"broadcast": ("auto", "ring", "shm"), "reduce": ("auto", "ring", "binomial", "shm"),
+                    "gather": ("auto", "linear", "shm"), "scatter": ("auto", "linear", "shm"),
+                    "all_to_all": ("auto", "pairwise", "shm")}
+
+
 class Communicator:
     """A group of ranks that run ring collectives together.
 
@@ -279,12 +285,12 @@ class Communicator:
         ``selection.reduce_limit``; the ring reduce-scatter + gather above; a
         device communicator runs the ring), "binomial" or "ring".
         """
-        if algorithm in ("auto", "ring", "binomial") and self._rooted_fast("reduce", x, out, root, op, algorithm,
-                                                                           async_op):
+        if algorithm in ("auto", "ring", "binomial", "shm") and \
+                self._rooted_fast("reduce", x, out, root, op, algorithm, async_op):
             return (x if out is None else out) if self.rank == root else None
         return self._submit(self._door.reduce(x, root, op, out, algorithm), async_op)
 
-    def gather(self, x, root: int = 0, *, counts=None, out=None, async_op: bool = False):
+    def gather(self, x, root: int = 0, *, counts=None, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Concatenate every rank's `x` in rank order on rank `root`.
 
         Without `counts` every rank passes the same number of elements (equal
@@ -293,15 +299,18 @@ class Communicator:
         rank r passes counts[r] elements; for the split rule of a total T pass
         ``ringcomm.vocab.chunk_counts(T, size)``. The root returns a new 1-D
         array of the total (same family as `x`) or `out`; other ranks return
-        None (`out` is ignored there). Linear: every rank sends its block
-        straight to the root (csrc/algorithms/gather_scatter.cpp).
+        None (`out` is ignored there). algorithm: "auto" (default: "shm" when
+        the ranks share a host's memory, see ``shared_memory``, else
+        "linear"), "linear" (every rank sends its block straight to the
+        root, csrc/algorithms/gather_scatter.cpp) or "shm" (through the
+        window's slots, csrc/algorithms/shm.cpp).
         """
         if counts is None and (out is not None or self.rank != root) and \
-                self._rooted_fast("gather", x, out, root, "sum", "auto", async_op):
+                self._rooted_fast("gather", x, out, root, "sum", algorithm, async_op):
             return out if self.rank == root else None
-        return self._submit(self._door.gather(x, root, counts, out, empty_like), async_op)
+        return self._submit(self._door.gather(x, root, counts, out, empty_like, algorithm), async_op)
 
-    def scatter(self, x, root: int = 0, *, counts=None, out=None, async_op: bool = False):
+    def scatter(self, x, root: int = 0, *, counts=None, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Hand block r of the root's `x` to rank r; returns this rank's block.
 
         On the root `x` is the full buffer. Without `counts` the blocks are
@@ -311,13 +320,17 @@ class Communicator:
         rank: scatterv) rank r gets counts[r] elements; for the split rule of a
         total T pass ``ringcomm.vocab.chunk_counts(T, size)``. Off the root
         `x` is not read: pass None with `out`, or any array of the right
-        dtype and family as the template of a new output.
+        dtype and family as the template of a new output. algorithm: "auto"
+        (default: "shm" when the ranks share a host's memory, else
+        "linear"), "linear" or "shm", as gather's.
         """
-        if counts is None and out is not None and self._rooted_fast("scatter", x, out, root, "sum", "auto", async_op):
+        if counts is None and out is not None and \
+                self._rooted_fast("scatter", x, out, root, "sum", algorithm, async_op):
             return out
-        return self._submit(self._door.scatter(x, root, counts, out, empty_like), async_op)
+        return self._submit(self._door.scatter(x, root, counts, out, empty_like, algorithm), async_op)
 
-    def all_to_all(self, x, splits=None, out_splits=None, *, out=None, async_op: bool = False):
+    def all_to_all(self, x, splits=None, out_splits=None, *, out=None, async_op: bool = False,
+                   algorithm: str = "auto"):
         """Every rank sends block p of `x` to rank p; returns the blocks received,
         in rank order (torch's ``all_to_all_single``).
 
@@ -329,12 +342,15 @@ class Communicator:
         (of `x`, of `out`). A rank whose splits disagree with a peer's gets a
         MismatchError (every block travels as one message, checked in size),
         and so do the others. Returns a new 1-D array unless `out` is given.
-        Pairwise exchange, n-1 steps (csrc/algorithms/all_to_all.cpp).
+        algorithm: "auto" (default: "shm" for equal blocks when the ranks
+        share a host's memory, else "pairwise"), "pairwise" (pairwise
+        exchange, n-1 steps, csrc/algorithms/all_to_all.cpp) or "shm"
+        (through the window's slots; equal blocks only).
         """
         if splits is None and out_splits is None and out is not None and \
-                self._rooted_fast("all_to_all", x, out, 0, "sum", "auto", async_op):
+                self._rooted_fast("all_to_all", x, out, 0, "sum", algorithm, async_op):
             return out
-        return self._submit(self._door.all_to_all(x, splits, out_splits, out, empty_like), async_op)
+        return self._submit(self._door.all_to_all(x, splits, out_splits, out, empty_like, algorithm), async_op)
 
     # ---- point-to-point -----------------------------------------------
     # Beside the collectives' queue, not through it (csrc/engine/p2p.h): each
@@ -563,7 +579,8 @@ class Communicator:
         all_to_all (csrc/python/converters.h, host_rooted_call): True when it
         ran the call; False when the door must describe it (anything unusual,
         and every error: the door's messages are the only ones)."""
-        if not self._fast_lane or async_op or isinstance(root, bool) or not isinstance(root, int):
+        if not self._fast_lane or async_op or isinstance(root, bool) or not isinstance(root, int) or \
+                algorithm not in _FAST_ALGORITHMS[coll]:
             return False
         opc = vocab.OPS.get(op, -1) if isinstance(op, str) else -1
         algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2

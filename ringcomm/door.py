@@ -102,8 +102,8 @@ class Door:
         xb = self.view(x, "reduce input")
         opc = vocab.op_code(op, xb.dtype)
         algo = vocab.algorithm_code(algorithm)
-        if algorithm not in ("auto", "ring", "binomial"):
-            raise InvalidArgument(f"reduce runs algorithm 'auto', 'ring' or 'binomial', not {algorithm!r}")
+        if algorithm not in ("auto", "ring", "binomial", "shm"):
+            raise InvalidArgument(f"reduce runs algorithm 'auto', 'ring', 'binomial' or 'shm', not {algorithm!r}")
         if self.rank != root:
             return self._call("reduce", xb, None, xb.count, opc, root, algo, None)
         if out is None:
@@ -114,7 +114,7 @@ class Door:
                 raise InvalidArgument(f"reduce out has shape {ob.shape}, expected the input's shape {xb.shape}")
         return self._call("reduce", xb, ob, xb.count, opc, root, algo, ob.obj)
 
-    def gather(self, x, root, counts, out, new_array) -> Described:
+    def gather(self, x, root, counts, out, new_array, algorithm: str = "auto") -> Described:
         root = self._root(root, "gather")
         xb = self.view(x, "gather input")
         counts = self._counts(counts, "gather counts")
@@ -125,16 +125,18 @@ class Door:
                 raise InvalidArgument(f"gather input has {xb.count} elements but counts[{self.rank}] is "
                                       f"{counts[self.rank]} (rank {self.rank}'s block)")
             total = sum(counts)
+        algo = _algorithm("gather", algorithm, ("linear", "shm"))
         if self.rank != root:
-            return self._call("gather", xb, None, total, 0, root, -1, None, counts)
+            return self._call("gather", xb, None, total, 0, root, algo, None, counts)
         if out is None:
             out = new_array(xb, total)
         offset = (sum(counts[:self.rank]) if counts is not None else xb.count * self.rank) * vocab.itemsize(xb.dtype)
         ob = self._out(out, xb, total, "gather", why="the gathered total", in_place_at=-offset)
-        return self._call("gather", xb, ob, total, 0, root, -1, ob.obj, counts)
+        return self._call("gather", xb, ob, total, 0, root, algo, ob.obj, counts)
 
-    def scatter(self, x, root, counts, out, new_array) -> Described:
+    def scatter(self, x, root, counts, out, new_array, algorithm: str = "auto") -> Described:
         root = self._root(root, "scatter")
+        algo = _algorithm("scatter", algorithm, ("linear", "shm"))
         counts = self._counts(counts, "scatter counts")
         xb = None
         if self.rank == root or (x is not None and out is None):
@@ -174,11 +176,12 @@ class Door:
                 raise InvalidArgument(f"scatter out has {ob.count} elements, expected {mine} (rank {self.rank}'s block)")
         lead = xb if self.rank == root else None
         if lead is None:  # only the dtype travels from out: the input is not read here
-            return self._call("scatter", None, ob, total, 0, root, -1, ob.obj, counts)
-        return self._call("scatter", xb, ob, total, 0, root, -1, ob.obj, counts)
+            return self._call("scatter", None, ob, total, 0, root, algo, ob.obj, counts)
+        return self._call("scatter", xb, ob, total, 0, root, algo, ob.obj, counts)
 
-    def all_to_all(self, x, splits, out_splits, out, new_array) -> Described:
+    def all_to_all(self, x, splits, out_splits, out, new_array, algorithm: str = "auto") -> Described:
         xb = self.view(x, "all_to_all input")
+        algo = _algorithm("all_to_all", algorithm, ("pairwise", "shm"))
         n = self.size
         splits = self._counts(splits, "all_to_all splits")
         out_splits = self._counts(out_splits, "all_to_all out_splits")
@@ -209,7 +212,7 @@ class Door:
             out = new_array(xb, total_out)
         ob = self._out(out, xb, total_out, "all_to_all", why="the sum of out_splits" if out_arg else "the input's count",
                        in_place_at=None)
-        return self._call("all_to_all", xb, ob, xb.count, 0, 0, -1, ob.obj, splits_arg, out_arg)
+        return self._call("all_to_all", xb, ob, xb.count, 0, 0, algo, ob.obj, splits_arg, out_arg)
 
     # ---- point-to-point ------------------------------------------------------
     def p2p(self, x, peer, tag, send: bool) -> tuple[Buf, int, int]:
@@ -312,6 +315,14 @@ class Door:
             call = core.Call(vocab.COLLECTIVES[coll], vocab.DTYPES[lead.dtype], opc, algo, xb.ptr if xb else 0,
                              ob.ptr if ob else 0, count, root, counts, out_counts or [])
         return Described(call, result, (xb, ob), lead.stream_fn if lead is not None else None)
+
+
+def _algorithm(coll: str, name, allowed) -> int:
+    """The code of `name` for a collective that runs "auto" or one of `allowed`."""
+    if name != "auto" and name not in allowed:
+        raise InvalidArgument(f"{coll} runs algorithm 'auto', " + ", ".join(f"'{a}'" for a in allowed[:-1])
+                              + f" or '{allowed[-1]}', not {name!r}")
+    return vocab.algorithm_code(name)
 
 
 def _writable(b: Buf, what: str) -> Buf:

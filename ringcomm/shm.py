@@ -108,10 +108,12 @@ def arena_bytes() -> int:
 # vs 3.1 at 4 KiB, 7.3 vs 5.5 at 64 KiB. With more ranks than cores the
 # window won at every size measured (N = 4 on 2 cores), so no limit then.
 # RINGCOMM_SHM_MAX sets one limit for all; RINGCOMM_TRANSPORT=shm none.
-SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32 << 10, "broadcast": UNLIMITED}
+SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32 << 10, "broadcast": UNLIMITED,
+           "reduce": UNLIMITED, "gather": UNLIMITED, "scatter": UNLIMITED, "all_to_all": UNLIMITED}
 
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+# (the order Engine.set_shm_auto takes them in)
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter", "all_to_all")
 
 
 def tuned(nranks: int | None) -> dict | None:
@@ -131,21 +133,21 @@ def tuned(nranks: int | None) -> dict | None:
 
 
 def shm_max(nranks: int) -> list:
-    """[all_reduce, reduce_scatter, all_gather, broadcast] limits for auto:
-    ``RINGCOMM_SHM_MAX``, else none with ``RINGCOMM_TRANSPORT=shm``, else
-    what ``ringcomm tune`` measured on this many ranks, else the built-in
+    """Per collective (in the order of COLLECTIVES) the largest buffer auto
+    runs in the window: ``RINGCOMM_SHM_MAX``, else none with
+    ``RINGCOMM_TRANSPORT=shm``, else what ``ringcomm tune`` measured on this
+    many ranks (all_reduce, reduce_scatter, all_gather), else the built-in
     limits above (none when the ranks outnumber the cores)."""
+    n = len(COLLECTIVES)
     v = os.environ.get("RINGCOMM_SHM_MAX")
     if v:
-        return [_int_env("RINGCOMM_SHM_MAX", UNLIMITED)] * 4
+        return [_int_env("RINGCOMM_SHM_MAX", UNLIMITED)] * n
     if mode() == "shm":
-        return [UNLIMITED] * 4
+        return [UNLIMITED] * n
     t = tuned(nranks)
-    if t is not None:
-        return [t["all_reduce"], t["reduce_scatter"], t["all_gather"], UNLIMITED]
-    if nranks > (os.cpu_count() or 1):
-        return [UNLIMITED] * 4
-    return [SHM_MAX[c] for c in COLLECTIVES]
+    if t is None and nranks > (os.cpu_count() or 1):
+        return [UNLIMITED] * n
+    return [(t or {}).get(c, SHM_MAX[c]) for c in COLLECTIVES]
 
 
 def flat_max(nranks: int | None = None) -> int:

@@ -277,8 +277,11 @@ def _pairwise(collective: str, count: int, size: int, n: int, rank: int, algorit
 def _reduce(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
     """reduce: "binomial" (relative rank v = rank - root mod n; at step k,
     v with bit k set sends the whole buffer to v - 2^k and stops; v below
-    it receives from v + 2^k when that is < n), or "ring" (the ring
-    reduce-scatter, then every chunk but the root's to the root)."""
+    it receives from v + 2^k when that is < n), "ring" (the ring
+    reduce-scatter, then every chunk but the root's to the root), or "shm"
+    (the window's direct reduce-scatter, then the same chunks to the root).
+    gather, scatter and all_to_all book the same bytes in the window ("shm")
+    as linearly and pairwise."""
     if algorithm == "binomial":
         v = (rank - root) % n
         sent, received = {}, {}
@@ -292,9 +295,9 @@ def _reduce(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
                 received[(v + m + root) % n] = count * size
             m <<= 1
         return Expected(sent, received)
-    if algorithm != "ring":
-        raise ValueError(f"reduce runs 'binomial' or 'ring', not {algorithm!r}")
-    rs = expected("reduce_scatter", count, "uint8", n, rank)  # elements (itemsize 1), on the ring
+    if algorithm not in ("ring", "shm"):
+        raise ValueError(f"reduce runs 'binomial', 'ring' or 'shm', not {algorithm!r}")
+    rs = expected("reduce_scatter", count, "uint8", n, rank, algorithm=algorithm)  # elements (itemsize 1)
     sent = {p: b * size for p, b in rs.sent.items()}
     received = {p: b * size for p, b in rs.received.items()}
     if rank != root:

@@ -80,7 +80,14 @@ def run_reduce(comm, counts, combos=suite.COMBOS, algorithms=("binomial", "ring"
     return errs
 
 
-def run_gather_scatter(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
+def ran(comm, coll, algorithm, tag) -> list[str]:
+    """The algorithm asked for is the one that ran ("auto": any)."""
+    if algorithm != "auto" and comm.size > 1 and comm.last_algorithm != algorithm:
+        return [f"rank {comm.rank}: {coll} {tag}: ran {comm.last_algorithm}, asked for {algorithm}"]
+    return []
+
+
+def run_gather_scatter(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> list[str]:
     n, r = comm.size, comm.rank
     errs: list[str] = []
     for count in counts:
@@ -92,11 +99,13 @@ def run_gather_scatter(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
                 every = [values(dtype, n, blocks[q], q) for q in range(n)]
                 whole = np.concatenate(every) if total else np.empty(0, NUMPY[dtype])
                 for root in sorted({0, n - 1}):
-                    tag = f"n={n} count={count} {dtype} counts={cl} root={root} seg={comm.segment_bytes}"
+                    tag = f"n={n} count={count} {dtype} counts={cl} root={root} seg={comm.segment_bytes} " \
+                          f"algorithm={algorithm}"
                     # gather
                     x = every[r].copy()
                     before = comm.traffic()
-                    got = comm.gather(x, root=root, counts=cl)
+                    got = comm.gather(x, root=root, counts=cl, algorithm=algorithm)
+                    errs += ran(comm, "gather", algorithm, tag)
                     if r == root:
                         errs += suite.compare(got, whole, f"gather {tag}", r)
                     elif got is not None:
@@ -107,7 +116,8 @@ def run_gather_scatter(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
                     src = whole.copy() if r == root else None
                     out = np.full(blocks[r], 77, NUMPY[dtype])
                     before = comm.traffic()
-                    got = comm.scatter(src, root=root, counts=cl, out=out)
+                    got = comm.scatter(src, root=root, counts=cl, out=out, algorithm=algorithm)
+                    errs += ran(comm, "scatter", algorithm, tag)
                     errs += suite.compare(got, every[r], f"scatter {tag}", r)
                     errs += ledger(comm, before, "scatter", total, dtype, f"scatter {tag}", root, cl)
             if len(errs) > 20:
@@ -115,7 +125,9 @@ def run_gather_scatter(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
     return errs
 
 
-def run_all_to_all(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
+def run_all_to_all(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> list[str]:
+    """Equal blocks by `algorithm`; per-peer splits by auto or pairwise (the
+    window runs equal blocks only)."""
     n, r = comm.size, comm.rank
     errs: list[str] = []
     for count in counts:
@@ -123,10 +135,11 @@ def run_all_to_all(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
             # equal blocks: `count` elements per block
             inputs = [values(dtype, n, count * n, q) for q in range(n)]
             want = np.concatenate([inputs[q][r * count:(r + 1) * count] for q in range(n)])
-            tag = f"all_to_all n={n} block={count} {dtype} seg={comm.segment_bytes}"
+            tag = f"all_to_all n={n} block={count} {dtype} seg={comm.segment_bytes} algorithm={algorithm}"
             x = inputs[r].copy()
             before = comm.traffic()
-            got = comm.all_to_all(x)
+            got = comm.all_to_all(x, algorithm=algorithm)
+            errs += ran(comm, "all_to_all", algorithm, tag)
             errs += suite.compare(got, want, tag, r)
             errs += suite.compare(x, inputs[r], f"{tag}: input modified", r)
             errs += ledger(comm, before, "all_to_all", count * n, dtype, tag)
@@ -139,7 +152,8 @@ def run_all_to_all(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
             tag = f"all_to_all n={n} splits={m[r]} out_splits={out_splits} {dtype} seg={comm.segment_bytes}"
             out = np.full(sum(out_splits), 55, NUMPY[dtype])
             before = comm.traffic()
-            comm.all_to_all(ins[r].copy(), m[r], out_splits, out=out)
+            comm.all_to_all(ins[r].copy(), m[r], out_splits, out=out,
+                            algorithm="pairwise" if algorithm == "pairwise" else "auto")
             errs += suite.compare(out, want, tag, r)
             errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, tag, splits=m)
             if len(errs) > 20:
@@ -147,6 +161,13 @@ def run_all_to_all(comm, counts, dtypes=COPY_DTYPES) -> list[str]:
     return errs
 
 
-def run_all(comm, counts, reduce_combos=suite.COMBOS) -> list[str]:
-    return (run_reduce(comm, counts, reduce_combos) + run_gather_scatter(comm, counts)
-            + run_all_to_all(comm, counts))
+# algorithms="p2p" forces the message algorithms, "shm" the window's
+ALGORITHMS = {"auto": (("binomial", "ring", "auto"), "auto", "auto"),
+              "p2p": (("binomial", "ring"), "linear", "pairwise"),
+              "shm": (("shm",), "shm", "shm")}
+
+
+def run_all(comm, counts, reduce_combos=suite.COMBOS, algorithms="auto") -> list[str]:
+    reduce_algos, gs, a2a = ALGORITHMS[algorithms]
+    return (run_reduce(comm, counts, reduce_combos, reduce_algos) + run_gather_scatter(comm, counts, algorithm=gs)
+            + run_all_to_all(comm, counts, algorithm=a2a))

@@ -58,8 +58,14 @@ def test_reduce_gather_scatter_all_to_all_over_mpi():
         comm = ringcomm.init()
         n = comm.size
         errs = cs.run_all(comm, [0, 1, max(n - 1, 0), n + 1, 101])
+        few = [("float32", "sum"), ("bfloat16", "avg"), ("int8", "prod"), ("int64", "max")]
+        # both paths whatever auto picks: messages, and the window's (one host here)
+        if not comm.shared_memory:
+            errs.append(f"rank {comm.rank}: no shared-memory window")
+        for algorithms in ("p2p", "shm"):
+            errs += cs.run_all(comm, [0, 1, n + 1, 101, 70001], reduce_combos=few, algorithms=algorithms)
         comm.segment_bytes = 16
-        errs += cs.run_all(comm, [7 * n + 3], reduce_combos=[("float32", "sum"), ("bfloat16", "avg"), ("int8", "prod")])
+        errs += cs.run_all(comm, [7 * n + 3], reduce_combos=few[:3])
         comm.close()
         return errs
     assert_no_errors_anywhere(guarded(body))

@@ -56,6 +56,42 @@ def test_suite_in_process(n, algorithm):
     assert not errs, "\n".join(errs[:20])
 
 
+FEW = [("float32", "sum"), ("int8", "prod"), ("float64", "avg"), ("int64", "max")]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_rooted_collectives_in_process(n):
+    # reduce, gather, scatter (equal and per-rank counts, two roots) and
+    # all_to_all in the window: results against numpy, the ledger per peer
+    # equal to the closed form, the algorithm the one asked for
+    import collectives_suite as cs
+    errs = flat(ringcomm.run_local(n, lambda comm: cs.run_all(comm, [0, 1, max(n - 1, 0), n + 1, 101, 7 * n + 3],
+                                                              FEW, algorithms="shm")))
+    assert not errs, "\n".join(errs[:20])
+
+
+def test_rooted_collectives_that_disagree_or_cannot_run_in_the_window():
+    def body(comm):
+        out = []
+        try:  # rank 2 names another root
+            comm.gather(np.ones(4, np.float32), root=0 if comm.rank < 2 else 1,
+                        out=np.zeros(12, np.float32), algorithm="shm")
+            out.append("no error")
+        except MismatchError as e:
+            out.append("mismatch" if "root=0" in str(e) and "root=1" in str(e) else str(e))
+        return out
+    for r, m in enumerate(ringcomm.run_local(3, body, timeout=20)):
+        assert m == ["mismatch"], f"rank {r}: {m}"
+
+    def splits(comm):
+        with pytest.raises(InvalidArgument, match="equal blocks only"):
+            comm.all_to_all(np.zeros(4, np.float32), [1, 3], [1, 3], algorithm="shm")
+        with pytest.raises(InvalidArgument, match="runs algorithm 'auto', 'linear' or 'shm'"):
+            comm.gather(np.zeros(4, np.float32), algorithm="ring")
+        return True
+    assert all(ringcomm.run_local(2, splits, timeout=20))
+
+
 @pytest.mark.parametrize("n", [2, 3, 7])
 def test_many_rounds_with_a_small_slot(n, monkeypatch):
     # 4 KiB slots: a piece of 4096 / n bytes per chunk, so a few hundred
@@ -66,6 +102,8 @@ def test_many_rounds_with_a_small_slot(n, monkeypatch):
         errs = suite.run_cases(comm, [1, n + 1, 1000, 4099], algorithm="shm")
         errs += suite.run_cases(comm, [1000, 5003], suite.COMBOS[::2], algorithm="shm_flat")
         errs += suite.run_broadcasts(comm, [5003], dtypes=["float64"], algorithm="shm")
+        import collectives_suite as cs
+        errs += cs.run_all(comm, [1000, 4099], FEW[:2], algorithms="shm")
         return errs
     errs = flat(ringcomm.run_local(n, body))
     assert not errs, "\n".join(errs[:20])
@@ -177,7 +215,7 @@ def test_auto_in_process_uses_the_window_only_when_asked(monkeypatch):
         return out
     assert ringcomm.run_local(2, algos)[0][:3] != ["shm_flat", "shm", "shm"]
     monkeypatch.setenv("RINGCOMM_TRANSPORT", "shm")
-    assert ringcomm.run_local(2, algos)[0] == ["shm_flat", "shm", "shm", "binomial"]
+    assert ringcomm.run_local(2, algos)[0] == ["shm_flat", "shm", "shm", "shm"]  # reduce too
     monkeypatch.setenv("RINGCOMM_SHM_FLAT_MAX", "0")
     assert ringcomm.run_local(2, algos)[0][0] == "shm"
 
@@ -185,7 +223,7 @@ def test_auto_in_process_uses_the_window_only_when_asked(monkeypatch):
 def test_bad_choices_are_clear_errors(monkeypatch):
     def body(comm):
         with pytest.raises(InvalidArgument, match="reduce runs algorithm"):
-            comm.reduce(np.ones(2, np.float32), algorithm="shm")
+            comm.reduce(np.ones(2, np.float32), algorithm="shm_flat")
         with pytest.raises(InvalidArgument, match="all_reduce only"):
             comm.reduce_scatter(np.ones(4, np.float32), algorithm="shm_flat")
         comm.all_reduce(np.ones(3, np.float32), algorithm="shm")  # still usable
@@ -624,7 +662,8 @@ def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
     assert shm_mod.tuned(2) is None
     selection.save_entry("shm", {"limits": {"2": {"all_reduce": 65536, "reduce_scatter": 8192,
                                                   "all_gather": 0, "flat_max": 4096}}})
-    assert shm_mod.shm_max(2) == [65536, 8192, 0, shm_mod.UNLIMITED]
+    # what tune measures, and the built-in limits of what it does not
+    assert shm_mod.shm_max(2) == [65536, 8192, 0] + [shm_mod.SHM_MAX[c] for c in shm_mod.COLLECTIVES[3:]]
     assert shm_mod.flat_max(2) == 4096
     assert shm_mod.tuned(3) is None  # not measured on 3 ranks: the built-in limits
     monkeypatch.setenv("RINGCOMM_SHM_FLAT_MAX", "1024")

@@ -100,6 +100,13 @@ void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, c
 void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out);
 void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf);
 void shm_barrier(Link& link);
+// The rooted and personalized collectives in the window (shm.cpp): reduce
+// by the direct reduce-scatter and a gather to the root; gather, scatter
+// (any per-rank counts) and all_to_all (equal blocks: count / n each).
+void shm_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out);
+void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
+void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
+void shm_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out);
 // Zero copy ("zero_copy"): the input (all_reduce: and output) in each
 // rank's part of the shared arena, at the offsets of its call's fingerprint
 // (link.call().arena_in / arena_out, announced in the window); peers read

@@ -58,13 +58,16 @@ ShmWindow& window_of(Link& link) {
   return *w;
 }
 
-// The reduce-scatter half of the direct algorithm, round by round; with
-// `all` (the all-reduce) each round's chunk pieces are also gathered into
-// `all` (count elements), else the reduced piece goes to `own` (which may be
-// this rank's chunk of `in`: each piece is read before it is written).
-// `Plan`: a RingPlan, or the hierarchical paths' Parts (below).
+// The reduce-scatter half of the direct algorithm, round by round. With
+// `own` (reduce_scatter) the reduced piece goes there (it may be this rank's
+// chunk of `in`: each piece is read before it is written). Else the second
+// half follows (steps 4-5): every rank gathers the reduced pieces into `all`
+// (count elements; all_reduce, root < 0), or the root alone does (reduce;
+// `all` is null elsewhere). `Plan`: a RingPlan, or the hierarchical paths'
+// Parts (below).
 template <class Plan>
-void direct(Link& link, const Plan& plan, const Reducer& red, const char* in, char* own, char* all) {
+void direct(Link& link, const Plan& plan, const Reducer& red, const char* in, char* own, char* all,
+            int root = -1) {
   ShmWindow& w = window_of(link);
   const Fingerprint& fp = link.call();
   const Coll coll = Coll(fp.coll);
@@ -96,21 +99,24 @@ void direct(Link& link, const Plan& plan, const Reducer& red, const char* in, ch
       for (int j = 0; j < n; ++j)
         if (j != r) ledger.received(coll, w.member(j), false, len * es);
     }
-    if (!all) {
+    if (own) {
       if (len) std::memcpy(own + t * P * es, acc, len * es);
       continue;
     }
     if (len) red.finalize(acc, len, n);
     w.sync(link, fp, false);  // 4.
+    const bool gathers = root < 0 || r == root;
     for (int j = 0; j < n; ++j) {  // 5. gather the reduced pieces
       const size_t lj = piece_len(plan.chunk_count(j), t, P);
       if (!lj) continue;
-      const char* from = j == r ? acc : w.slot(j, par) + size_t(j) * P * es;
-      std::memcpy(all + (plan.chunk_begin(j) + t * P) * es, from, lj * es);
+      if (gathers) {
+        const char* from = j == r ? acc : w.slot(j, par) + size_t(j) * P * es;
+        std::memcpy(all + (plan.chunk_begin(j) + t * P) * es, from, lj * es);
+      }
       if (j == r) {
         for (int k = 0; k < n; ++k)
-          if (k != r) ledger.sent(coll, w.member(k), false, lj * es);
-      } else {
+          if (k != r && (root < 0 || k == root)) ledger.sent(coll, w.member(k), false, lj * es);
+      } else if (gathers) {
         ledger.received(coll, w.member(j), false, lj * es);
       }
     }
@@ -217,6 +223,116 @@ void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf) {
 }
 
 void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
+
+// ---- the rooted and personalized collectives ------------------------------
+// Through the slots in rounds, as the all-gather: a rank copies what it gives
+// into its slot, and after the round's sync whoever needs it copies it out.
+// No rank waits for another's reads: a slot is written again two rounds
+// later, after a sync that its readers reach only once they are done.
+//
+//   reduce      the direct reduce-scatter, then the root alone gathers the
+//               reduced pieces (all_reduce's sums, bit for bit)
+//   gather      every rank's block through its whole slot, piece by piece;
+//               the root copies them out (per-rank counts: the same list on
+//               every rank, so every rank counts the same rounds)
+//   scatter     the root's slot in n parts, part j a piece of block j
+//   all_to_all  (equal blocks) rank r's slot in n parts, part j a piece of
+//               its block for rank j; rank j copies part j of every slot
+// The ledger books what the linear and pairwise algorithms send and receive:
+// the same bytes per peer (a peer reading this rank's slot is "sent").
+void shm_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out) {
+  direct(link, plan, red, in, nullptr, window_of(link).rank() == root ? out : nullptr, root);
+}
+
+void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
+  size_t longest = 0;
+  for (int j = 0; j < n; ++j) longest = std::max(longest, blocks.count(j));
+  const size_t rounds = rounds_for(longest, W);
+  Ledger& ledger = link.ledger();
+  if (r == root && blocks.count(r)) {  // (in place: x is already its block of out)
+    char* dst = out + blocks.offset(r) * es;
+    if (dst != in) std::memmove(dst, in, blocks.count(r) * es);
+  }
+  for (size_t t = 0; t < rounds; ++t) {
+    const int par = w.next_parity();
+    const size_t len = piece_len(blocks.count(r), t, W);
+    if (r != root && len) {
+      std::memcpy(w.slot(r, par), in + t * W * es, len * es);
+      ledger.sent(Coll::gather, w.member(root), false, len * es);
+    }
+    w.sync(link, fp, t == 0);
+    if (r != root) continue;
+    for (int j = 0; j < n; ++j) {
+      const size_t lj = piece_len(blocks.count(j), t, W);
+      if (j == r || !lj) continue;
+      std::memcpy(out + (blocks.offset(j) + t * W) * es, w.slot(j, par), lj * es);
+      ledger.received(Coll::gather, w.member(j), false, lj * es);
+    }
+  }
+}
+
+void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t P = piece_elems(w, es);
+  size_t longest = 0;
+  for (int j = 0; j < n; ++j) longest = std::max(longest, blocks.count(j));
+  const size_t rounds = rounds_for(longest, P);
+  Ledger& ledger = link.ledger();
+  if (r == root && blocks.count(r)) {  // (in place: out is already its block of x)
+    const char* src = in + blocks.offset(r) * es;
+    if (src != out) std::memmove(out, src, blocks.count(r) * es);
+  }
+  for (size_t t = 0; t < rounds; ++t) {
+    const int par = w.next_parity();
+    if (r == root)
+      for (int j = 0; j < n; ++j) {
+        const size_t lj = piece_len(blocks.count(j), t, P);
+        if (j == r || !lj) continue;
+        std::memcpy(w.slot(r, par) + size_t(j) * P * es, in + (blocks.offset(j) + t * P) * es, lj * es);
+        ledger.sent(Coll::scatter, w.member(j), false, lj * es);
+      }
+    w.sync(link, fp, t == 0);
+    const size_t len = piece_len(blocks.count(r), t, P);
+    if (r != root && len) {
+      std::memcpy(out + t * P * es, w.slot(root, par) + size_t(r) * P * es, len * es);
+      ledger.received(Coll::scatter, w.member(root), false, len * es);
+    }
+  }
+}
+
+void shm_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t B = count / size_t(n);  // equal blocks (the engine runs this only then)
+  const size_t P = piece_elems(w, es);
+  const size_t rounds = rounds_for(B, P);
+  Ledger& ledger = link.ledger();
+  std::memcpy(out + size_t(r) * B * es, in + size_t(r) * B * es, B * es);
+  for (size_t t = 0; t < rounds; ++t) {
+    const int par = w.next_parity();
+    const size_t len = piece_len(B, t, P);
+    if (len)
+      for (int j = 0; j < n; ++j) {
+        if (j == r) continue;
+        std::memcpy(w.slot(r, par) + size_t(j) * P * es, in + (size_t(j) * B + t * P) * es, len * es);
+        ledger.sent(Coll::all_to_all, w.member(j), false, len * es);
+      }
+    w.sync(link, fp, t == 0);
+    if (len)
+      for (int j = 0; j < n; ++j) {
+        if (j == r) continue;
+        std::memcpy(out + (size_t(j) * B + t * P) * es, w.slot(j, par) + size_t(r) * P * es, len * es);
+        ledger.received(Coll::all_to_all, w.member(j), false, len * es);
+      }
+  }
+}
 
 // ---- zero copy: the arrays live in the shared arena ----------------------
 // Every rank's input (and all_reduce's output) sits in its part of the

@@ -51,7 +51,9 @@ void Work::finish(std::unique_ptr<RingError> err) {
 }
 
 Engine::Engine(std::unique_ptr<Transport> transport, Options opts, size_t flight_records)
-    : link_(std::move(transport), opts), recorder_(flight_records), opts_(opts), worker_([this] { loop(); }) {}
+    : link_(std::move(transport), opts), recorder_(flight_records), opts_(opts), worker_([this] { loop(); }) {
+  for (auto& m : shm_max_) m.store(SIZE_MAX);  // (read only by choose_algorithm, on callers' threads)
+}
 
 Engine::~Engine() {
   {
@@ -143,6 +145,10 @@ bool Engine::locate_in_arena(Task& t) const {
   return t.arena_in >= 0;
 }
 
+// The window runs every collective; all_to_all with equal blocks only (with
+// per-peer splits no rank knows how many rounds the largest block takes).
+bool Engine::shm_runs(const Task& t) { return t.coll != Coll::all_to_all || t.counts.empty(); }
+
 Algo Engine::choose_algorithm(const Task& t) const {
   const Algo a = Algo(t.algo);
   if (a == Algo::automatic) {
@@ -152,8 +158,6 @@ Algo Engine::choose_algorithm(const Task& t) const {
     // ring: `ringcomm tune` measures host transports only, so nothing says
     // another algorithm is faster on a GPU (they run there when asked for).
     const bool host = !link_.device();
-    if (t.coll == Coll::gather || t.coll == Coll::scatter) return Algo::linear;
-    if (t.coll == Coll::all_to_all) return Algo::pairwise;
     if (cross_ && host && size() > 1 &&
         (t.coll == Coll::all_reduce ||
          (hier_halves_ && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather))))
@@ -161,14 +165,16 @@ Algo Engine::choose_algorithm(const Task& t) const {
     // Arrays in the shared arena: the caller asked for zero copy (comm.empty).
     if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
     const bool within = t.coll == Coll::barrier ||
-                        (int(t.coll) < 4 &&
-                         t.count * dtype_size(t.dtype) <= shm_max_[int(t.coll)].load(std::memory_order_relaxed));
-    if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && within) {
+                        t.count * dtype_size(t.dtype) <= shm_max_[int(t.coll)].load(std::memory_order_relaxed);
+    if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && within &&
+        shm_runs(t)) {
       if (t.coll == Coll::all_reduce &&
           t.count * dtype_size(t.dtype) <= auto_flat_max_.load(std::memory_order_relaxed))
         return Algo::shm_flat;
       return Algo::shm;
     }
+    if (t.coll == Coll::gather || t.coll == Coll::scatter) return Algo::linear;
+    if (t.coll == Coll::all_to_all) return Algo::pairwise;
     if (t.coll == Coll::reduce)  // (the ring on a device, as all_reduce)
       return host && t.count * dtype_size(t.dtype) <= auto_reduce_max_.load(std::memory_order_relaxed)
                  ? Algo::binomial
@@ -205,12 +211,11 @@ Algo Engine::choose_algorithm(const Task& t) const {
     return a;
   }
   if (a == Algo::shm || a == Algo::shm_flat) {
-    const bool runs = a == Algo::shm ? (int(t.coll) < int(Coll::reduce)) : t.coll == Coll::all_reduce;
+    const bool runs = a == Algo::shm ? shm_runs(t) : t.coll == Coll::all_reduce;
     if (!runs)
       throw_invalid("algorithm '" + std::string(algo_name(a)) + "' runs " +
-                    (a == Algo::shm ? "all_reduce, reduce_scatter, all_gather, broadcast and barrier"
-                                    : "all_reduce") +
-                    " only");
+                    (a == Algo::shm ? "every collective, all_to_all with equal blocks only (this call has splits)"
+                                    : "all_reduce only"));
     if (!link_.window())
       throw_invalid("algorithm '" + std::string(algo_name(a)) +
                     "' needs ranks that share a host (a shared-memory window); this communicator has none "
@@ -224,7 +229,7 @@ Algo Engine::choose_algorithm(const Task& t) const {
                                                  : a != Algo::binomial && a != Algo::linear && a != Algo::pairwise;
   if (!fits)
     throw_invalid("algorithm '" + std::string(algo_name(a)) + "' does not run " + coll_name(t.coll) +
-                  " (reduce: ring, binomial; gather, scatter: linear; all_to_all: pairwise)");
+                  " (reduce: ring, binomial, shm; gather, scatter: linear, shm; all_to_all: pairwise, shm)");
   if (a == Algo::ring || int(t.coll) >= int(Coll::reduce)) return a;
   const char* name = algo_name(a);  // (no std::string: this runs on every call)
   const bool pow2 = (size() & (size() - 1)) == 0;
@@ -623,7 +628,8 @@ void Engine::perform(const Task& t, Work& w) {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       auto in = static_cast<const char*>(t.in);
       auto out = static_cast<char*>(t.out);
-      if (Algo(t.algo) == Algo::binomial) binomial_reduce(link_, plan, *red, t.root, in, out);
+      if (shared) shm_reduce(link_, plan, *red, t.root, in, out);
+      else if (Algo(t.algo) == Algo::binomial) binomial_reduce(link_, plan, *red, t.root, in, out);
       else ring_reduce(link_, plan, *red, t.root, in, out);
       break;
     }
@@ -632,11 +638,17 @@ void Engine::perform(const Task& t, Work& w) {
       const BlockSplit blocks(t.count, size(), t.counts.empty() ? nullptr : t.counts.data());
       auto in = static_cast<const char*>(t.in);
       auto out = static_cast<char*>(t.out);
-      if (t.coll == Coll::gather) linear_gather(link_, blocks, es, t.root, in, out);
-      else linear_scatter(link_, blocks, es, t.root, in, out);
+      if (t.coll == Coll::gather)
+        (shared ? shm_gather : linear_gather)(link_, blocks, es, t.root, in, out);
+      else
+        (shared ? shm_scatter : linear_scatter)(link_, blocks, es, t.root, in, out);
       break;
     }
     case Coll::all_to_all: {
+      if (shared) {
+        shm_all_to_all(link_, t.count, es, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+        break;
+      }
       const bool splits = !t.counts.empty();
       const BlockSplit send(t.count, size(), splits ? t.counts.data() : nullptr);
       const BlockSplit recv(t.count, size(), splits ? t.out_counts.data() : nullptr);

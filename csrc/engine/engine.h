@@ -157,8 +157,8 @@ class Engine {
     auto_reduce_max_.store(reduce_max);
   }
   // The ranks share a host: the shared-memory window the shm algorithms run
-  // in (algorithms/shm.cpp). `for_auto`: algorithm="auto" runs all_reduce,
-  // reduce_scatter, all_gather, broadcast and barrier there (the one-sync
+  // in (algorithms/shm.cpp). `for_auto`: algorithm="auto" runs the
+  // collectives there, up to set_shm_auto's limits (the one-sync
   // all_reduce up to flat_max bytes). Before the first collective.
   void attach_window(std::shared_ptr<ShmWindow> w, bool for_auto, size_t flat_max) {
     link_.attach_window(std::move(w));
@@ -166,13 +166,17 @@ class Engine {
     auto_flat_max_.store(flat_max);
   }
   // `shm_max`: per collective (all_reduce, reduce_scatter, all_gather,
-  // broadcast), the largest buffer auto runs in the window; above it the
+  // broadcast, reduce, gather, scatter, all_to_all: `count` elements, the
+  // whole buffer), the largest buffer auto runs in the window; above it the
   // message path's choice (on a machine where Open MPI's single-copy
   // point-to-point outruns the staged copies). Barrier: always the window.
   void set_shm_auto(bool for_auto, size_t flat_max, const std::vector<size_t>& shm_max = {}) {
     shm_auto_.store(for_auto);
     auto_flat_max_.store(flat_max);
-    for (size_t i = 0; i < 4; ++i) shm_max_[i].store(i < shm_max.size() ? shm_max[i] : SIZE_MAX);
+    static const Coll order[] = {Coll::all_reduce, Coll::reduce_scatter, Coll::all_gather, Coll::broadcast,
+                                 Coll::reduce,     Coll::gather,         Coll::scatter,    Coll::all_to_all};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; ++i)
+      shm_max_[int(order[i])].store(i < shm_max.size() ? shm_max[i] : SIZE_MAX);
   }
   // Ranks on several hosts: `local` is this host's ranks' window (its
   // members: their ranks here), `cross` an engine over the ranks with this
@@ -229,6 +233,7 @@ class Engine {
   // and communicator (else RingError(invalid)); for Algo::automatic, by size
   // against the limits of set_auto_limits(), alike on every rank.
   Algo choose_algorithm(const Task& t) const;
+  static bool shm_runs(const Task& t);  // can the window run this call (algorithm "shm")?
   // The communicator is aborted (the first failure's reason stays). Thread-safe.
   void record_abort(const std::string& reason, int origin, ErrKind cause);
   const Reducer& reducer(DType dtype, Op op);  // the worker's (or inline caller's) only
@@ -258,7 +263,7 @@ class Engine {
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
   std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0}, auto_flat_max_{0};
   std::atomic<bool> shm_auto_{false};
-  std::atomic<size_t> shm_max_[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+  std::atomic<size_t> shm_max_[int(Coll::kCount)];  // by collective; set by set_shm_auto (all: SIZE_MAX)
   std::shared_ptr<Engine> cross_;  // hierarchical: the inter-host engine
   std::vector<int> cross_members_;
   HostLayout layout_;
