@@ -4,9 +4,9 @@ deadline (timeout=30 here), and close their communicator without hanging.
 
 Run under mpirun with --enable-recovery (else mpirun itself ends the job
 when the rank dies) and RINGCOMM_TRANSPORT=ucx. argv: how the rank dies
-("sigkill" or "exit": os._exit). Rank 1 dies 0.5 s into the loop; every
-other rank prints "RESULT {json}": the exception's type and text, and how
-long after the death it came and its close took.
+("sigkill" or "exit": os._exit), and an empty folder. Rank 1 dies 0.5 s
+into the loop; every other rank prints "RESULT {json}": the exception's
+type and text, and how long after the death it came and its close took.
 """
 
 import json
@@ -20,9 +20,9 @@ import numpy as np
 
 import ringcomm
 
-how = sys.argv[1]
+how, folder = sys.argv[1], sys.argv[2]
 comm = ringcomm.init(timeout=30)
-rank, transport = comm.rank, comm.transport
+rank, comm_size, transport = comm.rank, comm.size, comm.transport
 x = np.ones(1 << 20, dtype=np.float32)  # 4 MiB: rendezvous messages, segments in flight when it dies
 comm.all_reduce(x)
 t_death = time.monotonic() + 0.5  # one clock for every process of this host
@@ -43,5 +43,11 @@ comm.close()
 del comm
 result["close_s"] = round(time.monotonic() - t0, 3)
 print("RESULT " + json.dumps(result), flush=True)
-# Not MPI_Finalize: its fence would wait for the dead rank.
+# Not MPI_Finalize: its fence would wait for the dead rank. And not before
+# every survivor has printed: mpirun ends the job's other processes when one
+# leaves without it.
+open(os.path.join(folder, f"done.{rank}"), "w").close()
+until = time.monotonic() + 30
+while len(os.listdir(folder)) < comm_size - 1 and time.monotonic() < until:
+    time.sleep(0.05)
 os._exit(0)
