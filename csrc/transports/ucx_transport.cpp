@@ -185,6 +185,13 @@ class UcxTransport final : public Transport {
       ep.err_handler.arg = &w_->failed[p];
       ucs_status_t st = a.ep_create(w_->worker, &ep, &eps_[p]);
       if (st != UCS_OK) {
+        // No transport to that peer can report its failure (the user's
+        // UCX_TLS / UCX_*_ERROR_HANDLING ruled them out; UCX says which on
+        // stderr): an endpoint without, and the deadline as before.
+        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        st = a.ep_create(w_->worker, &ep, &eps_[p]);
+      }
+      if (st != UCS_OK) {
         close_endpoints_locked();
         throw RingError(ErrKind::transport, rank_, p, 0,
                         "ucp_ep_create to rank " + std::to_string(p) + " failed: " + ucx::status_text(st));
