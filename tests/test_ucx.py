@@ -60,3 +60,58 @@ def test_faults_over_ucx(ucx):
     errs = [e for d in out.values() for e in d["errors"]]
     assert not errs, "\n".join(errs[:30])
 
+
+
+DEATH = os.path.join(os.path.dirname(__file__), "scripts", "ucx_peer_death.py")
+
+
+def ucx_shm_files() -> set:
+    # (Not Open MPI's sm_segment files: this job does not use its shared
+    # memory, and another job on the machine may hold some at the moment;
+    # conftest.py counts them for the whole session.)
+    return {f for f in os.listdir("/dev/shm") if f.startswith(("ringcomm", "ucx"))}
+
+
+@pytest.mark.parametrize("tls,how", [("tcp", "sigkill"), ("tcp", "exit"), (None, "sigkill"), ("sysv,self", "exit")])
+def test_a_dead_peer_is_named_at_once(ucx, tls, how, tmp_path):
+    # Rank 1 of 3 dies mid-all_reduce (timeout 30 s): the others raise within
+    # seconds, naming it, and close without hanging. UCX_TLS=tcp: the kernel
+    # resets the dead process's connections; UCX's default here (sysv/cma):
+    # a cma copy from the dead process fails, else UCP's keepalive sees the
+    # process gone (1 s interval, set by ucx_transport.cpp; sysv alone: only
+    # the keepalive). A neighbour may
+    # hear of it from the other first (CommunicatorAborted naming rank 1).
+    # mpirun --enable-recovery: else mpirun itself
+    # ends the job when a rank dies, before anyone could notice. Open MPI's
+    # own messages (the address exchange) over TCP: its shared-memory
+    # segments are unlinked at MPI_Finalize, which the survivors skip (its
+    # fence would wait for the dead rank).
+    from ringcomm.launch import mpirun_command
+    env = dict(os.environ, RINGCOMM_TRANSPORT="ucx")
+    env.pop("UCX_TLS", None)
+    extra = ["--enable-recovery", "--mca", "btl", "self,tcp", "-x", "RINGCOMM_TRANSPORT"]
+    if tls:
+        env["UCX_TLS"] = tls
+        extra += ["-x", "UCX_TLS"]
+    before = ucx_shm_files()
+    cmd = mpirun_command(3, [sys.executable, DEATH, how, str(tmp_path)], extra)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    out = {}
+    for line in res.stdout.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[7:])
+            out[d["rank"]] = d
+    text = f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    assert sorted(out) == [0, 2], text
+    for r, d in out.items():
+        assert d["transport"].startswith("ucx(") and (tls is None or tls.split(",")[0] in d["transport"]), d
+        # Its own endpoint's failure (TransportError), or its neighbour's,
+        # heard through the ring (CommunicatorAborted): rank 1 named either way.
+        assert d["error"] in ("TransportError", "CommunicatorAborted"), (d, text)
+        assert ("rank 1 died" in d["text"] if d["error"] == "TransportError"
+                else "transport error with rank 1" in d["text"]), d
+        assert d["after_s"] < 10, d
+        assert d["close_s"] < 5, d
+    assert not ucx_shm_files() - before, sorted(ucx_shm_files() - before)
+    print(f"\n{tls or 'default'} {how}: " + ", ".join(
+        f"rank {r} {d['error']} after {d['after_s']:.2f} s (close {d['close_s']:.2f} s)" for r, d in sorted(out.items())))

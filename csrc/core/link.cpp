@@ -143,6 +143,10 @@ std::string Link::abort_text(const ControlMsg& m) const {
   } else if (kind == ErrKind::aborted) {
     why = "rank " + std::to_string(m.origin) + " aborted the communicator (its last collective was " +
           describe(m.fp) + ")";
+  } else if (kind == ErrKind::transport && m.peer >= 0 && m.peer != m.origin) {
+    // (e.g. the peer died: the ranks that hear of it are told which peer)
+    why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp) + ": transport error with rank " +
+          std::to_string(m.peer);
   } else {
     why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp);
   }

@@ -50,6 +50,9 @@ const State& state() {
     bool ok = bind(ucp, n, "ucp_get_version", a.get_version, s.why) &
               bind(ucp, n, "ucp_get_version_string", a.get_version_string, s.why) &
               bind(ucp, n, "ucp_init_version", a.init_version, s.why) &
+              bind(ucp, n, "ucp_config_read", a.config_read, s.why) &
+              bind(ucp, n, "ucp_config_modify", a.config_modify, s.why) &
+              bind(ucp, n, "ucp_config_release", a.config_release, s.why) &
               bind(ucp, n, "ucp_cleanup", a.cleanup, s.why) &
               bind(ucp, n, "ucp_worker_create", a.worker_create, s.why) &
               bind(ucp, n, "ucp_worker_destroy", a.worker_destroy, s.why) &

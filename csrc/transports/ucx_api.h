@@ -37,6 +37,9 @@ struct Api {
   decltype(&::ucp_get_version) get_version;
   decltype(&::ucp_get_version_string) get_version_string;
   decltype(&::ucp_init_version) init_version;
+  decltype(&::ucp_config_read) config_read;
+  decltype(&::ucp_config_modify) config_modify;
+  decltype(&::ucp_config_release) config_release;
   decltype(&::ucp_cleanup) cleanup;
   decltype(&::ucp_worker_create) worker_create;
   decltype(&::ucp_worker_destroy) worker_destroy;

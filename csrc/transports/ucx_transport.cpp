@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -68,6 +69,17 @@ struct UcxWorker {
     std::vector<char> sink;
   };
   std::vector<Drain> drains;  // guarded by mu
+  // failed[p]: the status UCX reported when the endpoint to rank p failed
+  // (UCS_OK while it works). Written by on_ep_error, which UCX calls inside
+  // worker_progress, so under mu like every read. Sized once, before the
+  // endpoints exist, and kept here rather than in the transport: the
+  // callbacks' arguments point into it, and the worker outlives the transport.
+  std::vector<ucs_status_t> failed;
+
+  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
+    auto* slot = static_cast<ucs_status_t*>(arg);
+    if (*slot == UCS_OK) *slot = st;  // the first error is the one that tells
+  }
 
   ~UcxWorker() {
     const ucx::Api& a = ucx::api();
@@ -158,11 +170,27 @@ class UcxTransport final : public Transport {
     const ucx::Api& a = ucx::api();
     std::lock_guard<std::mutex> g(w_->mu);
     eps_.assign(size_, nullptr);
+    w_->failed.assign(size_, UCS_OK);
     for (int p = 0; p < size_; ++p) {
       ucp_ep_params_t ep{};
-      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      // PEER error handling: a peer that dies (its connection reset, its
+      // process gone) fails this endpoint and UCX calls on_ep_error, so a
+      // wait for that peer ends at once instead of at the deadline. It also
+      // limits UCP to transports that can report a failed peer.
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.address = reinterpret_cast<const ucp_address_t*>(addresses[p].data());
+      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_handler.cb = &UcxWorker::on_ep_error;
+      ep.err_handler.arg = &w_->failed[p];
       ucs_status_t st = a.ep_create(w_->worker, &ep, &eps_[p]);
+      if (st != UCS_OK) {
+        // No transport to that peer can report its failure (the user's
+        // UCX_TLS / UCX_*_ERROR_HANDLING ruled them out; UCX says which on
+        // stderr): an endpoint without, and the deadline as before.
+        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        st = a.ep_create(w_->worker, &ep, &eps_[p]);
+      }
       if (st != UCS_OK) {
         close_endpoints_locked();
         throw RingError(ErrKind::transport, rank_, p, 0,
@@ -206,6 +234,7 @@ class UcxTransport final : public Transport {
     p.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
     p.recv_info.tag_info = &info;
     std::lock_guard<std::mutex> g(w_->mu);
+    if (w_->failed[peer] != UCS_OK) throw_peer_failed(peer, "posted a receive from it");
     void* q = a.tag_recv_nbx(w_->worker, buf, bytes, r->tag, kFullMask, &p);
     if (UCS_PTR_IS_ERR(q)) fail(peer, "ucp_tag_recv_nbx", UCS_PTR_STATUS(q));
     if (q) {
@@ -280,7 +309,12 @@ class UcxTransport final : public Transport {
           if (!r) continue;
           if (r->foreign) throw_foreign(*r);  // asked again
           if (!r->done) {
-            if (!r->poll_locked()) continue;
+            if (!r->poll_locked()) {
+              // A posted receive belongs to the worker, not to an endpoint:
+              // the peer's failure does not end it, so look at the peer.
+              if (w_->failed[r->peer] != UCS_OK) throw_peer_failed(r->peer, "waited for it");
+              continue;
+            }
             finish_locked(*r);  // throws on a failure or a wrong message
           }
           return i;
@@ -357,6 +391,7 @@ class UcxTransport final : public Transport {
   void post_send(UcxRequest& r, const void* buf, ucp_tag_t tag) {
     ucp_request_param_t p{};
     std::lock_guard<std::mutex> g(w_->mu);
+    if (w_->failed[r.peer] != UCS_OK) throw_peer_failed(r.peer, "posted a send to it");
     void* q = ucx::api().tag_send_nbx(eps_[r.peer], buf, r.bytes, tag, &p);
     if (UCS_PTR_IS_ERR(q)) fail(r.peer, "ucp_tag_send_nbx", UCS_PTR_STATUS(q));
     r.req = q;  // null: sent at once (the buffer may be reused)
@@ -375,7 +410,12 @@ class UcxTransport final : public Transport {
     // remove=1: the message is ours alone (another thread's any-source take
     // cannot receive it between the probe and the receive).
     ucp_tag_message_h msg = a.tag_probe_nb(w_->worker, p2p_tag(peer, tag), p2p_mask(peer), 1, &info);
-    if (!msg) return nullptr;
+    if (!msg) {
+      // Nothing from that peer, and nothing will come. (A message it sent
+      // before it died is taken above first.)
+      if (peer != kAnySource && w_->failed[peer] != UCS_OK) throw_peer_failed(peer, "waited for a message from it");
+      return nullptr;
+    }
     auto r = make(tag_sender(info.sender_tag), UcxRequest::take, info.length);
     if (info.length != bytes) {  // none of it reaches buf
       w_->drain_locked(msg, info.length);
@@ -394,6 +434,11 @@ class UcxTransport final : public Transport {
   // r just completed: its outcome, as wait_any reports it.
   void finish_locked(UcxRequest& r) {
     r.done = true;
+    // A request UCX ended because its peer failed (a send on the failed
+    // endpoint ends with its error, or UCS_ERR_CANCELED) names the peer.
+    if (r.status != UCS_OK && r.status != UCS_ERR_MESSAGE_TRUNCATED &&
+        (w_->failed[r.peer] != UCS_OK || peer_lost(r.status)))
+      throw_peer_failed(r.peer, "waited for it", r.status);
     if (r.kind == UcxRequest::send) {
       if (r.status != UCS_OK) fail(r.peer, "send", r.status);
       return;
@@ -460,7 +505,24 @@ class UcxTransport final : public Transport {
     throw RingError(ErrKind::transport, rank_, r.peer, 0, what);
   }
 
+  // Statuses that say the peer, not this request, is the problem.
+  static bool peer_lost(ucs_status_t st) {
+    return st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_ENDPOINT_TIMEOUT || st == UCS_ERR_UNREACHABLE;
+  }
+
+  // Under mu. The words the shared-memory window uses for a dead peer, with
+  // what UCX saw (the endpoint's error; else that of the request).
+  [[noreturn]] void throw_peer_failed(int peer, const char* doing, ucs_status_t st = UCS_OK) {
+    if (w_->failed[peer] != UCS_OK) st = w_->failed[peer];
+    throw RingError(ErrKind::transport, rank_, peer, 0,
+                    "rank " + std::to_string(peer) + " died (or became unreachable) while rank " +
+                        std::to_string(rank_) + " " + doing + ": UCX reported " + ucx::status_text(st) +
+                        " on the endpoint to rank " + std::to_string(peer));
+  }
+
+  // Under mu (the statuses the calls above return are read under it).
   [[noreturn]] void fail(int peer, const char* what, ucs_status_t st) {
+    if (peer >= 0 && (w_->failed[peer] != UCS_OK || peer_lost(st))) throw_peer_failed(peer, "waited for it", st);
     throw RingError(ErrKind::transport, rank_, peer, 0,
                     std::string("UCX ") + what + " with rank " + std::to_string(peer) + " failed: " +
                         ucx::status_text(st));
@@ -505,13 +567,19 @@ class UcxTransport final : public Transport {
   }
 
   // Close every endpoint with a flush (messages still queued are sent), but
-  // never wait long: a peer that is gone would make exit hang. Under mu.
+  // never wait long: a peer that is gone would make exit hang. A failed
+  // endpoint has nothing to flush to: it is released at once (FORCE). Under mu.
   void close_endpoints_locked() {
     const ucx::Api& a = ucx::api();
     std::vector<void*> closing;
-    for (ucp_ep_h& ep : eps_) {
+    for (size_t i = 0; i < eps_.size(); ++i) {
+      ucp_ep_h& ep = eps_[i];
       if (!ep) continue;
       ucp_request_param_t p{};
+      if (i < w_->failed.size() && w_->failed[i] != UCS_OK) {
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      }
       void* q = a.ep_close_nbx(ep, &p);
       if (q && !UCS_PTR_IS_ERR(q)) closing.push_back(q);
       ep = nullptr;
@@ -562,6 +630,47 @@ class UcxTransport final : public Transport {
 
 }  // namespace
 
+namespace {
+
+// Settings for this context only (Open MPI's own UCX context in the process
+// keeps its own), each unless the user set its UCX_ variable: UCX's own
+// variables win.
+//
+// The endpoints ask for PEER error handling (UcxTransport), and UCP then
+// uses only transports that can report a failed peer. The shared-memory
+// ones (sysv, posix) say they can only when told to (UCX 1.20: their
+// ERROR_HANDLING setting, off by default), so without it two ranks of one
+// host would talk over loopback TCP. They learn of a dead peer from UCP's
+// keepalive, which checks each endpoint once an interval (20 s by default):
+// 1 s bounds how late a dead peer on this host is seen, for a check per
+// endpoint and second. (TCP sees a dead process at once: its kernel resets
+// the connection.)
+//
+// cma (a process reading another's memory directly: large messages within a
+// host, 2 to 5 times faster here at 4 to 16 MiB than through sysv) is kept
+// by CMA_MEMORY_INVALIDATE: in PEER mode UCP uses a zero-copy transport only
+// if it can revoke the peer's access to a buffer whose request ended in
+// error, which cma cannot really do (a peer reads or writes by pid, with no
+// key to revoke). It does not need to here: a cma peer is on this host and
+// is only declared failed when its process is gone (keepalive's check), and
+// a process that is gone touches no memory; a cma copy is a system call
+// that ends before the call returns, never a transfer left running.
+void peer_failure_config(ucp_config_t* config) {
+  static const char* const kSettings[][2] = {{"SYSV_ERROR_HANDLING", "y"},
+                                             {"POSIX_ERROR_HANDLING", "y"},
+                                             {"CMA_MEMORY_INVALIDATE", "y"},
+                                             {"KEEPALIVE_INTERVAL", "1s"}};
+  const ucx::Api& a = ucx::api();
+  for (const auto& kv : kSettings) {
+    if (std::getenv(("UCX_" + std::string(kv[0])).c_str())) continue;
+    // An older UCX without the setting refuses it: it then lacks what the
+    // setting turns on, and the deadline remains the fallback.
+    (void)a.config_modify(config, kv[0], kv[1]);
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<UcxWorker> make_ucx_worker() {
   const ucx::Api& a = ucx::api();
   auto w = std::make_shared<UcxWorker>();
@@ -578,7 +687,12 @@ std::shared_ptr<UcxWorker> make_ucx_worker() {
     major = UCP_API_MAJOR;
     minor = UCP_API_MINOR;
   }
-  ucs_status_t st = a.init_version(major, minor, &params, nullptr, &w->context);
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = a.config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_config_read failed: " + ucx::status_text(st));
+  peer_failure_config(config);
+  st = a.init_version(major, minor, &params, config, &w->context);
+  a.config_release(config);
   if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_init failed: " + ucx::status_text(st));
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
