@@ -107,9 +107,14 @@ def arena_bytes() -> int:
 # reduce_scatter 2.0 vs 3.2 at 4 KiB, 7.1 vs 5.6 at 64 KiB; all_gather 1.9
 # vs 3.1 at 4 KiB, 7.3 vs 5.5 at 64 KiB. With more ranks than cores the
 # window won at every size measured (N = 4 on 2 cores), so no limit then.
+# The rooted and personalized ones (bench/shm_rooted.py, N = 2, shm vs the
+# message algorithms): reduce 4.3 vs 5.7 us at 4 KiB, 6.0 vs 4.8 at 16 KiB;
+# gather 3.2 vs 4.9 at 16 KiB, 7.0 vs 6.9 at 64 KiB; scatter 3.0 vs 3.4 at
+# 16 KiB, 7.5 vs 4.5 at 64 KiB; all_to_all 3.3 vs 4.9 at 16 KiB, 11.0 vs 7.2
+# at 64 KiB (at N = 4 on 2 cores the window won or tied up to 1 MiB).
 # RINGCOMM_SHM_MAX sets one limit for all; RINGCOMM_TRANSPORT=shm none.
 SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32 << 10, "broadcast": UNLIMITED,
-           "reduce": UNLIMITED, "gather": UNLIMITED, "scatter": UNLIMITED, "all_to_all": UNLIMITED}
+           "reduce": 4 << 10, "gather": 16 << 10, "scatter": 16 << 10, "all_to_all": 16 << 10}
 
 
 # (the order Engine.set_shm_auto takes them in)

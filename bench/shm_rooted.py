@@ -1,0 +1,84 @@
+"""reduce, gather, scatter and all_to_all between the ranks of one host:
+the shared-memory window against the message algorithms and Open MPI.
+
+    ringcomm run -n 2 -- python bench/shm_rooted.py [MIN [MAX]]
+
+Per collective and size (bytes of the whole buffer: reduce's input, gather's
+output, scatter's input, one rank's all_to_all input; float32, root 0),
+interleaved repetitions (a barrier before every timed call of every
+implementation), the median over 5 reps of the per-call median (max over
+ranks), us:
+  shm    ringcomm algorithm="shm" (the window's slots)
+  p2p    ringcomm over point-to-point: reduce "binomial" up to 64 KiB,
+         "ring" above; gather/scatter "linear"; all_to_all "pairwise"
+  mpi    Open MPI (MPI_Reduce, MPI_Gather, MPI_Scatter, MPI_Alltoall)
+shm/p2p < 1: the window is faster; the largest size where it stays so
+is what shm.SHM_MAX should hold for that collective.
+"""
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import ringcomm
+
+w = MPI.COMM_WORLD
+comm = ringcomm.init()
+n, r = comm.size, comm.rank
+lo = int(float(sys.argv[1])) if len(sys.argv) > 1 else 1 << 10
+hi = int(float(sys.argv[2])) if len(sys.argv) > 2 else 16 << 20
+reps = 5
+
+
+def timed(fn, iters):
+    w.Barrier()
+    ts = []
+    for _ in range(iters):
+        w.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return w.allreduce(float(np.median(ts)), op=MPI.MAX)
+
+
+if r == 0:
+    print(f"# N = {n}, float32, root 0, median of {reps} interleaved reps (us per call, slowest rank)")
+    print(f"{'collective':>11} {'bytes':>10} {'shm':>10} {'p2p':>10} {'mpi':>10} {'shm/p2p':>8} {'shm/mpi':>8}")
+for coll in ("reduce", "gather", "scatter", "all_to_all"):
+    size = lo
+    while size <= hi:
+        count = max(n, size // 4 // n * n)
+        full = np.arange(count, dtype=np.float32) + r
+        block = np.empty(count // n, np.float32)
+        out = np.empty(count, np.float32)
+        root_out = out if r == 0 else None
+        if coll == "reduce":
+            impls = {"shm": lambda: comm.reduce(full, out=out, algorithm="shm"),
+                     "p2p": lambda: comm.reduce(full, out=out, algorithm="binomial" if count * 4 <= 65536 else "ring"),
+                     "mpi": lambda: w.Reduce(full, root_out, root=0)}
+        elif coll == "gather":
+            impls = {"shm": lambda: comm.gather(block, out=root_out, algorithm="shm"),
+                     "p2p": lambda: comm.gather(block, out=root_out, algorithm="linear"),
+                     "mpi": lambda: w.Gather(block, root_out, root=0)}
+        elif coll == "scatter":
+            impls = {"shm": lambda: comm.scatter(full, out=block, algorithm="shm"),
+                     "p2p": lambda: comm.scatter(full, out=block, algorithm="linear"),
+                     "mpi": lambda: w.Scatter(full if r == 0 else None, block, root=0)}
+        else:
+            impls = {"shm": lambda: comm.all_to_all(full, out=out, algorithm="shm"),
+                     "p2p": lambda: comm.all_to_all(full, out=out, algorithm="pairwise"),
+                     "mpi": lambda: w.Alltoall(full, out)}
+        iters = max(3, min(500, int(2e8 // size // 20)))
+        for f in impls.values():
+            timed(f, 2)
+        got = {k: [] for k in impls}
+        for _ in range(reps):
+            for k, f in impls.items():
+                got[k].append(timed(f, iters) * 1e6)
+        med = {k: float(np.median(v)) for k, v in got.items()}
+        if r == 0:
+            print(f"{coll:>11} {size:>10} {med['shm']:>10.1f} {med['p2p']:>10.1f} {med['mpi']:>10.1f} "
+                  f"{med['shm'] / med['p2p']:>8.2f} {med['shm'] / med['mpi']:>8.2f}", flush=True)
+        size *= 4
+comm.close()
