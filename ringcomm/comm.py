@@ -33,7 +33,7 @@ _DTYPE_NAMES = {v: k for k, v in vocab.DTYPES.items()}
 
 
 # What the rooted fast lane passes on (anything else: the door, whose message names what runs).
-_FAST_ALGORITHMS = {"broadcast": ("auto", "ring", "shm"), "reduce": ("auto", "ring", "binomial", "shm"),
+_FAST_ALGORITHMS = {"broadcast": ("auto", "ring", "shm"), "reduce": ("auto", "ring", "binomial", "shm", "shm_flat"),
                     "gather": ("auto", "linear", "shm"), "scatter": ("auto", "linear", "shm"),
                     "all_to_all": ("auto", "pairwise", "shm")}
 
@@ -285,7 +285,7 @@ class Communicator:
         ``selection.reduce_limit``; the ring reduce-scatter + gather above; a
         device communicator runs the ring), "binomial" or "ring".
         """
-        if algorithm in ("auto", "ring", "binomial", "shm") and \
+        if algorithm in _FAST_ALGORITHMS["reduce"] and \
                 self._rooted_fast("reduce", x, out, root, op, algorithm, async_op):
             return (x if out is None else out) if self.rank == root else None
         return self._submit(self._door.reduce(x, root, op, out, algorithm), async_op)

@@ -102,8 +102,9 @@ class Door:
         xb = self.view(x, "reduce input")
         opc = vocab.op_code(op, xb.dtype)
         algo = vocab.algorithm_code(algorithm)
-        if algorithm not in ("auto", "ring", "binomial", "shm"):
-            raise InvalidArgument(f"reduce runs algorithm 'auto', 'ring', 'binomial' or 'shm', not {algorithm!r}")
+        if algorithm not in ("auto", "ring", "binomial", "shm", "shm_flat"):
+            raise InvalidArgument(f"reduce runs algorithm 'auto', 'ring', 'binomial', 'shm' or 'shm_flat', "
+                                  f"not {algorithm!r}")
         if self.rank != root:
             return self._call("reduce", xb, None, xb.count, opc, root, algo, None)
         if out is None:

@@ -279,7 +279,8 @@ def _reduce(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
     v with bit k set sends the whole buffer to v - 2^k and stops; v below
     it receives from v + 2^k when that is < n), "ring" (the ring
     reduce-scatter, then every chunk but the root's to the root), or "shm"
-    (the window's direct reduce-scatter, then the same chunks to the root).
+    (the window's direct reduce-scatter, then the same chunks to the root),
+    or "shm_flat" (every other rank's whole input to the root).
     gather, scatter and all_to_all book the same bytes in the window ("shm")
     as linearly and pairwise."""
     if algorithm == "binomial":
@@ -295,8 +296,14 @@ def _reduce(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
                 received[(v + m + root) % n] = count * size
             m <<= 1
         return Expected(sent, received)
+    if algorithm == "shm_flat":  # every other rank's whole input to the root
+        if not count:
+            return Expected()
+        if rank != root:
+            return Expected({root: count * size}, {})
+        return Expected({}, {q: count * size for q in range(n) if q != root})
     if algorithm not in ("ring", "shm"):
-        raise ValueError(f"reduce runs 'binomial', 'ring' or 'shm', not {algorithm!r}")
+        raise ValueError(f"reduce runs 'binomial', 'ring', 'shm' or 'shm_flat', not {algorithm!r}")
     rs = expected("reduce_scatter", count, "uint8", n, rank, algorithm=algorithm)  # elements (itemsize 1)
     sent = {p: b * size for p, b in rs.sent.items()}
     received = {p: b * size for p, b in rs.received.items()}

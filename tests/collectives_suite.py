@@ -164,7 +164,7 @@ def run_all_to_all(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> list[s
 # algorithms="p2p" forces the message algorithms, "shm" the window's
 ALGORITHMS = {"auto": (("binomial", "ring", "auto"), "auto", "auto"),
               "p2p": (("binomial", "ring"), "linear", "pairwise"),
-              "shm": (("shm",), "shm", "shm")}
+              "shm": (("shm", "shm_flat"), "shm", "shm")}
 
 
 def run_all(comm, counts, reduce_combos=suite.COMBOS, algorithms="auto") -> list[str]:

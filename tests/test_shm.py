@@ -215,7 +215,7 @@ def test_auto_in_process_uses_the_window_only_when_asked(monkeypatch):
         return out
     assert ringcomm.run_local(2, algos)[0][:3] != ["shm_flat", "shm", "shm"]
     monkeypatch.setenv("RINGCOMM_TRANSPORT", "shm")
-    assert ringcomm.run_local(2, algos)[0] == ["shm_flat", "shm", "shm", "shm"]  # reduce too
+    assert ringcomm.run_local(2, algos)[0] == ["shm_flat", "shm", "shm", "shm_flat"]  # reduce too
     monkeypatch.setenv("RINGCOMM_SHM_FLAT_MAX", "0")
     assert ringcomm.run_local(2, algos)[0][0] == "shm"
 
@@ -223,8 +223,8 @@ def test_auto_in_process_uses_the_window_only_when_asked(monkeypatch):
 def test_bad_choices_are_clear_errors(monkeypatch):
     def body(comm):
         with pytest.raises(InvalidArgument, match="reduce runs algorithm"):
-            comm.reduce(np.ones(2, np.float32), algorithm="shm_flat")
-        with pytest.raises(InvalidArgument, match="all_reduce only"):
+            comm.reduce(np.ones(2, np.float32), algorithm="zero_copy")
+        with pytest.raises(InvalidArgument, match="all_reduce and reduce only"):
             comm.reduce_scatter(np.ones(4, np.float32), algorithm="shm_flat")
         comm.all_reduce(np.ones(3, np.float32), algorithm="shm")  # still usable
         return True

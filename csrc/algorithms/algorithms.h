@@ -104,6 +104,7 @@ void shm_barrier(Link& link);
 // by the direct reduce-scatter and a gather to the root; gather, scatter
 // (any per-rank counts) and all_to_all (equal blocks: count / n each).
 void shm_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out);
+void shm_flat_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out);
 void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
 void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
 void shm_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out);

@@ -231,7 +231,9 @@ void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 // later, after a sync that its readers reach only once they are done.
 //
 //   reduce      the direct reduce-scatter, then the root alone gathers the
-//               reduced pieces (all_reduce's sums, bit for bit)
+//               reduced pieces (all_reduce's sums, bit for bit); or, small,
+//               every rank's input to the root, which reduces them all
+//               ("shm_flat", shm_flat all_reduce's sums)
 //   gather      every rank's block through its whole slot, piece by piece;
 //               the root copies them out (per-rank counts: the same list on
 //               every rank, so every rank counts the same rounds)
@@ -242,6 +244,36 @@ void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 // the same bytes per peer (a peer reading this rank's slot is "sent").
 void shm_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out) {
   direct(link, plan, red, in, nullptr, window_of(link).rank() == root ? out : nullptr, root);
+}
+
+// One sync per slot of the buffer ("shm_flat", small buffers): every other
+// rank copies its input into its slot, and the root reduces all of them, in
+// rank order (shm_flat all_reduce's sums).
+void shm_flat_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
+  const size_t rounds = rounds_for(plan.count(), W);
+  Ledger& ledger = link.ledger();
+  for (size_t t = 0; t < rounds; ++t) {
+    const int par = w.next_parity();
+    const size_t len = piece_len(plan.count(), t, W);
+    // (the root stages its own too: `out` may be its input, and the sum in
+    // rank order would overwrite it before its turn)
+    std::memcpy(w.slot(r, par), in + t * W * es, len * es);
+    if (r != root && len) ledger.sent(Coll::reduce, w.member(root), false, len * es);
+    w.sync(link, fp, t == 0);
+    if (r != root || !len) continue;
+    char* dst = out + t * W * es;
+    if (n == 1) std::memcpy(dst, w.slot(0, par), len * es);
+    else red.reduce(dst, w.slot(0, par), w.slot(1, par), len);
+    for (int j = 2; j < n; ++j) red.reduce(dst, dst, w.slot(j, par), len);
+    red.finalize(dst, len, n);
+    for (int j = 0; j < n; ++j)
+      if (j != r) ledger.received(Coll::reduce, w.member(j), false, len * es);
+  }
 }
 
 void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out) {

@@ -168,7 +168,7 @@ Algo Engine::choose_algorithm(const Task& t) const {
                         t.count * dtype_size(t.dtype) <= shm_max_[int(t.coll)].load(std::memory_order_relaxed);
     if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && within &&
         shm_runs(t)) {
-      if (t.coll == Coll::all_reduce &&
+      if ((t.coll == Coll::all_reduce || t.coll == Coll::reduce) &&
           t.count * dtype_size(t.dtype) <= auto_flat_max_.load(std::memory_order_relaxed))
         return Algo::shm_flat;
       return Algo::shm;
@@ -211,11 +211,11 @@ Algo Engine::choose_algorithm(const Task& t) const {
     return a;
   }
   if (a == Algo::shm || a == Algo::shm_flat) {
-    const bool runs = a == Algo::shm ? shm_runs(t) : t.coll == Coll::all_reduce;
+    const bool runs = a == Algo::shm ? shm_runs(t) : (t.coll == Coll::all_reduce || t.coll == Coll::reduce);
     if (!runs)
       throw_invalid("algorithm '" + std::string(algo_name(a)) + "' runs " +
                     (a == Algo::shm ? "every collective, all_to_all with equal blocks only (this call has splits)"
-                                    : "all_reduce only"));
+                                    : "all_reduce and reduce only"));
     if (!link_.window())
       throw_invalid("algorithm '" + std::string(algo_name(a)) +
                     "' needs ranks that share a host (a shared-memory window); this communicator has none "
@@ -628,7 +628,8 @@ void Engine::perform(const Task& t, Work& w) {
       RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
       auto in = static_cast<const char*>(t.in);
       auto out = static_cast<char*>(t.out);
-      if (shared) shm_reduce(link_, plan, *red, t.root, in, out);
+      if (Algo(t.algo) == Algo::shm_flat) shm_flat_reduce(link_, plan, *red, t.root, in, out);
+      else if (shared) shm_reduce(link_, plan, *red, t.root, in, out);
       else if (Algo(t.algo) == Algo::binomial) binomial_reduce(link_, plan, *red, t.root, in, out);
       else ring_reduce(link_, plan, *red, t.root, in, out);
       break;
