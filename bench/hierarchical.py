@@ -19,7 +19,6 @@ median time (max over ranks), and the range over reps:
 """
 import os
 import sys
-import time
 
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 per_host = int(sys.argv[1]) if len(sys.argv) > 1 else 2
@@ -28,6 +27,7 @@ os.environ["RINGCOMM_HOST_ID"] = f"host{rank // per_host}"
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
+import _timing  # noqa: E402  (bench/, the script's folder)
 import ringcomm  # noqa: E402
 
 w = MPI.COMM_WORLD
@@ -39,14 +39,7 @@ reps = 5
 
 
 def timed(fn, iters):
-    w.Barrier()
-    ts = []
-    for _ in range(iters):
-        w.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return w.allreduce(float(np.median(ts)), op=MPI.MAX)
+    return _timing.timed(w, fn, iters)
 
 
 if not comm._engine.hierarchical:

@@ -14,11 +14,11 @@ time (max over ranks), for:
 busbw = 2(N-1)/N * bytes / time; "hot" buffers (the same ones each call).
 """
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
+import _timing  # (bench/, the script's folder)
 import ringcomm
 
 w = MPI.COMM_WORLD
@@ -30,15 +30,7 @@ reps = 5
 
 
 def timed(fn, iters):
-    w.Barrier()
-    ts = []
-    for _ in range(iters):
-        w.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    t = float(np.median(ts))
-    return w.allreduce(t, op=MPI.MAX)
+    return _timing.timed(w, fn, iters)
 
 
 size = lo

@@ -16,11 +16,11 @@ shm/p2p < 1: the window is faster; the largest size where it stays so
 is what shm.SHM_MAX should hold for that collective.
 """
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
+import _timing  # (bench/, the script's folder)
 import ringcomm
 
 w = MPI.COMM_WORLD
@@ -32,14 +32,7 @@ reps = 5
 
 
 def timed(fn, iters):
-    w.Barrier()
-    ts = []
-    for _ in range(iters):
-        w.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return w.allreduce(float(np.median(ts)), op=MPI.MAX)
+    return _timing.timed(w, fn, iters)
 
 
 if r == 0:

@@ -52,6 +52,19 @@ size_t piece_len(size_t chunk, size_t t, size_t P) { return chunk > t * P ? std:
 
 size_t rounds_for(size_t longest, size_t P) { return std::max<size_t>(1, (longest + P - 1) / P); }
 
+// dst = src(0) op src(1) op ... op src(n-1), always in rank order: what makes
+// every shm algorithm's sums the same bits (dst may be one of the sources
+// only if it is src(0), or src(1) when n == 2: elementwise, read first).
+template <class Src>
+void reduce_in_rank_order(const Reducer& red, char* dst, int n, size_t len, size_t es, Src src) {
+  if (n == 1) {
+    if (dst != src(0)) std::memcpy(dst, src(0), len * es);
+    return;
+  }
+  red.reduce(dst, src(0), src(1), len);
+  for (int j = 2; j < n; ++j) red.reduce(dst, dst, src(j), len);
+}
+
 ShmWindow& window_of(Link& link) {
   ShmWindow* w = link.window();
   if (!w) throw_invalid("no shared-memory window on this communicator");
@@ -93,9 +106,7 @@ void direct(Link& link, const Plan& plan, const Reducer& red, const char* in, ch
     if (len) {  // 3. reduce piece r, in rank order
       const size_t at = (plan.chunk_begin(r) + t * P) * es;
       auto src = [&](int j) -> const char* { return j == r ? in + at : w.slot(j, par) + size_t(r) * P * es; };
-      if (n == 1) std::memcpy(acc, src(0), len * es);
-      else red.reduce(acc, src(0), src(1), len);
-      for (int j = 2; j < n; ++j) red.reduce(acc, acc, src(j), len);
+      reduce_in_rank_order(red, acc, n, len, es, src);
       for (int j = 0; j < n; ++j)
         if (j != r) ledger.received(coll, w.member(j), false, len * es);
     }
@@ -149,9 +160,7 @@ void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, c
     w.sync(link, fp, t == 0);
     if (!len) continue;
     char* dst = out + t * W * es;  // (may be the input: it was staged)
-    if (n == 1) std::memcpy(dst, w.slot(0, par), len * es);
-    else red.reduce(dst, w.slot(0, par), w.slot(1, par), len);
-    for (int j = 2; j < n; ++j) red.reduce(dst, dst, w.slot(j, par), len);
+    reduce_in_rank_order(red, dst, n, len, es, [&](int j) -> const char* { return w.slot(j, par); });
     red.finalize(dst, len, n);
     for (int j = 0; j < n; ++j)
       if (j != r) {
@@ -267,9 +276,7 @@ void shm_flat_reduce(Link& link, const RingPlan& plan, const Reducer& red, int r
     w.sync(link, fp, t == 0);
     if (r != root || !len) continue;
     char* dst = out + t * W * es;
-    if (n == 1) std::memcpy(dst, w.slot(0, par), len * es);
-    else red.reduce(dst, w.slot(0, par), w.slot(1, par), len);
-    for (int j = 2; j < n; ++j) red.reduce(dst, dst, w.slot(j, par), len);
+    reduce_in_rank_order(red, dst, n, len, es, [&](int j) -> const char* { return w.slot(j, par); });
     red.finalize(dst, len, n);
     for (int j = 0; j < n; ++j)
       if (j != r) ledger.received(Coll::reduce, w.member(j), false, len * es);
@@ -404,9 +411,7 @@ void zc_reduce_chunk(Link& link, ShmWindow& w, const RingPlan& plan, const Reduc
   for (size_t done = 0; done < total; done += W) {
     const size_t len = std::min(W, total - done);
     auto src = [&](int j) { return w.arena(j) + size_t(in_off[size_t(j)]) + (first + done) * es; };
-    if (n == 1) std::memcpy(acc, src(0), len * es);
-    else red.reduce(acc, src(0), src(1), len);
-    for (int j = 2; j < n; ++j) red.reduce(acc, acc, src(j), len);
+    reduce_in_rank_order(red, acc, n, len, es, src);
     if (finalize) red.finalize(acc, len, n);
     std::memcpy(dst + done * es, acc, len * es);
   }
