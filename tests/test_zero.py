@@ -57,6 +57,31 @@ def test_every_stage_equals_ddp_bitwise(n, dtype):
     assert not np.array_equal(ref[0][0][0], init_units(dtype, 0)[0][0])
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_stage_equals_ddp_bitwise_in_shared_memory(n, monkeypatch):
+    # In the window (ranks of one host): stages 0-1 keep their gradients in
+    # the shared arena and reduce them zero copy, stages 2-3 through the
+    # staged shm path; every stage's sums in rank order, so the same bits.
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", "shm")
+
+    def algorithms(comm, stage):
+        zero = ZeroOptimizer(init_units(np.float32), comm, stage=stage)
+        for gr in zero.grads(0):
+            gr[...] = comm.rank + 1
+        zero.reduce(0)
+        ran = comm.last_algorithm  # (chosen when the call is issued)
+        zero.step()
+        return zero._grads_in_arena, ran
+    for stage, want in ((0, (True, "zero_copy")), (1, (True, "zero_copy")), (2, (False, "shm"))):
+        assert ringcomm.run_local(n, algorithms, stage) == [want] * n, stage
+    ref = ringcomm.run_local(n, train, 0, np.float32)
+    for stage in (1, 2, 3):
+        got = ringcomm.run_local(n, train, stage, np.float32)
+        for r in range(n):
+            for i, (a, b) in enumerate(zip(ref[r][0], got[r][0])):
+                assert a.tobytes() == b.tobytes(), f"stage {stage}, rank {r}, parameter {i} differs from DDP"
+
+
 @pytest.mark.parametrize("device", ["emulated", "emulated-nccl"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_stage_equals_ddp_bitwise_on_the_device_path(n, device):

@@ -134,6 +134,31 @@ def test_every_stage_equals_ddp_bitwise(n, dtype):
     assert not torch.equal(ref[0]["0.weight"], make_model(dtype, 0)[0].weight.detach())
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_stage_equals_ddp_bitwise_in_shared_memory(n, monkeypatch):
+    # In the window: stages 0-1 keep their gradients in the shared arena and
+    # reduce them zero copy; stages 2-3 staged (shm); all sum in rank order,
+    # so every stage gives stage 0's (DDP's) bits. (reference() sums on the
+    # ring: other bits from N = 3 on.)
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", "shm")
+    dtype = torch.float32
+    ref = None
+    bad = []
+    for stage in (0, 1, 2, 3):
+        def body(comm):
+            params, lay = train(comm, stage, dtype)
+            return params, lay, comm.flight_record()
+        got = ringcomm.run_local(n, body)
+        ref = ref or [g[0] for g in got]
+        for r in range(n):
+            bad += differences(got[r][0], ref[r], f"stage {stage}, N = {n}, rank {r}")
+            algos = {rec["algorithm"] for rec in got[r][2]  # (count 1: the arena's agreement, not a gradient)
+                     if rec["collective"] in ("all_reduce", "reduce_scatter") and rec["count"] > 1}
+            want = {"zero_copy"} if stage < 2 else {"shm"}
+            assert algos == want, f"stage {stage} rank {r}: gradients reduced by {algos}"
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_size_capped_buckets_equal_ddp_bitwise(stage):
     """Stages 1-2 without units: buckets filled in reverse parameter order up to bucket_cap_mb."""

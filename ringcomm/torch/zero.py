@@ -70,6 +70,7 @@ from ..train.buckets import MB, assign_buckets
 from ..train.consistency import broadcast_parameters
 from ..errors import InvalidArgument
 from ..train.sharding import MemoryLedger, adam_update, load_shards, matched_sums, save_shards
+from ..train.tensors import arena_zeros
 
 __all__ = ["TorchZero"]
 
@@ -229,15 +230,23 @@ class TorchZero:
                 self._ledger.count("params", u.shard.numel() * u.itemsize)
                 u.flat.untyped_storage().resize_(0)  # the parameters keep their shapes, hold 0 bytes
             if stage < 2:
-                u.grads = torch.zeros(u.count, dtype=u.dtype)
                 self._ledger.count("grads", u.count * u.itemsize)
-            if stage == 1:  # reduce-scattered in place: this rank's chunk of the full buffer
-                u.grad_shard = u.grads[u.lo:u.hi]
             elif stage >= 2:
                 u.grad_shard = torch.zeros(u.hi - u.lo, dtype=u.dtype)
                 self._ledger.count("grads", (u.hi - u.lo) * u.itemsize)
             self._units.append(u)
         self.layout = [list(u.names) for u in self._units]
+        # Stages 0-1 keep their full gradients: ranks of one host put them in
+        # the shared arena (collective: all ranks or none), where their
+        # reduction runs zero copy with the staged shm path's sums (matched_sums).
+        self._grads_in_arena = False
+        if stage < 2:
+            shared = arena_zeros(comm, [(("torch", vocab.torch_name(u.dtype), None), u.count) for u in self._units])
+            self._grads_in_arena = shared is not None
+            for k, u in enumerate(self._units):
+                u.grads = shared[k] if shared is not None else torch.zeros(u.count, dtype=u.dtype)
+                if stage == 1:  # reduce-scattered in place: this rank's chunk of the full buffer
+                    u.grad_shard = u.grads[u.lo:u.hi]
 
         # ---- hooks ------------------------------------------------------------------
         for i, p in enumerate(self._params):
@@ -344,10 +353,11 @@ class TorchZero:
         while self._next_launch < len(self._units) and not self._units[self._next_launch].pending:
             u = self._units[self._next_launch]
             if self.stage == 0:
-                u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True, algorithm=matched_sums(self.comm))
+                u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True,
+                                              algorithm=matched_sums(self.comm, self._grads_in_arena))
             else:
                 u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True,
-                                                  algorithm=matched_sums(self.comm))
+                                                  algorithm=matched_sums(self.comm, self._grads_in_arena))
             self._next_launch += 1
         if self.stage >= 2:  # free the full gradients whose reduce-scatter has finished
             for u in self._units[:self._next_launch]:

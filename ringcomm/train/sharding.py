@@ -11,13 +11,17 @@ import numpy as np
 from ..errors import InvalidArgument
 
 
-def matched_sums(comm) -> str:
+def matched_sums(comm, in_arena: bool = False) -> str:
     """The algorithm whose all_reduce and reduce_scatter compute the same sums,
     bit for bit, which is what makes every ZeRO stage equal to DDP: "shm"
     where ``algorithm="auto"`` runs in shared memory (every rank sums in rank
-    order, its all_reduce and shm_flat alike), else the ring (its
-    reduce-scatter is the first half of its all_reduce)."""
-    return "shm" if getattr(comm, "shared_memory", False) else "ring"
+    order, its all_reduce and shm_flat alike), "zero_copy" there for arrays
+    in the shared arena (`in_arena`: every rank's; the same rank-order sums,
+    read where the arrays are), else the ring (its reduce-scatter is the
+    first half of its all_reduce)."""
+    if getattr(comm, "shared_memory", False):
+        return "zero_copy" if in_arena else "shm"
+    return "ring"
 
 
 

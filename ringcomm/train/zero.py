@@ -55,6 +55,7 @@ import numpy as np
 
 from .. import vocab
 from .sharding import MemoryLedger, adam_update, load_shards, matched_sums, save_shards
+from .tensors import arena_zeros
 from ..errors import InvalidArgument
 
 __all__ = ["ZeroOptimizer", "consolidate", "expected_memory", "expected_traffic"]
@@ -152,9 +153,7 @@ class ZeroOptimizer:
             if stage < 2:
                 u.grads = xp.zeros(count, self.dtype)
                 self._ledger.count("grads", u.grads.nbytes)
-            if stage == 1:  # reduce-scattered in place: the shard is this rank's chunk of the full buffer
-                u.grad_shard = u.grads[lo:hi]
-            elif stage >= 2:
+            if stage >= 2:
                 u.grad_shard = xp.zeros(hi - lo, self.dtype)
                 self._ledger.count("grads", u.grad_shard.nbytes)
             own = flat if stage == 0 else flat[lo:hi]
@@ -164,6 +163,20 @@ class ZeroOptimizer:
                 u.m, u.v = xp.zeros_like(u.master), xp.zeros_like(u.master)
                 self._ledger.count("optimizer", u.m.nbytes + u.v.nbytes)
             self._units.append(u)
+        # Stages 0-1 keep their full gradients: ranks of one host put them in
+        # the shared arena (collective: all ranks or none), where their
+        # all_reduce / reduce_scatter run zero copy, with the same sums as
+        # the staged shm path of stages 2-3 (matched_sums).
+        self._grads_in_arena = False
+        if stage < 2 and xp is np:
+            shared = arena_zeros(comm, [(("numpy", name, None), u.count) for u in self._units])
+            if shared is not None:
+                for u, g in zip(self._units, shared):
+                    u.grads = g
+                self._grads_in_arena = True
+        for u in self._units:
+            if stage == 1:  # reduce-scattered in place: the shard is this rank's chunk of the full buffer
+                u.grad_shard = u.grads[u.lo:u.hi]
 
     # ---- memory ledger ------------------------------------------------------
     def memory(self) -> dict:
@@ -254,10 +267,11 @@ class ZeroOptimizer:
         if self.stage == 0:
             # Sums bit for bit those of the sharded stages' reduce-scatter
             # (matched_sums), which is what makes them equal to DDP.
-            u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True, algorithm=matched_sums(self.comm))
+            u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True,
+                                          algorithm=matched_sums(self.comm, self._grads_in_arena))
         else:
             u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True,
-                                                  algorithm=matched_sums(self.comm))
+                                              algorithm=matched_sums(self.comm, self._grads_in_arena))
         self._free_reduced()
 
     def _free_reduced(self) -> None:
