@@ -580,8 +580,8 @@ class Communicator:
         ran the call; False when the door must describe it (anything unusual,
         and every error: the door's messages are the only ones)."""
         if not self._fast_lane or async_op or isinstance(root, bool) or not isinstance(root, int) or \
-                algorithm not in _FAST_ALGORITHMS[coll]:
-            return False
+                not 0 <= root < self.size or algorithm not in _FAST_ALGORITHMS[coll]:
+            return False  # (the door explains)
         opc = vocab.OPS.get(op, -1) if isinstance(op, str) else -1
         algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
         try:

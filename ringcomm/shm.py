@@ -149,10 +149,10 @@ def shm_max(nranks: int) -> list:
         return [_int_env("RINGCOMM_SHM_MAX", UNLIMITED)] * n
     if mode() == "shm":
         return [UNLIMITED] * n
-    t = tuned(nranks)
-    if t is None and nranks > (os.cpu_count() or 1):
-        return [UNLIMITED] * n
-    return [(t or {}).get(c, SHM_MAX[c]) for c in COLLECTIVES]
+    t = tuned(nranks) or {}
+    if nranks > (os.cpu_count() or 1):  # what tune did not measure: no limit
+        return [t.get(c, UNLIMITED) for c in COLLECTIVES]
+    return [t.get(c, SHM_MAX[c]) for c in COLLECTIVES]
 
 
 def flat_max(nranks: int | None = None) -> int:

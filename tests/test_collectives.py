@@ -168,6 +168,12 @@ def test_fast_lane_runs_the_plain_calls_and_declines_the_rest():
         base = np.zeros(6)
         if e.run_rooted(C["gather"], base[1:4], base[0:3], 0, 0, -1):  # x overlaps out, not as its block
             errs.append("gather ran on a partial overlap")
+        try:  # a root beyond a C int: the door's error, not the binding's TypeError
+            comm.broadcast(np.zeros(2), root=2 ** 40)
+            errs.append("broadcast to root 2**40 ran")
+        except InvalidArgument as exc:
+            if "out of range" not in str(exc):
+                errs.append(f"broadcast to root 2**40: {exc}")
         return errs
     assert not flat(ringcomm.run_local(1, alone))
 

@@ -70,6 +70,42 @@ def test_rooted_collectives_in_process(n):
     assert not errs, "\n".join(errs[:20])
 
 
+def test_empty_torch_chunks_in_the_window():
+    # An empty torch tensor's address is 0: a rank whose chunk (or block) is
+    # empty must still take the same steps as its peers, and the next call
+    # must find everyone in step (a review found reduce_scatter choosing its
+    # branch by that pointer).
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        n, r = comm.size, comm.rank
+        errs = []
+        for count in (0, 1, n - 1):
+            x = torch.arange(count, dtype=torch.float32) + r
+            got = comm.reduce_scatter(x, algorithm="shm")
+            lo, k = ringcomm.vocab.chunk_offset(count, n, r), ringcomm.vocab.chunk_count(count, n, r)
+            want = (torch.arange(count, dtype=torch.float32) * n + sum(range(n)))[lo:lo + k]
+            if not torch.equal(got, want):
+                errs.append(f"rank {r}: reduce_scatter count={count}: {got} != {want}")
+            back = comm.all_gather(got, out=torch.zeros(count), algorithm="shm")
+            if not torch.equal(back, torch.arange(count, dtype=torch.float32) * n + sum(range(n))):
+                errs.append(f"rank {r}: all_gather count={count}: {back}")
+            for algorithm in ("shm", "shm_flat"):
+                y = torch.arange(count, dtype=torch.float32) + r
+                comm.reduce(y, root=n - 1, algorithm=algorithm)
+            g = comm.gather(torch.zeros(0), root=0, algorithm="shm")
+            a = comm.all_to_all(torch.zeros(0), out=torch.zeros(0), algorithm="shm")
+            if (r == 0 and g.numel()) or a.numel():
+                errs.append(f"rank {r}: empty gather/all_to_all returned data")
+        z = torch.full((5,), float(r))
+        comm.all_reduce(z, algorithm="shm")  # every rank still in step
+        if not torch.equal(z, torch.full((5,), float(sum(range(n))))):
+            errs.append(f"rank {r}: all_reduce after the empty calls: {z}")
+        return errs
+    errs = flat(ringcomm.run_local(4, body, timeout=20))
+    assert not errs, "\n".join(errs[:20])
+
+
 def test_rooted_collectives_that_disagree_or_cannot_run_in_the_window():
     def body(comm):
         out = []

@@ -71,15 +71,20 @@ ShmWindow& window_of(Link& link) {
   return *w;
 }
 
-// The reduce-scatter half of the direct algorithm, round by round. With
-// `own` (reduce_scatter) the reduced piece goes there (it may be this rank's
-// chunk of `in`: each piece is read before it is written). Else the second
-// half follows (steps 4-5): every rank gathers the reduced pieces into `all`
-// (count elements; all_reduce, root < 0), or the root alone does (reduce;
-// `all` is null elsewhere). `Plan`: a RingPlan, or the hierarchical paths'
-// Parts (below).
+// What direct() does after its reduce-scatter half. Said, not inferred from
+// null pointers: an empty torch tensor's address is 0, and a rank that took
+// another branch than its peers would sync a different number of times.
+enum class Then {
+  keep,         // reduce_scatter: the reduced piece to `out` (this rank's chunk)
+  gather_all,   // all_reduce: steps 4-5, every rank gathers into `out` (count elements)
+  gather_root,  // reduce: steps 4-5, the root alone gathers into `out` (unused elsewhere)
+};
+
+// The direct algorithm, round by round. `out` may be this rank's chunk of
+// `in` (keep) or `in` itself (gather_*): each piece is read before it is
+// written. `Plan`: a RingPlan, or the hierarchical paths' Parts (below).
 template <class Plan>
-void direct(Link& link, const Plan& plan, const Reducer& red, const char* in, char* own, char* all,
+void direct(Link& link, const Plan& plan, const Reducer& red, const char* in, Then then, char* out,
             int root = -1) {
   ShmWindow& w = window_of(link);
   const Fingerprint& fp = link.call();
@@ -110,23 +115,23 @@ void direct(Link& link, const Plan& plan, const Reducer& red, const char* in, ch
       for (int j = 0; j < n; ++j)
         if (j != r) ledger.received(coll, w.member(j), false, len * es);
     }
-    if (own) {
-      if (len) std::memcpy(own + t * P * es, acc, len * es);
+    if (then == Then::keep) {
+      if (len) std::memcpy(out + t * P * es, acc, len * es);
       continue;
     }
     if (len) red.finalize(acc, len, n);
     w.sync(link, fp, false);  // 4.
-    const bool gathers = root < 0 || r == root;
+    const bool all = then == Then::gather_all, gathers = all || r == root;
     for (int j = 0; j < n; ++j) {  // 5. gather the reduced pieces
       const size_t lj = piece_len(plan.chunk_count(j), t, P);
       if (!lj) continue;
       if (gathers) {
         const char* from = j == r ? acc : w.slot(j, par) + size_t(j) * P * es;
-        std::memcpy(all + (plan.chunk_begin(j) + t * P) * es, from, lj * es);
+        std::memcpy(out + (plan.chunk_begin(j) + t * P) * es, from, lj * es);
       }
       if (j == r) {
         for (int k = 0; k < n; ++k)
-          if (k != r && (root < 0 || k == root)) ledger.sent(coll, w.member(k), false, lj * es);
+          if (k != r && (all || k == root)) ledger.sent(coll, w.member(k), false, lj * es);
       } else if (gathers) {
         ledger.received(coll, w.member(j), false, lj * es);
       }
@@ -137,11 +142,11 @@ void direct(Link& link, const Plan& plan, const Reducer& red, const char* in, ch
 }  // namespace
 
 void shm_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out) {
-  direct(link, plan, red, in, nullptr, out);
+  direct(link, plan, red, in, Then::gather_all, out);
 }
 
 void shm_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* own) {
-  direct(link, plan, red, in, own, nullptr);
+  direct(link, plan, red, in, Then::keep, own);
 }
 
 void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out) {
@@ -156,7 +161,7 @@ void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, c
   for (size_t t = 0; t < rounds; ++t) {
     const int par = w.next_parity();
     const size_t len = piece_len(plan.count(), t, W);
-    std::memcpy(w.slot(r, par), in + t * W * es, len * es);
+    if (len) std::memcpy(w.slot(r, par), in + t * W * es, len * es);
     w.sync(link, fp, t == 0);
     if (!len) continue;
     char* dst = out + t * W * es;  // (may be the input: it was staged)
@@ -185,11 +190,11 @@ void gather(Link& link, const Plan& plan, const char* own, char* out) {
   const size_t rounds = rounds_for(longest, W);
   Ledger& ledger = link.ledger();
   char* own_out = out + plan.chunk_begin(r) * es;
-  if (own != own_out) std::memmove(own_out, own, plan.chunk_count(r) * es);
+  if (own != own_out && plan.chunk_count(r)) std::memmove(own_out, own, plan.chunk_count(r) * es);
   for (size_t t = 0; t < rounds; ++t) {
     const int par = w.next_parity();
     const size_t len = piece_len(plan.chunk_count(r), t, W);
-    std::memcpy(w.slot(r, par), own_out + t * W * es, len * es);
+    if (len) std::memcpy(w.slot(r, par), own_out + t * W * es, len * es);
     if (len)
       for (int j = 0; j < n; ++j)
         if (j != r) ledger.sent(coll, w.member(j), false, len * es);
@@ -217,11 +222,10 @@ void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf) {
   for (size_t t = 0; t < rounds; ++t) {
     const int par = w.next_parity();
     const size_t len = piece_len(count, t, W);
-    if (r == root) {
+    if (r == root && len) {
       std::memcpy(w.slot(r, par), buf + t * W * es, len * es);
-      if (len)
-        for (int j = 0; j < n; ++j)
-          if (j != r) ledger.sent(Coll::broadcast, w.member(j), false, len * es);
+      for (int j = 0; j < n; ++j)
+        if (j != r) ledger.sent(Coll::broadcast, w.member(j), false, len * es);
     }
     w.sync(link, fp, t == 0);
     if (r != root && len) {
@@ -252,7 +256,7 @@ void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 // The ledger books what the linear and pairwise algorithms send and receive:
 // the same bytes per peer (a peer reading this rank's slot is "sent").
 void shm_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out) {
-  direct(link, plan, red, in, nullptr, window_of(link).rank() == root ? out : nullptr, root);
+  direct(link, plan, red, in, Then::gather_root, out, root);
 }
 
 // One sync per slot of the buffer ("shm_flat", small buffers): every other
@@ -271,7 +275,7 @@ void shm_flat_reduce(Link& link, const RingPlan& plan, const Reducer& red, int r
     const size_t len = piece_len(plan.count(), t, W);
     // (the root stages its own too: `out` may be its input, and the sum in
     // rank order would overwrite it before its turn)
-    std::memcpy(w.slot(r, par), in + t * W * es, len * es);
+    if (len) std::memcpy(w.slot(r, par), in + t * W * es, len * es);
     if (r != root && len) ledger.sent(Coll::reduce, w.member(root), false, len * es);
     w.sync(link, fp, t == 0);
     if (r != root || !len) continue;
@@ -353,7 +357,7 @@ void shm_all_to_all(Link& link, size_t count, size_t es, const char* in, char* o
   const size_t P = piece_elems(w, es);
   const size_t rounds = rounds_for(B, P);
   Ledger& ledger = link.ledger();
-  std::memcpy(out + size_t(r) * B * es, in + size_t(r) * B * es, B * es);
+  if (B) std::memcpy(out + size_t(r) * B * es, in + size_t(r) * B * es, B * es);
   for (size_t t = 0; t < rounds; ++t) {
     const int par = w.next_parity();
     const size_t len = piece_len(B, t, P);
@@ -497,7 +501,7 @@ void hierarchical_all_reduce(Link& link, size_t count, size_t es, const Reducer&
   ShmWindow& w = window_of(link);
   RingPlan local(count, w.size(), es, link.options().segment_bytes);
   char* own = out + local.chunk_begin(w.rank()) * es;
-  direct(link, local, red, in, own, nullptr);
+  direct(link, local, red, in, Then::keep, own);
   across(Coll::all_reduce, own, own, local.chunk_count(w.rank()));
   red.finalize(own, local.chunk_count(w.rank()), link.size());
   shm_all_gather(link, local, own, out);
@@ -551,6 +555,7 @@ void permute(const HostLayout& lay, const RingPlan& global, const Parts& parts, 
       const int g = lay.at(h, l);
       const size_t n = global.chunk_count(g);
       char* b = buf + global.chunk_begin(g) * es;
+      if (!n) continue;  // (an empty buffer's address may be null)
       if (into) std::memcpy(perm + at * es, b, n * es);
       else std::memcpy(b, perm + at * es, n * es);
       at += n;
@@ -567,7 +572,7 @@ void hierarchical_reduce_scatter(Link& link, const HostLayout& lay, size_t count
   const Parts parts = parts_of(lay, global);
   permute(lay, global, parts, const_cast<char*>(in), perm, true);  // (reads `in` only)
   char* mine = perm + parts.chunk_begin(w.rank()) * es;
-  direct(link, parts, red, perm, mine, nullptr);
+  direct(link, parts, red, perm, Then::keep, mine);
   across(Coll::reduce_scatter, mine, out, parts.chunk_count(w.rank()));
 }
 

@@ -72,8 +72,11 @@ uint64_t mix_words(const int64_t* v, size_t n) {
 uint32_t stamp_of(const Fingerprint& f) {
   const int64_t v[] = {int64_t(f.seq), f.count, f.segment_bytes, f.coll, f.dtype, f.op, f.root, f.algo,
                        int64_t(f.counts)};
-  const uint64_t h = mix_words(v, sizeof v / sizeof v[0]);
-  return uint32_t(h ^ (h >> 32));
+  uint64_t h = mix_words(v, sizeof v / sizeof v[0]);
+  h ^= h >> 33;  // a finalizer (MurmurHash3's), so every input bit reaches the 32 kept
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return uint32_t(h);
 }
 
 bool same_call(const Fingerprint& a, const Fingerprint& b) {

@@ -413,8 +413,9 @@ inline void bind_engine(py::module_& m) {
              h.get().set_shm_auto(for_auto, flat_max, shm_max);
            },
            py::arg("for_auto"), py::arg("flat_max"), py::arg("shm_max") = std::vector<size_t>{},
-           "Whether auto runs in the window, the one-sync all_reduce's limit, and per collective (all_reduce, "
-           "reduce_scatter, all_gather, broadcast) the largest buffer auto runs there.")
+           "Whether auto runs in the window, the one-sync limit (all_reduce, reduce), and per collective "
+           "(all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, all_to_all: ringcomm.shm."
+           "COLLECTIVES) the largest buffer auto runs there.")
       .def("attach_hierarchy",
            [](EngineHandle& h, std::shared_ptr<ShmWindow> local, std::vector<int> members, EngineHandle& cross,
               std::vector<int> cross_members, std::vector<int> layout) {

@@ -270,11 +270,8 @@ class UcxTransport final : public Transport {
 
   bool p2p_send_now(int peer, const void* buf, size_t bytes, uint32_t tag, RequestPtr* pending) override {
     auto r = make(peer, UcxRequest::send, bytes);
-    post_send(*r, buf, make_tag(Channel::p2p, rank_, tag));
-    if (!r->req) {
-      if (r->status != UCS_OK) fail(peer, "ucp_tag_send_nbx", r->status);
-      return true;
-    }
+    post_send(*r, buf, make_tag(Channel::p2p, rank_, tag));  // (raises on an immediate failure)
+    if (!r->req) return true;
     *pending = std::move(r);
     return false;
   }
