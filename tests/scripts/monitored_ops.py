@@ -14,7 +14,9 @@ OP (rank-dependent data, results checked against numpy; errors listed):
   send_recv   isend/irecv around the ring (COUNT elements to r+1), then blocking
               send/recv of COUNT+r elements to r-1, tag 5 (rank 0 receives from any source)
 Each form runs ITERS times. "forms" in the output lists them with the
-arguments of traffic.expected that give each one's closed form.
+arguments of traffic.expected that give each one's closed form. The
+algorithms are the message ones (linear, pairwise): in the shared-memory
+window Open MPI carries nothing to compare with.
 """
 
 import json
@@ -63,12 +65,13 @@ for it in range(ITERS):
             offs = np.concatenate([[0], np.cumsum(blocks)])
             full = np.concatenate([data(q, blocks[q], it) for q in range(n)])
             if OP == "gather":
-                res = comm.gather(data(r, blocks[r], it), root=root, counts=counts)
+                res = comm.gather(data(r, blocks[r], it), root=root, counts=counts, algorithm="linear")
                 if r == root:
                     check(res, full, f"gather counts={counts} iteration {it}")
             else:
                 out = np.zeros(blocks[r], np.float32)
-                res = comm.scatter(full if r == root else None, root=root, counts=counts, out=out)
+                res = comm.scatter(full if r == root else None, root=root, counts=counts, out=out,
+                                   algorithm="linear")
                 check(res, full[offs[r]:offs[r + 1]], f"scatter counts={counts} iteration {it}")
             forms.append([OP, {"count": int(offs[-1]), "root": root, "counts": counts}])
     elif OP == "all_to_all":
@@ -76,7 +79,8 @@ for it in range(ITERS):
             splits = ([[(q + 2 * p) % 3 * COUNT // 2 + q for p in range(n)] for q in range(n)] if uneven
                       else [[COUNT] * n for _ in range(n)])  # uneven: rank 0 sends nothing to itself and to 3
             x = data(r, sum(splits[r]), it)
-            res = comm.all_to_all(x, splits[r] if uneven else None, [splits[q][r] for q in range(n)] if uneven else None)
+            res = comm.all_to_all(x, splits[r] if uneven else None, [splits[q][r] for q in range(n)] if uneven else None,
+                                  algorithm="pairwise")
             # block r of rank q's input, for every q, in rank order
             want = np.concatenate([data(q, sum(splits[q]), it)[sum(splits[q][:r]):sum(splits[q][:r + 1])]
                                    for q in range(n)])
