@@ -204,6 +204,13 @@ def test_rank_that_never_joins_makes_the_others_time_out():
     def body(comm):
         if comm.rank == 2:
             return None
+        if comm.rank == 1:
+            # Rank 1 waits for rank 0 (its step-1 chunk needs rank 2's). Had it
+            # started with rank 0, its deadline would fall microseconds from
+            # rank 0's, and which of the two fires first would be the
+            # scheduler's choice (a failure 3 times in 6 under load): 0.3 s
+            # later, rank 0's deadline comes first.
+            time.sleep(0.3)
         t0 = time.monotonic()
         try:
             # the ring: rank 0 waits for rank 2, its left neighbour, and times out

@@ -52,17 +52,31 @@ std::string describe(const Fingerprint& f) {
   return s;
 }
 
-// FNV-1a over what same_call() compares.
+namespace {
+// A word at a time: xor in, multiply, fold the high half down. Each step is
+// a bijection of h, so inputs that differ in one word always differ here.
+// (The byte-wise FNV-1a this replaced took ~0.1 us per stamp, and the
+// shared-memory path stamps a call two or three times in a ~1 us call.)
+uint64_t mix_words(const int64_t* v, size_t n) {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= uint64_t(v[i]);
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  return h;
+}
+}  // namespace
+
+// A hash of what same_call() compares.
 uint32_t stamp_of(const Fingerprint& f) {
   const int64_t v[] = {int64_t(f.seq), f.count, f.segment_bytes, f.coll, f.dtype, f.op, f.root, f.algo,
                        int64_t(f.counts)};
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t x : v)
-    for (int i = 0; i < 8; ++i) {
-      h ^= uint64_t(x >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  return uint32_t(h ^ (h >> 32));
+  uint64_t h = mix_words(v, sizeof v / sizeof v[0]);
+  h ^= h >> 33;  // a finalizer (MurmurHash3's), so every input bit reaches the 32 kept
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return uint32_t(h);
 }
 
 bool same_call(const Fingerprint& a, const Fingerprint& b) {
@@ -78,12 +92,7 @@ std::string mismatch_text(const Fingerprint& a, const Fingerprint& b) {
 }
 
 uint64_t counts_hash(const int64_t* counts, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t k = 0; k < n; ++k)
-    for (int i = 0; i < 8; ++i) {
-      h ^= uint64_t(counts[k] >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
+  const uint64_t h = mix_words(counts, n) ^ n;
   return h <= kPerPeer ? h + 2 : h;
 }
 
