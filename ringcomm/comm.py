@@ -282,7 +282,7 @@ class Communicator:
         `x` is only read, `out` is ignored, and the call returns None. op: sum,
         prod, min, max, avg (floating dtypes only). algorithm: "auto" (the
         binomial tree up to a size limit from this communicator's cost model,
-        ``selection.reduce_limit``; the ring reduce-scatter + gather above; a
+        ``selection.reduce_limit``, at most 256 KiB; the ring reduce-scatter + gather above; a
         device communicator runs the ring), "binomial" or "ring".
         """
         if algorithm in _FAST_ALGORITHMS["reduce"] and \

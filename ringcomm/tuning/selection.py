@@ -274,16 +274,28 @@ def reduce_limit(costs, n: int) -> int:
 
     (the tree's root waits for L whole buffers, one after the other; the
     ring's root runs the reduce-scatter, then receives n-1 chunks.) The
-    tree runs where it is predicted faster; a ``Measured`` model, which has
-    no reduce measurements, uses the built-in constants of its transport's
-    kind (the lines), scaled by nothing: a simple, documented crossover."""
+    tree runs where it is predicted faster, and never above REDUCE_TREE_MAX;
+    a ``Measured`` model, which has no reduce measurements, uses the
+    built-in constants of its transport's kind (the lines), scaled by
+    nothing: a simple, documented crossover."""
     if n <= 1:
         return 0
     c = costs if isinstance(costs, Costs) else DEFAULTS["mpi"]
     L = (n - 1).bit_length()
     t0, t1 = L * c.alpha, L * (c.beta + c.gamma)
     r0, r1 = 2 * (n - 1) * c.alpha, 2 * (n - 1) / n * c.beta + (n - 1) / n * c.gamma
-    return int(_last(_below(t0, t1, r0, r1)))
+    return min(int(_last(_below(t0, t1, r0, r1))), REDUCE_TREE_MAX)
+
+
+# The tree's root reduces every byte alone, the ring's reduce-scatter
+# shares that work among the ranks; a model whose gamma fit to 0 (Open MPI
+# shared memory: all_reduce's reductions hide behind its copies) cannot see
+# it, and at n = 2 (L = 1) it then prefers the tree at every size. Measured
+# here, N = 2, float32 sum, out of place, median of 7 interleaved reps (us,
+# tree / ring): 256 KiB 41.4 / 63.7, 512 KiB 145 / 90, 1 MiB 377 / 253,
+# 4 MiB 1813 / 1235, 16 MiB 6595 / 5274; N = 3: 1 MiB 727 / 706, 4 MiB
+# 3175 / 1869. Above this size the ring runs whatever the lines say.
+REDUCE_TREE_MAX = 256 << 10
 
 
 def best(costs, n: int, nbytes: int) -> str:
