@@ -17,3 +17,17 @@ def timed(w, fn, iters: int) -> float:
         fn()
         ts.append(time.perf_counter() - t0)
     return w.allreduce(float(np.median(ts)), op=MPI.MAX)
+
+
+def interleaved(w, impls: dict, iters: int, reps: int) -> tuple[dict, dict]:
+    """Each implementation of `impls` (name -> call) warmed up, then timed
+    `reps` times in turn (one rep of each before the next rep of any: drift
+    of a shared machine falls on all alike). Returns ({name: [us per call of
+    each rep]}, {name: median us})."""
+    for f in impls.values():
+        timed(w, f, 2)
+    got = {k: [] for k in impls}
+    for _ in range(reps):
+        for k, f in impls.items():
+            got[k].append(timed(w, f, iters) * 1e6)
+    return got, {k: float(np.median(v)) for k, v in got.items()}

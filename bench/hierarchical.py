@@ -38,10 +38,6 @@ hi = int(float(sys.argv[3])) if len(sys.argv) > 3 else 16 << 20
 reps = 5
 
 
-def timed(fn, iters):
-    return _timing.timed(w, fn, iters)
-
-
 if not comm._engine.hierarchical:
     sys.exit(f"not hierarchical: {n} ranks in hosts of {per_host} (need at least 2 hosts of at least 2)")
 if comm.rank == 0:
@@ -69,13 +65,7 @@ for coll in ("all_reduce", "reduce_scatter", "all_gather"):
                      "ring": lambda: comm.all_gather(part, out=out, algorithm="ring"),
                      "mpi": lambda: w.Allgather(part, out)}
         iters = max(3, min(200, int(4e8 // size // 20)))
-        for f in impls.values():
-            timed(f, 2)
-        got = {k: [] for k in impls}
-        for _ in range(reps):
-            for k, f in impls.items():
-                got[k].append(timed(f, iters) * 1e6)
-        med = {k: float(np.median(v)) for k, v in got.items()}
+        got, med = _timing.interleaved(w, impls, iters, reps)
         if comm.rank == 0:
             cells = " ".join(f"{med[k]:>9.1f} [{min(v):.0f}..{max(v):.0f}]".rjust(24) for k, v in got.items())
             print(f"{coll:>14} {size:>10} {cells} {med['hierarchical'] / med['ring']:>9.2f} "

@@ -31,10 +31,6 @@ hi = int(float(sys.argv[2])) if len(sys.argv) > 2 else 16 << 20
 reps = 5
 
 
-def timed(fn, iters):
-    return _timing.timed(w, fn, iters)
-
-
 if r == 0:
     print(f"# N = {n}, float32, root 0, median of {reps} interleaved reps (us per call, slowest rank)")
     print(f"{'collective':>11} {'bytes':>10} {'shm':>10} {'p2p':>10} {'mpi':>10} {'shm/p2p':>8} {'shm/mpi':>8}")
@@ -63,13 +59,7 @@ for coll in ("reduce", "gather", "scatter", "all_to_all"):
                      "p2p": lambda: comm.all_to_all(full, out=out, algorithm="pairwise"),
                      "mpi": lambda: w.Alltoall(full, out)}
         iters = max(3, min(500, int(2e8 // size // 20)))
-        for f in impls.values():
-            timed(f, 2)
-        got = {k: [] for k in impls}
-        for _ in range(reps):
-            for k, f in impls.items():
-                got[k].append(timed(f, iters) * 1e6)
-        med = {k: float(np.median(v)) for k, v in got.items()}
+        got, med = _timing.interleaved(w, impls, iters, reps)
         if r == 0:
             print(f"{coll:>11} {size:>10} {med['shm']:>10.1f} {med['p2p']:>10.1f} {med['mpi']:>10.1f} "
                   f"{med['shm'] / med['p2p']:>8.2f} {med['shm'] / med['mpi']:>8.2f}", flush=True)

@@ -149,11 +149,19 @@ void shm_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, co
   direct(link, plan, red, in, Then::keep, own);
 }
 
-void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out) {
+namespace {
+// One sync per slot of the buffer ("shm_flat", small buffers): every rank
+// copies its input into its slot; then every rank (all_reduce: root < 0) or
+// the root alone (reduce) reduces all the slots in rank order, so both give
+// the same bits. Each rank stages its own input too: `out` may be its input,
+// and the sum in rank order would overwrite it before its turn. The ledger:
+// a peer that reads this rank's slot is "sent" to.
+void flat(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out) {
   ShmWindow& w = window_of(link);
   const Fingerprint& fp = link.call();
   const Coll coll = Coll(fp.coll);
   const int n = w.size(), r = w.rank();
+  const bool reduces_here = root < 0 || r == root;
   const size_t es = plan.elem_size();
   const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
   const size_t rounds = rounds_for(plan.count(), W);
@@ -164,15 +172,20 @@ void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, c
     if (len) std::memcpy(w.slot(r, par), in + t * W * es, len * es);
     w.sync(link, fp, t == 0);
     if (!len) continue;
-    char* dst = out + t * W * es;  // (may be the input: it was staged)
+    for (int j = 0; j < n; ++j)
+      if (j != r && (root < 0 || j == root)) ledger.sent(coll, w.member(j), false, len * es);
+    if (!reduces_here) continue;
+    char* dst = out + t * W * es;
     reduce_in_rank_order(red, dst, n, len, es, [&](int j) -> const char* { return w.slot(j, par); });
     red.finalize(dst, len, n);
     for (int j = 0; j < n; ++j)
-      if (j != r) {
-        ledger.sent(coll, w.member(j), false, len * es);
-        ledger.received(coll, w.member(j), false, len * es);
-      }
+      if (j != r) ledger.received(coll, w.member(j), false, len * es);
   }
+}
+}  // namespace
+
+void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in, char* out) {
+  flat(link, plan, red, -1, in, out);
 }
 
 namespace {
@@ -259,32 +272,8 @@ void shm_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, 
   direct(link, plan, red, in, Then::gather_root, out, root);
 }
 
-// One sync per slot of the buffer ("shm_flat", small buffers): every other
-// rank copies its input into its slot, and the root reduces all of them, in
-// rank order (shm_flat all_reduce's sums).
 void shm_flat_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out) {
-  ShmWindow& w = window_of(link);
-  const Fingerprint& fp = link.call();
-  const int n = w.size(), r = w.rank();
-  const size_t es = plan.elem_size();
-  const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
-  const size_t rounds = rounds_for(plan.count(), W);
-  Ledger& ledger = link.ledger();
-  for (size_t t = 0; t < rounds; ++t) {
-    const int par = w.next_parity();
-    const size_t len = piece_len(plan.count(), t, W);
-    // (the root stages its own too: `out` may be its input, and the sum in
-    // rank order would overwrite it before its turn)
-    if (len) std::memcpy(w.slot(r, par), in + t * W * es, len * es);
-    if (r != root && len) ledger.sent(Coll::reduce, w.member(root), false, len * es);
-    w.sync(link, fp, t == 0);
-    if (r != root || !len) continue;
-    char* dst = out + t * W * es;
-    reduce_in_rank_order(red, dst, n, len, es, [&](int j) -> const char* { return w.slot(j, par); });
-    red.finalize(dst, len, n);
-    for (int j = 0; j < n; ++j)
-      if (j != r) ledger.received(Coll::reduce, w.member(j), false, len * es);
-  }
+  flat(link, plan, red, root, in, out);
 }
 
 void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out) {
