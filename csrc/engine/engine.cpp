@@ -264,8 +264,10 @@ void Engine::record_abort(const std::string& reason, int origin, ErrKind cause) 
   abort_cause_ = cause;
 }
 
-std::shared_ptr<Work> Engine::enqueue(const Task& t, bool inline_if_idle, bool* run_here) {
+std::shared_ptr<Work> Engine::enqueue(Task& t, bool inline_if_idle, bool* run_here) {
   std::lock_guard<std::mutex> g(m_);
+  t.opts = opts_;  // the settings as of this call's issue (set_* take the same lock)
+  t.tracer = tracer_;
   const bool here = inline_if_idle && queue_.empty() && !busy_;
   std::shared_ptr<Work> w;
   if (here && spare_work_.use_count() == 1) {
@@ -308,22 +310,12 @@ std::shared_ptr<Work> Engine::submit(const Task& t) {
   Task task = t;
   validate(task);
   bool run_here = false;
-  {
-    std::lock_guard<std::mutex> g(m_);
-    task.opts = opts_;
-    task.tracer = tracer_;
-  }
   return enqueue(task, false, &run_here);
 }
 
 std::shared_ptr<Work> Engine::submit_and_wait(const Task& t, const std::function<bool()>* interrupted) {
   Task task = t;  // (interrupted is set below only when it runs here: a queued task runs on the worker)
   validate(task);
-  {
-    std::lock_guard<std::mutex> g(m_);
-    task.opts = opts_;
-    task.tracer = tracer_;
-  }
   bool run_here = false;
   auto w = enqueue(task, true, &run_here);
   if (run_here) {
@@ -339,6 +331,7 @@ std::shared_ptr<Work> Engine::submit_and_wait(const Task& t, const std::function
       handed_work = !queue_.empty() || stop_;
     }
     if (handed_work) cv_.notify_all();  // only then: waking the worker costs a context switch
+    return w;  // (execute() has finished it)
   } else if (interrupted) {
     bool fired = false;
     wait_interruptible(*w, -1, *interrupted, &fired);

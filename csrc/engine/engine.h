@@ -219,7 +219,7 @@ class Engine {
 
  private:
   void loop();
-  std::shared_ptr<Work> enqueue(const Task& t, bool inline_if_idle, bool* run_here);
+  std::shared_ptr<Work> enqueue(Task& t, bool inline_if_idle, bool* run_here);
   void execute(const Task& t, Work& w);  // perform() and record the outcome (Work, flight record, abort state)
   void perform(const Task& t, Work& w);  // the collective itself: header, algorithm, drain
   // Throws RingError(invalid) for what can be checked locally, or (aborted)
