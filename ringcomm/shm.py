@@ -112,15 +112,20 @@ def arena_bytes() -> int:
 # gather 3.2 vs 4.9 at 16 KiB, 7.0 vs 6.9 at 64 KiB; scatter 3.0 vs 3.4 at
 # 16 KiB, 7.5 vs 4.5 at 64 KiB; all_to_all 3.3 vs 4.9 at 16 KiB, 11.0 vs 7.2
 # at 64 KiB (at N = 4 on 2 cores the window won or tied up to 1 MiB).
-# Gather has no limit: larger sizes (the same script's sizes, 11 interleaved
-# reps, window / linear / MPI_Gather, us) tied from 64 KiB to 512 KiB (7.9 /
-# 8.1 / 5.5, 14.3 / 14.9 / 13.2, 29.2 / 27.7 / 23.4) and the window won above
-# (1 MiB 68.6 / 85.9 / 79.5, 4 MiB 326 / 418 / 495; in a noisier run 16 MiB
-# 3640 / 3889 / 3577): the root copies each block once out of the window,
-# as Open MPI's single copy does, and the leaves' copies in run in parallel.
 # RINGCOMM_SHM_MAX sets one limit for all; RINGCOMM_TRANSPORT=shm none.
 SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32 << 10, "broadcast": UNLIMITED,
-           "reduce": 4 << 10, "gather": UNLIMITED, "scatter": 16 << 10, "all_to_all": 16 << 10}
+           "reduce": 4 << 10, "gather": 16 << 10, "scatter": 16 << 10, "all_to_all": 16 << 10}
+
+# ... and from these sizes up the window again (the rest: never), while the
+# ranks fit the cores: above about 1 MiB the message path's costs per
+# message and per page (Open MPI pins the pages it copies) grow faster than
+# the window's copies, and the leaves copy in at once. bench/shm_rooted.py,
+# N = 2, 7 interleaved reps, a barrier before every call, us (window /
+# message algorithm / MPI): reduce 1 MiB 161 / 155 (ring) / 162, 4 MiB
+# 658 / 800 / 669, 16 MiB 2796 / 4192 / 2941; gather 256 KiB 19.0 / 13.1 /
+# 11.4 (why not sooner), 1 MiB 66.0 / 83.0 / 79.1, 4 MiB 354 / 410 / 359,
+# 16 MiB 2291 / 2420 / 2172. Scatter and all_to_all lost at every size.
+SHM_FROM = {"reduce": 4 << 20, "gather": 1 << 20}
 
 
 # (the order Engine.set_shm_auto takes them in)
@@ -159,6 +164,16 @@ def shm_max(nranks: int) -> list:
     if nranks > (os.cpu_count() or 1):  # what tune did not measure: no limit
         return [t.get(c, UNLIMITED) for c in COLLECTIVES]
     return [t.get(c, SHM_MAX[c]) for c in COLLECTIVES]
+
+
+def shm_from(nranks: int) -> list:
+    """Per collective (in the order of COLLECTIVES) the size from which auto
+    runs in the window again, above shm_max's limit (UNLIMITED: never):
+    SHM_FROM, unless ``RINGCOMM_SHM_MAX`` (one limit, nothing above it) or
+    ``RINGCOMM_TRANSPORT=shm`` (no limit) says otherwise."""
+    if os.environ.get("RINGCOMM_SHM_MAX") or mode() == "shm":
+        return [UNLIMITED] * len(COLLECTIVES)
+    return [SHM_FROM.get(c, UNLIMITED) for c in COLLECTIVES]
 
 
 def flat_max(nranks: int | None = None) -> int:
@@ -241,9 +256,10 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
                           "messages: " + err, RuntimeWarning, stacklevel=3)
             return None
         # Rank 0's limits for everyone: every rank must choose alike.
-        flat, limits = comm.bcast((flat_max(n), shm_max(n)) if comm.Get_rank() == 0 else None, root=0)
+        flat, limits, again = comm.bcast((flat_max(n), shm_max(n), shm_from(n)) if comm.Get_rank() == 0 else None,
+                                         root=0)
         engine.attach_window(window, True, flat)
-        engine.set_shm_auto(True, flat, limits)
+        engine.set_shm_auto(True, flat, limits, again)
         return "shm"
     per_host = [keys.count(k) for k in order]
     if len(set(per_host)) != 1 or per_host[0] < 2:

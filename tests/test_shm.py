@@ -256,6 +256,54 @@ def test_auto_in_process_uses_the_window_only_when_asked(monkeypatch):
     assert ringcomm.run_local(2, algos)[0][0] == "shm"
 
 
+def test_auto_runs_the_window_up_to_shm_max_and_again_from_shm_from(monkeypatch):
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", "shm")
+    k_coll = len(shm_mod.COLLECTIVES)
+
+    def body(comm):
+        n, r = comm.size, comm.rank
+        again = [shm_mod.UNLIMITED] * k_coll
+        again[shm_mod.COLLECTIVES.index("gather")] = again[shm_mod.COLLECTIVES.index("reduce")] = 1 << 20
+        comm._engine.set_shm_auto(True, 0, [16 << 10] * k_coll, again)  # (the limits rank 0 would broadcast)
+        got, errs = [], []
+        for nbytes in (8 << 10, 256 << 10, 1 << 20, 2 << 20):
+            k = nbytes // 4
+            x = ((np.arange(k) * 7 + 13 * r) % 1009).astype(np.float32)
+            out = np.empty(k, np.float32) if r == 0 else None
+            comm.gather(x[r * (k // n):(r + 1) * (k // n)], root=0, out=out)
+            g = comm.last_algorithm
+            if r == 0:
+                want = np.concatenate([((np.arange(k) * 7 + 13 * q) % 1009).astype(np.float32)[
+                    q * (k // n):(q + 1) * (k // n)] for q in range(n)])
+                bad = np.flatnonzero(out != want)
+                if bad.size:
+                    errs.append(f"gather {nbytes} B: rank 0 index {bad[0]}: {out[bad[0]]} != {want[bad[0]]}")
+            res = comm.reduce(x, root=0, out=np.empty(k, np.float32) if r == 0 else None)
+            if r == 0:
+                want = sum(((np.arange(k) * 7 + 13 * q) % 1009).astype(np.float32) for q in range(n))
+                bad = np.flatnonzero(res != want)
+                if bad.size:
+                    errs.append(f"reduce {nbytes} B: rank 0 index {bad[0]}: {res[bad[0]]} != {want[bad[0]]}")
+            got.append((g, comm.last_algorithm))
+        return got, errs
+    for got, errs in ringcomm.run_local(2, body):
+        assert not errs, errs
+        assert got == [("shm", "shm"), ("linear", "binomial"), ("shm", "shm"), ("shm", "shm")], got
+
+
+def test_shm_from_is_the_built_in_band_unless_a_variable_says_otherwise(monkeypatch):
+    monkeypatch.delenv("RINGCOMM_SHM_MAX", raising=False)
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", "auto")
+    got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(2)))
+    assert got["gather"] == 1 << 20 and got["reduce"] == 4 << 20
+    assert got["all_reduce"] == got["scatter"] == got["all_to_all"] == shm_mod.UNLIMITED
+    monkeypatch.setenv("RINGCOMM_SHM_MAX", "4096")  # one limit, nothing above it
+    assert shm_mod.shm_from(2) == [shm_mod.UNLIMITED] * len(shm_mod.COLLECTIVES)
+    monkeypatch.delenv("RINGCOMM_SHM_MAX")
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", "shm")  # the window at every size anyway
+    assert shm_mod.shm_from(2) == [shm_mod.UNLIMITED] * len(shm_mod.COLLECTIVES)
+
+
 def test_bad_choices_are_clear_errors(monkeypatch):
     def body(comm):
         with pytest.raises(InvalidArgument, match="reduce runs algorithm"):

@@ -53,6 +53,7 @@ void Work::finish(std::unique_ptr<RingError> err) {
 Engine::Engine(std::unique_ptr<Transport> transport, Options opts, size_t flight_records)
     : link_(std::move(transport), opts), recorder_(flight_records), opts_(opts), worker_([this] { loop(); }) {
   for (auto& m : shm_max_) m.store(SIZE_MAX);  // (read only by choose_algorithm, on callers' threads)
+  for (auto& m : shm_from_) m.store(SIZE_MAX);
 }
 
 Engine::~Engine() {
@@ -164,8 +165,9 @@ Algo Engine::choose_algorithm(const Task& t) const {
       return Algo::hierarchical;
     // Arrays in the shared arena: the caller asked for zero copy (comm.empty).
     if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
-    const bool within = t.coll == Coll::barrier ||
-                        t.count * dtype_size(t.dtype) <= shm_max_[int(t.coll)].load(std::memory_order_relaxed);
+    const size_t bytes = t.count * dtype_size(t.dtype);
+    const bool within = t.coll == Coll::barrier || bytes <= shm_max_[int(t.coll)].load(std::memory_order_relaxed) ||
+                        bytes >= shm_from_[int(t.coll)].load(std::memory_order_relaxed);
     if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && within &&
         shm_runs(t)) {
       if ((t.coll == Coll::all_reduce || t.coll == Coll::reduce) &&

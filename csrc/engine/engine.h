@@ -169,14 +169,20 @@ class Engine {
   // broadcast, reduce, gather, scatter, all_to_all: `count` elements, the
   // whole buffer), the largest buffer auto runs in the window; above it the
   // message path's choice (on a machine where Open MPI's single-copy
-  // point-to-point outruns the staged copies). Barrier: always the window.
-  void set_shm_auto(bool for_auto, size_t flat_max, const std::vector<size_t>& shm_max = {}) {
+  // point-to-point outruns the staged copies), up to `shm_from` (same
+  // order; none given: SIZE_MAX), from which the window runs again (where
+  // the message path's per-message costs grow with the size faster than
+  // the window's copies). Barrier: always the window.
+  void set_shm_auto(bool for_auto, size_t flat_max, const std::vector<size_t>& shm_max = {},
+                    const std::vector<size_t>& shm_from = {}) {
     shm_auto_.store(for_auto);
     auto_flat_max_.store(flat_max);
     static const Coll order[] = {Coll::all_reduce, Coll::reduce_scatter, Coll::all_gather, Coll::broadcast,
                                  Coll::reduce,     Coll::gather,         Coll::scatter,    Coll::all_to_all};
-    for (size_t i = 0; i < sizeof order / sizeof order[0]; ++i)
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; ++i) {
       shm_max_[int(order[i])].store(i < shm_max.size() ? shm_max[i] : SIZE_MAX);
+      shm_from_[int(order[i])].store(i < shm_from.size() ? shm_from[i] : SIZE_MAX);
+    }
   }
   // Ranks on several hosts: `local` is this host's ranks' window (its
   // members: their ranks here), `cross` an engine over the ranks with this
@@ -263,7 +269,8 @@ class Engine {
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
   std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0}, auto_flat_max_{0};
   std::atomic<bool> shm_auto_{false};
-  std::atomic<size_t> shm_max_[int(Coll::kCount)];  // by collective; set by set_shm_auto (all: SIZE_MAX)
+  std::atomic<size_t> shm_max_[int(Coll::kCount)];   // by collective; set by set_shm_auto (all: SIZE_MAX)
+  std::atomic<size_t> shm_from_[int(Coll::kCount)];  // the same (all: SIZE_MAX)
   std::shared_ptr<Engine> cross_;  // hierarchical: the inter-host engine
   std::vector<int> cross_members_;
   HostLayout layout_;

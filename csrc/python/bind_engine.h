@@ -409,13 +409,15 @@ inline void bind_engine(py::module_& m) {
            },
            py::arg("window"), py::arg("for_auto"), py::arg("flat_max"))
       .def("set_shm_auto",
-           [](EngineHandle& h, bool for_auto, size_t flat_max, std::vector<size_t> shm_max) {
-             h.get().set_shm_auto(for_auto, flat_max, shm_max);
+           [](EngineHandle& h, bool for_auto, size_t flat_max, std::vector<size_t> shm_max,
+              std::vector<size_t> shm_from) {
+             h.get().set_shm_auto(for_auto, flat_max, shm_max, shm_from);
            },
            py::arg("for_auto"), py::arg("flat_max"), py::arg("shm_max") = std::vector<size_t>{},
+           py::arg("shm_from") = std::vector<size_t>{},
            "Whether auto runs in the window, the one-sync limit (all_reduce, reduce), and per collective "
            "(all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, all_to_all: ringcomm.shm."
-           "COLLECTIVES) the largest buffer auto runs there.")
+           "COLLECTIVES) the largest buffer auto runs there, and the size from which it runs there again.")
       .def("attach_hierarchy",
            [](EngineHandle& h, std::shared_ptr<ShmWindow> local, std::vector<int> members, EngineHandle& cross,
               std::vector<int> cross_members, std::vector<int> layout) {
