@@ -15,7 +15,8 @@ ranks), us:
   auto   ringcomm's default; `chose` says what it ran
   mpi    Open MPI (MPI_Reduce, MPI_Gather, MPI_Scatter, MPI_Alltoall)
 shm/p2p < 1: the window is faster; the largest size where it stays so
-is what shm.SHM_MAX should hold for that collective. auto/mpi < 1:
+is what shm.SHM_MAX should hold for that collective (for reduce, p2p is
+the tree, which auto runs up to 256 KiB: above, compare shm with ring). auto/mpi < 1:
 ringcomm's default is faster than Open MPI's.
 """
 import sys

@@ -125,6 +125,8 @@ SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32
 # 658 / 800 / 669, 16 MiB 2796 / 4192 / 2941; gather 256 KiB 19.0 / 13.1 /
 # 11.4 (why not sooner), 1 MiB 66.0 / 83.0 / 79.1, 4 MiB 354 / 410 / 359,
 # 16 MiB 2291 / 2420 / 2172. Scatter and all_to_all lost at every size.
+# Measured at N = 2 only (this machine's 2 cores); applied to any number of
+# ranks that fit the cores, as SHM_MAX is.
 SHM_FROM = {"reduce": 4 << 20, "gather": 1 << 20}
 
 

@@ -169,12 +169,13 @@ void flat(Link& link, const RingPlan& plan, const Reducer& red, int root, const 
   for (size_t t = 0; t < rounds; ++t) {
     const int par = w.next_parity();
     const size_t len = piece_len(plan.count(), t, W);
-    if (len) std::memcpy(w.slot(r, par), in + t * W * es, len * es);
+    if (len) {
+      std::memcpy(w.slot(r, par), in + t * W * es, len * es);
+      for (int j = 0; j < n; ++j)  // booked before the sync, as every window routine does
+        if (j != r && (root < 0 || j == root)) ledger.sent(coll, w.member(j), false, len * es);
+    }
     w.sync(link, fp, t == 0);
-    if (!len) continue;
-    for (int j = 0; j < n; ++j)
-      if (j != r && (root < 0 || j == root)) ledger.sent(coll, w.member(j), false, len * es);
-    if (!reduces_here) continue;
+    if (!len || !reduces_here) continue;
     char* dst = out + t * W * es;
     reduce_in_rank_order(red, dst, n, len, es, [&](int j) -> const char* { return w.slot(j, par); });
     red.finalize(dst, len, n);
