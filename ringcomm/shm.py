@@ -168,7 +168,7 @@ def shm_max(nranks: int) -> list:
     return [t.get(c, SHM_MAX[c]) for c in COLLECTIVES]
 
 
-def shm_from(nranks: int) -> list:
+def shm_from() -> list:
     """Per collective (in the order of COLLECTIVES) the size from which auto
     runs in the window again, above shm_max's limit (UNLIMITED: never):
     SHM_FROM, unless ``RINGCOMM_SHM_MAX`` (one limit, nothing above it) or
@@ -258,7 +258,7 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
                           "messages: " + err, RuntimeWarning, stacklevel=3)
             return None
         # Rank 0's limits for everyone: every rank must choose alike.
-        flat, limits, again = comm.bcast((flat_max(n), shm_max(n), shm_from(n)) if comm.Get_rank() == 0 else None,
+        flat, limits, again = comm.bcast((flat_max(n), shm_max(n), shm_from()) if comm.Get_rank() == 0 else None,
                                          root=0)
         engine.attach_window(window, True, flat)
         engine.set_shm_auto(True, flat, limits, again)

@@ -268,19 +268,21 @@ def test_auto_runs_the_window_up_to_shm_max_and_again_from_shm_from(monkeypatch)
         got, errs = [], []
         for nbytes in (8 << 10, 256 << 10, 1 << 20, 2 << 20):
             k = nbytes // 4
-            x = ((np.arange(k) * 7 + 13 * r) % 1009).astype(np.float32)
+
+            def data(q):  # rank q's input: rank-dependent, not periodic in the block size
+                return ((np.arange(k) * 7 + 13 * q) % 1009).astype(np.float32)
+            x = data(r)
             out = np.empty(k, np.float32) if r == 0 else None
             comm.gather(x[r * (k // n):(r + 1) * (k // n)], root=0, out=out)
             g = comm.last_algorithm
             if r == 0:
-                want = np.concatenate([((np.arange(k) * 7 + 13 * q) % 1009).astype(np.float32)[
-                    q * (k // n):(q + 1) * (k // n)] for q in range(n)])
+                want = np.concatenate([data(q)[q * (k // n):(q + 1) * (k // n)] for q in range(n)])
                 bad = np.flatnonzero(out != want)
                 if bad.size:
                     errs.append(f"gather {nbytes} B: rank 0 index {bad[0]}: {out[bad[0]]} != {want[bad[0]]}")
             res = comm.reduce(x, root=0, out=np.empty(k, np.float32) if r == 0 else None)
             if r == 0:
-                want = sum(((np.arange(k) * 7 + 13 * q) % 1009).astype(np.float32) for q in range(n))
+                want = sum(data(q) for q in range(n))
                 bad = np.flatnonzero(res != want)
                 if bad.size:
                     errs.append(f"reduce {nbytes} B: rank 0 index {bad[0]}: {res[bad[0]]} != {want[bad[0]]}")
@@ -294,14 +296,14 @@ def test_auto_runs_the_window_up_to_shm_max_and_again_from_shm_from(monkeypatch)
 def test_shm_from_is_the_built_in_band_unless_a_variable_says_otherwise(monkeypatch):
     monkeypatch.delenv("RINGCOMM_SHM_MAX", raising=False)
     monkeypatch.setenv("RINGCOMM_TRANSPORT", "auto")
-    got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(2)))
+    got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from()))
     assert got["gather"] == 1 << 20 and got["reduce"] == 4 << 20
     assert got["all_reduce"] == got["scatter"] == got["all_to_all"] == shm_mod.UNLIMITED
     monkeypatch.setenv("RINGCOMM_SHM_MAX", "4096")  # one limit, nothing above it
-    assert shm_mod.shm_from(2) == [shm_mod.UNLIMITED] * len(shm_mod.COLLECTIVES)
+    assert shm_mod.shm_from() == [shm_mod.UNLIMITED] * len(shm_mod.COLLECTIVES)
     monkeypatch.delenv("RINGCOMM_SHM_MAX")
     monkeypatch.setenv("RINGCOMM_TRANSPORT", "shm")  # the window at every size anyway
-    assert shm_mod.shm_from(2) == [shm_mod.UNLIMITED] * len(shm_mod.COLLECTIVES)
+    assert shm_mod.shm_from() == [shm_mod.UNLIMITED] * len(shm_mod.COLLECTIVES)
 
 
 def test_bad_choices_are_clear_errors(monkeypatch):

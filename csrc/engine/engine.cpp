@@ -171,7 +171,7 @@ Algo Engine::choose_algorithm(const Task& t) const {
     if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && within &&
         shm_runs(t)) {
       if ((t.coll == Coll::all_reduce || t.coll == Coll::reduce) &&
-          t.count * dtype_size(t.dtype) <= auto_flat_max_.load(std::memory_order_relaxed))
+          bytes <= auto_flat_max_.load(std::memory_order_relaxed))
         return Algo::shm_flat;
       return Algo::shm;
     }
