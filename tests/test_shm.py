@@ -425,6 +425,32 @@ def test_abort_wakes_a_rank_sleeping_in_the_window():
     assert woke["after"] < 2.0, woke
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_news_passed_on_from_the_window_still_names_its_origin(n):
+    # Rank 1 aborts; the ranks in the window hear it there and pass it on
+    # round the ring. Rank 0, which comes late to a ring call, may hear it
+    # from them first: it must still name rank 1, not the rank that passed
+    # it on (CI once failed on exactly that, over MPI, 1 run in 12).
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.3)
+            comm.abort()
+            return None
+        if comm.rank == 0:
+            time.sleep(1.0)  # the others have heard and passed it on by now
+        try:
+            comm.all_reduce(np.ones(1000, np.float32), algorithm="ring" if comm.rank == 0 else "shm")
+        except CommunicatorAborted as e:
+            return e.origin, str(e)
+        return None, "no error"
+    res = ringcomm.run_local(n, body, timeout=30)
+    for r, got in enumerate(res):
+        if r == 1:
+            continue
+        origin, msg = got
+        assert origin == 1 and msg.startswith(f"[rank {r}] rank 1 aborted the communicator"), f"rank {r}: {got}"
+
+
 def test_failure_on_one_rank_reaches_the_others_through_the_window():
     # Rank 0 fails on its own (a mismatch it detects through the ring path
     # would do too; here: a timeout while the others wait in the window).

@@ -130,14 +130,16 @@ std::string Link::abort_text(const ControlMsg& m) const {
       why = op + " failed (" + std::string(kind == ErrKind::transport ? "transport error" : "error") + ")";
   } else if (kind == ErrKind::mismatch && other_unknown && m.peer == rank_) {
     why = mismatch_text(m.fp, fp_);  // the message of another call was ours: we know both
+  } else if (kind == ErrKind::mismatch && other_unknown && m.peer < 0) {  // passed on from the window
+    why = "rank " + std::to_string(m.origin) + " found that the ranks disagree on " + describe(m.fp);
   } else if (kind == ErrKind::mismatch && other_unknown) {
     why = "rank " + std::to_string(m.origin) + " in " + describe(m.fp) + " got a message from rank " +
           std::to_string(m.peer) + " that belongs to another call: the ranks disagree on the call";
   } else if (kind == ErrKind::mismatch) {
     why = mismatch_text(m.fp, m.other);
   } else if (kind == ErrKind::timeout) {
-    why = "rank " + std::to_string(m.origin) + " timed out in " + describe(m.fp) + " waiting for rank " +
-          std::to_string(m.peer);
+    why = "rank " + std::to_string(m.origin) + " timed out in " + describe(m.fp) +
+          (m.peer >= 0 ? " waiting for rank " + std::to_string(m.peer) : std::string());
   } else if (kind == ErrKind::aborted && m.interrupted) {
     why = "rank " + std::to_string(m.origin) + " was interrupted (KeyboardInterrupt) in " + describe(m.fp);
   } else if (kind == ErrKind::aborted) {
@@ -645,12 +647,16 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
   if (received_abort_) {
     notice = *received_abort_;
   } else {
+    // Heard elsewhere (through the shared-memory window, which names the
+    // origin in e): pass the news on as the origin's, not as ours, so the
+    // ranks that hear it from us first still name the rank it began at.
+    const bool heard = !call && e.origin >= 0 && e.origin != rank_;
     notice.type = kAbort;
     notice.fp = call ? *call : fp_;
     notice.fp.rank = rank_;
-    notice.origin = rank_;
-    notice.kind = int32_t(e.kind);
-    notice.peer = e.peer;
+    notice.origin = heard ? e.origin : rank_;
+    notice.kind = int32_t(heard ? e.cause : e.kind);
+    notice.peer = heard ? -1 : e.peer;  // (the window does not say which peer the origin waited for)
     notice.interrupted = user_interrupted_ ? 1 : 0;
   }
   // Ranks waiting in the shared-memory window hear it there (the first
