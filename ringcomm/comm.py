@@ -366,8 +366,10 @@ class Communicator:
         MPI's); they never match a collective's. The receive must have
         exactly x's size and dtype (else MismatchError on the receiver, and
         the communicator is aborted, so this rank hears of it too). Sending
-        to oneself is an InvalidArgument (torch forbids it too). Host
-        memory only for now (a device communicator: InvalidArgument).
+        to oneself is an InvalidArgument (torch forbids it too). On a
+        device communicator the payload goes through host memory (copied
+        out after the work queued on the caller's current stream, and in
+        before ``recv``/``wait`` returns; csrc/engine/p2p.h says why).
         """
         if self._fast_lane:  # numpy arrays and torch CPU tensors: described and run natively
             try:
@@ -429,14 +431,14 @@ class Communicator:
         return self._p2p_start(send, *self._door.p2p(x, peer, tag, send))
 
     def _p2p_start(self, send: bool, xb: Buf, peer: int, tag: int) -> P2PWork:
-        native = self._engine.p2p(send, peer, xb.ptr, xb.count, vocab.DTYPES[xb.dtype], tag)
+        native = self._engine.p2p(send, peer, xb.ptr, xb.count, vocab.DTYPES[xb.dtype], tag, xb.stream())
         work = P2PWork(native, xb.obj, (xb,), self._failed)
         self._track(work)
         return work
 
     def _p2p_run(self, send: bool, xb: Buf, peer: int, tag: int) -> int:
         try:
-            return self._engine.p2p_run(send, peer, xb.ptr, xb.count, vocab.DTYPES[xb.dtype], tag)
+            return self._engine.p2p_run(send, peer, xb.ptr, xb.count, vocab.DTYPES[xb.dtype], tag, xb.stream())
         except BaseException as exc:
             self._failed(exc, (xb,))
             raise

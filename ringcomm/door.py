@@ -220,10 +220,7 @@ class Door:
         """Check one send (`x` is read) or receive (`x` is written; peer None:
         any source). Returns (x's view, peer (-1: any), tag); the engine posts it (csrc/engine/p2p.h)."""
         what = "send" if send else "recv"
-        xb = self.view(x, f"{what} buffer")
-        if self.gpu is not None or xb.device is not None:
-            raise InvalidArgument(f"{what}: point-to-point is host-only for now (this communicator moves "
-                                  f"{'cuda:%d' % self.gpu if self.gpu is not None else 'device'} memory)")
+        xb = self.view(x, f"{what} buffer")  # (on a device communicator: that device's memory)
         if not send:
             _writable(xb, "recv buffer")
         if peer is None and not send:

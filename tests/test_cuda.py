@@ -258,6 +258,35 @@ def test_stream_order_producer_collective_consumer():
 
 
 @gpu
+def test_point_to_point_on_gpus_ordered_after_the_producer():
+    """send/recv of GPU arrays (through host memory, csrc/engine/p2p.h): the
+    send copies out after a slow producer (about 0.2 s) on the caller's
+    non-blocking stream, so the receiver gets the produced values; recv has
+    them in place when it returns; a size mismatch lands nothing."""
+    cupy = pytest.importorskip("cupy")
+    kernel = cupy.RawKernel(SPIN, "spin_then_fill")
+    n = 3
+
+    def body(comm):
+        r = comm.rank
+        cycles = int(cupy.cuda.Device().attributes["ClockRate"]) * 200  # ~0.2 s
+        with cupy.cuda.Stream(non_blocking=True) as s:
+            x = cupy.zeros(1 << 18, cupy.float32)
+            kernel((64,), (256,), (x, cupy.int32(x.size), cupy.float32(r + 1), cupy.int64(cycles)))
+            y = cupy.full(1 << 18, -1, cupy.float32)
+            works = comm.batch_isend_irecv([ringcomm.P2POp("irecv", y, (r - 1) % n),
+                                            ringcomm.P2POp("isend", x, (r + 1) % n)])
+            for w in works:
+                w.wait()
+            got = cupy.asnumpy(y)
+            s.synchronize()
+        return float(got.min()), float(got.max()), works[0].source
+    for r, (lo, hi, src) in enumerate(on_gpu(n, body)):
+        want = float((r - 1) % n + 1)
+        assert lo == hi == want and src == (r - 1) % n, f"rank {r}: got {lo}..{hi} from {src}, want {want}"
+
+
+@gpu
 def test_synchronous_call_is_ordered_on_the_current_stream():
     cupy = pytest.importorskip("cupy")
 

@@ -367,3 +367,109 @@ def test_torch_tensors_blocking():
         assert src == 1 - r and torch.equal(y, torch.arange(5, dtype=torch.float32) + (1 - r))
         return comm.flight_record()[-1]["state"]
     assert ringcomm.run_local(2, body) == ["done", "done"]
+
+
+# ---- device communicators -------------------------------------------------
+# The payload goes through host memory, copied out of and into the device
+# buffer on the rank's device queue (csrc/engine/p2p.h). "emulated": that
+# queue is a thread with random delays before each copy, so a copy not
+# ordered before the send or before recv returns shows up as wrong data;
+# "emulated-nccl": the NCCL transport's own code (GroupedTransport) carries
+# the ring's payload, and its host transport the p2p messages.
+DEVICES = ["emulated", "emulated-nccl"]
+
+
+def run_dev(n, body, device, **kw):
+    kw.setdefault("timeout", 60)
+    return ringcomm.run_local(n, body, device=device, jitter_us=100, **kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("count", [0, 1, 97, 40000])
+def test_device_ring_shift_blocking_and_batched(device, n, count):
+    def body(comm):
+        r = comm.rank
+        left, right = (r - 1) % n, (r + 1) % n
+        x = data(r, count, "float32")
+        y = np.full(count, -1, np.float32)
+        if r % 2 == 0:
+            comm.send(x, right)
+            src = comm.recv(y, left)
+        else:
+            src = comm.recv(y, left)
+            comm.send(x, right)
+        check(y, data(left, count, "float32"), r, "blocking ring shift")
+        assert src == left
+        # Both directions at once, large and small, with a collective of the
+        # same communicator in between (its payload on the device path).
+        y1, y2 = np.full(count, -1, np.float32), np.full(count, -1, np.float32)
+        works = comm.batch_isend_irecv([ringcomm.P2POp("irecv", y1, left, tag=3),
+                                        ringcomm.P2POp("irecv", y2, right, tag=3),
+                                        ringcomm.P2POp("isend", data(r, count, "float32", 1), right, tag=3),
+                                        ringcomm.P2POp("isend", data(r, count, "float32", 2), left, tag=3)])
+        z = data(r, count, "float32", 5)
+        comm.all_reduce(z)
+        for w in reversed(works):
+            w.wait()
+        check(y1, data(left, count, "float32", 1), r, "batched, from the left")
+        check(y2, data(right, count, "float32", 2), r, "batched, from the right")
+        check(z, sum(data(p, count, "float32", 5).astype(np.float64) for p in range(n)), r, "all_reduce between")
+        t = comm.traffic()
+        assert t.bytes_sent("send") == 3 * count * 4 and t.bytes_received("recv") == 3 * count * 4, t
+        return True
+    assert all(run_dev(n, body, device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_any_source_and_every_dtype(device):
+    n = 4
+
+    def body(comm):
+        r = comm.rank
+        out = {}
+        for dtype in vocab.DTYPES:
+            if r != 0:
+                comm.send(data(r, 33, dtype), 0, tag=2)
+                continue
+            for _ in range(n - 1):
+                y = np.zeros(33, vocab.NUMPY[dtype])
+                src = comm.recv(y, None, tag=2)
+                check(y, data(src, 33, dtype), r, f"{dtype} from rank {src} (any source)")
+                out.setdefault(dtype, []).append(src)
+        return {d: sorted(s) for d, s in out.items()}
+    got = run_dev(n, body, device)[0]
+    assert got == {d: [1, 2, 3] for d in vocab.DTYPES}, got
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_recv_of_another_size_fails_and_nothing_lands(device):
+    def body(comm):
+        comm.timeout = 5
+        if comm.rank == 0:
+            try:
+                comm.send(np.arange(10, dtype=np.float32), 1)
+                comm.barrier()
+            except ringcomm.RingcommError as e:
+                return type(e).__name__, str(e)
+            return "no error", ""
+        y = np.full(12, -7, np.float32)
+        with pytest.raises(ringcomm.MismatchError) as ei:
+            comm.recv(y[:8], 0)
+        assert (y == -7).all(), f"rank 1: bytes landed: {y}"
+        return "MismatchError", str(ei.value)
+    (k0, m0), (k1, m1) = run_dev(2, body, device)
+    assert "40 bytes" in m1 and "32 bytes" in m1 and "rank 0" in m1, m1
+    assert k0 != "no error", "the sender never heard of the mismatch"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_recv_without_send_times_out_naming_the_peer(device):
+    def body(comm):
+        comm.timeout = 0.5
+        if comm.rank == 1:
+            with pytest.raises(ringcomm.CollectiveTimeout, match="rank 0"):
+                comm.recv(np.zeros(3, np.float32), 0, tag=4)
+            return comm.aborted
+        return None
+    assert run_dev(2, body, device)[1] is True

@@ -26,9 +26,6 @@ void check_post(Engine& e, bool send, int peer, DType dtype, int tag, const Tran
   const int n = e.size(), rank = e.rank();
   const char* what = send ? "send" : "recv";
   (void)dtype_size(dtype);  // throws on an unknown code
-  if (e.device())
-    throw_invalid(std::string(what) + ": point-to-point is host-only for now (this communicator's payload lives on " +
-                  e.device()->name() + ")");
   if (!(peer == kAnySource && !send) && (peer < 0 || peer >= n))
     throw_invalid(std::string(what) + " peer " + std::to_string(peer) + " is out of range (expected 0 <= peer < " +
                   std::to_string(n) + (send ? ")" : ", or None for any source)"));
@@ -86,10 +83,18 @@ std::shared_ptr<P2POp> P2POp::make(const std::shared_ptr<Engine>& e, std::shared
 }
 
 std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count,
-                                DType dtype, int tag) {
+                                DType dtype, int tag, uintptr_t stream) {
   std::shared_ptr<Transport> t = e->shared_transport();
   check_post(*e, send, peer, dtype, tag, *t);
   auto op = P2POp::make(e, t, send, peer, buf, count, dtype, tag, kP2PIds + e->next_p2p_id(), wall_ns());
+  if (auto dev = e->device()) {
+    try {
+      op->stage(std::move(dev), stream);
+    } catch (const RingError& err) {  // the device missed the deadline: nothing was posted
+      op->finish(std::make_unique<RingError>(err));
+      throw;
+    }
+  }
   if (send) {
     op->req_ = t->p2p_send(peer, buf, op->bytes_, op->wire_);
   } else {
@@ -101,6 +106,10 @@ std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int
 
 int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count, DType dtype, int tag,
                 std::shared_ptr<P2POp>* posted) {
+  if (e->device()) {  // staged through host memory: the general path (p2p_post)
+    *posted = p2p_post(e, send, peer, buf, count, dtype, tag);
+    return -1;
+  }
   const std::shared_ptr<Transport> tp = e->shared_transport();
   Transport& t = *tp;
   check_post(*e, send, peer, dtype, tag, t);
@@ -257,6 +266,28 @@ void P2POp::fail(ErrKind kind, const std::string& what) {
   throw e;
 }
 
+void P2POp::stage(std::shared_ptr<Device> dev, uintptr_t stream) {
+  dev_ = std::move(dev);
+  user_ = buf_;
+  staging_ = std::shared_ptr<char>(new char[bytes_ ? bytes_ : 1], std::default_delete<char[]>());
+  buf_ = staging_.get();
+  after_ = dev_->record_external(stream);
+  if (is_send_) copy_on_device(buf_, user_, "out of the send buffer");
+}
+
+void P2POp::deliver() { copy_on_device(user_, buf_, "into the receive buffer"); }
+
+// On the device's main queue after the caller's stream; the host waits for
+// it (until the op's deadline), so the staging memory is free (a send) or
+// the data is in place (a receive) when this returns.
+void P2POp::copy_on_device(void* dst, const void* src, const char* what) {
+  if (!bytes_) return;
+  dev_->wait(after_);
+  dev_->copy(dst, src, bytes_);
+  if (!dev_->record()->synchronize(deadline_))
+    fail(ErrKind::timeout, std::string("the device did not finish the copy ") + what + " by the deadline");
+}
+
 // One step: true once the op is done. Blocks at most until `until`.
 bool P2POp::progress(Clock::time_point until) {
   // Every wait, a send's too, progresses this communicator's pending receives.
@@ -318,6 +349,7 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
     try {
       const auto until = std::min({deadline_, mine, now + std::chrono::milliseconds(100)});
       if (progress(is_send_ || matched_.load(std::memory_order_acquire) ? until : now)) {
+        if (dev_ && !is_send_) deliver();
         Ledger& l = engine_->ledger();
         if (is_send_) l.sent_shared(Coll::send, peer_, bytes_);
         else l.received_shared(Coll::recv, source_, bytes_);
@@ -360,7 +392,7 @@ void P2POp::finish(std::unique_ptr<RingError> err) {
     // keeps it; the caller's Python side keeps the array (like a collective).
     hold_ = std::make_shared<Hold>();
     hold_->pending.fetch_add(1);
-    Quarantine::instance().add(t_, std::move(req_), nullptr, hold_);
+    Quarantine::instance().add(t_, std::move(req_), staging_, hold_);  // (a device op's staging memory too)
   }
   req_.reset();
   const std::string text = err ? err->what() : "";

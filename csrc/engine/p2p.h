@@ -31,6 +31,17 @@
 // runs, a send's included. So a rank that waits for its (rendezvous-sized)
 // isend before its irecv still takes the peer's message, and the peer's
 // wait on its own send completes: waits may come in any order.
+// Device communicators (CUDA, the emulated device, NCCL): the payload goes
+// through host memory on the host transport's p2p channel (the one control
+// messages use), copied out of the caller's device buffer on the rank's
+// device queue after the caller's stream (a send, before it is posted) and
+// into it once the message has landed (a receive, before wait returns). So
+// every rule above holds unchanged, any-source and size checks included,
+// at the price of one device-host copy each side. Not ncclSend/ncclRecv:
+// a p2p op runs on the caller's thread beside the worker that drives the
+// NCCL communicator (its calls would have to be ordered with the worker's
+// groups on every rank alike), and NCCL has no probe, so a receive could
+// not check a message's size before its bytes land.
 // Any failure (mismatch, deadline, Ctrl-C) aborts the communicator and
 // tells the ring, as a failed collective does, naming the op (send or recv,
 // count, dtype, peer, tag: P2POp::call) and what went wrong: the sender hears of it
@@ -95,7 +106,8 @@ class P2POp {
 
  private:
   friend class P2PPending;
-  friend std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int);
+  friend std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int,
+                                         uintptr_t);
   friend int p2p_run_now(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int,
                          std::shared_ptr<P2POp>*);
   // A new op, its flight record issued (running since t_issue_ns); not yet posted.
@@ -105,6 +117,12 @@ class P2POp {
   bool progress(Clock::time_point until);  // true: done; throws RingError
   void finish(std::unique_ptr<RingError> err);
   [[noreturn]] void fail(ErrKind kind, const std::string& what);
+  // Device communicators: the op's payload goes through `staging_` (see
+  // the top of this file). stage(): allocate it and, for a send, copy the
+  // caller's buffer out; deliver(): copy a received message in.
+  void stage(std::shared_ptr<Device> dev, uintptr_t stream);
+  void deliver();
+  void copy_on_device(void* dst, const void* src, const char* what);
   // What the ring is told failed (Engine::fail_p2p; describe() names it).
   Fingerprint call() const;
 
@@ -129,13 +147,19 @@ class P2POp {
   std::atomic<bool> done_{false};
   std::unique_ptr<RingError> err_;
   std::shared_ptr<Hold> hold_;
+  std::shared_ptr<Device> dev_;    // device communicators only
+  std::shared_ptr<char> staging_;  // the host copy of the payload (the quarantine may keep it)
+  void* user_ = nullptr;           // the caller's device buffer
+  EventPtr after_;                 // a receive: the caller's stream when posted (its buffer is free after it)
 };
 
 // Post a send (`send` true: `buf` is read) or a receive (`peer` may be
 // kAnySource) of `count` elements of `dtype` with `tag`. Checks the
 // arguments (RingError(invalid)) and the communicator (aborted) first.
+// `stream`: on a device communicator, the caller's (device.h's
+// record_external), which the copy out of or into `buf` is ordered after.
 std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& engine, bool send, int peer, void* buf, size_t count,
-                                DType dtype, int tag);
+                                DType dtype, int tag, uintptr_t stream = 0);
 
 // The blocking fast lane (Communicator.send/recv of a host array): the
 // same checks as p2p_post, then the op is finished on the caller's thread

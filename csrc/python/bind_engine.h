@@ -253,18 +253,21 @@ inline void bind_engine(py::module_& m) {
 
   py::class_<EngineHandle>(m, "Engine", py::module_local())
       .def("p2p",
-           [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag) {
-             return p2p_post(h.shared(), send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag);
+           [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag, uintptr_t stream) {
+             return p2p_post(h.shared(), send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag, stream);
            },
            py::arg("send"), py::arg("peer"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("tag"),
-           "Post a point-to-point send or receive (peer -1: any source); returns its P2POp.")
+           py::arg("stream") = 0,
+           "Post a point-to-point send or receive (peer -1: any source); returns its P2POp. `stream`: a device "
+           "communicator's caller stream, which the copy of the buffer is ordered after.")
       .def("p2p_run",
-           [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag) {
-             auto op = p2p_post(h.shared(), send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag);
+           [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag, uintptr_t stream) {
+             auto op = p2p_post(h.shared(), send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag, stream);
              wait_p2p(*op, -1.0);
              return op->source();
            },
            py::arg("send"), py::arg("peer"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("tag"),
+           py::arg("stream") = 0,
            "Post and wait; returns the sender's rank (a send: its peer). Raises on failure.")
       .def("p2p_now",
            [](EngineHandle& h, bool send, py::handle x, py::handle peer, py::handle tag) -> int {

@@ -55,6 +55,19 @@ class GroupedTransport : public Transport {
   bool cancel(Request& req) override;
   bool test(Request& req) override;
   void on_fail() override;
+  // Point-to-point travels on the host transport (engine/p2p.h stages a
+  // device buffer through host memory): its matching, size checks and
+  // ordering are the host transport's.
+  RequestPtr p2p_send(int peer, const void* buf, size_t bytes, uint32_t tag) override {
+    return host_->p2p_send(peer, buf, bytes, tag);
+  }
+  RequestPtr p2p_take(int peer, uint32_t tag, void* buf, size_t bytes) override {
+    return host_->p2p_take(peer, tag, buf, bytes);
+  }
+  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes) override {
+    return host_->p2p_peek(peer, tag, src, bytes);
+  }
+  uint32_t p2p_max_tag() const override { return host_->p2p_max_tag(); }
 
  protected:
   // Queue one group on the device's transfer queue, after every op's
