@@ -261,8 +261,8 @@ def test_stream_order_producer_collective_consumer():
 def test_point_to_point_on_gpus_ordered_after_the_producer():
     """send/recv of GPU arrays (through host memory, csrc/engine/p2p.h): the
     send copies out after a slow producer (about 0.2 s) on the caller's
-    non-blocking stream, so the receiver gets the produced values; recv has
-    them in place when it returns; a size mismatch lands nothing."""
+    non-blocking stream, so the receiver gets the produced values; wait()
+    has them in place when it returns."""
     cupy = pytest.importorskip("cupy")
     kernel = cupy.RawKernel(SPIN, "spin_then_fill")
     n = 3

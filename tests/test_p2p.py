@@ -473,3 +473,50 @@ def test_device_recv_without_send_times_out_naming_the_peer(device):
             return comm.aborted
         return None
     assert run_dev(2, body, device)[1] is True
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_isend_takes_its_copy_at_once(device):
+    # The staged copy is what travels: the caller may reuse its buffer once
+    # isend returns (the copy out is done), before the receiver has taken it.
+    count = 100000  # well past any eager limit
+
+    def body(comm):
+        if comm.rank == 0:
+            x = data(0, count, "float32")
+            w = comm.isend(x, 1)
+            x[:] = -1  # before rank 1 receives
+            comm.barrier()
+            w.wait()
+            return True
+        comm.barrier()
+        y = np.zeros(count, np.float32)
+        comm.recv(y, 0)
+        check(y, data(0, count, "float32"), 1, "isend's data, overwritten by the sender after isend returned")
+        return True
+    assert all(run_dev(2, body, device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_send_beside_a_queued_collective(device):
+    # Rank 0 queues an all_reduce, then sends to rank 1, which receives
+    # before it joins the collective: the send must not wait for the queued
+    # collective (its copy goes on the caller's stream, not the device's
+    # queues), as on a host communicator.
+    def body(comm):
+        r = comm.rank
+        z = data(r, 5000, "float32", 9)
+        if r == 0:
+            w = comm.all_reduce(z, async_op=True)
+            comm.send(data(0, 3000, "float32"), 1)
+            w.wait()
+        elif r == 1:
+            y = np.zeros(3000, np.float32)
+            comm.recv(y, 0)
+            check(y, data(0, 3000, "float32"), r, "the send beside the queued all_reduce")
+            comm.all_reduce(z)
+        else:
+            comm.all_reduce(z)
+        check(z, sum(data(p, 5000, "float32", 9).astype(np.float64) for p in range(comm.size)), r, "all_reduce")
+        return True
+    assert all(run_dev(3, body, device, timeout=20))

@@ -64,6 +64,16 @@ class Device {
   // the caller's later work wait for `e`.
   virtual EventPtr record_external(uintptr_t stream) = 0;
   virtual void wait_external(uintptr_t stream, const EventPtr& e) = 0;
+  // A copy on the caller's side (point-to-point's staging, engine/p2p.h):
+  // queued on the caller's `stream`, after the work queued there so far,
+  // never on this device's own queues (so it waits for no collective).
+  // Returns a point after it, or null when it has already happened.
+  virtual EventPtr copy_external(uintptr_t stream, void* dst, const void* src, size_t bytes) = 0;
+  // Host memory for that staging, of at least `bytes` (CUDA: pinned, so a
+  // copy_external to or from it never blocks the host; see device_cuda.cpp).
+  virtual std::shared_ptr<char> host_staging(size_t bytes) {
+    return std::shared_ptr<char>(new char[bytes ? bytes : 1], std::default_delete<char[]>());
+  }
 };
 
 }  // namespace ringcomm

@@ -128,10 +128,17 @@ std::string Link::abort_text(const ControlMsg& m) const {
       why = op + " ended when rank " + std::to_string(m.origin) + " aborted the communicator";
     else
       why = op + " failed (" + std::string(kind == ErrKind::transport ? "transport error" : "error") + ")";
+  } else if (m.fp.rank != m.origin) {
+    // Passed on by a rank that heard it through the shared-memory window
+    // (fail()): the notice carries that rank's call, not the origin's.
+    const char* what = kind == ErrKind::mismatch ? " found that the ranks disagree on a call"
+                       : kind == ErrKind::timeout ? " timed out"
+                       : kind == ErrKind::aborted ? " aborted the communicator"
+                                                  : " failed";
+    why = "rank " + std::to_string(m.origin) + what + " (rank " + std::to_string(m.fp.rank) + " heard of it in " +
+          describe(m.fp) + ")";
   } else if (kind == ErrKind::mismatch && other_unknown && m.peer == rank_) {
     why = mismatch_text(m.fp, fp_);  // the message of another call was ours: we know both
-  } else if (kind == ErrKind::mismatch && other_unknown && m.peer < 0) {  // passed on from the window
-    why = "rank " + std::to_string(m.origin) + " found that the ranks disagree on " + describe(m.fp);
   } else if (kind == ErrKind::mismatch && other_unknown) {
     why = "rank " + std::to_string(m.origin) + " in " + describe(m.fp) + " got a message from rank " +
           std::to_string(m.peer) + " that belongs to another call: the ranks disagree on the call";
@@ -657,7 +664,7 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
     notice.origin = heard ? e.origin : rank_;
     notice.kind = int32_t(heard ? e.cause : e.kind);
     notice.peer = heard ? -1 : e.peer;  // (the window does not say which peer the origin waited for)
-    notice.interrupted = user_interrupted_ ? 1 : 0;
+    notice.interrupted = !heard && user_interrupted_ ? 1 : 0;  // (a Ctrl-C here is not the origin's)
   }
   // Ranks waiting in the shared-memory window hear it there (the first
   // failure published wins), in the words the ring would use for news it

@@ -252,4 +252,46 @@ void CudaDevice::wait_external(uintptr_t stream, const EventPtr& e) {
   RC_CUDA(cudaStreamWaitEvent(external_stream(stream), native(e), 0));
 }
 
+// Pinned, because cudaMemcpyAsync to or from pageable memory returns only
+// when the caller's stream has reached and done the copy, past any deadline.
+// Pooled, because cudaFreeHost may synchronize the device, which would wait
+// for queued collectives that wait for peers (maybe for this very message).
+// The pool keeps the most ever staged at once.
+std::shared_ptr<char> CudaDevice::host_staging(size_t bytes) {
+  const size_t want = round_up(bytes ? bytes : 1, 4096);
+  std::pair<char*, size_t> block{nullptr, 0};
+  {
+    std::lock_guard<std::mutex> g(pinned_->m);
+    auto& free = pinned_->free;
+    size_t best = free.size();
+    for (size_t i = 0; i < free.size(); ++i)
+      if (free[i].second >= want && (best == free.size() || free[i].second < free[best].second)) best = i;
+    if (best < free.size()) {
+      block = free[best];
+      free.erase(free.begin() + long(best));
+    }
+  }
+  if (!block.first) {
+    DeviceGuard g(gpu_);
+    void* p = nullptr;
+    RC_CUDA(cudaHostAlloc(&p, want, cudaHostAllocPortable));
+    block = {static_cast<char*>(p), want};
+  }
+  return std::shared_ptr<char>(block.first, [pool = pinned_, block](char*) {
+    std::lock_guard<std::mutex> g(pool->m);
+    pool->free.push_back(block);
+  });
+}
+
+CudaDevice::PinnedPool::~PinnedPool() {
+  for (auto& b : free) cudaFreeHost(b.first);
+}
+
+EventPtr CudaDevice::copy_external(uintptr_t stream, void* dst, const void* src, size_t bytes) {
+  DeviceGuard g(gpu_);
+  const cudaStream_t s = external_stream(stream);
+  RC_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  return record_on(gpu_, s);
+}
+
 }  // namespace ringcomm

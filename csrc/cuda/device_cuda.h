@@ -11,7 +11,9 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <mutex>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -37,9 +39,19 @@ class CudaDevice final : public Device {
   char* scratch(int which, size_t bytes) override;
   EventPtr record_external(uintptr_t stream) override;
   void wait_external(uintptr_t stream, const EventPtr& e) override;
-
+  EventPtr copy_external(uintptr_t stream, void* dst, const void* src, size_t bytes) override;
+  std::shared_ptr<char> host_staging(size_t bytes) override;
 
  private:
+  // Pinned blocks handed back by point-to-point staging, reused by size;
+  // shared with the blocks' deleters, so it outlives the device while a
+  // block is out.
+  struct PinnedPool {
+    std::mutex m;
+    std::vector<std::pair<char*, size_t>> free;
+    ~PinnedPool();
+  };
+  std::shared_ptr<PinnedPool> pinned_ = std::make_shared<PinnedPool>();
   int gpu_;
   cudaStream_t stream_ = nullptr, xfer_ = nullptr;
   char* scratch_[2] = {nullptr, nullptr};

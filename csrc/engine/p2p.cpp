@@ -90,13 +90,14 @@ std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int
   if (auto dev = e->device()) {
     try {
       op->stage(std::move(dev), stream);
-    } catch (const RingError& err) {  // the device missed the deadline: nothing was posted
+    } catch (const RingError& err) {  // the copy out missed the deadline: nothing was posted
+      e->fail_p2p(err, op->call(), false);  // the ring is told, as of any failed op
       op->finish(std::make_unique<RingError>(err));
       throw;
     }
   }
   if (send) {
-    op->req_ = t->p2p_send(peer, buf, op->bytes_, op->wire_);
+    op->req_ = t->p2p_send(peer, op->buf_, op->bytes_, op->wire_);  // (the staging copy on a device)
   } else {
     e->p2p_pending().add(op);
     e->p2p_pending().match(*t);
@@ -106,10 +107,7 @@ std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int
 
 int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count, DType dtype, int tag,
                 std::shared_ptr<P2POp>* posted) {
-  if (e->device()) {  // staged through host memory: the general path (p2p_post)
-    *posted = p2p_post(e, send, peer, buf, count, dtype, tag);
-    return -1;
-  }
+  if (e->device()) throw_invalid("p2p_run_now: host communicators only (a device op is staged: p2p_post)");
   const std::shared_ptr<Transport> tp = e->shared_transport();
   Transport& t = *tp;
   check_post(*e, send, peer, dtype, tag, t);
@@ -268,24 +266,26 @@ void P2POp::fail(ErrKind kind, const std::string& what) {
 
 void P2POp::stage(std::shared_ptr<Device> dev, uintptr_t stream) {
   dev_ = std::move(dev);
+  stream_ = stream;
   user_ = buf_;
-  staging_ = std::shared_ptr<char>(new char[bytes_ ? bytes_ : 1], std::default_delete<char[]>());
+  staging_ = dev_->host_staging(bytes_);
   buf_ = staging_.get();
-  after_ = dev_->record_external(stream);
-  if (is_send_) copy_on_device(buf_, user_, "out of the send buffer");
+  if (!is_send_ || !bytes_) return;
+  copy_ = dev_->copy_external(stream_, buf_, user_, bytes_);
+  if (copy_ && !copy_->synchronize(deadline_))
+    fail(ErrKind::timeout, "the device did not copy the send buffer out by the deadline (is the caller's stream stuck?)");
+  copy_.reset();
 }
 
-void P2POp::deliver() { copy_on_device(user_, buf_, "into the receive buffer"); }
-
-// On the device's main queue after the caller's stream; the host waits for
-// it (until the op's deadline), so the staging memory is free (a send) or
-// the data is in place (a receive) when this returns.
-void P2POp::copy_on_device(void* dst, const void* src, const char* what) {
-  if (!bytes_) return;
-  dev_->wait(after_);
-  dev_->copy(dst, src, bytes_);
-  if (!dev_->record()->synchronize(deadline_))
-    fail(ErrKind::timeout, std::string("the device did not finish the copy ") + what + " by the deadline");
+bool P2POp::delivered(Clock::time_point until) {
+  if (!bytes_) return true;
+  if (!delivering_) {
+    delivering_ = true;
+    copy_ = dev_->copy_external(stream_, user_, buf_, bytes_);
+  }
+  if (copy_ && !copy_->synchronize(until)) return false;
+  copy_.reset();
+  return true;
 }
 
 // One step: true once the op is done. Blocks at most until `until`.
@@ -348,8 +348,8 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
     auto now = Clock::now();
     try {
       const auto until = std::min({deadline_, mine, now + std::chrono::milliseconds(100)});
-      if (progress(is_send_ || matched_.load(std::memory_order_acquire) ? until : now)) {
-        if (dev_ && !is_send_) deliver();
+      if (progress(is_send_ || matched_.load(std::memory_order_acquire) ? until : now) &&
+          (!dev_ || is_send_ || delivered(until))) {
         Ledger& l = engine_->ledger();
         if (is_send_) l.sent_shared(Coll::send, peer_, bytes_);
         else l.received_shared(Coll::recv, source_, bytes_);
@@ -369,6 +369,8 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
           fail(ErrKind::aborted, std::string("a peer failed: ") + heard->what());
         if (now >= deadline_) {
           const std::string waiting = is_send_ ? "rank " + std::to_string(peer_) + " to receive it"
+                                     : delivering_ ? "the device to copy the message from rank " +
+                                                         std::to_string(source_) + " in (is the caller's stream stuck?)"
                                      : peer_ == kAnySource ? std::string("a message from any rank")
                                                            : "a message from rank " + std::to_string(peer_);
           fail(ErrKind::timeout, "timed out after " + std::to_string(engine_->options().timeout_s) +
@@ -387,10 +389,18 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
 
 void P2POp::finish(std::unique_ptr<RingError> err) {
   if (!is_send_) engine_->p2p_pending().withdraw(*this);  // after this, req_ is ours alone
+  if (copy_ && !copy_->query()) {
+    // A staging copy still queued on the caller's stream (it missed the
+    // deadline) may yet read or write the staging memory and the caller's
+    // buffer: neither is ever given back (the caller's array stays held).
+    new std::shared_ptr<char>(staging_);  // deliberately never deleted
+    hold_ = std::make_shared<Hold>();
+    hold_->pending.fetch_add(1);  // never released
+  }
   if (req_ && !t_->test(*req_) && !t_->cancel(*req_)) {
     // A send MPI may still read (or a receive still arriving): the quarantine
     // keeps it; the caller's Python side keeps the array (like a collective).
-    hold_ = std::make_shared<Hold>();
+    if (!hold_) hold_ = std::make_shared<Hold>();
     hold_->pending.fetch_add(1);
     Quarantine::instance().add(t_, std::move(req_), staging_, hold_);  // (a device op's staging memory too)
   }

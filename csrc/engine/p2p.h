@@ -33,9 +33,10 @@
 // wait on its own send completes: waits may come in any order.
 // Device communicators (CUDA, the emulated device, NCCL): the payload goes
 // through host memory on the host transport's p2p channel (the one control
-// messages use), copied out of the caller's device buffer on the rank's
-// device queue after the caller's stream (a send, before it is posted) and
-// into it once the message has landed (a receive, before wait returns). So
+// messages use), copied out of the caller's device buffer on the caller's
+// stream (a send, before it is posted) and into it once the message has
+// landed (a receive, before wait returns), never on the device queues the
+// collectives use (so a p2p op waits for no queued collective). So
 // every rule above holds unchanged, any-source and size checks included,
 // at the price of one device-host copy each side. Not ncclSend/ncclRecv:
 // a p2p op runs on the caller's thread beside the worker that drives the
@@ -118,11 +119,12 @@ class P2POp {
   void finish(std::unique_ptr<RingError> err);
   [[noreturn]] void fail(ErrKind kind, const std::string& what);
   // Device communicators: the op's payload goes through `staging_` (see
-  // the top of this file). stage(): allocate it and, for a send, copy the
-  // caller's buffer out; deliver(): copy a received message in.
+  // the top of this file). stage(): take it and, for a send, copy the
+  // caller's buffer out (the host waits, up to the deadline). delivered():
+  // has a received message been copied into the caller's buffer? (the
+  // copy is queued at the first call; waits at most until `until`).
   void stage(std::shared_ptr<Device> dev, uintptr_t stream);
-  void deliver();
-  void copy_on_device(void* dst, const void* src, const char* what);
+  bool delivered(Clock::time_point until);
   // What the ring is told failed (Engine::fail_p2p; describe() names it).
   Fingerprint call() const;
 
@@ -150,7 +152,9 @@ class P2POp {
   std::shared_ptr<Device> dev_;    // device communicators only
   std::shared_ptr<char> staging_;  // the host copy of the payload (the quarantine may keep it)
   void* user_ = nullptr;           // the caller's device buffer
-  EventPtr after_;                 // a receive: the caller's stream when posted (its buffer is free after it)
+  uintptr_t stream_ = 0;           // the caller's stream, where the copies go
+  EventPtr copy_;                  // a staging copy queued and not yet seen done
+  bool delivering_ = false;        // a receive's copy in has been queued
 };
 
 // Post a send (`send` true: `buf` is read) or a receive (`peer` may be

@@ -254,7 +254,9 @@ inline void bind_engine(py::module_& m) {
   py::class_<EngineHandle>(m, "Engine", py::module_local())
       .def("p2p",
            [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag, uintptr_t stream) {
-             return p2p_post(h.shared(), send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag, stream);
+             auto e = h.shared();
+             py::gil_scoped_release nogil;  // a device op waits for its copy out here
+             return p2p_post(e, send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag, stream);
            },
            py::arg("send"), py::arg("peer"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("tag"),
            py::arg("stream") = 0,
@@ -262,7 +264,12 @@ inline void bind_engine(py::module_& m) {
            "communicator's caller stream, which the copy of the buffer is ordered after.")
       .def("p2p_run",
            [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag, uintptr_t stream) {
-             auto op = p2p_post(h.shared(), send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag, stream);
+             std::shared_ptr<P2POp> op;
+             {
+               auto e = h.shared();
+               py::gil_scoped_release nogil;  // a device op waits for its copy out here
+               op = p2p_post(e, send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag, stream);
+             }
              wait_p2p(*op, -1.0);
              return op->source();
            },

@@ -146,6 +146,10 @@ class EmuDevice final : public Device {
   void wait_external(uintptr_t, const EventPtr& e) override {
     if (e) e->synchronize(Clock::time_point::max());
   }
+  EventPtr copy_external(uintptr_t, void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return nullptr;
+  }
 
  private:
   int id_;
