@@ -742,6 +742,41 @@ def test_hierarchical_over_hosts_split_by_host_id(n, per_host, placement):
     assert shm_files() == []
 
 
+HIER_ABORT = textwrap.dedent('''
+    import os, sys, time
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    os.environ["RINGCOMM_HOST_ID"] = "host%d" % (rank // 2)  # hosts {0, 1} and {2, 3}
+    import numpy as np, ringcomm
+    comm = ringcomm.init(timeout=20)
+    comm.all_reduce(np.ones(4000), algorithm="hierarchical")
+    if rank == 3:
+        time.sleep(0.5)
+        comm.abort()
+    else:
+        try:
+            comm.all_reduce(np.ones(4000), algorithm="hierarchical")
+            print(f"RANK {rank} origin=None no error", flush=True)
+        except ringcomm.RingcommError as e:
+            print(f"RANK {rank} origin={e.origin} {e}", flush=True)
+    comm.close()
+''')
+
+
+def test_hierarchical_failure_names_ranks_of_the_whole_job():
+    # Rank 3 aborts. Rank 2 (its host's window) and rank 1 (its peer between
+    # hosts) hear of it through the two parts of the hierarchy, whose own
+    # rank numbers are a window index and a rank among the hosts' peers:
+    # both must name rank 3 as the origin and themselves by their job rank.
+    res = subprocess.run(RUN + ["-n", "4", "--", sys.executable, "-c", HIER_ABORT],
+                         capture_output=True, text=True, timeout=120)
+    got = {int(line.split()[1]): line for line in res.stdout.splitlines() if line.startswith("RANK")}
+    assert set(got) == {0, 1, 2}, res.stdout + res.stderr
+    for r in (1, 2):
+        assert f"origin=3 [rank {r}]" in got[r], got[r]
+    assert "origin=None" not in got[0], got[0]
+    assert shm_files() == []
+
+
 # ---- ringcomm tune: the window's crossovers --------------------------------
 def _shm_rows(n, table):
     """tune's rows from {(collective, algorithm): [us per size]} at sizes 1K, 4K, 16K, 64K."""

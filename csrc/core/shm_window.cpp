@@ -204,11 +204,12 @@ void ShmWindow::throw_published(const Link& link, const Fingerprint& fp) {
   Header* h = header();
   const int origin = failed_origin();
   const ErrKind kind = ErrKind(h->kind);
-  RingError e(kind == ErrKind::mismatch ? ErrKind::mismatch : ErrKind::aborted, rank_, origin, fp.seq,
-              std::string(h->reason) + " (reported to rank " + std::to_string(rank_) + " through shared memory)");
+  // The communicator's rank (link's), not the index in this host's window:
+  // they differ when the window is one host's part of a larger job.
+  RingError e(kind == ErrKind::mismatch ? ErrKind::mismatch : ErrKind::aborted, link.rank(), origin, fp.seq,
+              std::string(h->reason) + " (reported to rank " + std::to_string(link.rank()) + " through shared memory)");
   e.origin = origin;
   e.cause = kind;
-  (void)link;
   throw e;
 }
 
