@@ -773,6 +773,8 @@ def test_hierarchical_failure_names_ranks_of_the_whole_job():
     assert set(got) == {0, 1, 2}, res.stdout + res.stderr
     for r in (1, 2):
         assert f"origin=3 [rank {r}]" in got[r], got[r]
+    # the part between hosts says how its own rank numbers map to the job's
+    assert "between hosts (ranks there: 0 = 1, 1 = 3)" in got[1], got[1]
     assert "origin=None" not in got[0], got[0]
     assert shm_files() == []
 

@@ -376,8 +376,12 @@ Across Engine::between_hosts(const Task& t, uint64_t seq) {
     across.algo = int(Algo::automatic);
     std::shared_ptr<Work> done = cross_->submit_and_wait(across, t.interrupted);
     if (const RingError* e = done->error()) {
+      // Its text numbers the ranks among the hosts' peers: say which they are here.
+      std::string legend;
+      for (size_t i = 0; i < cross_members_.size(); ++i)
+        legend += (i ? ", " : "") + std::to_string(i) + " = " + std::to_string(cross_members_[i]);
       RingError err(e->kind, rank(), e->peer < 0 ? -1 : cross_members_[size_t(e->peer)], seq,
-                    std::string("between hosts: ") + e->what());
+                    "between hosts (ranks there: " + legend + "): " + e->what());
       err.cause = e->cause;
       // (the origin in this communicator's ranks, as the peer)
       if (e->origin >= 0 && size_t(e->origin) < cross_members_.size()) err.origin = cross_members_[size_t(e->origin)];
