@@ -129,6 +129,16 @@ SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32
 # ranks that fit the cores, as SHM_MAX is.
 SHM_FROM = {"reduce": 4 << 20, "gather": 1 << 20}
 
+# With more ranks than cores the window wins at every size, except where
+# one rank sends everything (scatter's root) or every rank sends n-1 blocks
+# (all_to_all): there the single copy of Open MPI's point-to-point takes
+# over above these sizes. bench/shm_rooted.py, N = 4 on 2 cores, median of
+# 5 interleaved reps, us (window / message algorithm / MPI): scatter
+# 256 KiB 29.7 / 38.0 / 25.6, 1 MiB 96.2 / 55.3 / 46.9, 4 MiB 413 / 261 /
+# 371, 16 MiB 1535 / 795 / 1341; all_to_all 1 MiB 294 / 290 / 235, 4 MiB
+# 1644 / 1406 / 1226, 16 MiB 6886 / 5634 / 5240.
+SHM_MAX_OVERSUBSCRIBED = {"scatter": 256 << 10, "all_to_all": 1 << 20}
+
 
 # (the order Engine.set_shm_auto takes them in)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter", "all_to_all")
@@ -155,7 +165,8 @@ def shm_max(nranks: int) -> list:
     runs in the window: ``RINGCOMM_SHM_MAX``, else none with
     ``RINGCOMM_TRANSPORT=shm``, else what ``ringcomm tune`` measured on this
     many ranks (all_reduce, reduce_scatter, all_gather), else the built-in
-    limits above (none when the ranks outnumber the cores)."""
+    limits above (when the ranks outnumber the cores: none, but
+    SHM_MAX_OVERSUBSCRIBED's)."""
     n = len(COLLECTIVES)
     v = os.environ.get("RINGCOMM_SHM_MAX")
     if v:
@@ -163,8 +174,8 @@ def shm_max(nranks: int) -> list:
     if mode() == "shm":
         return [UNLIMITED] * n
     t = tuned(nranks) or {}
-    if nranks > (os.cpu_count() or 1):  # what tune did not measure: no limit
-        return [t.get(c, UNLIMITED) for c in COLLECTIVES]
+    if nranks > (os.cpu_count() or 1):  # what tune did not measure: no limit, but for two
+        return [t.get(c, SHM_MAX_OVERSUBSCRIBED.get(c, UNLIMITED)) for c in COLLECTIVES]
     return [t.get(c, SHM_MAX[c]) for c in COLLECTIVES]
 
 

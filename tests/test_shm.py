@@ -11,6 +11,7 @@ a rank that takes another path, a killed rank, nothing left in /dev/shm.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -399,10 +400,14 @@ def test_timeout_names_the_missing_rank():
         return "no error"
     msgs = ringcomm.run_local(3, body, timeout=1.0)
     # Both wait for rank 2; the first deadline publishes the failure, so the
-    # other rank may hear of it (with its text) before its own passes.
+    # other rank may hear of it (with its text) before its own passes,
+    # through the window or, now and then, the ring notice that rank's
+    # failure also sends ("... waiting for rank 2 (reported ... through the
+    # ring)"; seen once in a local run of the suite).
     assert any(m.startswith("CollectiveTimeout") for m in msgs[:2]), msgs
     for r in (0, 1):
-        assert "waited for rank 2" in msgs[r] and "shared memory" in msgs[r], f"rank {r}: {msgs[r]}"
+        assert re.search(r"wait(ed|ing) for rank 2", msgs[r]), f"rank {r}: {msgs[r]}"
+        assert "shared memory" in msgs[r] or "through the ring" in msgs[r], f"rank {r}: {msgs[r]}"
 
 
 def test_abort_wakes_a_rank_sleeping_in_the_window():
