@@ -256,7 +256,9 @@ void CudaDevice::wait_external(uintptr_t stream, const EventPtr& e) {
 // when the caller's stream has reached and done the copy, past any deadline.
 // Pooled, because cudaFreeHost may synchronize the device, which would wait
 // for queued collectives that wait for peers (maybe for this very message).
-// The pool keeps the most ever staged at once.
+// A block is reused for requests of at least half its size; nothing is
+// freed before the device goes (a job staging ever larger messages keeps
+// every size it used).
 std::shared_ptr<char> CudaDevice::host_staging(size_t bytes) {
   const size_t want = round_up(bytes ? bytes : 1, 4096);
   std::pair<char*, size_t> block{nullptr, 0};
@@ -265,7 +267,9 @@ std::shared_ptr<char> CudaDevice::host_staging(size_t bytes) {
     auto& free = pinned_->free;
     size_t best = free.size();
     for (size_t i = 0; i < free.size(); ++i)
-      if (free[i].second >= want && (best == free.size() || free[i].second < free[best].second)) best = i;
+      if (free[i].second >= want && free[i].second <= 2 * want &&  // (no small op holds a large block)
+          (best == free.size() || free[i].second < free[best].second))
+        best = i;
     if (best < free.size()) {
       block = free[best];
       free.erase(free.begin() + long(best));
@@ -284,6 +288,7 @@ std::shared_ptr<char> CudaDevice::host_staging(size_t bytes) {
 }
 
 CudaDevice::PinnedPool::~PinnedPool() {
+  DeviceGuard g(gpu, std::nothrow);  // (may run on any thread: the last block's deleter)
   for (auto& b : free) cudaFreeHost(b.first);
 }
 

@@ -47,12 +47,14 @@ class CudaDevice final : public Device {
   // shared with the blocks' deleters, so it outlives the device while a
   // block is out.
   struct PinnedPool {
+    explicit PinnedPool(int g) : gpu(g) {}
+    int gpu;
     std::mutex m;
     std::vector<std::pair<char*, size_t>> free;
     ~PinnedPool();
   };
-  std::shared_ptr<PinnedPool> pinned_ = std::make_shared<PinnedPool>();
   int gpu_;
+  std::shared_ptr<PinnedPool> pinned_ = std::make_shared<PinnedPool>(gpu_);
   cudaStream_t stream_ = nullptr, xfer_ = nullptr;
   char* scratch_[2] = {nullptr, nullptr};
   size_t scratch_bytes_[2] = {0, 0};

@@ -90,10 +90,12 @@ std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int
   if (auto dev = e->device()) {
     try {
       op->stage(std::move(dev), stream);
-    } catch (const RingError& err) {  // the copy out missed the deadline: nothing was posted
-      e->fail_p2p(err, op->call(), false);  // the ring is told, as of any failed op
+    } catch (const std::exception& ex) {  // the copy out failed or missed the deadline: nothing was posted
+      const auto* re = dynamic_cast<const RingError*>(&ex);
+      RingError err = re ? *re : RingError(ErrKind::transport, e->rank(), peer, 0, ex.what());
+      if (err.kind != ErrKind::invalid) e->fail_p2p(err, op->call(), false);  // the ring is told, as of any failed op
       op->finish(std::make_unique<RingError>(err));
-      throw;
+      throw err;
     }
   }
   if (send) {
@@ -268,9 +270,10 @@ void P2POp::stage(std::shared_ptr<Device> dev, uintptr_t stream) {
   dev_ = std::move(dev);
   stream_ = stream;
   user_ = buf_;
+  if (!bytes_) return;  // nothing to copy (no byte of buf_ is touched)
   staging_ = dev_->host_staging(bytes_);
   buf_ = staging_.get();
-  if (!is_send_ || !bytes_) return;
+  if (!is_send_) return;
   copy_ = dev_->copy_external(stream_, buf_, user_, bytes_);
   if (copy_ && !copy_->synchronize(deadline_))
     fail(ErrKind::timeout, "the device did not copy the send buffer out by the deadline (is the caller's stream stuck?)");
@@ -286,6 +289,22 @@ bool P2POp::delivered(Clock::time_point until) {
   if (copy_ && !copy_->synchronize(until)) return false;
   copy_.reset();
   return true;
+}
+
+bool P2POp::copy_pending() {
+  if (!copy_) return false;
+  try {
+    return !copy_->query();
+  } catch (const std::exception&) {  // (a CUDA error: the copy's fate is unknown)
+    return true;
+  }
+}
+
+// An op dropped unfinished (its Work released while a receive's copy in is
+// queued, then the communicator closed): the copy may still use the
+// staging memory, which then is never given back.
+P2POp::~P2POp() {
+  if (copy_pending()) new std::shared_ptr<char>(staging_);  // deliberately never deleted
 }
 
 // One step: true once the op is done. Blocks at most until `until`.
@@ -389,7 +408,7 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
 
 void P2POp::finish(std::unique_ptr<RingError> err) {
   if (!is_send_) engine_->p2p_pending().withdraw(*this);  // after this, req_ is ours alone
-  if (copy_ && !copy_->query()) {
+  if (copy_pending()) {
     // A staging copy still queued on the caller's stream (it missed the
     // deadline) may yet read or write the staging memory and the caller's
     // buffer: neither is ever given back (the caller's array stays held).

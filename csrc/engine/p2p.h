@@ -88,6 +88,7 @@ class P2PPending {
 
 class P2POp {
  public:
+  ~P2POp();
   // Progress and block up to `timeout_s` (negative: until it ends, which
   // its deadline bounds). True once complete, successfully or not (error()).
   // `interrupted` (may be null) is polled every 100 ms: true fails the op,
@@ -125,6 +126,9 @@ class P2POp {
   // copy is queued at the first call; waits at most until `until`).
   void stage(std::shared_ptr<Device> dev, uintptr_t stream);
   bool delivered(Clock::time_point until);
+  // A staging copy queued and not known to be done (an event that fails
+  // to answer counts as pending): its memory must never be given back.
+  bool copy_pending();
   // What the ring is told failed (Engine::fail_p2p; describe() names it).
   Fingerprint call() const;
 

@@ -255,8 +255,11 @@ inline void bind_engine(py::module_& m) {
       .def("p2p",
            [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag, uintptr_t stream) {
              auto e = h.shared();
+             if (!e->device()) return p2p_post(e, send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag);
              py::gil_scoped_release nogil;  // a device op waits for its copy out here
-             return p2p_post(e, send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag, stream);
+             auto op = p2p_post(e, send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag, stream);
+             e.reset();  // (without the GIL, as everywhere an engine may be destroyed)
+             return op;
            },
            py::arg("send"), py::arg("peer"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("tag"),
            py::arg("stream") = 0,
@@ -265,10 +268,13 @@ inline void bind_engine(py::module_& m) {
       .def("p2p_run",
            [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag, uintptr_t stream) {
              std::shared_ptr<P2POp> op;
-             {
+             if (!h.shared()->device()) {
+               op = p2p_post(h.shared(), send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag);
+             } else {
                auto e = h.shared();
                py::gil_scoped_release nogil;  // a device op waits for its copy out here
                op = p2p_post(e, send, peer, reinterpret_cast<void*>(ptr), count, DType(dtype), tag, stream);
+               e.reset();
              }
              wait_p2p(*op, -1.0);
              return op->source();
