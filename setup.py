@@ -196,6 +196,15 @@ class BuildExt(build_ext):
              "-gencode", "arch=compute_90,code=compute_90"]
 
     def build_extension(self, ext):
+        # Objects are kept between builds (pip install -e runs a fresh build
+        # each time, README command 2 right after command 1) in a folder
+        # named after everything that shapes them, so a build with other
+        # flags, another Python or another compiler never reuses them, and
+        # one is compiled again when it is older than its source, any header
+        # or this file (needs_recompile(), below).
+        global FORCE
+        FORCE = bool(self.force)
+        self.build_temp = os.path.join(HERE, "build", f"obj-{ext.name}-{config_key(self.compiler, ext)}")
         cu = getattr(ext, "cu_sources", [])
         if cu:
             out_dir = os.path.join(self.build_temp, "cuda")
@@ -203,8 +212,7 @@ class BuildExt(build_ext):
             objects = []
             for src in cu:
                 obj = os.path.join(out_dir, os.path.basename(src) + ".o")
-                if self.force or not os.path.exists(obj) or os.path.getmtime(obj) < max(
-                        os.path.getmtime(f) for f in [src, *ext.depends]):
+                if not os.path.exists(obj) or needs_recompile(obj, src):
                     cmd = [ext.nvcc, "-std=c++17", "-O3", *self.ARCHS, "-Xcompiler", "-fPIC",
                            *[f"-I{d}" for d in ext.nvcc_includes], "-c", src, "-o", obj]
                     log("nvcc " + src)
@@ -214,5 +222,44 @@ class BuildExt(build_ext):
         super().build_extension(ext)
 
 
-ParallelCompile("RINGCOMM_BUILD_JOBS", default=0).install()
+HERE = os.path.dirname(os.path.abspath(__file__))
+FORCE = False
+NEWEST_INPUT = max(os.path.getmtime(f) for f in [*headers, *glob.glob("csrc/cuda/*.h"), __file__])
+
+
+def config_key(compiler, ext):
+    """A short hash of what an extension's objects depend on besides their
+    sources: compiler, flags, macros, include directories, Python and the
+    versions of the header-only build inputs. pip's isolated build
+    environment lives in a new temporary folder each time; its path is
+    replaced by its versions (pybind11, libucx) so that two builds with the
+    same inputs share objects."""
+    import hashlib
+    import re
+    import sysconfig
+
+    def versions():
+        from importlib.metadata import PackageNotFoundError, version
+        out = []
+        for pkg in ("pybind11", "libucx-cu13", "libucx-cu12"):
+            try:
+                out.append(f"{pkg}={version(pkg)}")
+            except PackageNotFoundError:
+                pass
+        return out
+
+    parts = [*getattr(compiler, "compiler_so", []), getattr(ext, "nvcc", ""), *ext.extra_compile_args,
+             *map(str, ext.define_macros), *ext.include_dirs, sys.version, sysconfig.get_paths()["include"], *versions(),
+             *(os.environ.get(v, "") for v in ("CFLAGS", "CPPFLAGS", "CXXFLAGS", "CC", "CXX"))]
+    text = re.sub(r"/[^ ]*/pip-build-env-[^/]+/(overlay|normal)", "<build-env>", "\n".join(parts))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def needs_recompile(obj, src):
+    """ParallelCompile's test: compile again unless the object is newer than
+    its source, every header and this file (or the build was --force'd)."""
+    return FORCE or os.path.getmtime(obj) < max(os.path.getmtime(src), NEWEST_INPUT)
+
+
+ParallelCompile("RINGCOMM_BUILD_JOBS", default=0, needs_recompile=needs_recompile).install()
 setup(ext_modules=[core] + ([cuda_ext] if cuda_ext else []), cmdclass={"build_ext": BuildExt})

@@ -21,14 +21,16 @@ def flat(results):
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_small_counts_every_dtype_and_op(n):
-    errs = flat(ringcomm.run_local(n, suite.run_cases, [0, 1, max(n - 1, 0), n + 1]))
+    combos = suite.COMBOS if n <= 32 else suite.COVER
+    errs = flat(ringcomm.run_local(n, suite.run_cases, [0, 1, max(n - 1, 0), n + 1], combos))
     assert not errs, "\n".join(errs[:20])
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_many_segments(n):
     # 16-byte segments: every chunk is cut into many pipelined messages.
-    errs = flat(ringcomm.run_local(n, suite.run_cases, [7 * n + 3], segment_bytes=16))
+    combos = suite.COMBOS if n <= 32 else suite.COVER
+    errs = flat(ringcomm.run_local(n, suite.run_cases, [7 * n + 3], combos, segment_bytes=16))
     assert not errs, "\n".join(errs[:20])
 
 
