@@ -60,7 +60,7 @@ class Communicator:
         if settings.flight_records != 256:
             engine.set_flight_records(settings.flight_records)
         self.costs = None  # the cost model behind algorithm="auto" (set_costs)
-        self._door = Door(engine.rank, engine.size, self.gpu)
+        self._door = Door(engine.rank, engine.size, self.gpu, engine.p2p_limits)
         # all_reduce of numpy arrays and torch CPU tensors takes the door's
         # native fast lane (no debug printing wanted)
         self._fast_lane = self._device is None and not settings.debug
@@ -339,8 +339,11 @@ class Communicator:
         this rank sends to each rank, summing to ``len(x)``) and ``out_splits``
         (what it receives from each) work as torch's ``input_split_sizes`` and
         ``output_split_sizes``; either may be left out to mean equal blocks
-        (of `x`, of `out`). A rank whose splits disagree with a peer's gets a
-        MismatchError (every block travels as one message, checked in size),
+        (of `x`, of `out`), and equal splits spelled out are the same call as
+        none given (ranks may mix the two). ``splits[r]`` must equal
+        ``out_splits[r]`` on rank r (its block to itself). A rank whose splits
+        disagree with a peer's gets a MismatchError naming both sizes (every
+        block travels as one message, checked in size before a byte lands),
         and so do the others. Returns a new 1-D array unless `out` is given.
         algorithm: "auto" (default: "shm" for equal blocks when the ranks
         share a host's memory, else "pairwise"), "pairwise" (pairwise

@@ -44,8 +44,10 @@ class Described:
 class Door:
     """The adapter of one communicator (its rank, size and where its payload lives)."""
 
-    def __init__(self, rank: int, size: int, gpu: int | None):
+    def __init__(self, rank: int, size: int, gpu: int | None, p2p_limits: tuple[int, int] = (2**31 - 1, 2**64 - 1)):
         self.rank, self.size, self.gpu = rank, size, gpu
+        # (largest tag, largest message in bytes) of this transport's point-to-point
+        self.p2p_max_tag, self.p2p_max_bytes = p2p_limits
 
     # ---- the collectives ------------------------------------------------------
     def all_reduce(self, x, op: str, out, algorithm: str) -> Described:
@@ -209,6 +211,14 @@ class Door:
                                           "pass out_splits=")
                 out_splits = [oc // n] * n
             total_out, splits_arg, out_arg = sum(out_splits), splits, out_splits
+            me = self.rank
+            if splits[me] != out_splits[me]:  # the block a rank sends itself is copied into out
+                raise InvalidArgument(f"all_to_all: rank {me} sends itself {splits[me]} elements (splits[{me}]) but "
+                                      f"expects {out_splits[me]} from itself (out_splits[{me}]); they must be equal")
+            if len(set(splits)) == 1 and set(out_splits) == set(splits):
+                # Equal blocks spelled out are the same call as none given,
+                # so ranks may mix the two spellings (torch allows it).
+                total_out, splits_arg, out_arg = xb.count, None, None
         if out is None:
             out = new_array(xb, total_out)
         ob = self._out(out, xb, total_out, "all_to_all", why="the sum of out_splits" if out_arg else "the input's count",
@@ -236,8 +246,12 @@ class Door:
                 raise InvalidArgument(f"{what} to/from itself (rank {self.rank}): point-to-point needs another rank")
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
             raise InvalidArgument(f"{what} tag must be an int >= 0, got {tag!r}")
-        if tag > 0x7FFFFFFF:  # the engine's own check names the transport's limit, within a C int
-            raise InvalidArgument(f"{what} tag {int(tag)} is out of range (0 <= tag < 2**31)")
+        if tag > self.p2p_max_tag:  # (checked here, so a batch is refused before any op is posted)
+            raise InvalidArgument(f"{what} tag {int(tag)} is out of range (0 <= tag <= {self.p2p_max_tag} "
+                                  "on this transport)")
+        if xb.nbytes > self.p2p_max_bytes:
+            raise InvalidArgument(f"{what} of {xb.nbytes} bytes is larger than this transport's largest message "
+                                  f"({self.p2p_max_bytes} bytes): send it in parts")
         return xb, peer, int(tag)
 
     def _root(self, root, coll: str) -> int:
@@ -252,6 +266,8 @@ class Door:
         """None, or one non-negative int per rank."""
         if counts is None:
             return None
+        if isinstance(counts, (str, bytes)):
+            raise InvalidArgument(f"{what} must be a sequence of ints, got {counts!r}")
         try:
             c = [int(v) for v in counts]
         except (TypeError, ValueError):

@@ -230,7 +230,8 @@ BAD = [
     ("all_to_all indivisible", lambda c: c.all_to_all(np.zeros(5)), "not divisible"),
     ("all_to_all splits sum", lambda c: c.all_to_all(np.zeros(5), [1, 1], [1, 1]), "sum to 2"),
     ("all_to_all no out_splits", lambda c: c.all_to_all(np.zeros(5), [2, 3]), "out_splits"),
-    ("all_to_all out size", lambda c: c.all_to_all(np.zeros(4), [2, 2], [1, 1], out=np.zeros(3)), "3 elements"),
+    ("all_to_all out size", lambda c: c.all_to_all(np.zeros(4), [2, 2], [2, 2], out=np.zeros(3)), "3 elements"),
+    ("all_to_all block to itself", lambda c: c.all_to_all(np.zeros(4), [2, 2], [1, 1]), "itself"),
     ("all_to_all overlap", lambda c: (lambda a: c.all_to_all(a[:4], out=a[2:6]))(np.zeros(8)), "overlaps"),
 ]
 
@@ -262,7 +263,7 @@ MISMATCH = {
                                           counts=[3] * c.size if c.rank != 1 else [4, 2] + [3] * (c.size - 2)),
     "all_to_all count": lambda c: c.all_to_all(np.zeros(c.size * (2 + (c.rank == 1)), np.int32)),
     "all_to_all splits": lambda c: c.all_to_all(np.zeros(c.size, np.int32), [1] * c.size,
-                                                [1] * c.size if c.rank != 1 else [2, 0] + [1] * (c.size - 2)),
+                                                [1] * c.size if c.rank != 1 else [2, 1] + [1] * (c.size - 2)),
     "all_to_all empty block": lambda c: c.all_to_all(np.zeros(c.size, np.int32), [1] * c.size,
                                                      [1] * c.size if c.rank != 2 else [0, 2] + [1] * (c.size - 2)),
 }
@@ -295,6 +296,92 @@ def test_mismatch_raises_on_every_rank(what, n):
     res = ringcomm.run_local(n, body)
     assert "no error" not in res, res
     assert "mismatch" in res and all(k in ("mismatch", "aborted", "next call") for k in res), res
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_all_to_all_block_to_itself_must_fit_out(n):
+    # The block a rank sends itself is copied into out: splits[r] and
+    # out_splits[r] must agree, refused before any byte moves (a local error).
+    def body(comm):
+        r = comm.rank
+        errs = []
+        for x, splits, out_splits, out_count in (
+                (np.arange(4 * n, dtype=np.float32), None, None, n),          # out smaller, no splits
+                (np.arange(3 * n, dtype=np.float32), None, None, 2 * n),      # equal blocks of 3 and 2
+                (np.arange(n + 4, dtype=np.float32), [1 + 4 * (q == r) for q in range(n)], [1] * n, n)):
+            # (the last: 5 elements to itself, 1 expected from itself)
+            buf = np.full(out_count + 64, -7.0, np.float32)
+            try:
+                comm.all_to_all(x, splits, out_splits, out=buf[:out_count])
+                errs.append(f"rank {r}: out of {out_count} for {x.size} elements with splits {splits}: no error")
+            except ringcomm.InvalidArgument as e:
+                if "itself" not in str(e):
+                    errs.append(f"rank {r}: {e}")
+            changed = np.flatnonzero(buf != -7.0)
+            if changed.size:
+                errs.append(f"rank {r}: {changed.size} elements of out or past it changed, first at {changed[0]}")
+        comm.barrier()  # nothing was sent: the communicator is fine
+        return errs
+    errs = [e for es in ringcomm.run_local(n, body) for e in es]
+    assert not errs, errs
+
+
+@pytest.mark.parametrize("device", [None, "emulated", "emulated-nccl"])
+def test_all_to_all_block_larger_than_expected_names_both_sizes_and_lands_nothing(device):
+    # Rank 1 sends rank 0 twice the block rank 0 expects (per-peer splits:
+    # only the pair knows the sizes). Rank 0's receive never takes it (its
+    # size is in the message's stamp, or in the sender's fingerprint on a
+    # device): a MismatchError naming both sizes, nothing past out written.
+    B, n = 1024, 3
+    m = [[B + 256 * ((q + 2 * p) % 3) for p in range(n)] for q in range(n)]  # uneven, consistent
+
+    def body(comm):
+        comm.timeout = 20
+        r = comm.rank
+        splits = list(m[r])
+        if r == 1:
+            splits[0] *= 2
+        out_splits = [m[q][r] for q in range(n)]
+        total = sum(out_splits)
+        out = np.full(total + 4096, -7.0, np.float32)
+        try:
+            comm.all_to_all(np.full(sum(splits), r + 1.0, np.float32), splits, out_splits, out=out[:total])
+            comm.barrier()  # a rank whose blocks all matched hears of it here
+            err = "no error"
+        except (MismatchError, CommunicatorAborted) as e:
+            err = f"{type(e).__name__}: {e}"
+        return err, int(np.count_nonzero(out[total:] != -7.0))
+    res = ringcomm.run_local(n, body, device=device)
+    assert all(past == 0 for _, past in res), res
+    assert res[0][0].startswith("MismatchError") and "rank 1 sends 10240 bytes to rank 0, which expects 5120" in res[0][0], res
+    assert all(e != "no error" for e, _ in res), res
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_to_all_equal_blocks_spelled_out_or_not(n):
+    # Ranks may pass equal splits explicitly or leave them out (torch's
+    # all_to_all_single allows both): the same call.
+    def body(comm):
+        r = comm.rank
+        x = (np.arange(2 * n) + 100 * r).astype(np.int64)
+        if r == 0:
+            got = comm.all_to_all(x, [2] * n, [2] * n)
+        elif r == 1:
+            got = comm.all_to_all(x, [2] * n, out=np.empty(2 * n, np.int64))  # out_splits from out's size
+        else:
+            got = comm.all_to_all(x)
+        want = np.concatenate([(np.arange(2 * r, 2 * r + 2) + 100 * q) for q in range(n)])
+        return got.tolist() == want.tolist() or f"rank {r}: got {got.tolist()}, want {want.tolist()}"
+    res = ringcomm.run_local(n, body)
+    assert all(v is True for v in res), res
+
+
+def test_counts_must_be_a_sequence_of_ints_not_a_string():
+    def body(comm):
+        with pytest.raises(ringcomm.InvalidArgument, match="sequence of ints"):
+            comm.gather(np.zeros(3, np.int32), root=0, counts="12")
+        return True
+    assert all(ringcomm.run_local(2, body))
 
 
 def test_flight_record_and_trace_name_the_new_collectives():

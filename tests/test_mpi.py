@@ -75,12 +75,38 @@ def test_reduce_gather_scatter_all_to_all_over_mpi():
 def test_all_to_all_splits_mismatch_over_mpi_is_an_error():
     comm = ringcomm.init(timeout=30)
     n = comm.size
-    out_splits = [1] * n if comm.rank != 1 else [0, 2] + [1] * (n - 2)
+    out_splits = [1] * n if comm.rank != 1 else [0, 1] + [1] * (n - 2)
     t0 = time.monotonic()
     with pytest.raises((MismatchError, CommunicatorAborted)):
         comm.all_to_all(np.zeros(n, np.int32), [1] * n, out_splits)
         comm.barrier()  # a rank whose blocks all matched hears of it here
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parallel([2, 3])
+def test_all_to_all_block_larger_than_expected_over_mpi_lands_nothing():
+    # Rank n-1 sends rank 0 twice the block rank 0 expects. Open MPI's
+    # single-copy path would write a larger message in full past the
+    # receive; the block's size is in the message's tag, so it never matches.
+    comm = ringcomm.init(timeout=30)
+    n, r, B = comm.size, comm.rank, 4096
+    m = [[B + 256 * ((q + 2 * p) % 3) for p in range(n)] for q in range(n)]  # uneven, consistent
+    splits = list(m[r])
+    if r == n - 1:
+        splits[0] *= 2
+    out_splits = [m[q][r] for q in range(n)]
+    total = sum(out_splits)
+    out = np.full(total + 65536, -7.0, np.float32)
+    t0 = time.monotonic()
+    with pytest.raises((MismatchError, CommunicatorAborted)) as e:
+        comm.all_to_all(np.full(sum(splits), r + 1.0, np.float32), splits, out_splits, out=out[:total])
+        comm.barrier()
+    assert time.monotonic() - t0 < 10
+    past = np.flatnonzero(out[total:] != -7.0)
+    assert past.size == 0, f"rank {r}: {past.size} elements past out changed, first at {total + past[0]}"
+    if r == 0:
+        want = f"rank {n - 1} sends {8 * m[n - 1][0]} bytes to rank 0, which expects {4 * m[n - 1][0]}"
+        assert e.type is MismatchError and want in str(e.value), str(e.value)
 
 
 @pytest.mark.parallel([2, 3, 5])

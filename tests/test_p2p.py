@@ -87,6 +87,50 @@ def test_any_source_collects_every_rank(n):
     assert ringcomm.run_local(n, body)[0] == list(range(1, n))
 
 
+def test_any_source_behind_a_receive_from_one_rank_takes_another_ranks_message():
+    # MPI's order: rank 2's message goes to the any-source receive at once,
+    # though an earlier receive (from rank 1, same tag) still waits; rank 1
+    # sends only after rank 0 has heard from rank 2.
+    def body(comm):
+        comm.timeout = 20
+        r = comm.rank
+        if r == 0:
+            a, b = np.zeros(2), np.zeros(2)
+            w1, w2 = comm.irecv(a, 1, tag=4), comm.irecv(b, None, tag=4)
+            w2.wait()
+            comm.send(np.full(2, 1.0), 1, tag=5)
+            w1.wait()
+            return w2.source, b.tolist(), w1.source, a.tolist()
+        if r == 1:
+            x = np.zeros(2)
+            comm.recv(x, 0, tag=5)
+            comm.send(x + 10, 0, tag=4)
+        else:
+            comm.send(np.full(2, 2.0), 0, tag=4)
+        return None
+    assert ringcomm.run_local(3, body)[0] == (2, [2.0, 2.0], 1, [11.0, 11.0])
+
+
+def test_batch_with_a_bad_op_posts_none():
+    # The tag limit is the transport's (less the dtype's bits), checked for
+    # every op before any is posted: rank 1 must never see the isend's data.
+    def body(comm):
+        comm.timeout = 20
+        if comm.rank == 0:
+            limit = comm._door.p2p_max_tag
+            with pytest.raises(ringcomm.InvalidArgument, match=f"tag {limit + 1} is out of range"):
+                comm.batch_isend_irecv([ringcomm.P2POp("isend", np.full(3, 5.0), 1),
+                                        ringcomm.P2POp("irecv", np.zeros(3), 1, tag=limit + 1)])
+            comm.barrier()
+            comm.send(np.full(3, 7.0), 1)
+            return None
+        comm.barrier()
+        y = np.zeros(3)
+        comm.recv(y, 0)
+        return y.tolist()
+    assert ringcomm.run_local(2, body)[1] == [7.0, 7.0, 7.0]
+
+
 @pytest.mark.parametrize("order", ["sends_first", "recvs_first"])
 def test_batch_both_directions_large_no_deadlock(order):
     count = 300000  # well beyond any eager limit

@@ -19,9 +19,11 @@
 // Equal blocks (count / n each, the same on every rank) are cut into
 // segments like every whole-buffer message. Per-peer splits are known only
 // to their sender (send) and receiver (recv_splits): each block then travels
-// as one message, sent even when empty (Link::send_exact), so the
-// receiver's size check catches any disagreement, an empty block included,
-// as a MismatchError, and no byte lands past a block.
+// as one message, sent even when empty (Link::send_exact), whose size is
+// part of its stamp (or, on a device, of the sender's fingerprint), so a
+// disagreement, an empty block included, is a MismatchError naming both
+// sizes and no byte lands past a block (a receive never matches a larger
+// message). The block a rank sends itself must fit (ringcomm/door.py).
 #include "algorithms/algorithms.h"
 #include "algorithms/pairwise.h"
 

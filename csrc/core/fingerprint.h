@@ -29,6 +29,12 @@ struct Fingerprint {
   // (ShmWindow::peer_call); -1: not in the arena. Not compared: each rank's
   // own.
   int64_t arena_in = -1, arena_out = -1;
+  // all_to_all with per-peer splits, on links without stamps (device
+  // memory): the bytes of the block this fingerprint's sender sends to its
+  // receiver (each peer gets its own copy), checked against the block the
+  // receiver expects before the payload's receive is posted. -1 otherwise.
+  // (Stamped links carry it in the message's stamp: Link::pair_stamp.)
+  int64_t block_bytes = -1;
 };
 constexpr uint64_t kPerPeer = 1;
 // A hash of a per-rank count list, never 0 or kPerPeer.

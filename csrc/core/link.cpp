@@ -281,6 +281,16 @@ void Link::check_call(const Fingerprint& theirs, int peer) {
   throw_mismatch(peer, &theirs, mismatch_text(fp_, theirs));
 }
 
+// Per-peer all_to_all: `peer` sends a block of `theirs` bytes where this
+// rank expects `mine` (none of it landed).
+[[noreturn]] void Link::throw_block_sizes(int peer, size_t theirs, size_t mine) {
+  throw_mismatch(peer, nullptr,
+                 "ranks disagree on an all_to_all block: rank " + std::to_string(peer) + " sends " +
+                     std::to_string(theirs) + " bytes to rank " + std::to_string(rank_) + ", which expects " +
+                     std::to_string(mine) + " bytes from it (its out_splits[" + std::to_string(peer) + "]) in " +
+                     describe(fp_) + "; none of it landed");
+}
+
 // The ABORT notice fail() forwards (with the other call when known), then the error.
 [[noreturn]] void Link::throw_mismatch(int peer, const Fingerprint* theirs, const std::string& text) {
   ControlMsg notice;
@@ -294,16 +304,16 @@ void Link::check_call(const Fingerprint& theirs, int peer) {
   throw RingError(ErrKind::mismatch, rank_, peer, fp_.seq, text);
 }
 
-bool Link::first_to(int peer) {
-  if (peer == right() && !header_inline_ && !stamp_mask_) return false;  // our header vouches for us there
+bool Link::first_to(int peer, bool exact) {
+  if (peer == right() && !header_inline_ && !stamp_mask_ && !exact) return false;  // our header vouches for us there
   for (int p : told_)
     if (p == peer) return false;
   told_.push_back(peer);
   return true;
 }
 
-bool Link::first_from(int peer) {
-  if (peer == left() && !header_inline_) return false;  // checked by await_header()
+bool Link::first_from(int peer, bool exact) {
+  if (peer == left() && !header_inline_ && !exact) return false;  // checked by await_header()
   for (int p : heard_)
     if (p == peer) return false;
   heard_.push_back(peer);
@@ -320,42 +330,55 @@ Fingerprint* Link::fp_slot(std::deque<Fingerprint>& slots, size_t& used) {
 
 Request* Link::send(int peer, const void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
-  return send_exact_impl(peer, buf, bytes, unit);
+  return send_exact_impl(peer, buf, bytes, unit, false);
 }
 
 Request* Link::send_exact(int peer, const void* buf, size_t bytes, int unit) {
-  return send_exact_impl(peer, buf, bytes, unit);
+  return send_exact_impl(peer, buf, bytes, unit, true);
 }
 
-Request* Link::send_exact_impl(int peer, const void* buf, size_t bytes, int unit) {
-  const bool first = first_to(peer);
+// A hash of the call's stamp and the size: a block of another size carries
+// another stamp (a 1 in 2^32 chance, or the transport's stamp bits, that
+// two sizes share one, as two calls may).
+uint32_t Link::pair_stamp(size_t bytes) const {
+  uint64_t h = (uint64_t(stamp_) << 32) ^ uint64_t(bytes) ^ 0x9e3779b97f4a7c15ull;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return uint32_t(h) & stamp_mask_;
+}
+
+Request* Link::send_exact_impl(int peer, const void* buf, size_t bytes, int unit, bool exact) {
+  const bool first = first_to(peer, exact);  // (with stamps too: told_ lists every peer sent to)
   if (first && !stamp_mask_) {
     // On its own, in host memory on the check channel, just before the
     // payload; the receiver reads it before it posts the payload's receive
-    // (recv()).
+    // (recv()). An exact message's size goes with it (to the neighbours too:
+    // their header does not know it).
     Fingerprint* f = fp_slot(mem_->fp_out, fp_sent_);
     *f = fp_;
+    if (exact) f->block_bytes = int64_t(bytes);
     live_.push_back(t_->isend(peer, Channel::check, f, kFpBytes));
     live_.back()->counted = true;  // control bytes: not payload progress
     ledger_.sent(coll_, peer, true, kFpBytes);
   }
-  live_.push_back(t_->isend(peer, Channel::data, buf, bytes, unit, stamp_));
+  live_.push_back(t_->isend(peer, Channel::data, buf, bytes, unit, exact ? pair_stamp(bytes) : stamp_));
   ledger_.sent(coll_, peer, false, bytes);
   return live_.back().get();
 }
 
 Request* Link::recv(int peer, void* buf, size_t bytes, int unit) {
   if (bytes == 0) return nullptr;
-  return recv_exact_impl(peer, buf, bytes, unit);
+  return recv_exact_impl(peer, buf, bytes, unit, false);
 }
 
 Request* Link::recv_exact(int peer, void* buf, size_t bytes, int unit) {
-  return recv_exact_impl(peer, buf, bytes, unit);
+  return recv_exact_impl(peer, buf, bytes, unit, true);
 }
 
-Request* Link::recv_exact_impl(int peer, void* buf, size_t bytes, int unit) {
+Request* Link::recv_exact_impl(int peer, void* buf, size_t bytes, int unit, bool exact) {
   await_header();
-  if (!stamp_mask_ && first_from(peer)) {
+  if (!stamp_mask_ && first_from(peer, exact)) {
     // No stamps (device memory): wait for the peer's fingerprint (host
     // memory, check channel) and check it before the payload's receive is
     // posted, like the left neighbour's header (a device transfer of another
@@ -374,10 +397,11 @@ Request* Link::recv_exact_impl(int peer, void* buf, size_t bytes, int unit) {
                          " got a message from rank " + std::to_string(peer) +
                          " that does not belong to this call (it runs another count or algorithm)");
     check_call(*f, peer);
+    if (exact && f->block_bytes != int64_t(bytes)) throw_block_sizes(peer, size_t(f->block_bytes), bytes);
   }
   // With stamps the transport takes only a message of this call (no byte of
   // another call's lands here); one of another call fails the wait.
-  live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit, stamp_));
+  live_.push_back(t_->irecv(peer, Channel::data, buf, bytes, unit, exact ? pair_stamp(bytes) : stamp_));
   ledger_.received(coll_, peer, false, bytes);
   return live_.back().get();
 }
@@ -447,7 +471,12 @@ void Link::send_fingerprint(int peer) {
 // A receive that failed on a message of another call (transport.h:
 // wrong_message): its stamp, or its size, is not this call's.
 [[noreturn]] void Link::throw_wrong_message(const Request& r, const RingError& e) {
-  if (stamp_mask_ && r.stamp != stamp_) {
+  // An exact message (per-peer all_to_all) of this call, but of another size
+  // than this rank expects from that peer: its stamp is this call's mixed
+  // with its own size (pair_stamp).
+  if (stamp_mask_ && fp_.counts == kPerPeer && r.found_bytes != r.bytes && r.stamp == pair_stamp(r.found_bytes))
+    throw_block_sizes(r.peer, r.found_bytes, r.bytes);
+  if (stamp_mask_ && r.stamp != stamp_ && !(fp_.counts == kPerPeer && r.stamp == pair_stamp(r.bytes))) {
     char stamps[64];
     std::snprintf(stamps, sizeof stamps, "call stamp %08x, this call's %08x", unsigned(r.stamp), unsigned(stamp_));
     throw_foreign_message(r, "ranks disagree on a collective call: rank " + std::to_string(rank_) + " in " +

@@ -128,8 +128,13 @@ class Link {
   Request* send(int peer, const void* buf, size_t bytes, int unit = -1);
   Request* recv(int peer, void* buf, size_t bytes, int unit = -1);
   // The same, but a message travels even when bytes == 0: for sizes that
-  // only the sender knows (all_to_all's per-peer splits), so the receiver's
-  // size check (transport.h) sees every disagreement, an empty one included.
+  // only the sender knows (all_to_all's per-peer splits), so the receiver
+  // checks every disagreement, an empty block included, before a byte lands:
+  // the block's size is part of the message's stamp (pair_stamp), so a
+  // block of another size never matches the receive (Open MPI would write
+  // it in full past the buffer), and the receiver names both sizes; without
+  // stamps (device memory) it travels in the sender's fingerprint
+  // (Fingerprint::block_bytes), checked before the receive is posted.
   Request* send_exact(int peer, const void* buf, size_t bytes, int unit = -1);
   Request* recv_exact(int peer, void* buf, size_t bytes, int unit = -1);
   // Copy within this rank's memory: memcpy on the host, enqueued on a Device.
@@ -187,8 +192,10 @@ class Link {
 
  private:
   struct ControlMsg;
-  Request* send_exact_impl(int peer, const void* buf, size_t bytes, int unit);
-  Request* recv_exact_impl(int peer, void* buf, size_t bytes, int unit);
+  Request* send_exact_impl(int peer, const void* buf, size_t bytes, int unit, bool exact);
+  Request* recv_exact_impl(int peer, void* buf, size_t bytes, int unit, bool exact);
+  // The stamp of an exact message of `bytes` (this call's stamp, mixed with the size).
+  uint32_t pair_stamp(size_t bytes) const;
   void trace_start_impl(Phase phase, int step, int send_peer, int send_chunk, size_t send_bytes, int recv_peer,
                         int recv_chunk, size_t recv_bytes);
   void trace_finish_impl(const void* values, size_t bytes);
@@ -221,13 +228,14 @@ class Link {
   [[noreturn]] void throw_foreign_message(const Request& r, const std::string& unnamed);
   // Throws MismatchError; the ABORT notice fail() forwards names the other call when known.
   [[noreturn]] void throw_mismatch(int peer, const Fingerprint* theirs, const std::string& text);
+  [[noreturn]] void throw_block_sizes(int peer, size_t theirs, size_t mine);
   void check_call(const Fingerprint& theirs, int peer);  // throws MismatchError
   void check_early_header();  // this call's header from the left, if it came on its own already
   void send_control(const ControlMsg& m, int peer);
   // Without stamps, the first message of a collective to/from a peer that
-  // is not our right/left neighbour is preceded by a fingerprint.
-  bool first_to(int peer);
-  bool first_from(int peer);
+  // is not our right/left neighbour (`exact`: any peer) is preceded by a fingerprint.
+  bool first_to(int peer, bool exact = false);
+  bool first_from(int peer, bool exact = false);
   Request* recv_fingerprint(int peer, Fingerprint** slot);  // a fingerprint sent on its own (check channel)
   void send_fingerprint(int peer);  // ours, on the check channel, once per call and peer
 

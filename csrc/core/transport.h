@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -47,6 +48,7 @@ struct Request {
   // threw: none of it reached the buffer when the stamp differed. The
   // request may still be draining the message elsewhere (then not `done`).
   bool wrong_message = false;
+  size_t found_bytes = 0;  // wrong_message: the size of the message met (when known)
 };
 
 // A receive's stamp (data channel): the receive takes only a message that
@@ -126,6 +128,8 @@ class Transport {
   virtual bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes);
   // The largest tag p2p_send carries (MPI_TAG_UB).
   virtual uint32_t p2p_max_tag() const { return 0x7fffffffu; }
+  // The largest message p2p_send carries (MPI: 1 GiB, its counts are ints).
+  virtual size_t p2p_max_bytes() const { return SIZE_MAX; }
   // The blocking fast lane (p2p_run_now in engine/p2p.h): the same two
   // operations, finished on the spot when they can be, with no request
   // allocated then. p2p_send_now: true when the send has completed (the

@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <algorithm>
+
 #include <thread>
 
 #include "engine/engine.h"
@@ -20,22 +22,30 @@ std::string elems(size_t bytes, DType dt) {
 }
 }  // namespace
 
+P2PLimits p2p_limits(const Transport& t) {
+  return P2PLimits{t.p2p_max_tag() >> kDtypeBits, t.p2p_max_bytes()};
+}
+
 namespace {
 // The argument and communicator checks every p2p op passes first.
-void check_post(Engine& e, bool send, int peer, DType dtype, int tag, const Transport& t) {
+void check_post(Engine& e, bool send, int peer, size_t count, DType dtype, int tag, const Transport& t) {
   const int n = e.size(), rank = e.rank();
   const char* what = send ? "send" : "recv";
-  (void)dtype_size(dtype);  // throws on an unknown code
+  const size_t es = dtype_size(dtype);  // throws on an unknown code
   if (!(peer == kAnySource && !send) && (peer < 0 || peer >= n))
     throw_invalid(std::string(what) + " peer " + std::to_string(peer) + " is out of range (expected 0 <= peer < " +
                   std::to_string(n) + (send ? ")" : ", or None for any source)"));
   if (peer == rank)
     throw_invalid(std::string(what) + " to/from itself (rank " + std::to_string(rank) +
                   "): point-to-point needs another rank (use a copy)");
-  const uint32_t max_tag = (t.p2p_max_tag() >> kDtypeBits);
-  if (tag < 0 || uint32_t(tag) > max_tag)
+  const P2PLimits lim = p2p_limits(t);
+  if (tag < 0 || uint32_t(tag) > lim.max_tag)
     throw_invalid(std::string(what) + " tag " + std::to_string(tag) + " is out of range (0 <= tag <= " +
-                  std::to_string(max_tag) + " on this transport)");
+                  std::to_string(lim.max_tag) + " on this transport)");
+  if (count > lim.max_bytes / es)
+    throw_invalid(std::string(what) + " of " + std::to_string(count) + " " + dtype_name(dtype) + " (" +
+                  std::to_string(count * es) + " bytes) is larger than this transport's largest message (" +
+                  std::to_string(lim.max_bytes) + " bytes): send it in parts");
   if (e.aborted()) {
     RingError err(ErrKind::aborted, rank, peer, 0, "communicator was aborted earlier: " + e.abort_reason());
     throw err;
@@ -85,7 +95,7 @@ std::shared_ptr<P2POp> P2POp::make(const std::shared_ptr<Engine>& e, std::shared
 std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count,
                                 DType dtype, int tag, uintptr_t stream) {
   std::shared_ptr<Transport> t = e->shared_transport();
-  check_post(*e, send, peer, dtype, tag, *t);
+  check_post(*e, send, peer, count, dtype, tag, *t);
   auto op = P2POp::make(e, t, send, peer, buf, count, dtype, tag, kP2PIds + e->next_p2p_id(), wall_ns());
   if (auto dev = e->device()) {
     try {
@@ -112,7 +122,7 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
   if (e->device()) throw_invalid("p2p_run_now: host communicators only (a device op is staged: p2p_post)");
   const std::shared_ptr<Transport> tp = e->shared_transport();
   Transport& t = *tp;
-  check_post(*e, send, peer, dtype, tag, t);
+  check_post(*e, send, peer, count, dtype, tag, t);
   const size_t bytes = count * dtype_size(dtype);
   const uint32_t wire = (uint32_t(tag) << kDtypeBits) | uint32_t(dtype);
   const uint64_t id = kP2PIds + e->next_p2p_id();
@@ -194,19 +204,32 @@ void P2PPending::match(Transport& t) {
   std::unique_lock<std::mutex> g(m_, std::try_to_lock);
   if (!g.owns_lock()) return;  // another thread is matching right now
   if (recvs_.empty()) return;
-  // (peer, wire tag) of earlier receives still unmatched: a later one that
-  // could take their message waits its turn.
+  // (peer, wire tag) of earlier receives still unmatched: a later one never
+  // takes a message that one of them could (MPI's posted-receive order). An
+  // any-source receive behind receives from given ranks still takes a
+  // message from any other rank.
   std::vector<std::pair<int, uint32_t>> blocked;
+  std::vector<int> skip;  // an any-source receive: the ranks whose messages go to earlier receives
   size_t keep = 0;
   for (size_t i = 0; i < recvs_.size(); ++i) {
     std::shared_ptr<P2POp> op = recvs_[i].lock();
     if (!op || op->withdrawn_ || op->matched_.load(std::memory_order_acquire)) continue;  // gone, or done
     bool wait_turn = false;
-    for (const auto& b : blocked)
-      if (b.second == op->wire_ && (b.first == kAnySource || op->peer_ == kAnySource || b.first == op->peer_))
-        wait_turn = true;
+    skip.clear();
+    for (const auto& b : blocked) {
+      if (b.second != op->wire_) continue;
+      if (b.first == kAnySource || b.first == op->peer_) wait_turn = true;
+      else if (op->peer_ == kAnySource) skip.push_back(b.first);
+    }
     if (!wait_turn) {
-      RequestPtr r = t.p2p_take(op->peer_, op->wire_, op->buf_, op->bytes_);
+      RequestPtr r;
+      if (skip.empty()) {
+        r = t.p2p_take(op->peer_, op->wire_, op->buf_, op->bytes_);
+      } else {  // any source but the skipped ranks: ask each of the others
+        for (int q = 0; q < t.size() && !r; ++q)
+          if (q != t.rank() && std::find(skip.begin(), skip.end(), q) == skip.end())
+            r = t.p2p_take(q, op->wire_, op->buf_, op->bytes_);
+      }
       if (r) {
         op->req_ = std::move(r);
         op->matched_.store(true, std::memory_order_release);

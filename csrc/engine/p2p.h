@@ -180,6 +180,14 @@ std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& engine, bool send
 // (its record running), for the caller to wait on, so deadlines, aborts,
 // Ctrl-C and mismatches are the general path's.
 constexpr int kSpinUs = 20;
+
+// What a p2p op may carry on this transport: the largest user tag (the
+// transport's, less the dtype's bits of the wire tag) and message.
+struct P2PLimits {
+  uint32_t max_tag;
+  size_t max_bytes;
+};
+P2PLimits p2p_limits(const Transport& t);
 int p2p_run_now(const std::shared_ptr<Engine>& engine, bool send, int peer, void* buf, size_t count, DType dtype,
                 int tag, std::shared_ptr<P2POp>* posted);
 

@@ -265,6 +265,13 @@ inline void bind_engine(py::module_& m) {
            py::arg("stream") = 0,
            "Post a point-to-point send or receive (peer -1: any source); returns its P2POp. `stream`: a device "
            "communicator's caller stream, which the copy of the buffer is ordered after.")
+      .def_property_readonly(
+          "p2p_limits",
+          [](EngineHandle& h) {
+            const P2PLimits l = p2p_limits(*h.shared()->shared_transport());
+            return py::make_tuple(l.max_tag, l.max_bytes);
+          },
+          "(largest tag, largest message in bytes) a point-to-point op carries on this communicator's transport")
       .def("p2p_run",
            [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag, uintptr_t stream) {
              std::shared_ptr<P2POp> op;

@@ -68,6 +68,7 @@ class GroupedTransport : public Transport {
     return host_->p2p_peek(peer, tag, src, bytes);
   }
   uint32_t p2p_max_tag() const override { return host_->p2p_max_tag(); }
+  size_t p2p_max_bytes() const override { return host_->p2p_max_bytes(); }
 
  protected:
   // Queue one group on the device's transfer queue, after every op's

@@ -78,6 +78,7 @@ void match(const Message& msg, InprocRequest* recv) {
   recv->stamp = msg.stamp;
   if (msg.bytes != recv->bytes || msg.stamp != recv->expect) {
     recv->size_error = true;  // another call's message: none of it lands
+    recv->found_bytes = msg.bytes;
   } else if (msg.handoff) {
     recv->handoff = msg.handoff;
   } else if (msg.bytes) {

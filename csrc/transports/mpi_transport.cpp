@@ -210,6 +210,7 @@ class MpiTransport final : public Transport {
     return true;
   }
   uint32_t p2p_max_tag() const override { return tag_ub_; }
+  size_t p2p_max_bytes() const override { return kMaxMessage; }
 
   // Poll with backoff: spin first (a neighbour on another core answers in
   // microseconds), then yield the core (ranks may outnumber cores), then
@@ -251,6 +252,7 @@ class MpiTransport final : public Transport {
             MPI_Get_count(&st, MPI_BYTE, &got);
             if (size_t(got) != r->bytes) {
               r->wrong_message = true;
+              r->found_bytes = size_t(got);
               throw RingError(ErrKind::transport, rank_, r->peer, 0,
                               "MPI message of " + std::to_string(got) + " bytes from rank " +
                                   std::to_string(r->peer) + ", expected " + std::to_string(r->bytes));
@@ -338,6 +340,7 @@ class MpiTransport final : public Transport {
     r.withdrawing = true;
     r.foreign_tag = st.MPI_TAG;
     MPI_Get_count(&st, MPI_BYTE, &r.foreign_bytes);
+    r.found_bytes = size_t(r.foreign_bytes);
     RC_MPI(MPI_Cancel(&r.req), r.peer);
   }
   // r was cancelled before any message matched it: the message found is
@@ -353,6 +356,7 @@ class MpiTransport final : public Transport {
     MPI_Status st;
     if (MPI_Improbe(r.peer, r.foreign_tag, data_, &flag, &msg, &st) != MPI_SUCCESS || !flag) return false;
     MPI_Get_count(&st, MPI_BYTE, &r.foreign_bytes);
+    r.found_bytes = size_t(r.foreign_bytes);
     r.sink.resize(size_t(r.foreign_bytes) + 1);
     return MPI_Imrecv(r.sink.data(), r.foreign_bytes, MPI_BYTE, &msg, &r.req) == MPI_SUCCESS;
   }

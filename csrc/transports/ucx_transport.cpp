@@ -475,6 +475,7 @@ class UcxTransport final : public Transport {
     r.withdrawing = true;
     r.foreign_stamp = stamp;
     r.foreign_bytes = info.length;
+    r.found_bytes = info.length;
     ucx::api().request_cancel(w_->worker, r.req);
   }
 

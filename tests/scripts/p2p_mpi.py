@@ -1,5 +1,6 @@
 """Point-to-point over MPI (run by tests/test_p2p_mpi.py under `ringcomm run -n N`):
-ring shifts, all pairs, any source, a large batch both ways, a size mismatch.
+ring shifts, all pairs, any source (also behind a receive from one rank), a
+large batch both ways, messages over the transport's limit, a size mismatch.
 Prints one RESULT line per rank: {"rank", "errors": [...], "mismatch": text}."""
 
 import json
@@ -55,6 +56,30 @@ def main():
             errs.append(f"any source saw {sorted(got)}")
     else:
         comm.send(data(r, 5, "float64"), 0, tag=9)
+    if n >= 3:  # an any-source receive behind one from rank 1 takes rank 2's message at once (MPI's order)
+        if r == 0:
+            a, b = np.zeros(2), np.zeros(2)
+            w1, w2 = comm.irecv(a, 1, tag=4), comm.irecv(b, None, tag=4)
+            w2.wait()
+            comm.send(np.full(2, 1.0), 1, tag=5)
+            w1.wait()
+            if (w2.source, b.tolist(), w1.source, a.tolist()) != (2, [2.0, 2.0], 1, [11.0, 11.0]):
+                errs.append(f"any source behind rank 1: {w2.source} {b} {w1.source} {a}")
+        elif r == 1:
+            x = np.zeros(2)
+            comm.recv(x, 0, tag=5)
+            comm.send(x + 10, 0, tag=4)
+        elif r == 2:
+            comm.send(np.full(2, 2.0), 0, tag=4)
+    # Over 1 GiB (MPI's counts are ints): refused on both sides before a byte moves.
+    big = np.empty(2**30 + 8, np.uint8)  # (never touched: no memory used)
+    for what, call in (("send", comm.send), ("recv", comm.recv)):
+        try:
+            call(big, (r + 1) % n)
+            errs.append(f"rank {r}: a {what} of 1 GiB + 8 bytes was not refused")
+        except ringcomm.InvalidArgument as e:
+            if "largest message (1073741824 bytes)" not in str(e):
+                errs.append(f"rank {r}: {what} of 1 GiB + 8: {e}")
     s = comm.all_reduce(np.ones(4, np.float32))
     check(s, np.full(4, n, np.float32), "all_reduce after p2p")
     t = comm.traffic()
