@@ -16,10 +16,12 @@ Two modes (``RINGCOMM_BOOTSTRAP=auto|mpi|store``, or ``init(store=...)``):
   host, and the store carries only the bootstrap (worker addresses, segment
   names, the cost model), never a collective's data.
 
-``auto`` (the default) is mpi when MPI's launcher variables are present, else
-store when a store is given or torchrun's variables are set (``RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), else a one-rank MPI job
-(a plain ``python script.py``).
+``auto`` (the default) is mpi when MPI's launcher variables are present (and,
+where torchrun's are too, give the same rank and size: workers of ``srun`` +
+torchrun inherit the agent's PMI variables), else store when a store is
+given or torchrun's variables are set (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``), else a one-rank MPI job (a plain
+``python script.py``).
 
 :class:`StoreGroup` gives the store the few collectives a bootstrap needs
 (allgather, broadcast, barrier, split), with the names mpi4py uses so that the
@@ -64,11 +66,25 @@ def choose(store_given: bool, value: str | None = None, environ=None) -> str:
     m = mode(value)
     if m != "auto":
         return m
-    if launched(environ):
+    if launched(environ) and not launcher_disagrees(environ):
         return "mpi"
     if store_given or torchrun_env(environ):
         return "store"
     return "mpi"
+
+
+def launcher_disagrees(environ=None) -> bool:
+    """An MPI launcher's variables that do not describe torchrun's world:
+    inherited by workers that torchrun started (``srun`` + torchrun, which
+    sets PMI_* or PMIX_* for the agent it started). Those workers are no
+    MPI job: the store it is."""
+    env = os.environ if environ is None else environ
+    if not torchrun_env(env):
+        return False
+    rank = next((env[v] for v in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK") if v in env), None)
+    size = next((env[v] for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE") if v in env), None)
+    return (rank is not None and rank.strip() != env["RANK"].strip()) or \
+        (size is not None and size.strip() != env["WORLD_SIZE"].strip())
 
 
 _env_inits = 0

@@ -216,22 +216,27 @@ def _share_segment(comm, suffix: str, map_it) -> tuple:
     (so nothing outlives the job). Collective over `comm`; returns (this
     rank's result or None, the first error of any rank or None)."""
     rank = comm.Get_rank()
-    name, err, got = None, None, None
+    name, err, got, created = None, None, None, False
     if rank == 0:
         name = _segment_name() + suffix
         try:
             got = map_it(name, True)
+            created = True
         except RingcommError as e:
             err = str(e)
-    name, err = comm.bcast((name, err), root=0)
-    if err is None and rank != 0:
-        try:
-            got = map_it(name, False)
-        except RingcommError as e:
-            err = f"rank {rank}: {e}"
-    errors = [e for e in comm.allgather(err) if e]
-    if rank == 0 and name is not None and err is None:
-        core.shm_remove(name)  # every rank has mapped it (the allgather above)
+    try:
+        name, err = comm.bcast((name, err), root=0)
+        if err is None and rank != 0:
+            try:
+                got = map_it(name, False)
+            except RingcommError as e:
+                err = f"rank {rank}: {e}"
+        errors = [e for e in comm.allgather(err) if e]
+    finally:
+        # Every rank has mapped it (the allgather above), or the hand-shake
+        # failed (a peer died or timed out, Ctrl-C): either way its name goes.
+        if created:
+            core.shm_remove(name)
     return (None, errors[0]) if errors else (got, None)
 
 

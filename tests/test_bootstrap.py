@@ -22,6 +22,13 @@ def test_mode_choice():
     assert bootstrap.choose(True, environ=mpi) == "mpi"  # mpirun's world wins under auto
     assert bootstrap.choose(False, environ=torchrun) == "store"
     assert bootstrap.choose(False, environ={**torchrun, "PMIX_RANK": "0"}) == "mpi"  # srun --mpi=pmix
+    # srun + torchrun: the workers inherit the agent's PMI variables, which
+    # do not describe torchrun's world (rank 1 of 2 against 0 of 1): the store.
+    inherited = {**torchrun, "RANK": "1", "PMI_RANK": "0", "PMI_SIZE": "1"}
+    assert bootstrap.choose(True, environ=inherited) == "store"
+    assert bootstrap.choose(False, environ={**torchrun, "PMI_RANK": "0", "PMI_SIZE": "1"}) == "store"
+    assert bootstrap.choose(False, environ={**torchrun, "PMI_RANK": "0", "PMI_SIZE": "2"}) == "mpi"
+    assert bootstrap.choose(True, "mpi", environ=inherited) == "mpi"  # asked for
     assert bootstrap.choose(True, environ={}) == "store"
     assert bootstrap.choose(False, environ={}) == "mpi"  # plain `python script.py`: a one-rank MPI job
     assert bootstrap.choose(False, "store", environ=mpi) == "store"

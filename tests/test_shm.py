@@ -843,3 +843,28 @@ def test_tune_measures_the_window_in_process():
     assert ("all_reduce", "shm_flat", 4096) in got and ("all_reduce", "shm_flat", 1 << 20) not in got
     assert all(r["seconds"] > 0 for r in rows)
     assert set(shm_limits(rows, 2)) == {"all_reduce", "reduce_scatter", "all_gather", "flat_max"}
+
+
+def test_a_hand_shake_that_fails_after_the_segment_is_made_leaves_nothing():
+    # Rank 0 has made the segment when a peer dies (or Ctrl-C comes) before
+    # every rank has mapped it: the name goes anyway, nothing stays in /dev/shm.
+    class PeerDied(Exception):
+        pass
+
+    class Group:  # rank 0 of 2, whose peer never answers
+        def Get_rank(self):
+            return 0
+
+        def Get_size(self):
+            return 2
+
+        def bcast(self, obj, root=0):
+            raise PeerDied("rank 1 died during the hand-shake")
+
+        def allgather(self, obj):
+            raise AssertionError("not reached")
+
+    before = shm_files()
+    with pytest.raises(PeerDied):
+        shm_mod._map_window(Group(), shm_mod.slot_bytes())
+    assert shm_files() == before

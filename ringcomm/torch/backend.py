@@ -81,6 +81,20 @@ def _check_dtype(t: torch.Tensor, op: str) -> None:
                                   "for CPU tensors (GPU collectives: ringcomm.init(device='cuda'))")
 
 
+def _real(t: torch.Tensor, red, what: str) -> torch.Tensor:
+    """A complex tensor as its real view (torch.view_as_real: the same
+    storage), for the reductions torch hands over complex (it converts for
+    all_reduce itself, not for reduce or reduce_scatter). Only sums are
+    elementwise on the real and imaginary parts."""
+    if not t.is_complex():
+        return t
+    kind = red.op if hasattr(red, "op") else red
+    if kind not in (_RedOp.SUM, _RedOp.AVG, _RedOp.PREMUL_SUM):
+        raise TypeError(f"ringcomm backend: {what} of a {t.dtype} tensor with op {kind}: complex numbers "
+                        "reduce by SUM, AVG or PREMUL_SUM only")
+    return torch.view_as_real(t)
+
+
 def _flat(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """t itself when contiguous (ringcomm reads its storage directly, also
     when it requires grad), else a contiguous copy: then the second value is
@@ -300,6 +314,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         return PendingWork(self._completer, works, list(outputs))
 
     def _scatter_from(self, out: torch.Tensor, inp: torch.Tensor, opts, what: str):
+        out, inp = _real(out, opts.reduceOp, what), _real(inp, opts.reduceOp, what)
         _check_dtype(inp, what)
         op, factor = self._op(opts.reduceOp, inp, what)
         if out.dtype != inp.dtype:
@@ -311,6 +326,10 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if factor is not None:  # PREMUL_SUM: scale a copy, never the caller's input
             ibuf = (ibuf if icopied else ibuf.detach().clone()).mul_(factor)
         obuf, ocopied = _flat(out)
+        k, r = obuf.numel(), self.rank()
+        if not icopied and factor is None and _overlaps(ibuf, obuf) and \
+                obuf.data_ptr() != ibuf.data_ptr() + r * k * ibuf.element_size():
+            ibuf = ibuf.clone()  # overlapping, but not the exact in-place form (this rank's chunk)
 
         return (functools.partial(self.comm.reduce_scatter, ibuf, op=op, out=obuf),
                 (lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None)
@@ -350,7 +369,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             tensors = [tensors]
         if len(tensors) != 1:
             raise NotImplementedError("ringcomm backend: reduce of several tensors per rank is not implemented")
-        t = tensors[0]
+        t = _real(tensors[0], opts.reduceOp, "reduce")
         _check_dtype(t, "reduce")
         op, factor = self._op(opts.reduceOp, t, "reduce")
         root = opts.rootRank
@@ -393,6 +412,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         k = inp.numel()
         flat = _adjacent(outs)
         if flat is not None:  # the outputs are consecutive blocks of one buffer (e.g. chunks): straight there
+            if _overlaps(ibuf, flat) and ibuf.data_ptr() != flat.data_ptr() + root * k * ibuf.element_size():
+                ibuf = ibuf.clone()  # overlapping, but not the exact in-place form (the root's own block)
             return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)], [outs])
         # One flat receive buffer (one engine call), then one copy per rank's block.
         flat, give_back = self._borrow(inp.dtype, n * k, not opts.asyncOp)
@@ -646,7 +667,8 @@ def _create(dist_opts, backend_opts=None) -> ProcessGroupRingcomm:
                 f"ringcomm backend: torch says rank {rank} of {size}, but MPI says rank {world.rank} of "
                 f"{world.size}. Launch with `ringcomm run -n N python ...` or mpirun (torchrun starts processes "
                 "that MPI cannot connect: there ringcomm bootstraps from torch's store, unless "
-                "RINGCOMM_BOOTSTRAP=mpi; see README 'Use from PyTorch').")
+                "RINGCOMM_BOOTSTRAP=mpi; RINGCOMM_BOOTSTRAP=store makes it use the store; see README 'Use from "
+                "PyTorch').")
         mpi_comm = world
     else:
         if world.rank not in ranks:

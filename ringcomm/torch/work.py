@@ -8,9 +8,12 @@ from __future__ import annotations
 import collections
 import datetime
 import threading
+import time
 
 import torch
 import torch.distributed as dist
+
+from ..errors import WaitTimeout
 
 __all__ = ["PendingWork", "DoneWork", "Completer"]
 
@@ -45,32 +48,57 @@ class PendingWork(dist.Work):
         if self._done:
             return
         with self._lock:
-            if self._done:
-                return
-            try:
-                for w in self._pending:
-                    w.wait()
-                if self._finish is not None:
-                    self._finish()
-                if callable(self._source):
-                    self._source = self._source()
-            except BaseException as exc:  # noqa: BLE001 - kept for wait()/the future
-                self._error = exc
-            self._pending, self._finish = [], None  # let go of the ringcomm Works (and their communicator)
-            self._done = True
+            self._complete_locked()
+
+    def _complete_locked(self) -> None:
+        if self._done:
+            return
+        try:
+            for w in self._pending:
+                w.wait()
+            if self._finish is not None:
+                self._finish()
+            if callable(self._source):
+                self._source = self._source()
+        except BaseException as exc:  # noqa: BLE001 - kept for wait()/the future
+            self._error = exc
+        self._pending, self._finish = [], None  # let go of the ringcomm Works (and their communicator)
+        self._done = True
 
     # torch.distributed.Work API
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        """Block until complete (results copied back) and raise its error if
+        it failed. `timeout` (torch's; 0: none, the group's own deadline
+        bounds it): raise WaitTimeout, a RuntimeError, once it has passed
+        with the work still running (the work goes on, as with gloo)."""
+        seconds = timeout.total_seconds() if timeout else 0.0
+        if seconds > 0 and not self._done:
+            deadline, pause = time.monotonic() + seconds, 1e-4
+            while not self.is_completed():
+                if time.monotonic() >= deadline:
+                    raise WaitTimeout(f"ringcomm backend: work still running after {seconds:g} s (wait timeout)")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
         self._complete()
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
-        return self._done or all(w.is_completed() for w in self._pending)
+        """True once complete with the results in the caller's tensors (the
+        copy back runs here when the collectives have just ended). Never
+        blocks: False while another thread is completing it."""
+        if self._done:
+            return True
+        if all(w.is_completed() for w in self._pending) and self._lock.acquire(blocking=False):
+            try:
+                self._complete_locked()
+            finally:
+                self._lock.release()
+        return self._done
 
     def is_success(self) -> bool:
-        return self._done and self._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self):
         return self._error

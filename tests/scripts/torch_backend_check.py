@@ -318,6 +318,74 @@ ys = [torch.empty(R + 1) for _ in range(N)]
 dist.all_to_all(ys, [torch.full((p + 1,), float(R)) for p in range(N)])
 case("all_to_all", all(equal(ys[p], torch.full((R + 1,), float(p)), True) for p in range(N)), "uneven list form")
 
+# ---- forms an independent review found refused or wrong (all of them gloo does)
+# all_to_all_single: rank 0 leaves the split sizes empty, the others spell the equal blocks out.
+x = torch.arange(2.0 * N) + 100 * R
+sp = [] if R == 0 else [2] * N
+y, g = torch.empty(2 * N), torch.empty(2 * N)
+dist.all_to_all_single(y, x, sp, sp)
+dist.all_to_all_single(g, x, sp, sp, group=GLOO)
+case("all_to_all_single", equal(y, g, True), f"empty split sizes on rank 0 only: {y.tolist()} vs gloo {g.tolist()}")
+# reduce_scatter_tensor into a chunk of the input that is not this rank's; gather from a block of
+# the root's gather buffer that is not the root's own.
+for grp in (None, GLOO):
+    full = (torch.arange(4.0 * N) + 1) * (R + 1)
+    k = (R + 1) % N
+    out = full[4 * k:4 * k + 4]
+    dist.reduce_scatter_tensor(out, full, group=grp)
+    want = (torch.arange(4.0 * R, 4.0 * R + 4) + 1) * (N * (N + 1) // 2)
+    case("reduce_scatter_single", equal(out, want, True), f"into another rank's chunk of the input, group={grp}")
+    whole = torch.zeros(3 * N)
+    mine = whole[3 * k:3 * k + 3].fill_(R + 1)
+    dist.gather(mine, list(whole.chunk(N)) if R == 0 else None, dst=0, group=grp)
+    if R == 0:
+        case("gather", equal(whole, torch.repeat_interleave(torch.arange(1.0, N + 1), 3), True),
+             f"from another block of the root's buffer, group={grp}: {whole.tolist()}")
+# complex reduce and reduce_scatter (SUM, AVG) as gloo; MAX of complex numbers is refused
+z = torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64) * (R + 1)
+for name in ("SUM", "AVG"):
+    zr, zg = z.clone(), z.clone()
+    dist.reduce(zr, dst=0, op=OPS[name])
+    dist.reduce(zg, dst=0, op=OPS[name] if name == "SUM" else dist.ReduceOp.SUM, group=GLOO)
+    if name == "AVG":
+        zg = zg / N if R == 0 else zg
+    if R == 0:
+        case("reduce", equal(zr, zg, False), f"complex64 {name}: {zr.tolist()} vs {zg.tolist()}")
+zs = torch.arange(2.0 * N, dtype=torch.float64).to(torch.complex128) * (1 + 1j) * (R + 1)
+o1, o2 = torch.empty(2, dtype=torch.complex128), torch.empty(2, dtype=torch.complex128)
+dist.reduce_scatter_tensor(o1, zs)
+dist.reduce_scatter_tensor(o2, zs, group=GLOO)
+case("reduce_scatter_single", equal(o1, o2, True), f"complex128: {o1.tolist()} vs gloo {o2.tolist()}")
+try:
+    dist.reduce(z.clone(), dst=0, op=dist.ReduceOp.MAX)
+    case("errors", False, "MAX of complex numbers accepted")
+except TypeError as exc:
+    case("errors", "complex" in str(exc), str(exc))
+# is_completed() only once the results are in the caller's tensors (the list all_gather copies back)
+for _ in range(3):
+    outs = [torch.full((4,), -1.0) for _ in range(N)]
+    w = dist.all_gather(outs, torch.full((4,), float(R)), async_op=True)
+    t0 = time.monotonic()
+    while not w.is_completed() and time.monotonic() - t0 < 20:
+        pass
+    case("all_gather", [o[0].item() for o in outs] == [float(r) for r in range(N)] and w.is_success(),
+         f"is_completed() before the copy back: {[o[0].item() for o in outs]} success={w.is_success()}")
+# wait(timeout): raises once it passes, the work goes on (rank N-1 comes 1.5 s late)
+if R == N - 1:
+    time.sleep(1.5)
+w = dist.all_reduce(torch.ones(8) * R, async_op=True)
+if R == 0:
+    t0 = time.monotonic()
+    try:
+        w.wait(timeout=datetime.timedelta(seconds=0.3))
+        case("errors", False, "wait(timeout=0.3 s) returned with a rank 1.5 s late")
+    except ringcomm.WaitTimeout as exc:
+        case("errors", isinstance(exc, RuntimeError) and time.monotonic() - t0 < 1.2, f"{exc} after "
+             f"{time.monotonic() - t0:.2f} s")
+w.wait()
+case("allreduce", w.is_success(), "the work after a wait timeout")
+dist.barrier()
+
 # ---- errors of the new ops reach the caller
 try:
     dist.all_to_all_single(torch.empty(N + 1), torch.ones(N + 1))
