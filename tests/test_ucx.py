@@ -115,3 +115,54 @@ def test_a_dead_peer_is_named_at_once(ucx, tls, how, tmp_path):
     assert not ucx_shm_files() - before, sorted(ucx_shm_files() - before)
     print(f"\n{tls or 'default'} {how}: " + ", ".join(
         f"rank {r} {d['error']} after {d['after_s']:.2f} s (close {d['close_s']:.2f} s)" for r, d in sorted(out.items())))
+
+
+STORE_DEATH = r'''
+import json, os, sys, time
+import numpy as np
+import torch.distributed as dist
+import ringcomm
+path, rank, what = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+comm = ringcomm.init(store=dist.FileStore(path, 2), rank=rank, size=2, timeout=30)
+comm.all_reduce(np.ones(10))  # in the window: UCX has carried nothing yet
+if rank == 1:
+    time.sleep(0.5)
+    os._exit(7)
+t0 = time.monotonic()
+try:
+    if what == "all_reduce":
+        for _ in range(1000):
+            comm.all_reduce(np.ones(1 << 18, np.float32))  # 1 MiB: the ring, over UCX
+    elif what == "recv":
+        comm.recv(np.zeros(1 << 20, np.uint8), 1)
+    else:
+        comm.send(np.zeros(1 << 24, np.uint8), 1)  # 16 MiB: waits for the receiver
+    out = {"error": None}
+except ringcomm.RingcommError as e:
+    out = {"error": type(e).__name__, "text": str(e)}
+out["after_s"] = round(time.monotonic() - t0, 2)
+print("RESULT " + json.dumps(out), flush=True)
+os._exit(0)
+'''
+
+
+@pytest.mark.parametrize("what", ["all_reduce", "recv", "send"])
+def test_a_dead_peer_of_this_host_is_named_before_the_deadline_in_store_mode(ucx, what, tmp_path):
+    # Store mode on one host (torchrun's way): a window between the ranks,
+    # UCX for the ring's messages and point-to-point. Rank 1 dies before UCX
+    # carried anything between them, so UCX's keepalive never watches that
+    # endpoint: the wait sees the process gone through the window (its pid),
+    # within about 0.1 s, not at the 30 s deadline.
+    script = tmp_path / "death.py"
+    script.write_text(STORE_DEATH)
+    store = str(tmp_path / "store")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "RINGCOMM_"))}
+    procs = [subprocess.Popen([sys.executable, str(script), store, str(r), what], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
+    out0, err0 = procs[0].communicate(timeout=120)
+    procs[1].communicate(timeout=30)
+    lines = [json.loads(line[7:]) for line in out0.splitlines() if line.startswith("RESULT ")]
+    assert lines, out0[-2000:] + err0[-3000:]
+    d = lines[0]
+    assert d["error"] == "TransportError" and "rank 1 (pid " in d["text"] and "died" in d["text"], d
+    assert d["after_s"] < 5, d

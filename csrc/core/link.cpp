@@ -508,15 +508,33 @@ void Link::counted(const Request& r) {
 }
 
 int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::time_point deadline) {
-  if (!interrupt_check_) return t_->wait_any(reqs, n, deadline);
+  // Ranks of one host are watched too: a peer process that died is named
+  // within a slice, not at the deadline (a transport between processes of
+  // one host, UCX's shared memory for one, may never notice).
+  const bool watch = window_ && window_->watches_processes();
+  if (!interrupt_check_ && !watch) return t_->wait_any(reqs, n, deadline);
   for (;;) {
     int i = t_->wait_any(reqs, n, std::min(deadline, now + kInterruptSlice));
     if (i != -1) return i;
     now = Clock::now();
     if (now >= deadline) return i;
-    if ((*interrupt_check_)()) return kUserInterrupt;
+    if (interrupt_check_ && (*interrupt_check_)()) return kUserInterrupt;
+    if (watch) throw_if_dead(reqs, n);
   }
 }
+
+void Link::throw_if_dead(Request* const* reqs, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (!reqs[i] || reqs[i]->done || reqs[i]->peer < 0) continue;
+    const std::string death = window_->death_of(reqs[i]->peer);
+    if (!death.empty())
+      throw RingError(ErrKind::transport, rank_, reqs[i]->peer, fp_.seq,
+                      death + " while rank " + std::to_string(rank_) + " waited for it in " + describe(fp_) +
+                          " (its process is gone)");
+  }
+}
+
+std::string Link::death_of(int peer) const { return window_ ? window_->death_of(peer) : ""; }
 
 int Link::wait_or_control(Request* r, Clock::time_point now, Clock::time_point deadline) {
   Request* reqs[3] = {r, ctrl_req_[0].get(), ctrl_req_[1].get()};

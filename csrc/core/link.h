@@ -173,6 +173,9 @@ class Link {
   // there as well as told around the ring.
   void attach_window(std::shared_ptr<ShmWindow> w) { window_ = std::move(w); }
   ShmWindow* window() const { return window_.get(); }
+  // "rank P (pid X) died" when `peer` is a process of this host's window
+  // that has exited; "" otherwise (any thread).
+  std::string death_of(int peer) const;
   std::shared_ptr<ShmWindow> shared_window() const { return window_; }
   // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work
   // buffer), in the memory the payload lives in (the Device's, if any).
@@ -206,6 +209,7 @@ class Link {
   // Block on reqs until one is done or `deadline`, in slices that poll the
   // interrupt check. Returns wait_any's answer.
   int wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::time_point deadline);
+  void throw_if_dead(Request* const* reqs, int n);  // a watched peer's process is gone: RingError(transport)
   // Block on r (null: the control streams alone) and both control streams,
   // until one is done or `deadline` (wait_for). A control message that
   // arrives is handled (a later call's header is kept; an ABORT notice

@@ -253,6 +253,17 @@ bool process_gone(pid_t pid) {
 }
 }  // namespace
 
+std::string ShmWindow::death_of(int member) const {
+  if (!processes_) return "";
+  int j = members_.empty() ? member : -1;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i] == member) j = int(i);
+  if (j < 0 || j >= n_ || j == rank_) return "";
+  const RankArea* a = area(j);
+  if (a->pid <= 0 || a->pidns != area(rank_)->pidns || !process_gone(pid_t(a->pid))) return "";
+  return "rank " + std::to_string(member) + " (pid " + std::to_string(a->pid) + ") died";
+}
+
 void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, int missing) {
   check_calls(link, fp, false);
   RankArea* a = area(missing);

@@ -86,6 +86,12 @@ class ShmWindow {
   int failed_origin() const;
   // Wake this window's sleepers (Engine::abort: they then see the interrupt).
   void wake();
+  // "rank R (pid P) died" when the process of the communicator's rank
+  // `member` (one of this window's, as member() numbers them) has exited;
+  // "" while it lives, or when it is not a process of this window.
+  std::string death_of(int member) const;
+  // Are the ranks other processes whose liveness death_of() can tell?
+  bool watches_processes() const { return processes_; }
 
   // ---- the shared arena (zero copy) ----
   // Memory every rank has mapped, one part of `per_rank` bytes per rank, in

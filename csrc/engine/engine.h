@@ -134,6 +134,9 @@ class Engine {
   // null. Thread-safe.
   std::unique_ptr<RingError> check_peers();
   Ledger& ledger() { return link_.ledger(); }
+  // "rank P (pid X) died" when `peer` is a process of this host's window
+  // that has exited, else "" (any thread: point-to-point's waits ask).
+  std::string death_of(int peer) const { return link_.death_of(peer); }
   // ---- point-to-point (p2p.h): beside the queue, on the callers' threads ----
   std::shared_ptr<Transport> shared_transport() const { return link_.shared_transport(); }
   FlightRecorder& recorder() { return recorder_; }

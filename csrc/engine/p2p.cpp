@@ -409,6 +409,12 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
         if (engine_->aborted()) fail(ErrKind::aborted, "the communicator was aborted: " + engine_->abort_reason());
         if (auto heard = engine_->check_peers())  // a peer's failure, told along the ring
           fail(ErrKind::aborted, std::string("a peer failed: ") + heard->what());
+        // A peer of this host whose process is gone (a send not yet taken,
+        // or a receive whose message has not come; not any-source ones).
+        if (peer_ >= 0 && (is_send_ || !matched_.load(std::memory_order_acquire))) {
+          const std::string death = engine_->death_of(peer_);
+          if (!death.empty()) fail(ErrKind::transport, death + " (its process is gone)");
+        }
         if (now >= deadline_) {
           const std::string waiting = is_send_ ? "rank " + std::to_string(peer_) + " to receive it"
                                      : delivering_ ? "the device to copy the message from rank " +

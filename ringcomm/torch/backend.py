@@ -143,6 +143,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     def _op(self, red, tensor: torch.Tensor, what: str) -> tuple[str, float | None]:
         kind = red.op if hasattr(red, "op") else red
         if kind == _RedOp.PREMUL_SUM:
+            if not tensor.is_floating_point():
+                raise TypeError(f"ringcomm backend: {what} with op PREMUL_SUM needs a floating dtype, "
+                                f"got {tensor.dtype}")
             return "sum", float(red.factor)
         op = _OPS.get(kind.value)
         if op is None:
@@ -220,7 +223,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             return PendingWork(self._completer, [], [])
         for t in tensors:
             _check_dtype(t, "allreduce_coalesced")
-        op, factor = self._op(opts.reduceOp, tensors[0], "allreduce_coalesced")
+            op, factor = self._op(opts.reduceOp, t, "allreduce_coalesced")  # (AVG, PREMUL_SUM: every dtype)
         # One collective per dtype over a flat buffer: one ring pass instead of many.
         groups: dict = {}
         for t in tensors:
