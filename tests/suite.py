@@ -260,3 +260,30 @@ def run_barrier(comm, algorithm="auto") -> list[str]:
     if d.msgs_sent("barrier") != want:
         return [f"rank {comm.rank}: barrier sent {d.msgs_sent('barrier')} tokens, expected {want}"]
     return []
+
+
+def any_source_behind_one_rank(comm):
+    """Point-to-point, MPI's matching order (3 ranks or more; tests/test_p2p.py
+    and scripts/p2p_mpi.py): rank 0 posts a receive from rank 1, then one from
+    any rank, same tag. Rank 2's message must go to the second at once,
+    though the first still waits: rank 1 sends only after rank 0 has heard
+    from rank 2. Returns, on rank 0, (source, data) of the any-source receive
+    then of the other; None elsewhere."""
+    r = comm.rank
+    if r == 0:
+        a, b = np.zeros(2), np.zeros(2)
+        w1, w2 = comm.irecv(a, 1, tag=4), comm.irecv(b, None, tag=4)
+        w2.wait()
+        comm.send(np.full(2, 1.0), 1, tag=5)
+        w1.wait()
+        return w2.source, b.tolist(), w1.source, a.tolist()
+    if r == 1:
+        x = np.zeros(2)
+        comm.recv(x, 0, tag=5)
+        comm.send(x + 10, 0, tag=4)
+    elif r == 2:
+        comm.send(np.full(2, 2.0), 0, tag=4)
+    return None
+
+
+ANY_SOURCE_BEHIND_ONE_RANK = (2, [2.0, 2.0], 1, [11.0, 11.0])  # what rank 0 must see

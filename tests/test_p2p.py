@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ringcomm
+import suite
 from ringcomm import traffic, vocab
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,27 +89,10 @@ def test_any_source_collects_every_rank(n):
 
 
 def test_any_source_behind_a_receive_from_one_rank_takes_another_ranks_message():
-    # MPI's order: rank 2's message goes to the any-source receive at once,
-    # though an earlier receive (from rank 1, same tag) still waits; rank 1
-    # sends only after rank 0 has heard from rank 2.
     def body(comm):
         comm.timeout = 20
-        r = comm.rank
-        if r == 0:
-            a, b = np.zeros(2), np.zeros(2)
-            w1, w2 = comm.irecv(a, 1, tag=4), comm.irecv(b, None, tag=4)
-            w2.wait()
-            comm.send(np.full(2, 1.0), 1, tag=5)
-            w1.wait()
-            return w2.source, b.tolist(), w1.source, a.tolist()
-        if r == 1:
-            x = np.zeros(2)
-            comm.recv(x, 0, tag=5)
-            comm.send(x + 10, 0, tag=4)
-        else:
-            comm.send(np.full(2, 2.0), 0, tag=4)
-        return None
-    assert ringcomm.run_local(3, body)[0] == (2, [2.0, 2.0], 1, [11.0, 11.0])
+        return suite.any_source_behind_one_rank(comm)
+    assert ringcomm.run_local(3, body)[0] == suite.ANY_SOURCE_BEHIND_ONE_RANK
 
 
 def test_batch_with_a_bad_op_posts_none():
