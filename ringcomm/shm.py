@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 import secrets
 import socket
@@ -351,12 +352,30 @@ def empty(comm, shape, dtype="float32", family: str = "numpy"):
         if maker is None:
             raise InvalidArgument("this communicator cannot make a shared arena")
         maker()
-    name = vocab.numpy_name(dtype) if not isinstance(dtype, str) else str(np.dtype(vocab.NUMPY.get(dtype, dtype)))
+    if isinstance(dtype, str):
+        name = dtype if dtype in vocab.NUMPY else None
+        if name is None:
+            try:
+                name = vocab.numpy_name(np.dtype(dtype))
+            except TypeError:
+                name = None
+    elif type(dtype).__module__ == "torch":  # torch.float32, torch.bfloat16, ...
+        name = vocab.torch_name(dtype)
+    else:
+        try:
+            name = vocab.numpy_name(dtype)
+        except TypeError:
+            name = None
     if name not in vocab.NUMPY:
         raise InvalidArgument(f"comm.empty: unsupported dtype {dtype!r}; expected one of {', '.join(vocab.NUMPY)}")
     npd = vocab.NUMPY[name]
     shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"comm.empty: negative dimension in shape {shape}")
+    count = math.prod(shape)  # (Python ints: no wrap-around for huge shapes)
+    if count * npd.itemsize > window.arena_bytes:
+        raise InvalidArgument(f"comm.empty: {count * npd.itemsize} bytes do not fit the shared arena "
+                              f"({window.arena_bytes} bytes per rank; RINGCOMM_SHM_ARENA sets it)")
     block = window.arena_alloc(count * npd.itemsize)
     if family == "numpy":
         return np.frombuffer(block, dtype=npd, count=count).reshape(shape)

@@ -868,3 +868,18 @@ def test_a_hand_shake_that_fails_after_the_segment_is_made_leaves_nothing():
     with pytest.raises(PeerDied):
         shm_mod._map_window(Group(), shm_mod.slot_bytes())
     assert shm_files() == before
+
+
+def test_empty_takes_torch_dtypes_and_refuses_what_cannot_fit():
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        t = comm.empty((2, 3), torch.bfloat16, family="torch")
+        a = comm.empty(4, np.dtype("float32"))
+        assert t.dtype == torch.bfloat16 and tuple(t.shape) == (2, 3) and a.dtype == np.float32
+        for shape, dtype, match in (((2**62 - 1,), "float32", "do not fit"), (4, "nonsense", "unsupported dtype"),
+                                    ((2, -1), "float32", "negative")):
+            with pytest.raises(InvalidArgument, match=match):
+                comm.empty(shape, dtype)
+        return True
+    assert all(ringcomm.run_local(2, body))

@@ -287,3 +287,48 @@ def test_demo_zero_under_mpirun(tmp_path):
             assert f[k] <= v <= f[k] + 16 * 9 * 2, (name, k, v, f[k])
         assert s["peak_memory_bytes"] >= sum(s["memory_bytes"].values())
         assert abs(s["sent_bytes_per_step"] - expected_traffic(stage, psi, 2)) <= 3 * 2 * 9 * 2
+
+
+def test_a_unit_without_gradient_in_a_step_is_not_moved_again_at_every_stage():
+    # Step 2 gives unit 0 no gradient: every stage must leave it where step 1
+    # put it, as DDP would (stages 2-3 applied step 1's shard again).
+    def run(stage):
+        def fn(comm):
+            units = [[np.linspace(-1, 1, 6, dtype=np.float32)], [np.ones(5, np.float32)]]
+            z = ringcomm.zero.ZeroOptimizer(units, comm, stage=stage, lr=0.1, optimizer="sgd")
+            for u in (1, 0):
+                with z.gathered(u):
+                    z.grads(u)[0][...] = 1.0 + comm.rank
+                z.reduce(u)
+            z.step()
+            with z.gathered(1):
+                z.grads(1)[0][...] = 1.0
+            z.reduce(1)
+            z.step()
+            return [p.tolist() for ps in z.full_parameters() for p in ps]
+        return ringcomm.run_local(2, fn)[0]
+    ref = run(0)
+    for stage in (1, 2, 3):
+        assert run(stage) == ref, stage
+
+
+def test_more_gradients_out_than_allowed_is_an_error_not_a_hang():
+    def fn(comm):
+        z = ringcomm.zero.ZeroOptimizer([[np.ones(4, np.float32)] for _ in range(3)], comm, stage=2)
+        z.grads(2)
+        z.grads(1)
+        with pytest.raises(ringcomm.InvalidArgument, match="max_grads_in_flight"):
+            z.grads(0)
+        return True
+    assert ringcomm.run_local(1, fn, timeout=20) == [True]
+
+
+def test_gathered_is_reentrant_at_stage_3():
+    def fn(comm):
+        z = ringcomm.zero.ZeroOptimizer([[np.arange(4, dtype=np.float32)]] * 2, comm, stage=3)
+        with z.gathered(0) as ps:
+            full = z.full_parameters()
+            still = ps[0].tolist()
+        return full[0][0].tolist(), still
+    for full, still in ringcomm.run_local(2, fn):
+        assert full == still == [0.0, 1.0, 2.0, 3.0]

@@ -225,6 +225,9 @@ class ZeroOptimizer:
         if self.stage < 3:
             yield self._views(u)
             return
+        if u.params is not None and u.gather_work is None:  # inside gathered(i) already: the outer block frees
+            yield self._views(u)
+            return
         self.prefetch(i)
         u.gather_work.wait()
         u.gather_work = None
@@ -251,7 +254,13 @@ class ZeroOptimizer:
         if u.grads is None:
             if self.stage >= 2:
                 while len(self._inflight) >= self.max_grads_in_flight:
-                    self._settle(self._inflight[0])
+                    reduced = next((x for x in self._inflight if x.work is not None), None)
+                    if reduced is None:  # waiting would wait forever
+                        raise InvalidArgument(
+                            f"grads({i}): {len(self._inflight)} units' gradients are out and none has been "
+                            f"reduced (max_grads_in_flight={self.max_grads_in_flight}): call reduce() on one "
+                            "first, or raise max_grads_in_flight")
+                    self._settle(reduced)
                 self._inflight.append(u)
             u.grads = self.xp.zeros(u.count, self.dtype)
             self._ledger.count("grads", u.grads.nbytes)
@@ -306,7 +315,9 @@ class ZeroOptimizer:
             self._update(u, g)
             gathers += self._publish(u)
             if self.stage < 2:
-                u.grads[...] = 0
+                u.grads[...] = 0  # (stage 1's shard is a view of them)
+            else:  # a unit that gets no gradient next step must not apply this one again
+                u.grad_shard[...] = 0
         for w in gathers:
             w.wait()
 
