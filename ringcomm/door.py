@@ -219,6 +219,15 @@ class Door:
                 # Equal blocks spelled out are the same call as none given,
                 # so ranks may mix the two spellings (torch allows it).
                 total_out, splits_arg, out_arg = xb.count, None, None
+            else:  # each per-peer block is one message (csrc/algorithms/all_to_all.cpp)
+                es = vocab.itemsize(xb.dtype)
+                for what, blocks in (("sends", splits), ("receives", out_splits)):
+                    peer = max((p for p in range(n) if p != me), key=lambda p: blocks[p], default=None)
+                    if peer is not None and blocks[peer] * es > self.p2p_max_bytes:
+                        raise InvalidArgument(
+                            f"all_to_all: rank {me} {what} a block of {blocks[peer] * es} bytes "
+                            f"{'to' if what == 'sends' else 'from'} rank {peer}, larger than this transport's "
+                            f"largest message ({self.p2p_max_bytes} bytes): split the call in parts")
         if out is None:
             out = new_array(xb, total_out)
         ob = self._out(out, xb, total_out, "all_to_all", why="the sum of out_splits" if out_arg else "the input's count",

@@ -396,6 +396,26 @@ def test_mark_ready_twice_and_bad_average_dtype():
     ringcomm.run_local(1, body)
 
 
+def test_after_a_failed_finalize_the_next_iteration_names_the_failure():
+    # In the second iteration rank 1 stops half way: rank 0's wait for a
+    # bucket times out, which aborts its communicator. The bucketer ends that
+    # iteration anyway, so the next one reports the abort (and its cause),
+    # not "marked ready twice".
+    def body(comm):
+        b = GradBucketer(params_for("float32"), comm, bucket_cap_mb=CAPS_MB[2])
+        b.sync([grad_value(i, s, comm.rank).astype(np.float32) for i, s in enumerate(SHAPES)])
+        for i in reversed(range(len(SHAPES))):
+            if comm.rank == 1 and i < len(SHAPES) // 2:
+                return "left"
+            b.mark_ready(i, grad_value(i, SHAPES[i], comm.rank).astype(np.float32))
+        with pytest.raises(ringcomm.CollectiveTimeout):
+            b.finalize()
+        with pytest.raises(ringcomm.CommunicatorAborted, match="timed out"):
+            b.sync()
+        return "raised"
+    assert ringcomm.run_local(2, body, timeout=1) == ["raised", "left"]
+
+
 # ---------------------------------------------------------------------------
 def _assert_no_errors_anywhere(errs):
     from mpi4py import MPI

@@ -135,6 +135,8 @@ try:
             comm.all_reduce(np.ones(1 << 18, np.float32))  # 1 MiB: the ring, over UCX
     elif what == "recv":
         comm.recv(np.zeros(1 << 20, np.uint8), 1)
+    elif what == "recv_any":  # every rank that could send is gone
+        comm.recv(np.zeros(1 << 20, np.uint8), None)
     else:
         comm.send(np.zeros(1 << 24, np.uint8), 1)  # 16 MiB: waits for the receiver
     out = {"error": None}
@@ -146,7 +148,7 @@ os._exit(0)
 '''
 
 
-@pytest.mark.parametrize("what", ["all_reduce", "recv", "send"])
+@pytest.mark.parametrize("what", ["all_reduce", "recv", "recv_any", "send"])
 def test_a_dead_peer_of_this_host_is_named_before_the_deadline_in_store_mode(ucx, what, tmp_path):
     # Store mode on one host (torchrun's way): a window between the ranks,
     # UCX for the ring's messages and point-to-point. Rank 1 dies before UCX

@@ -241,6 +241,41 @@ def _step(zero, rank, step, dtype=np.float16, prefetch=False):
     zero.step()
 
 
+@pytest.mark.parametrize("saved,loaded", [("adam", "sgd"), ("sgd", "adam")])
+def test_checkpoint_refuses_another_optimizer_before_writing_anything(saved, loaded, tmp_path):
+    prefix = str(tmp_path / "c")
+    ringcomm.run_local(2, lambda c: ZeroOptimizer(init_units(np.float32), c, stage=1, optimizer=saved).save(prefix))
+
+    def fn(c):
+        z = ZeroOptimizer(init_units(np.float32, seed=1), c, stage=1, optimizer=loaded)
+        before = [p.copy() for ps in z.full_parameters() for p in ps]
+        with pytest.raises(ringcomm.InvalidArgument, match="holds the state of " + ("Adam" if saved == "adam" else "SGD")):
+            z.load(prefix)
+        after = [p for ps in z.full_parameters() for p in ps]
+        assert z.t == 0 and all(np.array_equal(a, b) for a, b in zip(before, after)), f"rank {c.rank}: half-loaded"
+        return True
+    assert ringcomm.run_local(2, fn) == [True, True]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_reduce_twice_in_a_step_is_refused(stage):
+    # Two reductions of one unit in flight would run on one buffer at once.
+    def fn(comm):
+        z = ZeroOptimizer([[np.arange(6, dtype=np.float32)]], comm, stage=stage, max_grads_in_flight=1)
+        with z.gathered(0):
+            z.grads(0)[0][...] = comm.rank + 1.0
+        z.reduce(0)
+        with pytest.raises(ringcomm.InvalidArgument, match=r"reduce\(0\) was already called in this step"):
+            z.reduce(0)
+        z.step()  # and the next step may reduce it again
+        with z.gathered(0):
+            z.grads(0)[0][...] = 1.0
+        z.reduce(0)
+        z.step()
+        return True
+    assert ringcomm.run_local(2, fn, timeout=20) == [True, True]
+
+
 def test_checkpoint_refuses_another_layout(tmp_path):
     prefix = str(tmp_path / "c")
     ringcomm.run_local(2, lambda c: ZeroOptimizer(init_units(np.float32), c, stage=1).save(prefix))

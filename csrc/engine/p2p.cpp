@@ -303,6 +303,17 @@ void P2POp::stage(std::shared_ptr<Device> dev, uintptr_t stream) {
   copy_.reset();
 }
 
+std::string P2POp::every_peer_dead() const {
+  std::string all;
+  for (int r = 0; r < engine_->size(); ++r) {
+    if (r == engine_->rank()) continue;
+    const std::string death = engine_->death_of(r);
+    if (death.empty()) return "";
+    all += (all.empty() ? "" : "; ") + death;
+  }
+  return all.empty() ? "" : "every rank that could send it is gone: " + all;
+}
+
 bool P2POp::delivered(Clock::time_point until) {
   if (!bytes_) return true;
   if (!delivering_) {
@@ -410,9 +421,10 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
         if (auto heard = engine_->check_peers())  // a peer's failure, told along the ring
           fail(ErrKind::aborted, std::string("a peer failed: ") + heard->what());
         // A peer of this host whose process is gone (a send not yet taken,
-        // or a receive whose message has not come; not any-source ones).
-        if (peer_ >= 0 && (is_send_ || !matched_.load(std::memory_order_acquire))) {
-          const std::string death = engine_->death_of(peer_);
+        // or a receive whose message has not come). An any-source receive
+        // fails only once every other rank is gone: a living one may still send.
+        if (is_send_ || !matched_.load(std::memory_order_acquire)) {
+          const std::string death = peer_ >= 0 ? engine_->death_of(peer_) : every_peer_dead();
           if (!death.empty()) fail(ErrKind::transport, death + " (its process is gone)");
         }
         if (now >= deadline_) {

@@ -126,6 +126,9 @@ class P2POp {
   // copy is queued at the first call; waits at most until `until`).
   void stage(std::shared_ptr<Device> dev, uintptr_t stream);
   bool delivered(Clock::time_point until);
+  // Every other rank's process is gone (only ranks of this host can be
+  // known gone): what death_of says of each, or "" while one may live.
+  std::string every_peer_dead() const;
   // A staging copy queued and not known to be done (an event that fails
   // to answer counts as pending): its memory must never be given back.
   bool copy_pending();

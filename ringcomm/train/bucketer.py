@@ -274,6 +274,19 @@ class GradBucketer:
                 b.work.wait()
                 if b.complete_t is None:
                     b.complete_t = time.perf_counter()
+        except BaseException:
+            # A failed bucket (a peer's timeout, an abort, Ctrl-C) fails the
+            # communicator, so the others end at once too; they are waited
+            # for so that no reduction still writes into the buckets, and the
+            # iteration ends, so the next one is not refused as a repetition.
+            for b in self._buckets:
+                try:
+                    b.work.wait()
+                except BaseException:
+                    pass
+            self._observed = []
+            self._end_iteration()
+            raise
         finally:
             self._record_iteration(t0)
         # Every rank sees the same reduced status slots, so takes the same branch.
@@ -287,13 +300,7 @@ class GradBucketer:
                                 for i in np.flatnonzero((used == 0).any(axis=0))}
             if not self._find_unused:
                 error = self._unused_message(self.last_unused)
-        owned, self._owned = self._owned, {}
-        self._ready[:] = False
-        self._used[:] = False
-        for b in self._buckets:
-            b.pending = len(b.params)
-            b.work = None
-        self._next_launch = self._next_complete = 0
+        owned = self._end_iteration()
         if error is not None:
             self._observed = []  # record again in the next (successful) iteration
             raise UnusedParametersError(error, dict(self.last_unused), rank=rank)
@@ -304,6 +311,18 @@ class GradBucketer:
         if self._rebuild_pending:
             self._rebuild()
         return self.grad_views()
+
+    def _end_iteration(self) -> dict:
+        """Clear what one synchronised iteration marked; returns the
+        caller-owned gradients given to mark_ready (index -> array)."""
+        owned, self._owned = self._owned, {}
+        self._ready[:] = False
+        self._used[:] = False
+        for b in self._buckets:
+            b.pending = len(b.params)
+            b.work = None
+        self._next_launch = self._next_complete = 0
+        return owned
 
     def sync(self, grads: Sequence | None = None) -> list:
         """Convenience for trainers without overlap: mark every parameter ready

@@ -107,6 +107,11 @@ def load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this
         if [int(c) for c in f["counts"]] != counts:
             raise InvalidArgument(f"checkpoint {prefix} has units of {[int(c) for c in f['counts']]} parameters, "
                                   f"this model {counts}")
+        has_moments, wants_moments = "m0" in f.files, states and states[0][1] is not None
+        if states and has_moments != wants_moments:  # checked before anything is written
+            kinds = {True: "Adam (with moments m, v)", False: "SGD (no moments)"}
+            raise InvalidArgument(f"checkpoint {prefix} holds the state of {kinds[has_moments]}; "
+                                  f"{what} is {kinds[wants_moments]}")
         for i, (master, m, v) in enumerate(states):
             master[...] = _like(master, f[f"master{i}"])
             if m is not None:

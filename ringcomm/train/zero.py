@@ -78,6 +78,7 @@ class _Unit:
     v: np.ndarray | None = None
     work: object = None           # the gradient reduction in flight
     gather_work: object = None    # stage 3: a prefetch in flight
+    reduced: bool = False         # reduce() was called in this step
 
 
 def _array_module(comm):
@@ -271,8 +272,11 @@ class ZeroOptimizer:
         over the ranks (stage 0: all_reduce; 1-3: reduce_scatter into this
         rank's shard), asynchronously."""
         u = self._units[i]
+        if u.reduced:  # a second reduction would run on the buffer the first is still writing
+            raise InvalidArgument(f"reduce({i}) was already called in this step: call it once per unit per step")
         if u.grads is None:
             raise InvalidArgument(f"unit {i} has no gradients: call grads({i}) and fill them first")
+        u.reduced = True
         if self.stage == 0:
             # Sums bit for bit those of the sharded stages' reduce-scatter
             # (matched_sums), which is what makes them equal to DDP.
@@ -309,6 +313,7 @@ class ZeroOptimizer:
         self.t += 1
         for u in self._units:
             self._settle(u)
+            u.reduced = False
         gathers = []
         for u in self._units:
             g = (u.grads if self.stage == 0 else u.grad_shard).astype(np.float32)

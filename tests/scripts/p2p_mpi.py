@@ -72,6 +72,15 @@ def main():
         except ringcomm.InvalidArgument as e:
             if "largest message (1073741824 bytes)" not in str(e):
                 errs.append(f"rank {r}: {what} of 1 GiB + 8: {e}")
+    if n >= 2:  # all_to_all's per-peer blocks are one message each: the same limit, checked before any moves
+        splits, out_splits = [0] * n, [0] * n
+        splits[(r + 1) % n], out_splits[(r - 1) % n] = 2**30 + 8, 2**30 + 8
+        try:
+            comm.all_to_all(big, splits=splits, out_splits=out_splits, out=np.empty(2**30 + 8, np.uint8))
+            errs.append(f"rank {r}: an all_to_all block of 1 GiB + 8 bytes was not refused")
+        except ringcomm.InvalidArgument as e:
+            if "largest message (1073741824 bytes)" not in str(e):
+                errs.append(f"rank {r}: all_to_all block of 1 GiB + 8: {e}")
     s = comm.all_reduce(np.ones(4, np.float32))
     check(s, np.full(4, n, np.float32), "all_reduce after p2p")
     t = comm.traffic()
