@@ -352,20 +352,7 @@ def empty(comm, shape, dtype="float32", family: str = "numpy"):
         if maker is None:
             raise InvalidArgument("this communicator cannot make a shared arena")
         maker()
-    if isinstance(dtype, str):
-        name = dtype if dtype in vocab.NUMPY else None
-        if name is None:
-            try:
-                name = vocab.numpy_name(np.dtype(dtype))
-            except TypeError:
-                name = None
-    elif type(dtype).__module__ == "torch":  # torch.float32, torch.bfloat16, ...
-        name = vocab.torch_name(dtype)
-    else:
-        try:
-            name = vocab.numpy_name(dtype)
-        except TypeError:
-            name = None
+    name = vocab.name_of(dtype)
     if name not in vocab.NUMPY:
         raise InvalidArgument(f"comm.empty: unsupported dtype {dtype!r}; expected one of {', '.join(vocab.NUMPY)}")
     npd = vocab.NUMPY[name]

@@ -81,6 +81,19 @@ def torch_name(dt) -> str | None:
     return name
 
 
+def name_of(dtype) -> str | None:
+    """Our name for a dtype however spelled (one of our names, a numpy dtype
+    or its spelling, a torch dtype), or None if unsupported."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return dtype
+    if type(dtype).__module__ == "torch":  # torch.float32, torch.bfloat16, ...
+        return torch_name(dtype)
+    try:
+        return numpy_name(dtype)
+    except TypeError:  # not a dtype numpy knows
+        return None
+
+
 def torch_dtype(name: str):
     """The torch dtype of one of our names."""
     import torch
