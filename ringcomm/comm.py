@@ -339,12 +339,16 @@ class Communicator:
         this rank sends to each rank, summing to ``len(x)``) and ``out_splits``
         (what it receives from each) work as torch's ``input_split_sizes`` and
         ``output_split_sizes``; either may be left out to mean equal blocks
-        (of `x`, of `out`), and equal splits spelled out are the same call as
-        none given (ranks may mix the two). ``splits[r]`` must equal
-        ``out_splits[r]`` on rank r (its block to itself). A rank whose splits
-        disagree with a peer's gets a MismatchError naming both sizes (every
-        block travels as one message, checked in size before a byte lands),
-        and so do the others. Returns a new 1-D array unless `out` is given.
+        (of `x`, of `out`). A call with splits (even equal ones) runs per-peer
+        blocks, one without them equal blocks: ranks must agree on which (a
+        rank cannot know that its peers' splits are equal too); one that does
+        not gets a MismatchError naming both calls. ``splits[r]`` must equal
+        ``out_splits[r]`` on rank r (its block to itself). A rank receiving a
+        block of another size than its out_splits says gets a MismatchError
+        naming both sizes (every block travels as one message, checked in
+        size before a byte lands); the rank that sent it hears of it by its
+        next call at the latest (CommunicatorAborted), as with send().
+        Returns a new 1-D array unless `out` is given.
         algorithm: "auto" (default: "shm" for equal blocks when the ranks
         share a host's memory, else "pairwise"), "pairwise" (pairwise
         exchange, n-1 steps, csrc/algorithms/all_to_all.cpp) or "shm"

@@ -190,10 +190,17 @@ class Door:
         out_splits = self._counts(out_splits, "all_to_all out_splits")
         if splits is not None and sum(splits) != xb.count:
             raise InvalidArgument(f"all_to_all splits sum to {sum(splits)}, but the input has {xb.count} elements")
-        if splits is None and out_splits is None and (out is None or self.view(out, "all_to_all out").count == xb.count):
+        if splits is None and out_splits is None:
+            # Equal blocks. Only a call without splits is one: a rank cannot
+            # know that splits equal here are equal on every rank, and the
+            # two forms differ on the wire (a MismatchError names both).
             if xb.count % n:
                 raise InvalidArgument(f"all_to_all input has {xb.count} elements, not divisible by {n} ranks; "
                                       "pass splits= and out_splits=")
+            if out is not None and self.view(out, "all_to_all out").count != xb.count:
+                raise InvalidArgument(f"all_to_all without splits: out has {self.view(out, 'all_to_all out').count} "
+                                      f"elements, the input {xb.count} (equal blocks); pass splits= and out_splits= "
+                                      "for blocks of other sizes")
             total_out, splits_arg, out_arg = xb.count, None, None
         else:
             if splits is None:
@@ -215,19 +222,15 @@ class Door:
             if splits[me] != out_splits[me]:  # the block a rank sends itself is copied into out
                 raise InvalidArgument(f"all_to_all: rank {me} sends itself {splits[me]} elements (splits[{me}]) but "
                                       f"expects {out_splits[me]} from itself (out_splits[{me}]); they must be equal")
-            if len(set(splits)) == 1 and set(out_splits) == set(splits):
-                # Equal blocks spelled out are the same call as none given,
-                # so ranks may mix the two spellings (torch allows it).
-                total_out, splits_arg, out_arg = xb.count, None, None
-            else:  # each per-peer block is one message (csrc/algorithms/all_to_all.cpp)
-                es = vocab.itemsize(xb.dtype)
-                for what, blocks in (("sends", splits), ("receives", out_splits)):
-                    peer = max((p for p in range(n) if p != me), key=lambda p: blocks[p], default=None)
-                    if peer is not None and blocks[peer] * es > self.p2p_max_bytes:
-                        raise InvalidArgument(
-                            f"all_to_all: rank {me} {what} a block of {blocks[peer] * es} bytes "
-                            f"{'to' if what == 'sends' else 'from'} rank {peer}, larger than this transport's "
-                            f"largest message ({self.p2p_max_bytes} bytes): split the call in parts")
+            # Each per-peer block is one message (csrc/algorithms/all_to_all.cpp).
+            es = vocab.itemsize(xb.dtype)
+            for what, blocks in (("sends", splits), ("receives", out_splits)):
+                peer = max((p for p in range(n) if p != me), key=lambda p: blocks[p], default=None)
+                if peer is not None and blocks[peer] * es > self.p2p_max_bytes:
+                    raise InvalidArgument(
+                        f"all_to_all: rank {me} {what} a block of {blocks[peer] * es} bytes "
+                        f"{'to' if what == 'sends' else 'from'} rank {peer}, larger than this transport's "
+                        f"largest message ({self.p2p_max_bytes} bytes): split the call in parts")
         if out is None:
             out = new_array(xb, total_out)
         ob = self._out(out, xb, total_out, "all_to_all", why="the sum of out_splits" if out_arg else "the input's count",
@@ -287,6 +290,8 @@ class Door:
             raise InvalidArgument(f"{what} has {len(c)} entries, expected one per rank ({self.size})")
         if any(v < 0 for v in c):
             raise InvalidArgument(f"{what} has a negative entry: {c}")
+        if sum(c) >= _MAX_ELEMENTS:  # (their bytes must fit the engine's 64-bit sizes, any dtype)
+            raise InvalidArgument(f"{what} sum to {sum(c)} elements, more than any array can hold")
         return c
 
     # ---- arrays ---------------------------------------------------------------
@@ -338,6 +343,9 @@ class Door:
             call = core.Call(vocab.COLLECTIVES[coll], vocab.DTYPES[lead.dtype], opc, algo, xb.ptr if xb else 0,
                              ob.ptr if ob else 0, count, root, counts, out_counts or [])
         return Described(call, result, (xb, ob), lead.stream_fn if lead is not None else None)
+
+
+_MAX_ELEMENTS = 2**63 // 16  # elements of the widest dtype whose bytes fit an int64
 
 
 def _algorithm(coll: str, name, allowed) -> int:

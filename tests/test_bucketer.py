@@ -330,6 +330,110 @@ def test_registration_mismatch_raises_on_every_rank():
         assert msg and "bucket settings differ" in msg and "rank 1: bucket_cap=1048576 B" in msg, msg
 
 
+def test_registration_names_a_family_or_a_deep_shape_that_differs():
+    # A numpy parameter on one rank and a torch one elsewhere lay buckets out
+    # differently: refused at registration, naming it (it was a MismatchError
+    # naming no parameter at the first all_reduce). Shapes of more than 8
+    # dimensions are named in full.
+    import torch
+
+    def body(comm, variant):
+        if variant == "family":
+            ps = [np.zeros(3, np.float32) if comm.rank == 0 else torch.zeros(3), torch.zeros(5)]
+        else:
+            ps = [np.zeros((1,) * 8 + (2 + comm.rank,), np.float64)]
+        with pytest.raises(RegistrationMismatchError) as e:
+            GradBucketer(ps, comm)
+        return str(e.value)
+    for msg in ringcomm.run_local(2, body, "family"):
+        assert "rank 0 has (3,) float32 (numpy), rank 1 has (3,) float32 (torch)" in msg, msg
+    for msg in ringcomm.run_local(2, body, "deep"):
+        assert "rank 0 has (1, 1, 1, 1, 1, 1, 1, 1, 2) float64" in msg and "(1, 1, 1, 1, 1, 1, 1, 1, 3)" in msg, msg
+
+
+def test_broadcast_parameters_refuses_different_models_on_every_rank():
+    # Same element count, other shape (it wrote scrambled values); a dtype
+    # one rank lacks (it waited for the deadline); one parameter more.
+    cases = {"shape": lambda r: [np.arange(4.0)] if r == 0 else [np.zeros((2, 2)) + 9],
+             "missing": lambda r: [] if r == 0 else [np.zeros(3)],
+             "extra": lambda r: [np.zeros(3)] * (1 + r)}
+    want = {"shape": "rank 0 has (4,) float64 (numpy), rank 1 has (2, 2) float64 (numpy)",
+            "missing": "rank 0: 0 parameters, 0 elements; rank 1: 1 parameters, 3 elements",
+            "extra": "the first 1 parameters agree; rank 1 has 1 more"}
+    for case, params in cases.items():
+        def body(comm):
+            ps = params(comm.rank)
+            before = [p.copy() for p in ps]
+            with pytest.raises(ringcomm.MismatchError) as e:
+                broadcast_parameters(ps, comm)
+            assert all(np.array_equal(a, b) for a, b in zip(ps, before)), f"rank {comm.rank}: written"
+            return str(e.value)
+        for r, msg in enumerate(ringcomm.run_local(2, body, timeout=10)):
+            assert want[case] in msg, f"{case}, rank {r}: {msg}"
+
+
+def test_gradients_of_another_family_shape_or_subclass():
+    # mark_ready(i, grad) with a torch grad for a numpy parameter of 2
+    # dimensions, a numpy bfloat16 grad for a torch parameter, and a user's
+    # nn.Parameter subclass as a parameter.
+    import torch
+
+    class MyParam(torch.nn.Parameter):
+        pass
+
+    def body(comm):
+        r = comm.rank
+        ps = [np.zeros((3, 4), np.float32), torch.zeros(4, dtype=torch.bfloat16), MyParam(torch.zeros(2, 3))]
+        b = GradBucketer(ps, comm)
+        b.mark_ready(0, torch.arange(12, dtype=torch.float32).reshape(3, 4) * (r + 1))
+        b.mark_ready(1, np.full(4, 2.0 * (r + 1), ml_dtypes.bfloat16))
+        out = torch.zeros(2, 3)
+        b.mark_ready(2, out + (r + 1))
+        g = b.finalize()
+        return g[0].tolist(), g[1].float().tolist(), g[2].tolist()
+    n = 3
+    mean = sum(range(1, n + 1)) / n
+    for r, (g0, g1, g2) in enumerate(ringcomm.run_local(n, body)):
+        assert g0 == (np.arange(12).reshape(3, 4) * mean).tolist(), f"rank {r}: {g0}"
+        assert g1 == [2.0 * mean] * 4 and g2 == [[mean] * 3] * 2, f"rank {r}: {g1} {g2}"
+
+
+def test_a_refused_second_mark_adds_nothing():
+    def body(comm):
+        b = GradBucketer([np.zeros(2)], comm)
+        b.mark_ready(0, np.full(2, 1.0))
+        with pytest.raises(ringcomm.errors.BucketerError, match="marked ready twice"):
+            b.mark_ready(0, np.full(2, 100.0))
+        return b.finalize()[0].tolist()
+    assert ringcomm.run_local(1, body) == [[1.0, 1.0]]
+
+
+def test_rebuilt_buckets_stay_in_a_small_arena(monkeypatch):
+    # The rebuild lays buckets out again in the block they already have: with
+    # gradients over half the arena, a second block could not be made while
+    # the caller holds the old views, and the buckets left the arena (zero
+    # copy) for good.
+    monkeypatch.setenv("RINGCOMM_SHM_ARENA", "65536")
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", "shm")  # (in process the window runs only when asked)
+    shapes = [(1000,)] * 10  # 40 KB of float32 gradients in a 64 KiB arena
+
+    def body(comm):
+        ps = [np.zeros(s, np.float32) for s in shapes]
+        b = GradBucketer(ps, comm, bucket_cap_mb=8000 / 2**20, first_bucket_mb=0)
+        held = []
+        for it in range(3):
+            for i in range(len(shapes)):  # forward order: not the default (reverse), so a rebuild
+                b.mark_ready(i, grad_value(i, shapes[i], comm.rank, it).astype(np.float32))
+            held.append(b.finalize())  # views the caller keeps
+            for i, g in enumerate(held[-1]):
+                want = np.mean([grad_value(i, shapes[i], q, it) for q in range(comm.size)], axis=0)
+                assert np.array_equal(g, want.astype(np.float32)), f"rank {comm.rank} it {it} param {i}"
+        algos = {d["algorithm"] for d in comm.flight_record() if d["collective"] == "all_reduce" and d["count"] > 1}
+        return algos, b.layout_version
+    for algos, version in ringcomm.run_local(2, body):
+        assert version == 1 and algos == {"zero_copy"}, (algos, version)
+
+
 def test_check_consistency_names_the_perturbed_rank():
     def body(comm, perturb):
         params = [np.asarray(grad_value(i, s, 0)).astype(np.float32) for i, s in enumerate(SHAPES)]

@@ -315,7 +315,7 @@ def test_all_to_all_block_to_itself_must_fit_out(n):
                 comm.all_to_all(x, splits, out_splits, out=buf[:out_count])
                 errs.append(f"rank {r}: out of {out_count} for {x.size} elements with splits {splits}: no error")
             except ringcomm.InvalidArgument as e:
-                if "itself" not in str(e):
+                if "itself" not in str(e) and "without splits: out has" not in str(e):
                     errs.append(f"rank {r}: {e}")
             changed = np.flatnonzero(buf != -7.0)
             if changed.size:
@@ -358,22 +358,46 @@ def test_all_to_all_block_larger_than_expected_names_both_sizes_and_lands_nothin
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_all_to_all_equal_blocks_spelled_out_or_not(n):
-    # Ranks may pass equal splits explicitly or leave them out (torch's
-    # all_to_all_single allows both): the same call.
+def test_all_to_all_splits_equal_on_some_ranks_only(n):
+    # Per-peer splits that happen to be equal on one rank (rank 0 sends and
+    # receives 2 to and from everyone) are still a per-peer call: taking it
+    # for an equal-blocks call made a valid all_to_all a MismatchError.
+    S = np.full((n, n), 2)
+    S[1:, 1:] = 3 + np.arange(n - 1)[:, None] + np.arange(n - 1)  # row r: what rank r sends each rank
+
     def body(comm):
         r = comm.rank
-        x = (np.arange(2 * n) + 100 * r).astype(np.int64)
-        if r == 0:
-            got = comm.all_to_all(x, [2] * n, [2] * n)
-        elif r == 1:
-            got = comm.all_to_all(x, [2] * n, out=np.empty(2 * n, np.int64))  # out_splits from out's size
-        else:
-            got = comm.all_to_all(x)
-        want = np.concatenate([(np.arange(2 * r, 2 * r + 2) + 100 * q) for q in range(n)])
+        x = (np.arange(S[r].sum()) + 100 * r).astype(np.int64)
+        got = comm.all_to_all(x, S[r].tolist(), S[:, r].tolist())
+        want = np.concatenate([(np.arange(S[q, :r].sum(), S[q, :r + 1].sum()) + 100 * q) for q in range(n)])
         return got.tolist() == want.tolist() or f"rank {r}: got {got.tolist()}, want {want.tolist()}"
     res = ringcomm.run_local(n, body)
     assert all(v is True for v in res), res
+
+
+def test_all_to_all_with_splits_on_one_rank_only_is_a_mismatch_on_every_rank():
+    def body(comm):
+        x = np.arange(4, dtype=np.float32)
+        try:
+            comm.all_to_all(x, [2, 2], [2, 2]) if comm.rank == 0 else comm.all_to_all(x)
+        except ringcomm.MismatchError as e:
+            return str(e)
+        return "no error"
+    for msg in ringcomm.run_local(2, body, timeout=10):
+        assert "per-peer splits" in msg, msg
+
+
+def test_all_to_all_bad_sizes_are_named_as_given():
+    def body(comm):
+        with pytest.raises(ringcomm.InvalidArgument, match="without splits: out has 6 elements, the input 4"):
+            comm.all_to_all(np.zeros(4, np.float32), out=np.zeros(6, np.float32))
+        for call in (lambda: comm.gather(np.ones(2, np.float32), root=1, counts=[2, 2**63]),
+                     lambda: comm.all_to_all(np.ones(2, np.float32), [2, 0], [2, 2**64]),
+                     lambda: comm.scatter(None, root=1, counts=[2, 2**62], out=np.ones(2, np.float32))):
+            with pytest.raises(ringcomm.InvalidArgument, match="more than any array can hold"):
+                call()
+        return True
+    assert ringcomm.run_local(2, body) == [True, True]
 
 
 def test_counts_must_be_a_sequence_of_ints_not_a_string():

@@ -476,8 +476,11 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             raise TypeError(f"ringcomm backend: all_to_all_single: output dtype {output.dtype} != input dtype "
                             f"{input.dtype}")
         n = self.size()
-        splits = _elements(input, input_split_sizes, n, "input")
-        out_splits = _elements(output, output_split_sizes, n, "output")
+        # Always per-peer blocks, equal ones spelled out: torch lets one rank
+        # leave its split sizes empty while the others give them (gloo and
+        # NCCL take that), and ringcomm's equal-blocks call differs on the wire.
+        splits = _elements(input, input_split_sizes, n, "input") or [input.numel() // n] * n
+        out_splits = _elements(output, output_split_sizes, n, "output") or [output.numel() // n] * n
         ibuf, _ = _flat(input)
         obuf, ocopied = _flat(output)
         if _overlaps(ibuf, obuf):

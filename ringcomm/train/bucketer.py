@@ -53,7 +53,7 @@ import numpy as np
 from .. import vocab
 from ..errors import BucketerError, InvalidArgument, RegistrationMismatchError, UnusedParametersError
 from .buckets import MB, assign_buckets
-from .consistency import gather_rows, hash64, param_label
+from .consistency import gather_rows, param_label, spec_differences, spec_summary
 from .tensors import add_into, arena_zeros, copy_into, describe, family, flat_view, item, scale_half, zero, zeros
 
 __all__ = ["GradBucketer", "BucketInfo"]
@@ -101,8 +101,8 @@ class GradBucketer:
             are used; gradients live in the bucketer's buffers).
         comm: a ringcomm Communicator.
         bucket_cap_mb: a bucket is closed once it holds at least this many MiB
-            (a parameter larger than the cap gets a bucket of its own; 0 gives
-            one bucket per parameter).
+            (a parameter larger than the cap gets a bucket of its own; 0, with
+            first_bucket_mb=0, gives one bucket per parameter).
         first_bucket_mb: the cap of the first bucket of each dtype/device, small
             so the first all_reduce starts early in backward.
         names: optional parameter names, used in error messages.
@@ -225,15 +225,15 @@ class GradBucketer:
         i = int(i)
         if not 0 <= i < len(self._specs):
             raise InvalidArgument(f"mark_ready: parameter index {i} out of range (0..{len(self._specs) - 1})")
+        if self._sync and self._ready[i]:  # (before its grad is added: its bucket may be in flight)
+            raise BucketerError(f"parameter {param_label(i, self._names)} was marked ready twice in one iteration",
+                                rank=self._comm.rank)
         if grad is not None:
             (add_into if self._used[i] else copy_into)(self._views[i], grad)
             self._owned[i] = grad
         if not self._sync:
             self._used[i] = True
             return
-        if self._ready[i]:
-            raise BucketerError(f"parameter {param_label(i, self._names)} was marked ready twice in one iteration",
-                                rank=self._comm.rank)
         self._ready[i] = True
         self._used[i] = True
         if self._rebuild_pending:
@@ -377,9 +377,8 @@ class GradBucketer:
         """One all_gather of a fixed-size summary; on a mismatch, two more small
         collectives find the first differing parameter (all ranks see the same
         gathered data, so all take the same path and raise the same error)."""
-        per = [hash64(repr((s.shape, s.dtype, s.device)).encode()) for s in self._specs]
-        sig = hash64(np.array(per, dtype=np.int64).tobytes())
-        row = [len(self._specs), sum(s.numel for s in self._specs), sig] + self._settings_row()
+        summary, per = spec_summary(self._specs)
+        row = summary + self._settings_row()
         rows = gather_rows(self._comm, np.array(row))
         if (rows == rows[0]).all():
             return
@@ -390,28 +389,10 @@ class GradBucketer:
                 f"rank {r}: bucket_cap={rows[r, 3]} B, first_bucket={rows[r, 4]} B, average={bool(rows[r, 5])}, "
                 f"find_unused={bool(rows[r, 6])}, rebuild_buckets={bool(rows[r, 7])}" for r in range(n)))
         if not (rows[:, :3] == rows[0, :3]).all():
-            lines.append("parameters differ: " + "; ".join(
-                f"rank {r}: {rows[r, 0]} parameters, {rows[r, 1]} elements" for r in range(n)))
-            m = int(rows[:, 0].min())
-            hashes = gather_rows(self._comm, np.array(per[:m], dtype=np.int64))
-            diff = np.flatnonzero((hashes != hashes[0]).any(axis=0))
-            if diff.size:
-                j = int(diff[0])
-                s = self._specs[j]
-                dims = list(s.shape)[:8]
-                desc = [vocab.DTYPES[s.dtype], len(s.shape)] + dims + [-1] * (8 - len(dims))
-                d = gather_rows(self._comm, np.array(desc))
-                names = {v: k for k, v in vocab.DTYPES.items()}
-                lines.append(f"first difference at parameter {param_label(j, self._names)}: " + ", ".join(
-                    f"rank {r} has {tuple(int(x) for x in d[r, 2:2 + min(int(d[r, 1]), 8)])} "
-                    f"{names[int(d[r, 0])]}" for r in range(n)))
-            else:
-                lines.append(f"the first {m} parameters agree; "
-                             + ", ".join(f"rank {r} registers {rows[r, 0] - m} more" for r in range(n)
-                                         if rows[r, 0] > m))
+            lines += spec_differences(self._comm, self._specs, per, rows[:, :2], self._names)
         raise RegistrationMismatchError(
             "GradBucketer: ranks registered different parameters or settings (every rank must pass the "
-            "same parameters, shapes, dtypes and order, and the same bucket settings). " + " ".join(lines),
+            "same parameters, array families, shapes, dtypes and order, and the same bucket settings). " + " ".join(lines),
             rank=self._comm.rank)
 
     def _assign(self, order: Sequence[int]) -> list[tuple[tuple, list[int]]]:
@@ -419,27 +400,45 @@ class GradBucketer:
                               self._cap, self._first_cap)
 
     def _build(self, order: Sequence[int]) -> None:
-        old_views = getattr(self, "_views", None)
+        """Lay the buckets out in `order`. Each (family, dtype, device) has one
+        flat block, made once, holding its buckets back to back (each with
+        its status slot, starting on a 64-byte boundary) in whatever layout:
+        a rebuild reuses it, so it never needs a second block (which, in the
+        shared arena, might not fit beside the first while the caller still
+        holds the old views)."""
+        old = getattr(self, "_views", None)
+        saved = None if old is None else [v.clone() if family(v) == "torch" else v.copy() for v in old]
         layout = self._assign(order)
+        if not hasattr(self, "_blocks"):
+            keys: dict = {}  # key -> elements of the block (in first-parameter order: alike on every rank)
+            for s in self._specs:
+                k = (s.family, s.dtype, s.device)
+                align = max(1, 64 // vocab.itemsize(s.dtype))
+                keys[k] = keys.get(k, 0) + s.numel + align  # + a status slot and padding per possible bucket
+            wanted = list(keys.items())
+            # Ranks of one host: the blocks in the shared arena, so the
+            # buckets' all_reduce runs zero copy (collective; all ranks or none).
+            shared = arena_zeros(self._comm, wanted)
+            self._blocks = {k: shared[j] if shared is not None else zeros(k, n) for j, (k, n) in enumerate(wanted)}
+        used = dict.fromkeys(self._blocks, 0)
         self._buckets = []
         self._param_bucket = np.empty(len(self._specs), dtype=np.int64)
         self._views = [None] * len(self._specs)
-        sizes = [sum(self._specs[i].numel for i in idx) for _, idx in layout]
-        # Ranks of one host: the flat buffers in the shared arena, so their
-        # all_reduce runs zero copy (collective; all ranks or none).
-        shared = arena_zeros(self._comm, [(key, n + 1) for (key, _), n in zip(layout, sizes)])
         for bi, (key, idx) in enumerate(layout):
             offs, off = [], 0
             for i in idx:
                 offs.append(off)
                 off += self._specs[i].numel
-            flat = shared[bi] if shared is not None else zeros(key, off + 1)
+            align = max(1, 64 // vocab.itemsize(key[1]))
+            start = -(-used[key] // align) * align
+            used[key] = start + off + 1
+            flat = self._blocks[key][start:start + off + 1]
             b = _Bucket(bi, key, list(idx), offs, off, flat=flat, pending=len(idx))
             for i, o in zip(idx, offs):
                 self._param_bucket[i] = bi
                 self._views[i] = flat_view(b.flat, o, self._specs[i].numel, self._specs[i].shape)
-                if old_views is not None:
-                    copy_into(self._views[i], old_views[i])
+                if saved is not None:
+                    copy_into(self._views[i], saved[i])
             self._buckets.append(b)
 
     def _rebuild(self) -> None:

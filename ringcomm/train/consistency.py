@@ -15,11 +15,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import DivergenceError
-from .tensors import bytes_of, describe
+from .. import vocab
+from ..errors import DivergenceError, MismatchError
+from .tensors import Spec, bytes_of, describe
 
 __all__ = ["broadcast_parameters", "check_consistency", "ConsistencyReport", "hash64", "gather_rows",
-           "param_label"]
+           "param_label", "spec_summary", "spec_differences"]
 
 
 def hash64(*parts: bytes) -> int:
@@ -44,14 +45,63 @@ def gather_rows(comm, row: np.ndarray) -> np.ndarray:
     return out.reshape(comm.size, row.size)
 
 
+_FAMILIES = ("numpy", "torch")
+_MAX_DIMS = 64  # numpy's limit (torch's is lower)
+
+
+def spec_summary(specs: Sequence[Spec]) -> tuple[list[int], list[int]]:
+    """([number of parameters, their elements, a hash of them all], one hash
+    per parameter) of family, shape, dtype and device: equal rows on two ranks
+    mean they registered the same parameters in the same order."""
+    per = [hash64(repr((s.family, s.shape, s.dtype, s.device)).encode()) for s in specs]
+    return [len(specs), sum(s.numel for s in specs), hash64(np.array(per, dtype=np.int64).tobytes())], per
+
+
+def spec_differences(comm, specs: Sequence[Spec], per: list[int], counts: np.ndarray,
+                     names: Sequence[str] | None = None) -> list[str]:
+    """What differs between the ranks' parameters, as message lines, given
+    every rank's spec_summary row (`counts`: their first two columns, one row
+    per rank). Collective (two small all_gathers; every rank takes the same
+    path, as all see the same rows)."""
+    n = comm.size
+    lines = ["parameters differ: " + "; ".join(
+        f"rank {r}: {counts[r, 0]} parameters, {counts[r, 1]} elements" for r in range(n))]
+    m = int(counts[:, 0].min())
+    hashes = gather_rows(comm, np.array(per[:m], dtype=np.int64))
+    diff = np.flatnonzero((hashes != hashes[0]).any(axis=0))
+    if not diff.size:
+        lines.append(f"the first {m} parameters agree; " + ", ".join(
+            f"rank {r} has {counts[r, 0] - m} more" for r in range(n) if counts[r, 0] > m))
+        return lines
+    j = int(diff[0])
+    s = specs[j]
+    # (a device is named by its spec only: host parameters are all "cpu")
+    row = [vocab.DTYPES[s.dtype], _FAMILIES.index(s.family), len(s.shape)] + list(s.shape)
+    d = gather_rows(comm, np.array(row + [-1] * (3 + _MAX_DIMS - len(row))))
+    dtypes = {v: k for k, v in vocab.DTYPES.items()}
+    lines.append(f"first difference at parameter {param_label(j, names)}: " + ", ".join(
+        f"rank {r} has {tuple(int(x) for x in d[r, 3:3 + int(d[r, 2])])} {dtypes[int(d[r, 0])]} "
+        f"({_FAMILIES[int(d[r, 1])]})" for r in range(n)))
+    return lines
+
+
 def broadcast_parameters(params: Iterable, comm, root: int = 0) -> None:
     """Overwrite every rank's parameters (numpy arrays or torch tensors) with
     rank `root`'s, in place: for the start of training. Collective. Parameters
-    are packed into one buffer per dtype, so it costs one broadcast per dtype."""
+    are packed into one buffer per dtype, so it costs one broadcast per dtype.
+    Ranks whose parameters differ in number, order, family, shape or dtype
+    raise MismatchError, all of them, naming the first difference (checked
+    with one small all_gather before any parameter moves)."""
     params = list(params)
+    specs = [describe(p, f"parameter {i}") for i, p in enumerate(params)]
+    row, per = spec_summary(specs)
+    rows = gather_rows(comm, np.array(row))
+    if not (rows == rows[0]).all():
+        raise MismatchError("broadcast_parameters: ranks hold different parameters (every rank must pass the same "
+                            "parameters, shapes, dtypes and order). "
+                            + " ".join(spec_differences(comm, specs, per, rows[:, :2])), rank=comm.rank)
     groups: dict[tuple, list[int]] = {}
-    for i, p in enumerate(params):
-        s = describe(p, f"parameter {i}")
+    for i, s in enumerate(specs):
         groups.setdefault((s.family, s.dtype, s.device), []).append(i)
     for key in sorted(groups, key=repr):  # same order on every rank
         idx = groups[key]

@@ -12,6 +12,7 @@ contiguous, and only its shape, dtype and device are read.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,9 @@ class Spec:
 def family(x) -> str:
     if isinstance(x, np.ndarray):
         return "numpy"
+    torch = sys.modules.get("torch")  # (a torch tensor exists only once torch is imported)
+    if torch is not None and isinstance(x, torch.Tensor):  # subclasses too (a user's nn.Parameter)
+        return "torch"
     return type(x).__module__.split(".")[0]
 
 
@@ -104,22 +108,39 @@ def flat_view(flat, off: int, numel: int, shape: tuple):
     return part.view(shape) if family(flat) == "torch" else part.reshape(shape)
 
 
+def _like(dst, src):
+    """src (numpy or torch, any shape with dst's element count) as dst's
+    family and shape, sharing memory where it can (torch bfloat16 included:
+    as_numpy / a byte view, as torch.as_tensor takes no ml_dtypes array)."""
+    if family(dst) == "torch":
+        if family(src) == "torch":
+            return src.reshape(dst.shape)
+        import torch
+        a = np.ascontiguousarray(np.asarray(src)).reshape(-1)
+        name = vocab.numpy_name(a.dtype)
+        t = torch.from_numpy(a.view(np.uint8)).view(vocab.torch_dtype(name)) if name else torch.as_tensor(a)
+        return t.reshape(dst.shape)
+    return np.asarray(as_numpy(src)).reshape(dst.shape)
+
+
 def copy_into(dst, src) -> None:
+    """dst[...] = src, across families and shapes of the same size."""
     if family(dst) == "torch":
         import torch
         with torch.no_grad():
-            dst.copy_(src if family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
+            dst.copy_(_like(dst, src))
     else:
-        dst[...] = np.asarray(src).reshape(dst.shape) if family(src) == "numpy" else as_numpy(src)
+        dst[...] = _like(dst, src)
 
 
 def add_into(dst, src) -> None:
+    """dst += src, across families and shapes of the same size."""
     if family(dst) == "torch":
         import torch
         with torch.no_grad():
-            dst.add_(src if family(src) == "torch" else torch.as_tensor(np.asarray(src)).reshape(dst.shape))
+            dst.add_(_like(dst, src))
     else:
-        dst += np.asarray(src).reshape(dst.shape) if family(src) == "numpy" else as_numpy(src)
+        dst += _like(dst, src)
 
 
 def zero(x) -> None:

@@ -326,6 +326,13 @@ y, g = torch.empty(2 * N), torch.empty(2 * N)
 dist.all_to_all_single(y, x, sp, sp)
 dist.all_to_all_single(g, x, sp, sp, group=GLOO)
 case("all_to_all_single", equal(y, g, True), f"empty split sizes on rank 0 only: {y.tolist()} vs gloo {g.tolist()}")
+# Uneven split sizes that happen to be equal on rank 0 only (it sends and receives 2 rows to and from everyone).
+S = [[2] * N] + [[2] + [3 + i + j for j in range(N - 1)] for i in range(N - 1)]
+x = torch.arange(float(sum(S[R]))) + 100 * R
+y, g = torch.empty(sum(S[q][R] for q in range(N))), torch.empty(sum(S[q][R] for q in range(N)))
+dist.all_to_all_single(y, x, [S[q][R] for q in range(N)], S[R])
+dist.all_to_all_single(g, x, [S[q][R] for q in range(N)], S[R], group=GLOO)
+case("all_to_all_single", equal(y, g, True), f"splits equal on rank 0 only: {y.tolist()} vs gloo {g.tolist()}")
 # reduce_scatter_tensor into a chunk of the input that is not this rank's; gather from a block of
 # the root's gather buffer that is not the root's own.
 for grp in (None, GLOO):
