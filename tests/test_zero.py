@@ -241,6 +241,31 @@ def _step(zero, rank, step, dtype=np.float16, prefetch=False):
     zero.step()
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_float16_gradients_average_without_overflow(stage):
+    def fn(comm):
+        z = ZeroOptimizer([[np.zeros(4, np.float16)]], comm, stage=stage, lr=1.0, optimizer="sgd")
+        with z.gathered(0):
+            z.grads(0)[0][...] = 40000.0
+        z.reduce(0)
+        z.step()
+        return (-z.full_parameters()[0][0].astype(np.float32)).tolist()
+    for r, got in enumerate(ringcomm.run_local(2, fn)):
+        assert got == [40000.0] * 4, f"stage {stage}, rank {r}: {got}"
+
+
+def test_checkpoint_of_other_shapes_with_the_same_counts_is_refused(tmp_path):
+    prefix = str(tmp_path / "c")
+    ringcomm.run_local(2, lambda c: ZeroOptimizer([[np.zeros((4, 6), np.float32)]], c, stage=1).save(prefix))
+
+    def fn(c):
+        z = ZeroOptimizer([[np.zeros((6, 4), np.float32)]], c, stage=1)
+        with pytest.raises(ringcomm.InvalidArgument, match=r"unit 0 has shapes \[\[4, 6\]\] there, \[\[6, 4\]\]"):
+            z.load(prefix)
+        return True
+    assert ringcomm.run_local(2, fn) == [True, True]
+
+
 @pytest.mark.parametrize("saved,loaded", [("adam", "sgd"), ("sgd", "adam")])
 def test_checkpoint_refuses_another_optimizer_before_writing_anything(saved, loaded, tmp_path):
     prefix = str(tmp_path / "c")

@@ -20,7 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import ringcomm  # noqa: E402
-from ringcomm import traffic  # noqa: E402
+from ringcomm import traffic, vocab  # noqa: E402
+from ringcomm.train.tensors import averaging  # noqa: E402
 from ringcomm.zero import TorchZero, consolidate, expected_memory, expected_traffic  # noqa: E402
 from test_zero import exact_memory  # noqa: E402  (tests/ is on the path, as for suite)
 
@@ -75,7 +76,8 @@ def reference(comm, dtype, layout, steps=3, first_step=0):
         t = step + 1
         for b, w, m, v in zip(buckets, masters, ms, vs):
             g = torch.cat([p.grad.reshape(-1) for p in b])
-            comm.all_reduce(g, op="avg", algorithm="ring")  # DDP on the ring: the sums ZeRO matches
+            # DDP on the ring (the sums ZeRO matches); half precision pre-divided, as DDP does
+            comm.all_reduce(g, op=averaging(g, vocab.torch_name(g.dtype), comm.size), algorithm="ring")
             g = g.float().numpy()
             m *= b1
             m += (np.float32(1) - b1) * g
@@ -316,6 +318,72 @@ def test_bad_arguments():
         TorchZero(make_model(torch.float32, 0), comm, stage=1).step()
     with pytest.raises(ringcomm.InvalidArgument, match="step\\(\\) before backward"):
         ringcomm.run_local(1, early)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_float16_gradients_average_without_overflow_at_every_stage(stage):
+    # Two fp16 gradients of 40000 sum to inf in fp16; their average is 40000.
+    # Half precision is pre-divided by N, as DDP (ringcomm's and torch's) does.
+    def fn(comm):
+        w = torch.nn.Linear(4, 1, bias=False).half()
+        torch.nn.init.zeros_(w.weight)
+        z = TorchZero(w, comm, stage=stage, lr=1.0, optimizer="sgd")
+        (w(torch.ones(1, 4, dtype=torch.float16)) * 40000.0).sum().backward()
+        z.step()
+        with z.gathered():
+            return (-w.weight.float()).flatten().tolist()
+    for r, got in enumerate(ringcomm.run_local(2, fn)):
+        assert got == [40000.0] * 4, f"stage {stage}, rank {r}: {got}"
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_parameter_write_after_construction_is_kept(stage):
+    # load_state_dict after TorchZero is built (pretrained weights): stages
+    # 0-2 overwrote it at the next step from the old master weights, stage 3
+    # dropped it at the end of gathered(). With lr = 0 a step changes nothing.
+    def fn(comm):
+        model = make_model(torch.float32, 0)
+        z = TorchZero(model, comm, stage=stage, units=linears(model), lr=0.0, optimizer="sgd")
+        with z.gathered():
+            model.load_state_dict({k: torch.full_like(v, 0.5) for k, v in model.state_dict().items()})
+        loss_of(model, *batch(comm.rank, 0, torch.float32)).backward()
+        z.step()
+        return sorted({float(v) for p in z.full_parameters().values() for v in p.flatten()})
+    for r, got in enumerate(ringcomm.run_local(2, fn)):
+        assert got == [0.5], f"stage {stage}, rank {r}: {got[:5]}"
+
+
+def test_checkpoint_of_other_shapes_with_the_same_counts_is_refused(tmp_path):
+    prefix = str(tmp_path / "c")
+
+    def save(comm):
+        m = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 2, bias=False))
+        TorchZero(m, comm, stage=1, units=list(m)).save(prefix)
+
+    def load(comm):
+        m = torch.nn.Sequential(torch.nn.Linear(6, 4, bias=False), torch.nn.Linear(2, 6, bias=False))  # 24, 12 too
+        z = TorchZero(m, comm, stage=1, units=list(m))
+        with pytest.raises(ringcomm.InvalidArgument, match=r"holds other parameters: unit 0 has shapes"):
+            z.load(prefix)
+        return True
+    ringcomm.run_local(2, save)
+    assert ringcomm.run_local(2, load) == [True, True]
+
+
+def test_stage3_refuses_state_dict_outside_gathered_and_a_second_backward():
+    def fn(comm):
+        model = make_model(torch.float32, 0)
+        z = TorchZero(model, comm, stage=3, units=linears(model))
+        with pytest.raises(ringcomm.InvalidArgument, match="inside zero.gathered"):
+            model.state_dict()
+        with z.gathered():  # (its tensors are views of the gathered storage: clone what outlives the block)
+            sd = {k: v.clone() for k, v in model.state_dict().items()}
+        assert all(v.untyped_storage().nbytes() for v in sd.values())
+        loss_of(model, *batch(comm.rank, 0, torch.float32)).backward()
+        with pytest.raises(ringcomm.InvalidArgument, match="second backward before step"):
+            loss_of(model, *batch(comm.rank, 1, torch.float32)).backward()
+        return True
+    assert ringcomm.run_local(1, fn) == [True]
 
 
 def test_import_ringcomm_zero_does_not_import_torch():

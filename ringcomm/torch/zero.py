@@ -31,7 +31,8 @@ How it works:
   gradient is copied into the bucket's flat gradient buffer (allocated at
   stages 2-3 when the bucket's first gradient arrives) and ``param.grad`` is
   dropped; once a bucket's gradients are all there it is reduce-scattered
-  (stage 0: all-reduced) with ``op="avg"``, asynchronously, while backward goes
+  (stage 0: all-reduced), averaged (half precision pre-divided by N, as DDP
+  does: train.tensors.averaging), asynchronously, while backward goes
   on. Buckets are launched strictly in layout order, so every rank issues the
   same collectives. Stages 2-3 free a bucket's full gradient as soon as its
   reduce-scatter has completed. A parameter that gets no gradient in a
@@ -51,9 +52,10 @@ How it works:
   backward + RS, 3Psi(N-1)/N elements; stages 0-2: 2Psi(N-1)/N.
 
 Limits: CPU tensors; one backward per step (a second gradient for a
-parameter before ``step()`` raises; no gradient accumulation yet); units must
-be disjoint; at stage 3 touch parameters outside forward/backward only inside
-``gathered()``; frozen parameters (``requires_grad=False``) are not sharded
+parameter, or a second backward at stage 3, before ``step()`` raises; no
+gradient accumulation yet); units must be disjoint; at stage 3 touch
+parameters outside forward/backward only inside ``gathered()`` (their storage
+holds 0 bytes outside it: reading one there is undefined, and may crash); frozen parameters (``requires_grad=False``) are not sharded
 (kept whole, broadcast from rank 0 at construction, never updated).
 """
 
@@ -70,7 +72,7 @@ from ..train.buckets import MB, assign_buckets
 from ..train.consistency import broadcast_parameters
 from ..errors import InvalidArgument
 from ..train.sharding import MemoryLedger, adam_update, load_shards, matched_sums, save_shards
-from ..train.tensors import arena_zeros
+from ..train.tensors import arena_zeros, averaging
 
 __all__ = ["TorchZero"]
 
@@ -150,6 +152,7 @@ class TorchZero:
         self._ledger = MemoryLedger()
         self._hooks = []
         self._in_backward = False
+        self._backwards = 0  # backward passes ended since the last step()
         self._next_launch = 0
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -248,6 +251,11 @@ class TorchZero:
                 if stage == 1:  # reduce-scattered in place: this rank's chunk of the full buffer
                     u.grad_shard = u.grads[u.lo:u.hi]
 
+        # The parameters' version counters now: one that moves was written
+        # by the caller (load_state_dict, an in-place op), not by TorchZero,
+        # whose own writes go through the flat buffers (_take_writes).
+        self._versions = [p._version for p in self._params]
+
         # ---- hooks ------------------------------------------------------------------
         for i, p in enumerate(self._params):
             self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i)))
@@ -259,6 +267,7 @@ class TorchZero:
             for fi, u in enumerate(self._fwd):
                 self._hooks.append(u.module.register_forward_pre_hook(functools.partial(self._pre_forward, fi)))
                 self._hooks.append(u.module.register_forward_hook(functools.partial(self._post_forward, fi)))
+            self._hooks.append(module.register_state_dict_pre_hook(self._check_gathered))
 
     # ---- memory ledger --------------------------------------------------------
     def memory(self) -> dict:
@@ -309,7 +318,18 @@ class TorchZero:
                 if isinstance(x, torch.Tensor) and x.requires_grad:
                     x.register_hook(functools.partial(self._pre_backward, u))
 
+    def _check_gathered(self, module, prefix, keep_vars) -> None:
+        """Stage 3: state_dict() outside gathered() would hold tensors of 0
+        bytes (the sharded parameters' storage): refused."""
+        if not all(u.full for u in self._units):
+            raise InvalidArgument("TorchZero stage 3: call module.state_dict() inside zero.gathered() (outside "
+                                  "it the parameters' storage is freed: the state would be empty)")
+
     def _pre_backward(self, u: _Flat, grad) -> None:
+        if self._backwards and not u.pending:
+            raise InvalidArgument(
+                f"rank {self.comm.rank}: a second backward before step(): TorchZero reduces each parameter's "
+                "gradient once per step (one backward per step)")
         self._backward_started()
         if u.bwd or not u.pending:
             return
@@ -352,11 +372,12 @@ class TorchZero:
         order (the same collectives in the same order on every rank)."""
         while self._next_launch < len(self._units) and not self._units[self._next_launch].pending:
             u = self._units[self._next_launch]
+            op = averaging(u.grads, vocab.torch_name(u.dtype), self.comm.size)  # (as DDP: no fp16 overflow)
             if self.stage == 0:
-                u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True,
+                u.work = self.comm.all_reduce(u.grads, op=op, async_op=True,
                                               algorithm=matched_sums(self.comm, self._grads_in_arena))
             else:
-                u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True,
+                u.work = self.comm.reduce_scatter(u.grads, op=op, out=u.grad_shard, async_op=True,
                                                   algorithm=matched_sums(self.comm, self._grads_in_arena))
             self._next_launch += 1
         if self.stage >= 2:  # free the full gradients whose reduce-scatter has finished
@@ -374,6 +395,7 @@ class TorchZero:
 
     def _on_backward_end(self) -> None:
         self._in_backward = False
+        self._backwards += 1
         for u in self._units:  # parameters without a gradient in this backward: reduced as zero
             if u.pending:
                 if u.grads is None:
@@ -395,9 +417,11 @@ class TorchZero:
             raise InvalidArgument(f"rank {self.comm.rank}: step() before backward reduced every gradient "
                                   f"(not yet: {', '.join(missing)})")
         self.t += 1
+        self._backwards = 0
         gathers = []
         for u in self._units:
             self._settle(u)
+            self._take_writes(u)
             g = (u.grads if self.stage == 0 else u.grad_shard).float().numpy()
             adam_update(u.master, u.m, u.v, g, self.t, self.lr, self.betas, self.eps, self.weight_decay,
                          self.optimizer)
@@ -409,6 +433,21 @@ class TorchZero:
         self._next_launch = 0
         for w in gathers:
             w.wait()
+
+    def _take_writes(self, u: _Flat) -> None:
+        """Parameters of u written by the caller since TorchZero last wrote
+        them (model.load_state_dict, an in-place op; at stage 3 inside
+        gathered()): this rank's part becomes the master weights (and the
+        stage-3 shard), as a torch optimizer would keep such a write. The
+        Adam moments stay. Every rank should write alike (as with torch's DDP)."""
+        if all(self._params[i]._version == self._versions[i] for i in u.pidx) or (self.stage == 3 and not u.full):
+            return  # (stage 3 outside a gather: nothing to read; writes count inside gathered())
+        own = u.flat if self.stage == 0 else u.flat[u.lo:u.hi]
+        u.master[...] = own.to(torch.float32, copy=True).numpy()  # (a copy: .numpy() pins own's storage)
+        if self.stage == 3:
+            u.shard.copy_(own)
+        for i in u.pidx:
+            self._versions[i] = self._params[i]._version
 
     def _publish(self, u: _Flat) -> list:
         """Write the master weights back in the parameters' dtype (torch's
@@ -429,7 +468,11 @@ class TorchZero:
     @contextlib.contextmanager
     def gathered(self):
         """Every parameter whole for the block (stage 3 gathers the units and
-        frees them after; other stages: as they are). Collective at stage 3."""
+        frees them after; other stages: as they are). Collective at stage 3.
+        Parameters written in the block (``model.load_state_dict``) keep the
+        write: it becomes this rank's master weights (stages 0-2 at the next
+        step(), stage 3 at the block's end). module.state_dict() at stage 3
+        belongs in this block (outside it is refused: the storage is freed)."""
         mine = []
         if self.stage == 3:
             for u in self._units:
@@ -442,6 +485,7 @@ class TorchZero:
             yield self.module
         finally:
             for u in mine:
+                self._take_writes(u)  # (stage 3: a write in the block is kept, not dropped with the storage)
                 self._release(u)
 
     def full_parameters(self) -> dict:
@@ -464,14 +508,15 @@ class TorchZero:
         flat buffer of ``layout``). Returns the path."""
         return save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
                             [self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay],
-                            [(u.master, u.m, u.v) for u in self._units])
+                            [(u.master, u.m, u.v) for u in self._units], shapes=[u.shapes for u in self._units])
 
     def load(self, prefix: str) -> None:
         """Restore this rank's shard written by ``save(prefix)`` (same stage,
         N and layout); parameters are rebuilt from the master weights, so
         training continues bit for bit. Collective (stages 1-2 re-gather)."""
         self.t = load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
-                              [(u.master, u.m, u.v) for u in self._units], what="this TorchZero")
+                              [(u.master, u.m, u.v) for u in self._units], what="this TorchZero",
+                              shapes=[u.shapes for u in self._units])
         gathers = []
         for u in self._units:
             gathers += self._publish(u)

@@ -54,7 +54,7 @@ from .. import vocab
 from ..errors import BucketerError, InvalidArgument, RegistrationMismatchError, UnusedParametersError
 from .buckets import MB, assign_buckets
 from .consistency import gather_rows, param_label, spec_differences, spec_summary
-from .tensors import add_into, arena_zeros, copy_into, describe, family, flat_view, item, scale_half, zero, zeros
+from .tensors import add_into, arena_zeros, averaging, copy_into, describe, family, flat_view, item, zero, zeros
 
 __all__ = ["GradBucketer", "BucketInfo"]
 
@@ -458,14 +458,7 @@ class GradBucketer:
         self.layout_version += 1
 
     def _launch(self, b: _Bucket, status: int) -> None:
-        # A half-precision bucket is pre-divided so the sum cannot overflow;
-        # float32/float64 use "avg" (one division after an exact-as-possible sum).
-        op = "sum"
-        if self._average and self._n > 1:
-            if b.key[1] in ("float16", "bfloat16"):
-                scale_half(b.flat[:b.count], 1.0 / self._n)
-            else:
-                op = "avg"
+        op = averaging(b.flat[:b.count], b.key[1], self._n) if self._average else "sum"
         b.flat[b.count] = status
         b.launch_t = time.perf_counter()
         b.complete_t = None

@@ -6,6 +6,8 @@ vocab's split rule."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from ..errors import InvalidArgument
@@ -78,12 +80,15 @@ def _like(template, a: np.ndarray):
     return cupy.asarray(a)
 
 
-def save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states) -> str:
+def save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states, shapes=None) -> str:
     """Write this rank's optimizer shard: `states` is one (master, m, v) per
-    unit (m, v None for SGD). The format consolidate() reads."""
+    unit (m, v None for SGD); `shapes`, the shapes of each unit's parameters
+    (load_shards checks them). The format consolidate() reads."""
     arrays = {"meta": np.array([stage, comm.size, comm.rank, t, len(counts)], np.int64),
               "counts": np.array(counts, np.int64),
               "hyper": np.array(hyper, np.float64)}
+    if shapes is not None:
+        arrays["shapes"] = np.array(json.dumps(_shape_lists(shapes)))
     for i, (master, m, v) in enumerate(states):  # device arrays (cupy) come to the host for the file
         arrays[f"master{i}"] = _host(master)
         if m is not None:
@@ -93,10 +98,15 @@ def save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states) ->
     return path
 
 
-def load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this optimizer") -> int:
+def _shape_lists(shapes) -> list:
+    return [[[int(d) for d in shape] for shape in unit] for unit in shapes]
+
+
+def load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this optimizer", shapes=None) -> int:
     """Read this rank's shard written by save_shards into `states` (the same
-    (master, m, v) arrays, filled in place), after checking the layout; returns
-    the step count."""
+    (master, m, v) arrays, filled in place), after checking the layout (and,
+    where both sides have them, the parameters' shapes); returns the step
+    count. Nothing is written unless every check passes."""
     counts = [int(c) for c in counts]
     with np.load(f"{prefix}.rank{comm.rank}.npz") as f:
         st, n, rank, t, units = (int(x) for x in f["meta"])
@@ -107,6 +117,14 @@ def load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this
         if [int(c) for c in f["counts"]] != counts:
             raise InvalidArgument(f"checkpoint {prefix} has units of {[int(c) for c in f['counts']]} parameters, "
                                   f"this model {counts}")
+        if shapes is not None and "shapes" in f.files:
+            saved, mine = json.loads(str(f["shapes"])), _shape_lists(shapes)
+            if saved != mine:
+                k = next(i for i, (a, b) in enumerate(zip(saved + [None] * len(mine), mine + [None] * len(saved)))
+                         if a != b)
+                raise InvalidArgument(f"checkpoint {prefix} holds other parameters: unit {k} has shapes "
+                                      f"{saved[k] if k < len(saved) else None} there, {mine[k] if k < len(mine) else None} "
+                                      f"in {what}")
         has_moments, wants_moments = "m0" in f.files, states and states[0][1] is not None
         if states and has_moments != wants_moments:  # checked before anything is written
             kinds = {True: "Adam (with moments m, v)", False: "SGD (no moments)"}

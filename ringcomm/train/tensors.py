@@ -21,7 +21,7 @@ from .. import vocab
 from ..errors import InvalidArgument, RingcommError
 
 __all__ = ["Spec", "family", "describe", "zeros", "flat_view", "copy_into", "add_into", "zero", "scale_half",
-           "item", "as_numpy", "bytes_of"]
+           "averaging", "item", "as_numpy", "bytes_of"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,18 @@ def scale_half(flat, factor: float) -> None:
         flat.mul_(factor)  # torch computes half ops in float32 with the double scalar
     else:
         flat[...] = flat.astype(np.float32) * np.float32(factor)
+
+
+def averaging(flat, dtype: str, n: int) -> str:
+    """Prepare `flat` (gradients of one dtype) to be averaged over n ranks and
+    return the op for its collective: float16/bfloat16 are pre-divided here
+    (scale_half) and then summed, so the sum of n gradients cannot overflow
+    (two fp16 gradients of 40000 sum to inf; torch's DDP pre-divides too);
+    float32/float64 use "avg", one division after the sum."""
+    if n > 1 and dtype in ("float16", "bfloat16"):
+        scale_half(flat, 1.0 / n)
+        return "sum"
+    return "avg"
 
 
 def item(x) -> float:

@@ -55,7 +55,7 @@ import numpy as np
 
 from .. import vocab
 from .sharding import MemoryLedger, adam_update, load_shards, matched_sums, save_shards
-from .tensors import arena_zeros
+from .tensors import arena_zeros, averaging
 from ..errors import InvalidArgument
 
 __all__ = ["ZeroOptimizer", "consolidate", "expected_memory", "expected_traffic"]
@@ -277,13 +277,14 @@ class ZeroOptimizer:
         if u.grads is None:
             raise InvalidArgument(f"unit {i} has no gradients: call grads({i}) and fill them first")
         u.reduced = True
+        op = averaging(u.grads, vocab.numpy_name(self.dtype), self.comm.size)  # (as DDP: no fp16 overflow)
         if self.stage == 0:
             # Sums bit for bit those of the sharded stages' reduce-scatter
             # (matched_sums), which is what makes them equal to DDP.
-            u.work = self.comm.all_reduce(u.grads, op="avg", async_op=True,
+            u.work = self.comm.all_reduce(u.grads, op=op, async_op=True,
                                           algorithm=matched_sums(self.comm, self._grads_in_arena))
         else:
-            u.work = self.comm.reduce_scatter(u.grads, op="avg", out=u.grad_shard, async_op=True,
+            u.work = self.comm.reduce_scatter(u.grads, op=op, out=u.grad_shard, async_op=True,
                                               algorithm=matched_sums(self.comm, self._grads_in_arena))
         self._free_reduced()
 
@@ -333,7 +334,7 @@ class ZeroOptimizer:
         spirit (every rank saves its own file). Returns the path."""
         return save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
                             [self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay],
-                            [(u.master, u.m, u.v) for u in self._units])
+                            [(u.master, u.m, u.v) for u in self._units], shapes=[u.shapes for u in self._units])
 
     def load(self, prefix: str) -> None:
         """Restore this rank's shard saved by ``save(prefix)`` with the same
@@ -341,7 +342,7 @@ class ZeroOptimizer:
         master weights (as every step leaves them), so training continues
         bit for bit where it stopped. Collective (stages 1-2 re-gather)."""
         self.t = load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
-                              [(u.master, u.m, u.v) for u in self._units])
+                              [(u.master, u.m, u.v) for u in self._units], shapes=[u.shapes for u in self._units])
         for w in [w for u in self._units for w in self._publish(u)]:
             w.wait()
 
