@@ -354,9 +354,18 @@ class Communicator:
         exchange, n-1 steps, csrc/algorithms/all_to_all.cpp) or "shm"
         (through the window's slots; equal blocks only).
         """
-        if splits is None and out_splits is None and out is not None and \
-                self._rooted_fast("all_to_all", x, out, 0, "sum", algorithm, async_op):
-            return out
+        if out is not None and self._fast_lane and not async_op:
+            if splits is None and out_splits is None:
+                if self._rooted_fast("all_to_all", x, out, 0, "sum", algorithm, async_op):
+                    return out
+            elif splits is not None and out_splits is not None and algorithm in ("auto", "pairwise"):
+                try:  # per-peer splits: the native description (csrc/python/converters.h)
+                    if self._engine.run_all_to_all_v(x, out, splits, out_splits, vocab.ALGORITHMS[algorithm],
+                                                     self._door.p2p_max_bytes):
+                        return out
+                except BaseException as exc:  # as in _submit
+                    self._failed(exc, (x, out))
+                    raise
         return self._submit(self._door.all_to_all(x, splits, out_splits, out, empty_like, algorithm), async_op)
 
     # ---- point-to-point -----------------------------------------------

@@ -359,6 +359,22 @@ inline void bind_engine(py::module_& m) {
            py::arg("coll"), py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algo"),
            "Synchronous broadcast, reduce, gather, scatter or all_to_all (equal blocks, out given) of numpy "
            "arrays or torch CPU tensors, described natively; False when the Python adapter must run.")
+      .def("run_all_to_all_v",
+           [](EngineHandle& h, py::handle x, py::handle out, py::handle splits, py::handle out_splits, int algo,
+              size_t max_block_bytes) {
+             // all_to_all with per-peer splits' fast lane (host_all_to_all_v_call).
+             Call c;
+             Engine& e = h.get();
+             if (e.device() || !host_all_to_all_v_call(x, out, splits, out_splits, algo, max_block_bytes, e.rank(),
+                                                       e.size(), c))
+               return false;
+             call_host(h, make_task(c));
+             return true;
+           },
+           py::arg("x"), py::arg("out"), py::arg("splits"), py::arg("out_splits"), py::arg("algo"),
+           py::arg("max_block_bytes"),
+           "Synchronous all_to_all with per-peer splits (lists of ints) of numpy arrays or torch CPU tensors, "
+           "out given, described natively; False when the Python adapter must run.")
       .def("run_halves",
            [](EngineHandle& h, bool scatter, py::handle x, py::handle out, int op, int algo) {
              // reduce_scatter (scatter) or all_gather's fast lane (host_halves_call).
