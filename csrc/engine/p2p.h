@@ -77,6 +77,9 @@ class P2PPending {
   // A receive of this rank, still unmatched, that would take a message from
   // `peer` with wire tag `wire` (then such a message is not a mismatch).
   bool awaits(int peer, uint32_t wire);
+  // Some receive waits for its message (cheap; a hint, taken without waiting
+  // for the lock).
+  bool waiting();
 
  private:
   friend int p2p_run_now(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int,
