@@ -16,8 +16,10 @@
 // Each rank sends and receives n-1 blocks: (n-1)/n of its buffer with equal
 // blocks, to every peer once.
 //
-// Equal blocks (count / n each, the same on every rank) are cut into
-// segments like every whole-buffer message. Per-peer splits are known only
+// Equal blocks (count / n each, the same on every rank) travel as one
+// message per block too where messages carry stamps and a block fits one
+// (the engine passes exact; fewer rendezvous than segments), else they are
+// cut into segments like every whole-buffer message. Per-peer splits are known only
 // to their sender (send) and receiver (recv_splits): each block then travels
 // as one message, sent even when empty (Link::send_exact), whose size is
 // part of its stamp (or, on a device, of the sender's fingerprint), so a
