@@ -328,8 +328,9 @@ class Door:
             in_place_at is not None and ob.ptr - xb.ptr == in_place_at and (coll != "reduce" or ob.same_memory(xb)))
         if ob.overlaps(xb) and not exact:
             raise InvalidArgument(f"{coll} out overlaps the input; pass separate buffers"
-                                  + (" or call in place (out=None)" if coll == "all_reduce" else
-                                     " (or use the exact in-place form: this rank's chunk)"))
+                                  + (" or call in place (out=None)" if coll in ("all_reduce", "reduce") else
+                                     " (or use the exact in-place form: this rank's chunk)" if in_place_at is not None
+                                     else ""))
         return ob
 
     @staticmethod
