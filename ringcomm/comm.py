@@ -444,6 +444,12 @@ class Communicator:
         return [self._p2p_start(send, *checked) for send, checked in plan]
 
     def _p2p_post(self, send: bool, x, peer, tag) -> P2PWork:
+        if self._fast_lane:  # numpy arrays and torch CPU tensors: described and posted natively
+            native = self._engine.p2p_post_now(send, x, peer, tag)
+            if native is not None:
+                work = P2PWork(native, x, (x,), self._failed)
+                self._track(work)
+                return work
         return self._p2p_start(send, *self._door.p2p(x, peer, tag, send))
 
     def _p2p_start(self, send: bool, xb: Buf, peer: int, tag: int) -> P2PWork:

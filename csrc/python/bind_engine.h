@@ -310,6 +310,21 @@ inline void bind_engine(py::module_& m) {
            py::arg("send"), py::arg("x"), py::arg("peer"), py::arg("tag"),
            "Blocking send/recv of a numpy array or torch CPU tensor described natively; returns the source rank, "
            "or -2 when the arguments need the Python adapter (ringcomm/door.py).")
+      .def("p2p_post_now",
+           [](EngineHandle& h, bool send, py::handle x, py::handle peer, py::handle tag) -> py::object {
+             // isend/irecv's fast lane (host_p2p_call, then p2p_post): None
+             // means "not described here", and the Python adapter runs instead.
+             std::shared_ptr<Engine> e = h.engine;
+             if (!e || e->device()) return py::none();
+             int dtype = 0, p = 0, tag_ = 0;
+             size_t count = 0;
+             uintptr_t ptr = 0;
+             if (!host_p2p_call(x, peer, tag, send, e->rank(), e->size(), dtype, count, ptr, p, tag_)) return py::none();
+             return py::cast(p2p_post(e, send, p, reinterpret_cast<void*>(ptr), count, DType(dtype), tag_));
+           },
+           py::arg("send"), py::arg("x"), py::arg("peer"), py::arg("tag"),
+           "Post a send/receive of a numpy array or torch CPU tensor described natively; returns its P2POp, or "
+           "None when the arguments need the Python adapter (ringcomm/door.py).")
       .def_property_readonly("rank", [](EngineHandle& h) { return h.get().rank(); })
       .def_property_readonly("size", [](EngineHandle& h) { return h.get().size(); })
       .def_property_readonly("transport", [](EngineHandle& h) { return h.get().transport_name(); })
