@@ -555,6 +555,10 @@ class Communicator:
             except RingcommError:
                 pass
             self._engine.close()
+        # A store bootstrap's store (e.g. a TCPStore's port) is let go.
+        self._bootstrap = None
+        if getattr(self, "_arena_maker", None) is not None:
+            self._arena_maker = None
         with self._lock:
             for w in self._inflight:  # failed ones whose requests are still in flight keep their arrays
                 quarantine.keep(w._native.hold(), w._keep)

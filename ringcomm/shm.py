@@ -24,12 +24,15 @@ soon as all have mapped it: a crash leaves nothing in ``/dev/shm``.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import math
 import os
 import secrets
+import signal
 import socket
+import threading
 import warnings
 
 from ._native import core
@@ -214,7 +217,41 @@ def _segment_name() -> str:
     return f"/ringcomm-{safe}-{secrets.token_hex(6)}"
 
 
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM (torchrun's agent stopping the workers once one failed) ends
+    a process at once, running no ``finally``: during a hand-shake it would
+    leave the new segment in /dev/shm. Here it raises instead, so the
+    segment is unlinked, then the process ends by the signal as it would
+    have. Only on the main thread, and only where SIGTERM has its default
+    action (a handler of the caller's stays)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    class Terminated(BaseException):
+        pass
+
+    def handler(signum, frame):
+        raise Terminated()
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # ends the process here
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _share_segment(comm, suffix: str, map_it) -> tuple:
+    with _sigterm_unwinds():
+        return _share_segment_now(comm, suffix, map_it)
+
+
+def _share_segment_now(comm, suffix: str, map_it) -> tuple:
     """The hand-shake of every shared segment: rank 0 creates it
     (``map_it(name, True)``), the name goes to the others, which map it
     (``map_it(name, False)``), and rank 0 unlinks it once every rank has

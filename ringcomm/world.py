@@ -23,10 +23,9 @@ _mpi_comms: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 _mpi_index = itertools.count(1)    # communicators made by init() in this process (same order on every rank)
 _local_index = itertools.count(1)  # worlds made by run_local()
 _store_index = itertools.count(1)  # communicators made by init() over a store
-# id(store) -> (store, communicators made over it). The stores are kept, so
-# an id is never reused for another store (which would shift the prefixes of
-# one rank but not another's).
-_store_uses: dict = {}
+# store -> communicators made over it (_next_use)
+_store_uses: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_store_uses_held: dict = {}  # id -> (store, uses): stores that take no weak reference
 
 
 def _close_mpi_comms() -> None:
@@ -89,7 +88,12 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
             raise InvalidArgument("init(): give either an MPI communicator or a store, not both")
         return _init_store(store, rank, size, timeout, segment_bytes, window, transport, device)
     if store is not None:
-        raise InvalidArgument("init(store=...) with RINGCOMM_BOOTSTRAP=mpi: choose one")
+        raise InvalidArgument(
+            "init(store=...) with RINGCOMM_BOOTSTRAP=mpi: choose one" if boot.mode(bootstrap) == "mpi" else
+            "init(store=...) in a job an MPI launcher started: ringcomm bootstraps over MPI there (pass "
+            "bootstrap='store' or set RINGCOMM_BOOTSTRAP=store to use the store)")
+    if rank is not None or size is not None:  # (never dropped without a word)
+        raise InvalidArgument("init(rank=..., size=...) needs store=... too (over MPI the rank and size are MPI's)")
     from . import _failfast, _singleton
     MPI = _singleton.mpi()  # starts MPI (as a singleton: without /dev/shm files)
 
@@ -143,6 +147,21 @@ def _gpu_for(device, local: int, on_node: int) -> int:
     return gpu
 
 
+def _next_use(store) -> int:
+    """How many communicators this store object has made, this one included.
+    Counted per object, held weakly: a store that goes is forgotten (a
+    TCPStore's port is free again), and a new one starts at 1 on every rank
+    alike. A store that takes no weak reference is held (its id must not
+    be reused while counted)."""
+    try:
+        use = _store_uses.get(store, 0) + 1
+        _store_uses[store] = use
+    except TypeError:
+        use = _store_uses_held.get(id(store), (store, 0))[1] + 1
+        _store_uses_held[id(store)] = (store, use)
+    return use
+
+
 def _init_store(store, rank, size, timeout, segment_bytes, window, transport, device=None) -> Communicator:
     """init() over a store: UCX between every pair of ranks, and the ranks'
     shared memory (one host, or the hierarchy across hosts); with a device,
@@ -164,8 +183,7 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport, de
                               "messages with UCX (transport auto, shm or ucx)")
     # Keys under a prefix per communicator made on this store object (every
     # rank makes them in the same order): two communicators never share keys.
-    use = _store_uses.get(id(store), (store, 0))[1] + 1
-    _store_uses[id(store)] = (store, use)
+    use = _next_use(store)
     group = boot.StoreGroup(store, rank, size, s.timeout, prefix=f"ringcomm/comm{use}")
     index = next(_store_index)
     if device is not None:

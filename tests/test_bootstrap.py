@@ -111,3 +111,64 @@ def test_store_launch_on_a_gpu_needs_one(tmp_path):
         pytest.skip("a GPU is usable here: this checks the error without one")
     with pytest.raises(InvalidArgument, match="GPU"):
         ringcomm.init(store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, size=1, device="cuda")
+
+
+def test_torchrun_workers_under_an_mpi_started_agent_keep_their_rank(monkeypatch):
+    # `mpirun -np NODES torchrun ...`: the workers inherit the agent's Open
+    # MPI variables; importing ringcomm.torch made each of them rank 0 of 1
+    # (and so every backend, gloo too, trained alone).
+    from ringcomm.torch import env
+    for k, v in {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                 "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job"}.items():
+        monkeypatch.setenv(k, v)
+    env.launcher_env()
+    import os
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("1", "2", "1")
+    # a plain MPI job (no torchrun) still takes MPI's values over inherited ones
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    env.launcher_env()
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("0", "1")
+
+
+def test_init_names_arguments_it_cannot_use(monkeypatch):
+    # rank/size without a store were dropped without a word (a 1-rank MPI
+    # communicator); a store under an MPI launch blamed RINGCOMM_BOOTSTRAP.
+    import ringcomm
+    monkeypatch.delenv("RINGCOMM_BOOTSTRAP", raising=False)
+    with pytest.raises(InvalidArgument, match=r"init\(rank=..., size=...\) needs store"):
+        ringcomm.init(rank=1, size=2, bootstrap="mpi")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    with pytest.raises(InvalidArgument, match="in a job an MPI launcher started"):
+        ringcomm.init(store=object(), rank=0, size=2)
+
+
+def test_a_closed_communicator_lets_its_store_go(tmp_path):
+    # Every store passed to init() was kept for the life of the process: a
+    # TCPStore's port stayed taken, and a second env:// init failed (EADDRINUSE).
+    import gc
+    import weakref
+
+    import numpy as np
+
+    import ringcomm
+    refs, errors = [], []
+
+    def rank(r):
+        try:
+            store = dist.FileStore(str(tmp_path / "store"), 2)
+            refs.append(weakref.ref(store))
+            c = ringcomm.init(store=store, rank=r, size=2, timeout=20)
+            c.all_reduce(np.ones(2, np.float32))
+            c.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    gc.collect()
+    assert not errors, errors
+    assert [ref() for ref in refs] == [None, None], "a closed communicator still holds its store"

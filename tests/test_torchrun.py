@@ -225,3 +225,38 @@ def test_init_with_a_store_in_plain_processes(tmp_path, fault):
             assert kind in ("MismatchError", "CommunicatorAborted") and "1001" in out and secs < 4, out
         else:  # interrupt: rank 0 stops at once; its peers hear of it, none waits for its deadline
             assert (kind == "KeyboardInterrupt") == (r == 0) and secs < 4, out
+
+
+TERM_JOB = textwrap.dedent("""
+    import sys, os, time, torch.distributed as dist, ringcomm, ringcomm.shm as shm
+    path, rank = sys.argv[1], int(sys.argv[2])
+    if rank == 1:
+        def die(*args):                   # a rank that dies while mapping the window
+            time.sleep(0.5)
+            os._exit(3)
+        shm.core.shm_attach = die
+    print("STARTED", flush=True)
+    ringcomm.init(store=dist.FileStore(path, 2), rank=rank, size=2, timeout=20)
+    print("NO ERROR", flush=True)
+    """)
+
+
+def test_sigterm_during_the_hand_shake_leaves_no_segment(tmp_path):
+    # torchrun's agent ends the other workers with SIGTERM once one failed;
+    # rank 0, waiting in the hand-shake with the segment made, ran no
+    # `finally` and left it in /dev/shm. Now it unlinks it, then ends by the
+    # signal as before.
+    import signal
+    import time
+    before = shm_files()
+    procs = [subprocess.Popen([sys.executable, "-c", TERM_JOB, str(tmp_path / "store"), str(r)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+             for r in range(2)]
+    procs[1].communicate(timeout=60)
+    time.sleep(1.0)  # rank 0 waits for rank 1's answer, its segment made
+    procs[0].send_signal(signal.SIGTERM)
+    out, err = procs[0].communicate(timeout=30)
+    assert procs[1].returncode == 3
+    assert "STARTED" in out and "NO ERROR" not in out, out + err
+    assert procs[0].returncode == -signal.SIGTERM, (procs[0].returncode, out + err)
+    assert not shm_files() - before, sorted(shm_files() - before)

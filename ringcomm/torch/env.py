@@ -32,6 +32,11 @@ def launcher_env() -> None:
     env = os.environ
     if "OMPI_COMM_WORLD_SIZE" not in env:
         return
+    from .. import bootstrap
+    if "TORCHELASTIC_RUN_ID" in env and bootstrap.launcher_disagrees(env):
+        # torchrun started this process (under an agent that mpirun started:
+        # `mpirun -np NODES torchrun ...`): its RANK and WORLD_SIZE stand.
+        return
     for var, src in (("RANK", "OMPI_COMM_WORLD_RANK"), ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"),
                      ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
                      ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")):
