@@ -322,6 +322,15 @@ def test_soak_in_process():
 
 
 # ---------------------------------------------------------------- in-process failures
+def test_timeout_names_the_newest_call_a_peer_ran_in_shared_memory():
+    # It said "rank 1 has not announced any collective yet" when rank 1's
+    # calls had run in the window (they send no header).
+    res, _ = mpirun(2, "skipped_call.py", timeout=60)
+    r = results(res.stdout)
+    assert r[0]["first"] in ("shm", "shm_flat"), r
+    assert "The newest call rank 1 has announced is #1: it has not reached #2" in r[0]["error"], r[0]
+
+
 def test_in_process_timeout_names_what_the_peer_is_doing():
     def fn(comm):  # the ring: rank 0 waits for rank 2, its left neighbour
         comm.all_reduce(np.ones(10), algorithm="ring")

@@ -1,5 +1,6 @@
 #include "core/link.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -608,8 +609,11 @@ std::string Link::peer_note(int peer) {
   if (!report.empty()) return report;
   if (peer == left() && fp_.seq) {  // what its control stream has told us
     if (left_seq_ >= fp_.seq) return " Rank " + std::to_string(peer) + " has started this call (its header arrived).";
-    if (left_seq_ == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
-    return " The newest call rank " + std::to_string(peer) + " has announced is #" + std::to_string(left_seq_) +
+    // Calls that ran in the shared-memory window sent no header: the window
+    // knows the newest of those.
+    const uint64_t seen = std::max(left_seq_, window_ ? window_->latest_call(peer) : 0);
+    if (seen == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
+    return " The newest call rank " + std::to_string(peer) + " has announced is #" + std::to_string(seen) +
            ": it has not reached #" + std::to_string(fp_.seq) + ".";
   }
   return "";

@@ -282,12 +282,14 @@ void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, in
                         std::to_string(rank_) + " waited for it in " + describe(fp) + " (shared memory)");
 }
 
+uint64_t ShmWindow::latest_call(int peer) const { return area(peer)->latest.load(std::memory_order_acquire); }
+
 // What the window says about `peer` (its newest announced call), or what
 // the link knows (in process: the peer's flight record).
 std::string ShmWindow::peer_state(Link& link, int peer, const Fingerprint& fp) {
   std::string note = link.peer_report(peer);
   if (!note.empty()) return note;
-  const uint64_t latest = area(peer)->latest.load(std::memory_order_acquire);
+  const uint64_t latest = latest_call(peer);
   if (latest == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
   return " The newest call rank " + std::to_string(peer) + " has announced is #" + std::to_string(latest) +
          ": it has not reached #" + std::to_string(fp.seq) + ".";

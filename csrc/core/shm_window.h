@@ -109,6 +109,8 @@ class ShmWindow {
   // RingError(invalid) when no free range is large enough.
   size_t arena_alloc(size_t bytes);
   void arena_free(size_t offset);
+  // The newest call rank `peer` announced in the window (0: none yet).
+  uint64_t latest_call(int peer) const;
 
  private:
   struct Header;
