@@ -247,7 +247,11 @@ def _sigterm_unwinds():
 
 
 def _share_segment(comm, suffix: str, map_it) -> tuple:
-    with _sigterm_unwinds():
+    if type(comm).__module__.startswith("mpi4py"):
+        # MPI's waits block in C, where a Python handler never runs: there
+        # SIGTERM keeps its default action (mpirun's way of ending a job).
+        return _share_segment_now(comm, suffix, map_it)
+    with _sigterm_unwinds():  # the store's waits poll in Python
         return _share_segment_now(comm, suffix, map_it)
 
 
