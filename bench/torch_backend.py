@@ -12,8 +12,9 @@ time of a repetition being the slowest rank's):
 * dist.all_reduce of float32 buffers (8 B, 4 MiB, 64 MiB) through the
   "ringcomm" group, through a gloo group over the same ranks, and, for the
   per-call overhead, ringcomm called directly with a numpy array;
-* dist.reduce, dist.gather, dist.scatter (root 0) and dist.all_to_all_single
-  of float32 buffers (``--rooted-sizes``, default 4 MiB: the full buffer, i.e.
+* dist.reduce, dist.gather (into a list of tensors), dist.scatter (root 0),
+  dist.all_to_all_single and dist.all_to_all (the list form) of float32
+  buffers (``--rooted-sizes``, default 4 MiB: the full buffer, i.e.
   the reduced tensor, the root's gathered / scattered total, each rank's
   all_to_all input) over "ringcomm" and over gloo;
 * torch DDP training steps (forward, backward, SGD step) of an 8-layer MLP
@@ -110,11 +111,13 @@ def main() -> None:
         gl = [torch.empty(count // n) for _ in range(n)] if rank == 0 else None
         sl = list(torch.ones(count).chunk(n)) if rank == 0 else None
         a2a_out = torch.empty(count)
+        a2a_ins, a2a_outs = [torch.ones(count // n) for _ in range(n)], [torch.empty(count // n) for _ in range(n)]
         return {
             "reduce": lambda: dist.reduce(full, dst=0, group=group),
             "gather": lambda: dist.gather(block, gl, dst=0, group=group),
             "scatter": lambda: dist.scatter(block, sl, src=0, group=group),
             "all_to_all": lambda: dist.all_to_all_single(a2a_out, full, group=group),
+            "all_to_all_list": lambda: dist.all_to_all(a2a_outs, a2a_ins, group=group),
         }
 
     rooted = [parse_size(s) for s in args.rooted_sizes.split(",") if s]

@@ -299,7 +299,10 @@ class Communicator:
         rank r passes counts[r] elements; for the split rule of a total T pass
         ``ringcomm.vocab.chunk_counts(T, size)``. The root returns a new 1-D
         array of the total (same family as `x`) or `out`; other ranks return
-        None (`out` is ignored there). algorithm: "auto" (default: "shm" when
+        None (`out` is ignored there). On the root `out` may also be a list
+        of one array per rank (torch's ``gather_list``): each rank's block goes
+        straight into its own array, with no staging buffer; the list is
+        returned. algorithm: "auto" (default: "shm" when
         the ranks share a host's memory, see ``shared_memory``, else
         "linear"), "linear" (every rank sends its block straight to the
         root, csrc/algorithms/gather_scatter.cpp) or "shm" (through the
@@ -313,7 +316,9 @@ class Communicator:
     def scatter(self, x, root: int = 0, *, counts=None, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Hand block r of the root's `x` to rank r; returns this rank's block.
 
-        On the root `x` is the full buffer. Without `counts` the blocks are
+        On the root `x` is the full buffer, or a list of one array per rank
+        (torch's ``scatter_list``; block r is read straight from ``x[r]``, with
+        no staging buffer). Without `counts` the blocks are
         equal (its length must be divisible by the number of ranks) and the
         other ranks pass `out` (their block's buffer: its size tells them the
         block's). With ``counts`` (one int per rank, the same list on every
@@ -348,7 +353,10 @@ class Communicator:
         naming both sizes (every block travels as one message, checked in
         size before a byte lands); the rank that sent it hears of it by its
         next call at the latest (CommunicatorAborted), as with send().
-        Returns a new 1-D array unless `out` is given.
+        Returns a new 1-D array unless `out` is given. `x` and `out` may
+        also be lists of one array per peer (torch's ``all_to_all`` list
+        form): block p is read from ``x[p]`` and written into ``out[p]`` in
+        place; a list is a call with per-peer splits, its arrays' sizes.
         algorithm: "auto" (default: "shm" for equal blocks when the ranks
         share a host's memory, else "pairwise"), "pairwise" (pairwise
         exchange, n-1 steps, csrc/algorithms/all_to_all.cpp) or "shm"

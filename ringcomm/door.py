@@ -131,6 +131,15 @@ class Door:
         algo = _algorithm("gather", algorithm, ("linear", "shm"))
         if self.rank != root:
             return self._call("gather", xb, None, total, 0, root, algo, None, counts)
+        if isinstance(out, (list, tuple)):  # one array per rank's block: each straight to its place
+            sizes = counts if counts is not None else [xb.count] * self.size
+            bufs = self._places(out, xb.dtype, "gather out", writable=True)
+            self._sizes(bufs, sizes, "gather out")
+            for j, b in enumerate(bufs):
+                if b.overlaps(xb) and not (j == self.rank and b.same_memory(xb)):
+                    raise InvalidArgument(f"gather out[{j}] overlaps the input; pass separate buffers (or the input "
+                                          f"itself as out[{self.rank}]: in place)")
+            return self._call("gather", xb, None, total, 0, root, algo, out, counts, out_places=bufs)
         if out is None:
             out = new_array(xb, total)
         offset = (sum(counts[:self.rank]) if counts is not None else xb.count * self.rank) * vocab.itemsize(xb.dtype)
@@ -141,6 +150,10 @@ class Door:
         root = self._root(root, "scatter")
         algo = _algorithm("scatter", algorithm, ("linear", "shm"))
         counts = self._counts(counts, "scatter counts")
+        if isinstance(x, (list, tuple)):
+            if self.rank == root:
+                return self._scatter_places(x, root, counts, out, new_array, algo)
+            x = x[0] if len(x) else None  # (off the root only a template of out)
         xb = None
         if self.rank == root or (x is not None and out is None):
             xb = self.view(x, "scatter input" if self.rank == root else "scatter input (the template of out)")
@@ -182,9 +195,33 @@ class Door:
             return self._call("scatter", None, ob, total, 0, root, algo, ob.obj, counts)
         return self._call("scatter", xb, ob, total, 0, root, algo, ob.obj, counts)
 
+    def _scatter_places(self, x, root, counts, out, new_array, algo) -> Described:
+        """scatter from the root's list of arrays, one per rank's block."""
+        if not len(x):
+            raise InvalidArgument(f"scatter input is an empty list, expected one array per rank ({self.size})")
+        bufs = self._places(x, self.view(x[0], "scatter input[0]").dtype, "scatter input", writable=False)
+        sizes = [b.count for b in bufs]
+        if counts is None and len(set(sizes)) > 1:
+            raise InvalidArgument(f"scatter input arrays have different sizes {sizes}: pass counts= (the same list "
+                                  "on every rank)")
+        if counts is not None:
+            self._sizes(bufs, counts, "scatter input")
+        mine = sizes[self.rank]
+        if out is None:
+            out = new_array(bufs[self.rank], mine)
+        ob = self._out(out, bufs[self.rank], mine, "scatter", why=f"rank {self.rank}'s block",
+                       in_place_at=0)
+        for j, b in enumerate(bufs):
+            if j != self.rank and ob.overlaps(b):
+                raise InvalidArgument(f"scatter out overlaps input[{j}]; pass separate buffers (or input[{self.rank}] "
+                                      "itself as out: in place)")
+        return self._call("scatter", None, ob, sum(sizes), 0, root, algo, ob.obj, counts, in_places=bufs)
+
     def all_to_all(self, x, splits, out_splits, out, new_array, algorithm: str = "auto") -> Described:
-        xb = self.view(x, "all_to_all input")
         algo = _algorithm("all_to_all", algorithm, ("pairwise", "shm"))
+        if isinstance(x, (list, tuple)) or isinstance(out, (list, tuple)):
+            return self._all_to_all_places(x, splits, out_splits, out, new_array, algo)
+        xb = self.view(x, "all_to_all input")
         n = self.size
         splits = self._counts(splits, "all_to_all splits")
         out_splits = self._counts(out_splits, "all_to_all out_splits")
@@ -218,24 +255,86 @@ class Door:
                                           "pass out_splits=")
                 out_splits = [oc // n] * n
             total_out, splits_arg, out_arg = sum(out_splits), splits, out_splits
-            me = self.rank
-            if splits[me] != out_splits[me]:  # the block a rank sends itself is copied into out
-                raise InvalidArgument(f"all_to_all: rank {me} sends itself {splits[me]} elements (splits[{me}]) but "
-                                      f"expects {out_splits[me]} from itself (out_splits[{me}]); they must be equal")
-            # Each per-peer block is one message (csrc/algorithms/all_to_all.cpp).
-            es = vocab.itemsize(xb.dtype)
-            for what, blocks in (("sends", splits), ("receives", out_splits)):
-                peer = max((p for p in range(n) if p != me), key=lambda p: blocks[p], default=None)
-                if peer is not None and blocks[peer] * es > self.p2p_max_bytes:
-                    raise InvalidArgument(
-                        f"all_to_all: rank {me} {what} a block of {blocks[peer] * es} bytes "
-                        f"{'to' if what == 'sends' else 'from'} rank {peer}, larger than this transport's "
-                        f"largest message ({self.p2p_max_bytes} bytes): split the call in parts")
+            self._per_peer(splits, out_splits, xb.dtype)
         if out is None:
             out = new_array(xb, total_out)
         ob = self._out(out, xb, total_out, "all_to_all", why="the sum of out_splits" if out_arg else "the input's count",
                        in_place_at=None)
         return self._call("all_to_all", xb, ob, xb.count, 0, 0, algo, ob.obj, splits_arg, out_arg)
+
+    def _per_peer(self, splits, out_splits, dtype: str) -> None:
+        """all_to_all's per-peer blocks: what a rank sends itself it expects from
+        itself, and each block fits one message (csrc/algorithms/all_to_all.cpp)."""
+        me, n = self.rank, self.size
+        if splits[me] != out_splits[me]:  # the block a rank sends itself is copied into out
+            raise InvalidArgument(f"all_to_all: rank {me} sends itself {splits[me]} elements (splits[{me}]) but "
+                                  f"expects {out_splits[me]} from itself (out_splits[{me}]); they must be equal")
+        es = vocab.itemsize(dtype)
+        for what, blocks in (("sends", splits), ("receives", out_splits)):
+            peer = max((p for p in range(n) if p != me), key=lambda p: blocks[p], default=None)
+            if peer is not None and blocks[peer] * es > self.p2p_max_bytes:
+                raise InvalidArgument(
+                    f"all_to_all: rank {me} {what} a block of {blocks[peer] * es} bytes "
+                    f"{'to' if what == 'sends' else 'from'} rank {peer}, larger than this transport's "
+                    f"largest message ({self.p2p_max_bytes} bytes): split the call in parts")
+
+    def _all_to_all_places(self, x, splits, out_splits, out, new_array, algo) -> Described:
+        """all_to_all with lists of arrays (torch's list form): x[p] goes to
+        rank p, out[p] comes from rank p, each straight from / into its array.
+        A list is a call with per-peer splits (its arrays' sizes)."""
+        n = self.size
+        splits = self._counts(splits, "all_to_all splits")
+        out_splits = self._counts(out_splits, "all_to_all out_splits")
+        xb, ins = None, []
+        if isinstance(x, (list, tuple)):
+            if not len(x):
+                raise InvalidArgument(f"all_to_all input is an empty list, expected one array per rank ({n})")
+            ins = self._places(x, self.view(x[0], "all_to_all input[0]").dtype, "all_to_all input", writable=False)
+            if splits is not None:
+                self._sizes(ins, splits, "all_to_all input")
+            splits = [b.count for b in ins]
+            dtype = ins[0].dtype
+        else:
+            xb = self.view(x, "all_to_all input")
+            dtype = xb.dtype
+            if splits is None:
+                if xb.count % n:
+                    raise InvalidArgument(f"all_to_all input has {xb.count} elements, not divisible by {n} ranks; "
+                                          "pass splits=")
+                splits = [xb.count // n] * n
+            elif sum(splits) != xb.count:
+                raise InvalidArgument(f"all_to_all splits sum to {sum(splits)}, but the input has {xb.count} elements")
+        ob, outs = None, []
+        if isinstance(out, (list, tuple)):
+            outs = self._places(out, dtype, "all_to_all out", writable=True)
+            if out_splits is not None:
+                self._sizes(outs, out_splits, "all_to_all out")
+            out_splits = [b.count for b in outs]
+        else:
+            if out_splits is None:
+                if out is None:
+                    raise InvalidArgument("all_to_all with splits needs out_splits= (what each rank sends here) "
+                                          "or out= (split equally)")
+                oc = self.view(out, "all_to_all out").count
+                if oc % n:
+                    raise InvalidArgument(f"all_to_all out has {oc} elements, not divisible by {n} ranks; "
+                                          "pass out_splits=")
+                out_splits = [oc // n] * n
+            if out is None:
+                out = new_array(xb or ins[0], sum(out_splits))
+            ob = self.view(out, "all_to_all out")
+            _writable(ob, "all_to_all out")
+            if ob.dtype != dtype:
+                raise InvalidArgument(f"all_to_all out has dtype {ob.dtype}, expected the input's dtype {dtype}")
+            if ob.count != sum(out_splits):
+                raise InvalidArgument(f"all_to_all out has {ob.count} elements, expected {sum(out_splits)} "
+                                      "(the sum of out_splits)")
+        self._per_peer(splits, out_splits, dtype)
+        for i, o in ((i, o) for i in ([xb] if xb else ins) for o in ([ob] if ob else outs)):
+            if i.overlaps(o):
+                raise InvalidArgument("all_to_all out overlaps the input; pass separate buffers")
+        return self._call("all_to_all", xb, ob, sum(splits), 0, 0, algo, out, splits, out_splits,
+                          in_places=ins, out_places=outs)
 
     # ---- point-to-point ------------------------------------------------------
     def p2p(self, x, peer, tag, send: bool) -> tuple[Buf, int, int]:
@@ -295,6 +394,31 @@ class Door:
         return c
 
     # ---- arrays ---------------------------------------------------------------
+    def _places(self, items, dtype: str, what: str, writable: bool) -> list[Buf]:
+        """The root's list of arrays, one per rank's block (gather's outputs,
+        scatter's inputs): each of `dtype`; written ones writable and apart."""
+        if len(items) != self.size:
+            raise InvalidArgument(f"{what} is a list of {len(items)} arrays, expected one per rank ({self.size})")
+        bufs = [self.view(a, f"{what}[{j}]") for j, a in enumerate(items)]
+        for j, b in enumerate(bufs):
+            if b.dtype != dtype:
+                raise InvalidArgument(f"{what}[{j}] has dtype {b.dtype}, expected {dtype}")
+            if writable and b.readonly:
+                raise InvalidArgument(f"{what}[{j}] is read-only")
+        if writable:  # (blocks read may share memory: the same array sent to several ranks)
+            spans = sorted((b.ptr, b.ptr + b.nbytes, j) for j, b in enumerate(bufs) if b.nbytes)
+            for (_, end, i), (start, _, j) in zip(spans, spans[1:]):
+                if start < end:
+                    raise InvalidArgument(f"{what}[{min(i, j)}] and {what}[{max(i, j)}] overlap; each block needs "
+                                          "memory of its own")
+        return bufs
+
+    @staticmethod
+    def _sizes(bufs: list[Buf], sizes: list[int], what: str) -> None:
+        for j, (b, k) in enumerate(zip(bufs, sizes)):
+            if b.count != k:
+                raise InvalidArgument(f"{what}[{j}] has {b.count} elements, expected {k} (rank {j}'s block)")
+
     def view(self, x, what: str) -> Buf:
         """view(x), plus: the array lives where this communicator's payload does."""
         b = view(x, what)
@@ -335,15 +459,16 @@ class Door:
 
     @staticmethod
     def _call(coll: str, xb: Buf | None, ob: Buf | None, count: int, opc: int, root: int, algo: int,
-              result, counts=None, out_counts=None) -> Described:
-        lead = xb or ob
-        if counts is None:
+              result, counts=None, out_counts=None, in_places=(), out_places=()) -> Described:
+        lead = xb or ob or next(iter(in_places or out_places), None)
+        if counts is None and not in_places and not out_places:
             call = core.Call(vocab.COLLECTIVES[coll], vocab.DTYPES[lead.dtype] if lead else 0, opc, algo,
                              xb.ptr if xb else 0, ob.ptr if ob else 0, count, root)
         else:
             call = core.Call(vocab.COLLECTIVES[coll], vocab.DTYPES[lead.dtype], opc, algo, xb.ptr if xb else 0,
-                             ob.ptr if ob else 0, count, root, counts, out_counts or [])
-        return Described(call, result, (xb, ob), lead.stream_fn if lead is not None else None)
+                             ob.ptr if ob else 0, count, root, counts or [], out_counts or [],
+                             [b.ptr for b in in_places], [b.ptr for b in out_places])
+        return Described(call, result, (xb, ob, *in_places, *out_places), lead.stream_fn if lead is not None else None)
 
 
 _MAX_ELEMENTS = 2**63 // 16  # elements of the widest dtype whose bytes fit an int64

@@ -120,6 +120,23 @@ def run_gather_scatter(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> li
                     errs += ran(comm, "scatter", algorithm, tag)
                     errs += suite.compare(got, every[r], f"scatter {tag}", r)
                     errs += ledger(comm, before, "scatter", total, dtype, f"scatter {tag}", root, cl)
+                    # the root's list of arrays, one per block (torch's gather_list / scatter_list)
+                    outs = [np.full(blocks[q], 66, NUMPY[dtype]) for q in range(n)] if r == root else None
+                    before = comm.traffic()
+                    got = comm.gather(every[r].copy(), root=root, counts=cl, out=outs, algorithm=algorithm)
+                    errs += ran(comm, "gather", algorithm, tag)
+                    if r == root:
+                        if got is not outs:
+                            errs.append(f"rank {r}: gather {tag} into a list: returned {type(got).__name__}")
+                        for q in range(n):
+                            errs += suite.compare(outs[q], every[q], f"gather {tag} into a list, block {q}", r)
+                    errs += ledger(comm, before, "gather", total, dtype, f"gather {tag} into a list", root, cl)
+                    src = [every[q].copy() for q in range(n)] if r == root else None
+                    out = np.full(blocks[r], 78, NUMPY[dtype])
+                    before = comm.traffic()
+                    comm.scatter(src, root=root, counts=cl, out=out, algorithm=algorithm)
+                    errs += suite.compare(out, every[r], f"scatter {tag} from a list", r)
+                    errs += ledger(comm, before, "scatter", total, dtype, f"scatter {tag} from a list", root, cl)
             if len(errs) > 20:
                 return errs
     return errs
@@ -157,6 +174,15 @@ def run_all_to_all(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> list[s
                             algorithm="pairwise" if algorithm == "pairwise" else "auto")
             errs += suite.compare(out, want, tag, r)
             errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, tag, splits=m)
+            # lists of arrays, one per peer (torch's list form): the same blocks, the same bytes
+            blocks_in = [ins[r][offs[r][p]:offs[r][p + 1]].copy() for p in range(n)]
+            outs = [np.full(out_splits[q], 44, NUMPY[dtype]) for q in range(n)]
+            before = comm.traffic()
+            got = comm.all_to_all(blocks_in, out=outs, algorithm="pairwise" if algorithm == "pairwise" else "auto")
+            if got is not outs:
+                errs.append(f"rank {r}: {tag} with lists: returned {type(got).__name__}")
+            errs += suite.compare(np.concatenate(outs), want, f"{tag} with lists", r)
+            errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, f"{tag} with lists", splits=m)
             if len(errs) > 20:
                 return errs
     return errs

@@ -205,6 +205,39 @@ def test_async(n):
     np.testing.assert_array_equal(res[1][2], np.array([v for q in range(n) for v in (10 * q + 2, 10 * q + 3)]))
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_list_forms_in_place_async_and_torch(n):
+    """gather into / scatter from the root's list of arrays: in place (the
+    root's own block is its input / output), async, torch tensors."""
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        r, errs = comm.rank, []
+        for root in range(n):
+            x = torch.arange(5, dtype=torch.float32) + 10 * r
+            outs = [x if q == r else torch.full((5,), -1.0) for q in range(n)] if r == root else None
+            got = comm.gather(x, root=root, out=outs, async_op=True).wait()
+            if r == root:
+                if got is not outs or outs[r] is not x:
+                    errs.append(f"rank {r}: gather into a list returned {got!r}")
+                for q in range(n):
+                    if not torch.equal(outs[q], torch.arange(5, dtype=torch.float32) + 10 * q):
+                        errs.append(f"rank {r}: root {root}: block {q} is {outs[q].tolist()}")
+            ins = [torch.arange(4, dtype=torch.int64) * (q + 1) for q in range(n)] if r == root else None
+            out = ins[r] if r == root else torch.empty(4, dtype=torch.int64)
+            got = comm.scatter(ins, root=root, out=out)
+            if got is not out or not torch.equal(out, torch.arange(4, dtype=torch.int64) * (r + 1)):
+                errs.append(f"rank {r}: root {root}: scattered {out.tolist()}")
+            if r != root:  # off the root a list is only the template of a new output
+                got = comm.scatter([torch.zeros(4, dtype=torch.int64)], root=root, counts=[4] * n)
+            else:
+                got = comm.scatter(ins, root=root, counts=[4] * n)
+            if not torch.equal(got, torch.arange(4, dtype=torch.int64) * (r + 1)):
+                errs.append(f"rank {r}: root {root}: scatter without out gave {got.tolist()}")
+        return errs
+    assert not flat(ringcomm.run_local(n, body))
+
+
 def ro(n):
     a = np.zeros(n)
     a.setflags(write=False)
@@ -227,6 +260,38 @@ BAD = [
     ("scatter indivisible", lambda c: c.scatter(np.zeros(5)), "not divisible"),
     ("scatter counts sum", lambda c: c.scatter(np.zeros(5), counts=[1, 1]), "sum to 2"),
     ("scatter out read-only", lambda c: c.scatter(np.zeros(4), out=ro(2)), "read-only"),
+    ("gather list length", lambda c: c.gather(np.zeros(3), out=[np.zeros(3)]), "list of 1 arrays, expected one per rank"),
+    ("gather list dtype", lambda c: c.gather(np.zeros(3), out=[np.zeros(3), np.zeros(3, np.float32)]),
+     "out\\[1\\] has dtype float32, expected float64"),
+    ("gather list size", lambda c: c.gather(np.zeros(3), out=[np.zeros(3), np.zeros(4)]),
+     "out\\[1\\] has 4 elements, expected 3 \\(rank 1's block\\)"),
+    ("gather list read-only", lambda c: c.gather(np.zeros(3), out=[np.zeros(3), ro(3)]), "out\\[1\\] is read-only"),
+    ("gather list overlap", lambda c: (lambda a: c.gather(np.zeros(3), out=[a[:3], a[2:5]]))(np.zeros(6)),
+     "out\\[0\\] and gather out\\[1\\] overlap"),
+    ("gather list overlaps input", lambda c: (lambda a: c.gather(a[:3], out=[np.zeros(3), a[1:4]]))(np.zeros(6)),
+     "out\\[1\\] overlaps the input"),
+    ("gather list non-contiguous", lambda c: c.gather(np.zeros(3), out=[np.zeros(3), np.zeros(6)[::2]]),
+     "contiguous"),
+    ("scatter list length", lambda c: c.scatter([np.zeros(2)] * 3), "list of 3 arrays, expected one per rank"),
+    ("scatter list sizes", lambda c: c.scatter([np.zeros(2), np.zeros(3)]), "different sizes \\[2, 3\\]: pass counts"),
+    ("scatter list counts", lambda c: c.scatter([np.zeros(2), np.zeros(3)], counts=[2, 2]),
+     "input\\[1\\] has 3 elements, expected 2"),
+    ("scatter list dtype", lambda c: c.scatter([np.zeros(2), np.zeros(2, np.int64)]), "input\\[1\\] has dtype int64"),
+    ("scatter list out overlaps", lambda c: (lambda a: c.scatter([a[:2], a[2:4]], out=a[2:4]))(np.zeros(4)),
+     "out overlaps input\\[1\\]"),
+    ("all_to_all list length", lambda c: c.all_to_all([np.zeros(2)] * 3, out_splits=[2, 2]),
+     "list of 3 arrays, expected one per rank"),
+    ("all_to_all list splits", lambda c: c.all_to_all([np.zeros(2), np.zeros(3)], [2, 2], [2, 2]),
+     "input\\[1\\] has 3 elements, expected 2"),
+    ("all_to_all list out dtype", lambda c: c.all_to_all([np.zeros(2)] * 2, out=[np.zeros(2), np.zeros(2, np.int8)]),
+     "out\\[1\\] has dtype int8"),
+    ("all_to_all list out overlap", lambda c: (lambda a: c.all_to_all(np.zeros(4), out=[a[:2], a[1:3]]))(np.zeros(4)),
+     "out\\[0\\] and all_to_all out\\[1\\] overlap"),
+    ("all_to_all list overlaps input", lambda c: (lambda a: c.all_to_all([a[:2], a[2:4]], out=a[2:6]))(np.zeros(8)),
+     "overlaps the input"),
+    ("all_to_all list no out", lambda c: c.all_to_all([np.zeros(2)] * 2), "needs out_splits"),
+    ("all_to_all list itself", lambda c: c.all_to_all([np.zeros(2), np.zeros(1)], out=[np.zeros(1), np.zeros(1)]),
+     "sends itself 2 elements"),
     ("all_to_all indivisible", lambda c: c.all_to_all(np.zeros(5)), "not divisible"),
     ("all_to_all splits sum", lambda c: c.all_to_all(np.zeros(5), [1, 1], [1, 1]), "sum to 2"),
     ("all_to_all no out_splits", lambda c: c.all_to_all(np.zeros(5), [2, 3]), "out_splits"),

@@ -48,9 +48,13 @@ void chain_broadcast(Link& link, size_t count, size_t elem_size, int root, char*
 // BlockSplit of a buffer, one per rank: per-rank counts when given (gatherv,
 // scatterv, all_to_all's splits; `counts` points at n of them), else the
 // split rule over `total` elements. Offsets are prefix sums, in rank order.
+// `places` (n addresses, or null): each block in an array of its own (the
+// root's list of arrays: torch's gather_list / scatter_list) instead of
+// back to back in one buffer; at() says where block r is either way.
 class BlockSplit {
  public:
-  BlockSplit(size_t total, int n, const int64_t* counts) : total_(total), n_(n), counts_(counts) {
+  BlockSplit(size_t total, int n, const int64_t* counts, const uintptr_t* places = nullptr)
+      : total_(total), n_(n), counts_(counts), places_(places) {
     if (counts_) {
       offsets_.resize(size_t(n) + 1);
       for (int r = 0; r < n; ++r) offsets_[size_t(r) + 1] = offsets_[size_t(r)] + size_t(counts_[r]);
@@ -58,11 +62,17 @@ class BlockSplit {
   }
   size_t count(int r) const { return counts_ ? size_t(counts_[r]) : split_size(total_, size_t(n_), size_t(r)); }
   size_t offset(int r) const { return counts_ ? offsets_[size_t(r)] : split_offset(total_, size_t(n_), size_t(r)); }
+  // Block r: in `base` (the blocks back to back, es bytes per element), or at its own place.
+  char* at(char* base, int r, size_t es) const {
+    return places_ ? reinterpret_cast<char*>(places_[r]) : base + offset(r) * es;
+  }
+  const char* at(const char* base, int r, size_t es) const { return at(const_cast<char*>(base), r, es); }
 
  private:
   size_t total_;
   int n_;
   const int64_t* counts_;
+  const uintptr_t* places_;
   std::vector<size_t> offsets_;
 };
 
@@ -73,8 +83,9 @@ void binomial_reduce(Link& link, const RingPlan& plan, const Reducer& red, int r
 void ring_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out);
 
 // Gather to / scatter from `root` (gather_scatter.cpp), linearly. Gather:
-// `in` is this rank's block; the root's `out` gets every block in rank order.
-// Scatter: the root's `in` holds every block; `out` gets this rank's.
+// `in` is this rank's block; the root's `out` gets every block in rank order
+// (or each at its place: blocks.at). Scatter: the root's `in` holds every
+// block (or blocks.at says where); `out` gets this rank's.
 void linear_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
 void linear_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
 

@@ -26,6 +26,8 @@
 // disagreement, an empty block included, is a MismatchError naming both
 // sizes and no byte lands past a block (a receive never matches a larger
 // message). The block a rank sends itself must fit (ringcomm/door.py).
+// With splits, blocks may also sit in arrays of their own (BlockSplit::at:
+// torch's list form), never staged through one buffer.
 #include "algorithms/algorithms.h"
 #include "algorithms/pairwise.h"
 
@@ -35,22 +37,22 @@ void pairwise_all_to_all(Link& link, const BlockSplit& send, const BlockSplit& r
                          char* out) {
   const int n = link.size(), rank = link.rank();
   const bool pow2 = (n & (n - 1)) == 0;
-  link.copy(out + recv.offset(rank) * es, in + send.offset(rank) * es, send.count(rank) * es);
+  link.copy(recv.at(out, rank, es), send.at(in, rank, es), send.count(rank) * es);
   // Equal blocks: the same segments for every block (for the unit numbers).
   const int K = exact ? 1 : whole_buffer_segments(send.count(rank), es, link.options().segment_bytes);
   for (int k = 1; k < n; ++k) {
     const int to = pow2 ? rank ^ k : (rank + k) % n;
     const int from = pow2 ? rank ^ k : (rank - k + n) % n;
     const size_t out_bytes = send.count(to) * es, in_bytes = recv.count(from) * es;
-    char* at = out + recv.offset(from) * es;
+    char* at = recv.at(out, from, es);
     link.trace_start(Phase::all_to_all, k - 1, to, to, out_bytes, from, rank, in_bytes);
     if (exact) {
       // One unit per step: a grouped transport (NCCL) issues the pair together.
-      link.send_exact(to, in + send.offset(to) * es, out_bytes, k - 1);
+      link.send_exact(to, send.at(in, to, es), out_bytes, k - 1);
       link.wait(link.recv_exact(from, at, in_bytes, k - 1), "its all_to_all block", k - 1, 0);
     } else {
       int unit = (k - 1) * K;
-      send_all(link, to, in + send.offset(to) * es, send.count(to), es, unit);
+      send_all(link, to, send.at(in, to, es), send.count(to), es, unit);
       unit = (k - 1) * K;
       recv_all(link, from, at, recv.count(from), es, k - 1, unit);
     }

@@ -39,11 +39,11 @@ void linear_gather(Link& link, const BlockSplit& blocks, size_t es, int root, co
     link.trace_finish(nullptr, 0);
     return;
   }
-  link.copy(out + blocks.offset(root) * es, in, blocks.count(root) * es);
+  link.copy(blocks.at(out, root, es), in, blocks.count(root) * es);
   for (int step = 0; step < n - 1; ++step) {
     const int q = (root + step + 1) % n;
     int unit = 0;
-    char* at = out + blocks.offset(q) * es;
+    char* at = blocks.at(out, q, es);
     link.trace_start(Phase::gather, step, -1, -1, 0, q, q, blocks.count(q) * es);
     recv_all(link, q, at, blocks.count(q), es, step, unit);
     link.trace_finish(at, blocks.count(q) * es);
@@ -66,10 +66,10 @@ void linear_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, c
     const int q = (root + step + 1) % n;
     int unit = 0;
     link.trace_start(Phase::scatter, step, q, q, blocks.count(q) * es, -1, -1, 0);
-    send_all(link, q, in + blocks.offset(q) * es, blocks.count(q), es, unit);
+    send_all(link, q, blocks.at(in, q, es), blocks.count(q), es, unit);
     link.trace_finish(nullptr, 0);
   }
-  link.copy(out, in + blocks.offset(root) * es, blocks.count(root) * es);
+  link.copy(out, blocks.at(in, root, es), blocks.count(root) * es);
   link.drain();
 }
 

@@ -287,7 +287,7 @@ void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const
   const size_t rounds = rounds_for(longest, W);
   Ledger& ledger = link.ledger();
   if (r == root && blocks.count(r)) {  // (in place: x is already its block of out)
-    char* dst = out + blocks.offset(r) * es;
+    char* dst = blocks.at(out, r, es);
     if (dst != in) std::memmove(dst, in, blocks.count(r) * es);
   }
   for (size_t t = 0; t < rounds; ++t) {
@@ -302,7 +302,7 @@ void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const
     for (int j = 0; j < n; ++j) {
       const size_t lj = piece_len(blocks.count(j), t, W);
       if (j == r || !lj) continue;
-      std::memcpy(out + (blocks.offset(j) + t * W) * es, w.slot(j, par), lj * es);
+      std::memcpy(blocks.at(out, j, es) + t * W * es, w.slot(j, par), lj * es);
       ledger.received(Coll::gather, w.member(j), false, lj * es);
     }
   }
@@ -318,7 +318,7 @@ void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, cons
   const size_t rounds = rounds_for(longest, P);
   Ledger& ledger = link.ledger();
   if (r == root && blocks.count(r)) {  // (in place: out is already its block of x)
-    const char* src = in + blocks.offset(r) * es;
+    const char* src = blocks.at(in, r, es);
     if (src != out) std::memmove(out, src, blocks.count(r) * es);
   }
   for (size_t t = 0; t < rounds; ++t) {
@@ -327,7 +327,7 @@ void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, cons
       for (int j = 0; j < n; ++j) {
         const size_t lj = piece_len(blocks.count(j), t, P);
         if (j == r || !lj) continue;
-        std::memcpy(w.slot(r, par) + size_t(j) * P * es, in + (blocks.offset(j) + t * P) * es, lj * es);
+        std::memcpy(w.slot(r, par) + size_t(j) * P * es, blocks.at(in, j, es) + t * P * es, lj * es);
         ledger.sent(Coll::scatter, w.member(j), false, lj * es);
       }
     w.sync(link, fp, t == 0);

@@ -90,6 +90,7 @@ void Engine::validate(Task& t) {
   else if (t.coll == Coll::all_to_all && t.count % size_t(size()))
     throw_invalid("all_to_all of " + std::to_string(t.count) + " elements over " + std::to_string(size()) +
                   " ranks: equal blocks need a count divisible by the number of ranks (else pass splits)");
+  check_places(t);
   std::lock_guard<std::mutex> g(state_m_);
   if (aborted_) {
     RingError e(ErrKind::aborted, rank(), -1, 0, "communicator was aborted earlier: " + abort_reason_);
@@ -97,6 +98,24 @@ void Engine::validate(Task& t) {
     e.cause = abort_cause_;
     throw e;
   }
+}
+
+// Places of blocks (Task::in_places, out_places): one per rank, where blocks
+// are cut: the root's side of gather and scatter, all_to_all with splits.
+void Engine::check_places(const Task& t) const {
+  const bool a2a = t.coll == Coll::all_to_all && !t.counts.empty(), at_root = t.root == rank();
+  auto check = [&](const std::vector<uintptr_t>& p, bool allowed, const char* what) {
+    if (p.empty()) return;
+    if (!allowed)
+      throw_invalid(std::string(coll_name(t.coll)) + ": places of the " + what +
+                    "'s blocks are for the root of gather (output) and scatter (input) and for all_to_all with "
+                    "splits");
+    if (p.size() != size_t(size()))
+      throw_invalid(std::string(coll_name(t.coll)) + ": " + std::to_string(p.size()) + " places of the " + what +
+                    "'s blocks, expected one per rank (" + std::to_string(size()) + ")");
+  };
+  check(t.in_places, a2a || (t.coll == Coll::scatter && at_root), "input");
+  check(t.out_places, a2a || (t.coll == Coll::gather && at_root), "output");
 }
 
 // Per-rank counts: n of them, none negative, summing to the buffer they cut.
@@ -637,7 +656,9 @@ void Engine::perform(const Task& t, Work& w) {
     }
     case Coll::gather:
     case Coll::scatter: {
-      const BlockSplit blocks(t.count, size(), t.counts.empty() ? nullptr : t.counts.data());
+      const auto& places = t.coll == Coll::gather ? t.out_places : t.in_places;
+      const BlockSplit blocks(t.count, size(), t.counts.empty() ? nullptr : t.counts.data(),
+                              places.empty() ? nullptr : places.data());
       auto in = static_cast<const char*>(t.in);
       auto out = static_cast<char*>(t.out);
       if (t.coll == Coll::gather)
@@ -652,8 +673,10 @@ void Engine::perform(const Task& t, Work& w) {
         break;
       }
       const bool splits = !t.counts.empty();
-      const BlockSplit send(t.count, size(), splits ? t.counts.data() : nullptr);
-      const BlockSplit recv(t.count, size(), splits ? t.out_counts.data() : nullptr);
+      const BlockSplit send(t.count, size(), splits ? t.counts.data() : nullptr,
+                            t.in_places.empty() ? nullptr : t.in_places.data());
+      const BlockSplit recv(t.count, size(), splits ? t.out_counts.data() : nullptr,
+                            t.out_places.empty() ? nullptr : t.out_places.data());
       // Equal blocks too go as one message per block where messages carry
       // stamps (host memory) and a block fits one: segments only add
       // rendezvous (measured against MPI_Alltoall at N = 2 and 4, 1-16 MiB:

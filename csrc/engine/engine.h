@@ -67,6 +67,11 @@ struct Task {
   // what this rank sends each peer, `out_counts`: what it receives from
   // each; both empty: equal blocks of count / n).
   std::vector<int64_t> counts, out_counts;
+  // Blocks in arrays of their own (torch's gather_list, scatter_list and
+  // all_to_all's lists): n addresses each, where the input's blocks are
+  // (scatter's root, all_to_all with splits) and where the output's go
+  // (gather's root, all_to_all with splits); empty: back to back in in / out.
+  std::vector<uintptr_t> in_places, out_places;
   // Device communicators: the collective starts after this point (the
   // caller's stream at the time of the call; device.h). May be null.
   EventPtr after;
@@ -98,9 +103,12 @@ class Engine {
   //   broadcast      out: count elements (in is ignored)
   //   barrier        none
   //   reduce         in: count elements; out: count elements on the root (may be in; ignored elsewhere)
-  //   gather         in: this rank's block; out: count elements on the root (ignored elsewhere)
-  //   scatter        in: count elements on the root (ignored elsewhere); out: this rank's block
-  //   all_to_all     in: count elements (the sum of counts); out: as many (the sum of out_counts)
+  //   gather         in: this rank's block; out: count elements on the root (ignored elsewhere), or
+  //                  out_places (one address per rank's block; out ignored)
+  //   scatter        in: count elements on the root (ignored elsewhere), or in_places; out: this
+  //                  rank's block
+  //   all_to_all     in: count elements (the sum of counts); out: as many (the sum of out_counts);
+  //                  with splits, either may be given as places instead
   // Checks what can be checked locally (dtype, op, root) and throws
   // RingError(invalid) before anything is queued; throws RingError(aborted)
   // at once on an aborted communicator.
@@ -235,6 +243,7 @@ class Engine {
   // on an aborted communicator; fills t.algo (choose_algorithm).
   void validate(Task& t);
   void check_counts(const Task& t) const;  // per-rank counts: one per rank, summing to their buffer
+  void check_places(const Task& t) const;  // blocks in arrays of their own: where a call cuts blocks
   Across between_hosts(const Task& t, uint64_t seq);  // the hierarchical collectives' inter-host step
   // Can the call run zero copy (its arrays in the shared arena)? Fills t.arena_in / arena_out.
   bool locate_in_arena(Task& t) const;

@@ -111,15 +111,19 @@ inline void bind_engine(py::module_& m) {
   py::class_<Call>(m, "Call", py::module_local(),
                    "One collective call as the engine takes it (ringcomm/door.py fills it).")
       .def(py::init([](int coll, int dtype, int op, int algo, uintptr_t in, uintptr_t out, size_t count, int root,
-                       std::vector<int64_t> counts, std::vector<int64_t> out_counts) {
-             Call c{coll, dtype, op, algo, in, out, count, root, {}, {}};
+                       std::vector<int64_t> counts, std::vector<int64_t> out_counts,
+                       std::vector<uintptr_t> in_places, std::vector<uintptr_t> out_places) {
+             Call c{coll, dtype, op, algo, in, out, count, root, {}, {}, {}, {}};
              c.counts = std::move(counts);
              c.out_counts = std::move(out_counts);
+             c.in_places = std::move(in_places);
+             c.out_places = std::move(out_places);
              return c;
            }),
            py::arg("coll"), py::arg("dtype"), py::arg("op"), py::arg("algo"), py::arg("in_ptr"),
            py::arg("out_ptr"), py::arg("count"), py::arg("root"), py::arg("counts") = std::vector<int64_t>(),
-           py::arg("out_counts") = std::vector<int64_t>())
+           py::arg("out_counts") = std::vector<int64_t>(), py::arg("in_places") = std::vector<uintptr_t>(),
+           py::arg("out_places") = std::vector<uintptr_t>())
       .def_readonly("coll", &Call::coll)
       .def_readonly("dtype", &Call::dtype)
       .def_readonly("op", &Call::op)
@@ -129,7 +133,9 @@ inline void bind_engine(py::module_& m) {
       .def_readonly("count", &Call::count)
       .def_readonly("root", &Call::root)
       .def_readonly("counts", &Call::counts)
-      .def_readonly("out_counts", &Call::out_counts);
+      .def_readonly("out_counts", &Call::out_counts)
+      .def_readonly("in_places", &Call::in_places)
+      .def_readonly("out_places", &Call::out_places);
   m.def("register_torch",
         [](py::object tensor_type, py::dict codes) {
           torch_types().tensor = tensor_type;

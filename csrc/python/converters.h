@@ -37,6 +37,7 @@ struct Call {
   size_t count = 0;
   int root = 0;
   std::vector<int64_t> counts, out_counts;  // per-rank counts / all_to_all splits (Task)
+  std::vector<uintptr_t> in_places, out_places;  // blocks in arrays of their own (Task)
 };
 
 inline Task make_task(const Call& c) {
@@ -51,6 +52,8 @@ inline Task make_task(const Call& c) {
   t.root = c.root;
   t.counts = c.counts;
   t.out_counts = c.out_counts;
+  t.in_places = c.in_places;
+  t.out_places = c.out_places;
   return t;
 }
 

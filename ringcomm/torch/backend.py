@@ -114,7 +114,6 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self._group_desc = ""
         self._completer = Completer(f"ringcomm-pg-{rank}")
         self._done = DoneWork([])  # handed out again once nobody holds it (see _done_work)
-        self._stage: dict = {}  # dtype -> a flat buffer synchronous gather/scatter/all_to_all reuse (_borrow)
 
     # ---- identity (torch asks for these) --------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -165,20 +164,6 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if sys.getrefcount(w) > 3:  # held elsewhere (this frame, the attribute and getrefcount's argument: 3)
             w = self._done = DoneWork(result)
         return w.reuse(result)
-
-    def _borrow(self, dtype, numel: int, sync: bool):
-        """A flat staging buffer of numel elements, and a function giving it
-        back. A fresh 4 MiB torch.empty costs its page faults on every call
-        (about as much as the collective at 4 MiB), so synchronous calls
-        reuse one per dtype (taken out of the cache while in use: another
-        thread gets its own); async calls, whose buffer outlives the call,
-        get a fresh one."""
-        if not sync or numel * torch.empty(0, dtype=dtype).element_size() > _STAGE_MAX:
-            return torch.empty(numel, dtype=dtype), lambda: None
-        full = self._stage.pop(dtype, None)
-        if full is None or full.numel() < numel:
-            full = torch.empty(numel, dtype=dtype)
-        return full[:numel], lambda: self._stage.__setitem__(dtype, full)
 
     def _go(self, async_op: bool, starts: list, result: list, finish=None) -> PendingWork:
         """Start the ringcomm collectives `starts` (communicator methods with
@@ -418,15 +403,16 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             if _overlaps(ibuf, flat) and ibuf.data_ptr() != flat.data_ptr() + root * k * ibuf.element_size():
                 ibuf = ibuf.clone()  # overlapping, but not the exact in-place form (the root's own block)
             return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)], [outs])
-        # One flat receive buffer (one engine call), then one copy per rank's block.
-        flat, give_back = self._borrow(inp.dtype, n * k, not opts.asyncOp)
-
-        def finish():
-            for i, o in enumerate(outs):
-                o.detach().copy_(flat[i * k:(i + 1) * k].view_as(o))
-            give_back()
-
-        return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)],
+        # Each rank's block straight into its own tensor (the engine takes a
+        # list of places: no staging buffer, no copy out), a non-contiguous
+        # one through a contiguous copy.
+        places = [_flat(o) for o in outs]
+        bufs = [b for b, _ in places]
+        if any(_overlaps(ibuf, b) and not (j == root and _same(ibuf, b)) for j, b in enumerate(bufs)):
+            ibuf = ibuf.clone()  # overlapping, but not the exact in-place form (the root's own block)
+        copied = [(o, b) for o, (b, c) in zip(outs, places) if c]
+        finish = (lambda: [o.detach().copy_(b.view_as(o)) for o, b in copied]) if copied else None
+        return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=bufs)],
                         [outs], finish)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -455,17 +441,21 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             if i.dtype != out.dtype or i.numel() != out.numel():
                 raise ValueError(f"ringcomm backend: scatter: every input tensor must be a {out.dtype} of "
                                  f"{out.numel()} elements, like the output (got {i.dtype}, {i.numel()})")
-        flat, give_back = _adjacent(ins), (lambda: None)
-        if flat is None:  # not consecutive blocks of one buffer: stage them in one
-            flat, give_back = self._borrow(out.dtype, n * out.numel(), not opts.asyncOp)
-            torch.cat([i.detach().reshape(-1) for i in ins], out=flat)
-        if _overlaps(flat, obuf):
-            flat = flat.clone()  # the root's own block given as its output too: keep the engine's in/out apart
-        work = self._go(opts.asyncOp, [functools.partial(self.comm.scatter, flat, root=root, out=obuf)],
+        flat = _adjacent(ins)
+        if flat is not None:  # consecutive blocks of one buffer: read in place
+            if _overlaps(flat, obuf):
+                flat = flat.clone()  # the root's own block given as its output too: keep the engine's in/out apart
+            return self._go(opts.asyncOp, [functools.partial(self.comm.scatter, flat, root=root, out=obuf)],
+                            [out], finish)
+        # Each block read straight from its own tensor (the engine takes a
+        # list of places: no staging buffer), a non-contiguous one through
+        # a contiguous copy; one that overlaps this rank's output other
+        # than as its exact own block, through a copy too.
+        bufs = [_flat(i)[0] for i in ins]
+        bufs = [b.clone() if _overlaps(b, obuf) and not (j == root and _same(b, obuf)) else b
+                for j, b in enumerate(bufs)]
+        return self._go(opts.asyncOp, [functools.partial(self.comm.scatter, bufs, root=root, out=obuf)],
                         [out], finish)
-        if not opts.asyncOp:
-            give_back()
-        return work
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
         """torch's all_to_all_single: split sizes count rows of dim 0 (empty:
@@ -495,7 +485,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """The list form: input_tensors[p] goes to rank p, output_tensors[p]
         comes from rank p; sizes may differ per peer (one all_to_all with
-        per-peer counts over flat buffers)."""
+        per-peer counts, straight from and into the tensors: the engine takes
+        lists of places; non-contiguous ones through contiguous copies)."""
         opts = opts if opts is not None else dist.AllToAllOptions()
         n = self.size()
         if len(input_tensors) != n or len(output_tensors) != n:
@@ -506,20 +497,14 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             _check_dtype(t, "all_to_all")
             if t.dtype != dtype:
                 raise TypeError(f"ringcomm backend: all_to_all with tensors of dtypes {dtype} and {t.dtype}")
-        flat_in = torch.cat([t.detach().reshape(-1) for t in input_tensors])
-        out_splits = [t.numel() for t in output_tensors]
-        flat_out = torch.empty(sum(out_splits), dtype=dtype)
         outs = list(output_tensors)
-
-        def finish():
-            off = 0
-            for o in outs:
-                o.detach().copy_(flat_out[off:off + o.numel()].view_as(o))
-                off += o.numel()
-
-        return self._go(opts.asyncOp, [functools.partial(self.comm.all_to_all, flat_in,
-                                                         [t.numel() for t in input_tensors], out_splits,
-                                                         out=flat_out)], outs, finish)
+        places = [_flat(o) for o in outs]
+        obufs = [b for b, _ in places]
+        ibufs = [_flat(t)[0] for t in input_tensors]
+        ibufs = [b.clone() if any(_overlaps(b, o) for o in obufs) else b for b in ibufs]  # (torch allows it)
+        copied = [(o, b) for o, (b, c) in zip(outs, places) if c]
+        finish = (lambda: [o.detach().copy_(b.view_as(o)) for o, b in copied]) if copied else None
+        return self._go(opts.asyncOp, [functools.partial(self.comm.all_to_all, ibufs, out=obufs)], outs, finish)
 
     # ---- point-to-point ------------------------------------------------------
     # torch calls these for dist.send/recv/isend/irecv and, one by one, for
@@ -590,10 +575,6 @@ for _name, _op in (("monitored_barrier", "monitored_barrier"),):
     setattr(ProcessGroupRingcomm, _name, _refuse(_op))
 
 
-# Staging buffers larger than this are not kept between calls (memory held per group and dtype).
-_STAGE_MAX = 64 << 20
-
-
 def _adjacent(ts):
     """One flat tensor over `ts` when they are contiguous, of one dtype, and
     lie back to back in one storage in list order (torch.chunk/split of a
@@ -627,6 +608,11 @@ def _elements(t: torch.Tensor, split_sizes, n: int, what: str):
                          f"but the {what} has {rows} rows")
     row = math.prod(t.shape[1:])
     return [int(s) * row for s in split_sizes]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same memory: one start, one length."""
+    return a.data_ptr() == b.data_ptr() and a.numel() * a.element_size() == b.numel() * b.element_size()
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

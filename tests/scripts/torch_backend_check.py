@@ -317,6 +317,19 @@ case("all_to_all", all(equal(a, b, True) for a, b in zip(ys, gs)), "list form vs
 ys = [torch.empty(R + 1) for _ in range(N)]
 dist.all_to_all(ys, [torch.full((p + 1,), float(R)) for p in range(N)])
 case("all_to_all", all(equal(ys[p], torch.full((R + 1,), float(p)), True) for p in range(N)), "uneven list form")
+# Non-contiguous tensors in both lists, async (the backend hands the engine each tensor's place).
+xs = [(torch.arange(6.0).reshape(2, 3) + 10 * R + p).t() for p in range(N)]
+ys, gs = [torch.zeros(3, 2).t() for _ in range(N)], [torch.zeros(3, 2) for _ in range(N)]
+dist.all_to_all(ys, xs, async_op=True).wait()
+dist.all_to_all(gs, [x.contiguous() for x in xs], group=GLOO)  # (gloo: same shapes, contiguous)
+case("all_to_all", all(equal(a.reshape(-1), b.reshape(-1), True) for a, b in zip(ys, gs)),
+     "non-contiguous list form vs gloo")
+# gather into a list whose root entry is the input itself (in place), as torch's own tests do.
+mine = torch.arange(4.0) + R
+gl = [mine if r == R else torch.zeros(4) for r in range(N)] if R == 0 else None
+dist.gather(mine, gl, dst=0)
+if R == 0:
+    case("gather", all(equal(gl[r], torch.arange(4.0) + r, True) for r in range(N)), "the input as its own list entry")
 
 # ---- forms an independent review found refused or wrong (all of them gloo does)
 # all_to_all_single: rank 0 leaves the split sizes empty, the others spell the equal blocks out.
