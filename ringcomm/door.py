@@ -222,6 +222,7 @@ class Door:
         if isinstance(x, (list, tuple)) or isinstance(out, (list, tuple)):
             return self._all_to_all_places(x, splits, out_splits, out, new_array, algo)
         xb = self.view(x, "all_to_all input")
+        ob = None if out is None else self.view(out, "all_to_all out")
         n = self.size
         splits = self._counts(splits, "all_to_all splits")
         out_splits = self._counts(out_splits, "all_to_all out_splits")
@@ -234,8 +235,8 @@ class Door:
             if xb.count % n:
                 raise InvalidArgument(f"all_to_all input has {xb.count} elements, not divisible by {n} ranks; "
                                       "pass splits= and out_splits=")
-            if out is not None and self.view(out, "all_to_all out").count != xb.count:
-                raise InvalidArgument(f"all_to_all without splits: out has {self.view(out, 'all_to_all out').count} "
+            if ob is not None and ob.count != xb.count:
+                raise InvalidArgument(f"all_to_all without splits: out has {ob.count} "
                                       f"elements, the input {xb.count} (equal blocks); pass splits= and out_splits= "
                                       "for blocks of other sizes")
             total_out, splits_arg, out_arg = xb.count, None, None
@@ -249,17 +250,16 @@ class Door:
                 if out is None:
                     raise InvalidArgument("all_to_all with splits needs out_splits= (what each rank sends here) "
                                           "or out= (split equally)")
-                oc = self.view(out, "all_to_all out").count
-                if oc % n:
-                    raise InvalidArgument(f"all_to_all out has {oc} elements, not divisible by {n} ranks; "
+                if ob.count % n:
+                    raise InvalidArgument(f"all_to_all out has {ob.count} elements, not divisible by {n} ranks; "
                                           "pass out_splits=")
-                out_splits = [oc // n] * n
+                out_splits = [ob.count // n] * n
             total_out, splits_arg, out_arg = sum(out_splits), splits, out_splits
             self._per_peer(splits, out_splits, xb.dtype)
         if out is None:
             out = new_array(xb, total_out)
         ob = self._out(out, xb, total_out, "all_to_all", why="the sum of out_splits" if out_arg else "the input's count",
-                       in_place_at=None)
+                       outbuf=ob, in_place_at=None)
         return self._call("all_to_all", xb, ob, xb.count, 0, 0, algo, ob.obj, splits_arg, out_arg)
 
     def _per_peer(self, splits, out_splits, dtype: str) -> None:
@@ -389,7 +389,7 @@ class Door:
             raise InvalidArgument(f"{what} has {len(c)} entries, expected one per rank ({self.size})")
         if any(v < 0 for v in c):
             raise InvalidArgument(f"{what} has a negative entry: {c}")
-        if sum(c) >= _MAX_ELEMENTS:  # (their bytes must fit the engine's 64-bit sizes, any dtype)
+        if sum(c) > core.MAX_ELEMENTS:  # (their bytes must fit the engine's 64-bit sizes, any dtype)
             raise InvalidArgument(f"{what} sum to {sum(c)} elements, more than any array can hold")
         return c
 
@@ -469,9 +469,6 @@ class Door:
                              ob.ptr if ob else 0, count, root, counts or [], out_counts or [],
                              [b.ptr for b in in_places], [b.ptr for b in out_places])
         return Described(call, result, (xb, ob, *in_places, *out_places), lead.stream_fn if lead is not None else None)
-
-
-_MAX_ELEMENTS = 2**63 // 16  # elements of the widest dtype whose bytes fit an int64
 
 
 def _algorithm(coll: str, name, allowed) -> int:

@@ -178,4 +178,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
+// The most elements one buffer, count or sum of per-rank counts may have:
+// the bytes of the widest element (16) fit an int64, and a running sum of
+// such counts, each checked against it, never wraps. Python's door uses it
+// too (core.MAX_ELEMENTS), so both sides refuse the same calls.
+constexpr size_t kMaxElements = size_t(1) << 59;
+
 }  // namespace ringcomm

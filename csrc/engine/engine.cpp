@@ -128,6 +128,8 @@ void Engine::check_counts(const Task& t) const {
     for (int64_t x : c) {
       if (x < 0) throw_invalid(std::string(coll_name(t.coll)) + " " + what + " has a negative entry");
       sum += size_t(x);
+      if (size_t(x) > kMaxElements || sum > kMaxElements)  // (checked as it grows: it never wraps)
+        throw_invalid(std::string(coll_name(t.coll)) + " " + what + " sum to more elements than any array holds");
     }
     if (sum != total)
       throw_invalid(std::string(coll_name(t.coll)) + " " + what + " sum to " + std::to_string(sum) + ", expected " +

@@ -289,7 +289,7 @@ inline bool int_list(py::handle h, int size, std::vector<int64_t>& v) {
     if (!PyLong_CheckExact(items[i])) return false;  // bool, numpy ints, floats: the adapter
     int overflow = 0;
     const long long x = PyLong_AsLongLongAndOverflow(items[i], &overflow);
-    if (overflow || x < 0 || x > (int64_t(1) << 58)) return false;
+    if (overflow || x < 0 || size_t(x) > kMaxElements) return false;
     v[size_t(i)] = x;
   }
   return true;
@@ -306,11 +306,12 @@ inline bool host_all_to_all_v_call(py::handle x, py::handle out, py::handle spli
   if (px < pout + nout * es && pout < px + nx * es) return false;  // overlapping
   if (!int_list(splits, size, c.counts) || !int_list(out_splits, size, c.out_counts)) return false;
   if (c.counts[size_t(rank)] != c.out_counts[size_t(rank)]) return false;
-  size_t sent = 0, received = 0;  // (each below 2^58 and at most 2^30 ranks: no wrap-around)
+  size_t sent = 0, received = 0;  // (each at most kMaxElements, and so is every partial sum: no wrap-around)
   for (int p = 0; p < size; ++p) {
     const size_t s = size_t(c.counts[size_t(p)]), r = size_t(c.out_counts[size_t(p)]);
     if (p != rank && (s * es > max_block_bytes || r * es > max_block_bytes)) return false;
     sent += s, received += r;
+    if (sent > kMaxElements || received > kMaxElements) return false;
   }
   if (sent != nx || received != nout) return false;
   c.coll = int(Coll::all_to_all), c.dtype = dx, c.count = nx, c.in = px, c.out = pout, c.root = 0, c.algo = algo;

@@ -136,6 +136,7 @@ PYBIND11_MODULE(_core, m) {
     PyBuffer_Release(&view);
     return py::int_(p);
   });
+  m.attr("MAX_ELEMENTS") = py::int_(kMaxElements);
   m.def("mpi_library_version", &mpi_library_version);
   m.def("dlpack_info", &dlpack_info, py::arg("capsule"));
 
