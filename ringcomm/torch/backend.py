@@ -281,6 +281,10 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             if o.numel() != inp.numel():
                 raise NotImplementedError("ringcomm backend: allgather with tensors of different sizes per rank "
                                           "is not implemented")
+        whole = _adjacent(list(outs))
+        if whole is not None and whole.dtype == inp.dtype:  # views of one buffer (all_gather_object's): straight in
+            start, _ = self._gather_into(whole, inp, opts.asyncOp, "allgather")
+            return self._go(opts.asyncOp, [start], [list(outs)])
         flat = torch.empty(inp.numel() * self.size(), dtype=inp.dtype)
         start, _ = self._gather_into(flat, inp, opts.asyncOp, "allgather")
         k = inp.numel()

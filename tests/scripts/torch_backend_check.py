@@ -152,6 +152,15 @@ for dtype in DTYPES:
         dist.all_gather(gl, mine, group=GLOO)
         case("all_gather", all(equal(a, b, True) for a, b in zip(outs, gl)), f"{dtype} count={count}")
         case("all_gather", all(equal(outs[r], data(count, dtype, r), True) for r in range(N)), f"{dtype} {count}")
+        # into chunks of one buffer (all_gather_object's form), once with the input as its own chunk
+        for own in (False, True):
+            whole = torch.full((N * count,), 7, dtype=dtype)
+            chunks = list(whole.split(count)) if count else [whole[:0] for _ in range(N)]
+            if own:
+                chunks[R].copy_(mine)
+            dist.all_gather(chunks, chunks[R] if own else mine)
+            case("all_gather", equal(whole, torch.cat([data(count, dtype, r) for r in range(N)]), True),
+                 f"into chunks of one buffer {dtype} count={count} input is its chunk={own}")
         single = torch.empty(N * count, dtype=dtype)
         w = dist.all_gather_single(single, mine, async_op=True)
         w.wait()
