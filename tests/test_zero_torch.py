@@ -290,6 +290,49 @@ def test_checkpoint_resume_is_bit_identical(stage, tmp_path):
         assert torch.equal(torch.from_numpy(unit["master"]).to(dtype), flat)
 
 
+@pytest.mark.parametrize("stage", [1, 3])
+def test_checkpoint_carries_buffers_and_frozen_parameters(stage, tmp_path):
+    """BatchNorm's running statistics (this rank's) and a frozen layer come back
+    on load into a fresh model, and training resumes as if never stopped."""
+    prefix = str(tmp_path / "bn")
+
+    def model_of(seed):  # (its values from a generator of its own: the ranks are threads)
+        m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3),
+                                torch.nn.Linear(3, 3))
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.copy_(torch.rand(p.shape, generator=g) - 0.5)
+        m[3].requires_grad_(False)  # frozen (a pretrained head)
+        return m
+
+    def data(rank, step):
+        g = torch.Generator().manual_seed(1000 * rank + step)
+        return torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+
+    def run(comm, stop):
+        model = model_of(0)
+        zero = TorchZero(model, comm, stage=stage, units=[model[0], model[1], model[2]] if stage == 3 else None)
+        for step in range(4):
+            if step == stop:  # save, then continue in a fresh model (other values everywhere) that loads
+                zero.save(prefix)
+                model = model_of(7)
+                zero = TorchZero(model, comm, stage=stage, units=[model[0], model[1], model[2]] if stage == 3 else None)
+                zero.load(prefix)
+            x, y = data(comm.rank, step)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            zero.step()
+        with zero.gathered():
+            return {k: v.clone() for k, v in model.state_dict().items()}
+
+    straight = ringcomm.run_local(2, run, None)
+    resumed = ringcomm.run_local(2, run, 2)
+    for r in range(2):
+        for k, v in straight[r].items():
+            assert torch.equal(resumed[r][k], v), f"rank {r} stage {stage}: {k} differs after resuming"
+    assert not torch.equal(straight[0]["1.running_mean"], straight[1]["1.running_mean"])  # per-rank statistics
+
+
 def test_bad_arguments():
     def build(comm, **kw):
         model = make_model(torch.float32, 0)

@@ -501,22 +501,48 @@ class TorchZero:
         self._hooks = []
 
     # ---- checkpoints ------------------------------------------------------------------
+    def _module_state(self) -> dict:
+        """The module's state outside the optimizer, by state_dict name: its
+        persistent buffers (BatchNorm's running statistics) and frozen
+        parameters, this rank's values."""
+        state = {}
+        for prefix, mod in self.module.named_modules():
+            for name, b in mod._buffers.items():
+                if b is not None and name not in mod._non_persistent_buffers_set:
+                    state[f"{prefix}.{name}" if prefix else name] = b
+        for name, p in self.module.named_parameters():
+            if not p.requires_grad:
+                state[name] = p
+        return state
+
     def save(self, prefix: str) -> str:
-        """Write this rank's shard (fp32 master weights, Adam moments, step) to
+        """Write this rank's shard (fp32 master weights, Adam moments, step) and
+        the module's buffers and frozen parameters (this rank's values) to
         ``{prefix}.rank{r}.npz``, the format of ``ZeroOptimizer.save``
         (``ringcomm.zero.consolidate`` assembles the full state, one entry per
         flat buffer of ``layout``). Returns the path."""
+        def host(t):  # (numpy has no bfloat16: its values are exact in float32)
+            t = t.detach()
+            return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
         return save_shards(prefix, self.stage, self.comm, self.t, [u.count for u in self._units],
                             [self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay],
-                            [(u.master, u.m, u.v) for u in self._units], shapes=[u.shapes for u in self._units])
+                            [(u.master, u.m, u.v) for u in self._units], shapes=[u.shapes for u in self._units],
+                            extra={name: host(t) for name, t in self._module_state().items()})
 
     def load(self, prefix: str) -> None:
         """Restore this rank's shard written by ``save(prefix)`` (same stage,
         N and layout); parameters are rebuilt from the master weights, so
-        training continues bit for bit. Collective (stages 1-2 re-gather)."""
+        training continues bit for bit, and buffers and frozen parameters
+        take their saved values. Collective (stages 1-2 re-gather)."""
+        def setter(t):
+            def put(a):
+                with torch.no_grad():
+                    t.copy_(torch.from_numpy(np.array(a)).to(t.dtype))  # (np.array keeps 0-d shapes)
+            return put
         self.t = load_shards(prefix, self.stage, self.comm, [u.count for u in self._units],
                               [(u.master, u.m, u.v) for u in self._units], what="this TorchZero",
-                              shapes=[u.shapes for u in self._units])
+                              shapes=[u.shapes for u in self._units],
+                              extra={name: (tuple(t.shape), setter(t)) for name, t in self._module_state().items()})
         gathers = []
         for u in self._units:
             gathers += self._publish(u)

@@ -80,10 +80,12 @@ def _like(template, a: np.ndarray):
     return cupy.asarray(a)
 
 
-def save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states, shapes=None) -> str:
+def save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states, shapes=None, extra=None) -> str:
     """Write this rank's optimizer shard: `states` is one (master, m, v) per
     unit (m, v None for SGD); `shapes`, the shapes of each unit's parameters
-    (load_shards checks them). The format consolidate() reads."""
+    (load_shards checks them); `extra`, named numpy arrays of state outside
+    the optimizer (a module's buffers and frozen parameters). The format
+    consolidate() reads."""
     arrays = {"meta": np.array([stage, comm.size, comm.rank, t, len(counts)], np.int64),
               "counts": np.array(counts, np.int64),
               "hyper": np.array(hyper, np.float64)}
@@ -93,6 +95,8 @@ def save_shards(prefix: str, stage: int, comm, t: int, counts, hyper, states, sh
         arrays[f"master{i}"] = _host(master)
         if m is not None:
             arrays[f"m{i}"], arrays[f"v{i}"] = _host(m), _host(v)
+    for name, a in (extra or {}).items():
+        arrays[f"extra:{name}"] = a
     path = f"{prefix}.rank{comm.rank}.npz"
     np.savez(path, **arrays)
     return path
@@ -102,11 +106,14 @@ def _shape_lists(shapes) -> list:
     return [[[int(d) for d in shape] for shape in unit] for unit in shapes]
 
 
-def load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this optimizer", shapes=None) -> int:
+def load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this optimizer", shapes=None,
+                extra=None) -> int:
     """Read this rank's shard written by save_shards into `states` (the same
     (master, m, v) arrays, filled in place), after checking the layout (and,
     where both sides have them, the parameters' shapes); returns the step
-    count. Nothing is written unless every check passes."""
+    count. `extra`: name -> (shape, setter) of the state saved as save_shards'
+    `extra`; each setter gets its numpy array (a checkpoint without them, of
+    an older version, sets none). Nothing is written unless every check passes."""
     counts = [int(c) for c in counts]
     with np.load(f"{prefix}.rank{comm.rank}.npz") as f:
         st, n, rank, t, units = (int(x) for x in f["meta"])
@@ -130,8 +137,21 @@ def load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this
             kinds = {True: "Adam (with moments m, v)", False: "SGD (no moments)"}
             raise InvalidArgument(f"checkpoint {prefix} holds the state of {kinds[has_moments]}; "
                                   f"{what} is {kinds[wants_moments]}")
+        saved_extra = {k[len("extra:"):] for k in f.files if k.startswith("extra:")}
+        if extra is not None and saved_extra:
+            if saved_extra != set(extra):
+                missing, unknown = sorted(set(extra) - saved_extra), sorted(saved_extra - set(extra))
+                raise InvalidArgument(f"checkpoint {prefix} holds other buffers or frozen parameters than {what}: "
+                                      f"missing there {missing}, unknown here {unknown}")
+            for name, (shape, _) in extra.items():
+                if tuple(f[f"extra:{name}"].shape) != tuple(shape):
+                    raise InvalidArgument(f"checkpoint {prefix}: {name} has shape {tuple(f[f'extra:{name}'].shape)} "
+                                          f"there, {tuple(shape)} in {what}")
         for i, (master, m, v) in enumerate(states):
             master[...] = _like(master, f[f"master{i}"])
             if m is not None:
                 m[...], v[...] = _like(m, f[f"m{i}"]), _like(v, f[f"v{i}"])
+        if extra is not None and saved_extra:
+            for name, (_, setter) in extra.items():
+                setter(f[f"extra:{name}"])
     return t
