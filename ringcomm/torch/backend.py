@@ -74,6 +74,10 @@ _OPS = {k.value: v for k, v in ((_RedOp.SUM, "sum"), (_RedOp.PRODUCT, "prod"), (
 
 # ---------------------------------------------------------------------------
 def _check_dtype(t: torch.Tensor, op: str) -> None:
+    if t.layout != torch.strided:  # (torch's own check of a sparse tensor's memory names no cause)
+        raise NotImplementedError(f"ringcomm backend: {op} on a {t.layout} tensor; only dense (strided) tensors "
+                                  "are supported (DDP: use dense gradients, e.g. nn.Embedding(sparse=False); "
+                                  "gloo reduces sparse tensors)")
     if vocab.torch_name(t.dtype) is None:
         raise TypeError(f"ringcomm backend: {op} on a {t.dtype} tensor; supported dtypes: {vocab.SUPPORTED}")
     if t.device.type != "cpu":
@@ -177,7 +181,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        if not opts.asyncOp and len(tensors) == 1:
+        if not opts.asyncOp and len(tensors) == 1 and tensors[0].layout == torch.strided:
             # The common synchronous call (dist.all_reduce(t)): straight to
             # the communicator, on this thread; its native fast lane checks
             # and takes a contiguous CPU tensor as it takes a numpy array. What

@@ -452,6 +452,16 @@ for what, call in (("monitored_barrier", lambda: dist.distributed_c10d._get_defa
     except NotImplementedError as exc:
         case("unsupported", "ringcomm backend" in str(exc) and "not implemented" in str(exc)
              and (what != "monitored_barrier" or "gloo" in str(exc)), str(exc))
+# Sparse tensors (DDP with nn.Embedding(sparse=True) reduces them): refused saying so, on every path.
+sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
+for what, call in (("all_reduce", lambda: dist.all_reduce(sparse)),
+                   ("all_reduce async", lambda: dist.all_reduce(sparse, async_op=True).wait()),
+                   ("broadcast", lambda: dist.broadcast(sparse, src=0))):
+    try:
+        call()
+        case("sparse", False, f"{what} of a sparse tensor did not raise")
+    except NotImplementedError as exc:
+        case("sparse", "sparse_coo tensor" in str(exc) and "dense" in str(exc), f"{what}: {exc}")
 
 
 # ---- point-to-point: send/recv between every pair, isend/irecv, any source, batch_isend_irecv; vs gloo
