@@ -500,6 +500,22 @@ def test_mark_ready_twice_and_bad_average_dtype():
     ringcomm.run_local(1, body)
 
 
+def test_a_narrow_integer_bucket_that_cannot_count_the_ranks_is_refused():
+    # The status slot sums each rank's 1 in the bucket's dtype: int8/uint8 wrap
+    # to 0 at 256 ranks (an unused gradient would pass unnoticed). The check
+    # runs before any collective, so a stand-in with the world's size shows it.
+    import types
+    world = types.SimpleNamespace(size=256, rank=0)
+    for dtype in (np.int8, np.uint8):
+        with pytest.raises(ringcomm.InvalidArgument, match="cannot count 256 ranks in its status slot"):
+            GradBucketer([np.zeros(3, dtype)], world, average=False)
+
+    def body(comm):  # wide enough: runs
+        b = GradBucketer([np.zeros(3, np.int8)], comm, average=False)
+        return b.sync([np.full(3, comm.rank + 1, np.int8)])[0].tolist()
+    assert ringcomm.run_local(3, body) == [[6, 6, 6]] * 3
+
+
 def test_after_a_failed_finalize_the_next_iteration_names_the_failure():
     # In the second iteration rank 1 stops half way: rank 0's wait for a
     # bucket times out, which aborts its communicator. The bucketer ends that

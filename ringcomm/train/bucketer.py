@@ -139,6 +139,17 @@ class GradBucketer:
                 raise InvalidArgument(
                     f"average=True needs floating parameters; parameter {param_label(bad[0], self._names)} is "
                     f"{self._specs[bad[0]].dtype} (pass average=False to sum)")
+        # The status slot is summed in the bucket's dtype: N ranks' 1s wrap
+        # to 0 in an integer of b bits once N reaches 2^b, and an unused
+        # gradient would pass unnoticed (8 bits: 256 ranks).
+        narrow = [i for i, s in enumerate(self._specs)
+                  if s.dtype not in vocab.FLOATING and self._n >= 2 ** (8 * vocab.itemsize(s.dtype))]
+        if narrow:
+            d = self._specs[narrow[0]].dtype
+            raise InvalidArgument(
+                f"parameter {param_label(narrow[0], self._names)} is {d}: a bucket of {d} cannot count "
+                f"{self._n} ranks in its status slot (it would wrap past {2 ** (8 * vocab.itemsize(d)) - 1}); "
+                "use a wider integer dtype")
         self._rebuild_pending = bool(rebuild_buckets)
         self._record_timeline = bool(timeline)
         self._events: collections.deque = collections.deque(maxlen=timeline_max_events)
