@@ -333,6 +333,51 @@ def test_checkpoint_carries_buffers_and_frozen_parameters(stage, tmp_path):
     assert not torch.equal(straight[0]["1.running_mean"], straight[1]["1.running_mean"])  # per-rank statistics
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("max_norm,norm_type", [(0.05, 2.0), (1e6, 2.0), (0.02, float("inf")), (0.1, 1.0)])
+def test_clip_grad_norm_matches_torch_on_the_averaged_gradients(stage, max_norm, norm_type):
+    """The sharded clip equals torch.nn.utils.clip_grad_norm_ on the DDP
+    gradients (every rank's averaged), then SGD: the same norm and weights."""
+    n = 3
+
+    def sharded(comm):
+        model = make_model(torch.float32, 0)
+        zero = TorchZero(model, comm, stage=stage, units=linears(model), lr=LR, optimizer="sgd")
+        loss_of(model, *batch(comm.rank, 0, torch.float32)).backward()
+        norm = zero.clip_grad_norm_(max_norm, norm_type)
+        zero.step()
+        return float(norm), zero.full_parameters()
+
+    ref = make_model(torch.float32, 0)
+    grads = []
+    for r in range(n):
+        ref.zero_grad()
+        loss_of(ref, *batch(r, 0, torch.float32)).backward()
+        grads.append([p.grad.clone() for p in ref.parameters()])
+    for p, *gs in zip(ref.parameters(), *grads):
+        p.grad = sum(gs) / n
+    want = float(torch.nn.utils.clip_grad_norm_(list(ref.parameters()), max_norm, norm_type))
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= LR * p.grad
+    res = ringcomm.run_local(n, sharded)
+    for r, (norm, params) in enumerate(res):
+        assert norm == pytest.approx(want, rel=1e-5), f"rank {r} stage {stage}: norm {norm}, torch {want}"
+        for name, p in ref.named_parameters():
+            torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=1e-7,
+                                       msg=lambda m: f"rank {r} stage {stage} {name}: {m}")
+
+
+def test_clip_grad_norm_before_backward_is_refused():
+    def body(comm):
+        model = make_model(torch.float32, 0)
+        zero = TorchZero(model, comm, stage=2, units=linears(model))
+        with pytest.raises(ringcomm.InvalidArgument, match="before backward reduced every gradient"):
+            zero.clip_grad_norm_(1.0)
+        return True
+    assert ringcomm.run_local(2, body) == [True, True]
+
+
 def test_bad_arguments():
     def build(comm, **kw):
         model = make_model(torch.float32, 0)

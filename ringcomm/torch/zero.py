@@ -434,6 +434,43 @@ class TorchZero:
         for w in gathers:
             w.wait()
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` for TorchZero's gradients (which
+        never sit in ``param.grad``; FSDP has the same method): call it between
+        backward and ``step()``. Waits for the reductions, takes the norm of
+        all (averaged) gradients, each rank over its shard and one all_reduce
+        combining them (stage 0: every rank holds them all), and scales
+        every gradient by ``max_norm / (norm + 1e-6)`` where that is below 1.
+        Returns the total norm (a float32 tensor, the same on every rank).
+        Collective at stages 1-3."""
+        if self._next_launch < len(self._units):
+            missing = [n for u in self._units[self._next_launch:] for n in u.names][:5]
+            raise InvalidArgument(f"rank {self.comm.rank}: clip_grad_norm_() before backward reduced every "
+                                  f"gradient (not yet: {', '.join(missing)})")
+        p = float(norm_type)
+        if not p > 0:
+            raise InvalidArgument(f"clip_grad_norm_: norm_type must be positive (or inf), got {norm_type!r}")
+        grads = []
+        for u in self._units:
+            self._settle(u)
+            grads.append(u.grads if self.stage == 0 else u.grad_shard)
+        # Partial norms in float64: no rank's sum of powers overflows or loses the small terms.
+        if p == float("inf"):
+            part = max((float(g.abs().max()) for g in grads if g.numel()), default=0.0)
+        else:
+            part = sum(float(g.double().abs().pow(p).sum()) for g in grads)
+        if self.stage > 0:
+            both = np.array([part], np.float64)
+            self.comm.all_reduce(both, op="max" if p == float("inf") else "sum")
+            part = float(both[0])
+        total = part if p == float("inf") else part ** (1.0 / p)
+        coef = float(max_norm) / (total + 1e-6)
+        if coef < 1.0:
+            with torch.no_grad():
+                for g in grads:
+                    g.mul_(coef)
+        return torch.tensor(total, dtype=torch.float32)
+
     def _take_writes(self, u: _Flat) -> None:
         """Parameters of u written by the caller since TorchZero last wrote
         them (model.load_state_dict, an in-place op; at stage 3 inside
