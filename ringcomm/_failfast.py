@@ -94,7 +94,12 @@ def install() -> None:
             previous(etype, value, tb)
         finally:
             if not issubclass(etype, KeyboardInterrupt):
-                fail(_describe(value), 1)
+                # Without a live communicator only MPI_Abort is left to do,
+                # and it waits for the exit handler (_at_exit: the interpreter
+                # noted the exception in sys.last_value): a hook that chained
+                # to this one may still hold the traceback (torch's prefixes
+                # each line with the rank, printing after this returns).
+                fail(_describe(value), 1, plain_mpi=False)
 
     sys.excepthook = excepthook
     real_exit = sys.exit
@@ -110,15 +115,16 @@ def install() -> None:
 
 
 # ---------------------------------------------------------------- the abort
-def fail(reason: str, status: int = 1) -> None:
+def fail(reason: str, status: int = 1, plain_mpi: bool = True) -> None:
     """This rank is going down with `reason`: tell the peers of every live
-    communicator why, and abort those communicators (the ring is told)."""
+    communicator why, and abort those communicators (the ring is told).
+    `plain_mpi`: with no communicator at all, end an MPI job at once."""
     global _failed, _exit_status
     if _failed or not enabled():
         return
     live = [c for c in list(_comms) if not c.closed and not c.aborted]
     if not live:
-        if not _comms:
+        if not _comms and plain_mpi:
             _abort_plain_mpi(status)
         return  # already aborted: the ring was told by ringcomm itself
     _failed = True

@@ -83,6 +83,33 @@ def test_peers_busy_outside_ringcomm_are_ended_by_mpi_abort(n):
     assert heard == []
 
 
+def test_the_traceback_survives_a_hook_that_prints_after_ours(tmp_path):
+    # torch.distributed's excepthook captures stderr while it calls ours and
+    # prints the traceback (each line prefixed with the rank) after we return.
+    # With no live communicator left, our MPI_Abort must wait for that
+    # (the exit handler), else the job ends without the traceback.
+    pytest.importorskip("torch")
+    script = tmp_path / "torch_hook.py"
+    script.write_text(
+        "import gc, time, torch, torch.distributed as dist, ringcomm.torch\n"
+        "dist.init_process_group('ringcomm')\n"
+        "rank = dist.get_rank()\n"
+        "t = torch.ones(2); dist.all_reduce(t)\n"
+        "dist.destroy_process_group(); gc.collect()  # no communicator left\n"
+        "if rank == 1:\n"
+        "    raise ValueError('boom after destroy')\n"
+        "time.sleep(60)\n")
+    cmd = [sys.executable, "-m", "ringcomm.cli", "run", "-n", "2", "--", "python", str(script)]
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    wall = time.monotonic() - t0
+    text = res.stdout + res.stderr
+    assert res.returncode != 0, text[-4000:]
+    assert "ValueError: boom after destroy" in text, text[-4000:]
+    assert "MPI_ABORT was invoked on rank 1" in text, text[-4000:]
+    assert wall < 30, f"the job lasted {wall:.1f} s (the other rank sleeps 60 s)\n{text[-4000:]}"
+
+
 def test_runner_argv_wrapping():
     from ringcomm._failfast import wrap_argv
     assert wrap_argv(["python", "x.py", "a"]) == ["python", "-m", "ringcomm._failfast", "x.py", "a"]

@@ -243,8 +243,11 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         t = tensors[0]
         _check_dtype(t, "broadcast")
         buf, copied = _flat(t)
-
-        return self._go(opts.asyncOp, [functools.partial(self.comm.broadcast, buf, root=opts.rootRank)], [t], (lambda: t.detach().copy_(buf.view_as(t))) if copied else None)
+        # The root's tensor is only read: no copy back (an expanded tensor, whose
+        # elements share memory, could not take one).
+        back = copied and self.rank() != opts.rootRank
+        return self._go(opts.asyncOp, [functools.partial(self.comm.broadcast, buf, root=opts.rootRank)], [t],
+                        (lambda: t.detach().copy_(buf.view_as(t))) if back else None)
 
     def _gather_into(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool, what: str):
         """all_gather of inp (every rank's same size) into out (size * inp);
@@ -288,7 +291,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         whole = _adjacent(list(outs))
         if whole is not None and whole.dtype == inp.dtype:  # views of one buffer (all_gather_object's): straight in
             start, _ = self._gather_into(whole, inp, opts.asyncOp, "allgather")
-            return self._go(opts.asyncOp, [start], [list(outs)])
+            return self._go(opts.asyncOp, [start], list(outs))  # (result(): the tensors, as gloo's)
         flat = torch.empty(inp.numel() * self.size(), dtype=inp.dtype)
         start, _ = self._gather_into(flat, inp, opts.asyncOp, "allgather")
         k = inp.numel()
@@ -297,7 +300,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             for i, o in enumerate(outs):
                 o.detach().copy_(flat[i * k:(i + 1) * k].view_as(o))
 
-        return self._go(opts.asyncOp, [start], [list(outs)], finish)
+        return self._go(opts.asyncOp, [start], list(outs), finish)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         opts = opts if opts is not None else _allgather_opts()
@@ -410,7 +413,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if flat is not None:  # the outputs are consecutive blocks of one buffer (e.g. chunks): straight there
             if _overlaps(ibuf, flat) and ibuf.data_ptr() != flat.data_ptr() + root * k * ibuf.element_size():
                 ibuf = ibuf.clone()  # overlapping, but not the exact in-place form (the root's own block)
-            return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)], [outs])
+            return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)], outs)
         # Each rank's block straight into its own tensor (the engine takes a
         # list of places: no staging buffer, no copy out), a non-contiguous
         # one through a contiguous copy.
@@ -421,7 +424,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         copied = [(o, b) for o, (b, c) in zip(outs, places) if c]
         finish = (lambda: [o.detach().copy_(b.view_as(o)) for o, b in copied]) if copied else None
         return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=bufs)],
-                        [outs], finish)
+                        outs, finish)  # (result(): the tensors, as gloo's)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """torch passes [scatter_list] on the root and [] elsewhere; every

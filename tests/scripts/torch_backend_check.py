@@ -399,6 +399,27 @@ for _ in range(3):
         pass
     case("all_gather", [o[0].item() for o in outs] == [float(r) for r in range(N)] and w.is_success(),
          f"is_completed() before the copy back: {[o[0].item() for o in outs]} success={w.is_success()}")
+# The root of a broadcast may pass an expanded tensor (only read there), as with gloo.
+src = torch.full((1,), 5.0).expand(4) if R == 0 else torch.zeros(4)
+dist.broadcast(src, src=0)
+case("broadcast", torch.equal(src, torch.full((4,), 5.0)), f"from an expanded tensor on the root: {src.tolist()}")
+# What an async op's result() and future hold: the same as gloo's (a flat list of the output tensors).
+for name, make in (("all_gather", lambda g: (lambda outs: (dist.all_gather(outs, torch.full((2,), float(R)), group=g,
+                                                                         async_op=True), outs))(
+                       [torch.zeros(2) for _ in range(N)])),
+                   ("gather", lambda g: (lambda outs: (dist.gather(torch.full((2,), float(R)), outs if R == 0 else None,
+                                                                   dst=0, group=g, async_op=True), outs))(
+                       [torch.zeros(2) for _ in range(N)]))):
+    shapes = []
+    for g in (None, GLOO):
+        w, outs = make(g)
+        value = w.get_future().wait()
+        w.wait()
+        shapes.append([type(v).__name__ for v in value] if isinstance(value, list) else type(value).__name__)
+        if R == 0 and g is None:
+            case(name, all(isinstance(v, torch.Tensor) for v in value) and torch.equal(torch.cat(value), torch.cat(outs)),
+                 f"future value {value}")
+    case(name, shapes[0] == shapes[1], f"async result: ringcomm {shapes[0]}, gloo {shapes[1]}")
 # wait(timeout): raises once it passes, the work goes on (rank N-1 comes 1.5 s late)
 if R == N - 1:
     time.sleep(1.5)
