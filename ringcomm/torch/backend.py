@@ -415,14 +415,10 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                 ibuf = ibuf.clone()  # overlapping, but not the exact in-place form (the root's own block)
             return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=flat)], outs)
         # Each rank's block straight into its own tensor (the engine takes a
-        # list of places: no staging buffer, no copy out), a non-contiguous
-        # one through a contiguous copy.
-        places = [_flat(o) for o in outs]
-        bufs = [b for b, _ in places]
+        # list of places: no staging buffer, no copy out); see _places.
+        bufs, finish = _places(outs)
         if any(_overlaps(ibuf, b) and not (j == root and _same(ibuf, b)) for j, b in enumerate(bufs)):
             ibuf = ibuf.clone()  # overlapping, but not the exact in-place form (the root's own block)
-        copied = [(o, b) for o, (b, c) in zip(outs, places) if c]
-        finish = (lambda: [o.detach().copy_(b.view_as(o)) for o, b in copied]) if copied else None
         return self._go(opts.asyncOp, [functools.partial(self.comm.gather, ibuf, root=root, out=bufs)],
                         outs, finish)  # (result(): the tensors, as gloo's)
 
@@ -509,12 +505,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             if t.dtype != dtype:
                 raise TypeError(f"ringcomm backend: all_to_all with tensors of dtypes {dtype} and {t.dtype}")
         outs = list(output_tensors)
-        places = [_flat(o) for o in outs]
-        obufs = [b for b, _ in places]
+        obufs, finish = _places(outs)
         ibufs = [_flat(t)[0] for t in input_tensors]
         ibufs = [b.clone() if any(_overlaps(b, o) for o in obufs) else b for b in ibufs]  # (torch allows it)
-        copied = [(o, b) for o, (b, c) in zip(outs, places) if c]
-        finish = (lambda: [o.detach().copy_(b.view_as(o)) for o, b in copied]) if copied else None
         return self._go(opts.asyncOp, [functools.partial(self.comm.all_to_all, ibufs, out=obufs)], outs, finish)
 
     # ---- point-to-point ------------------------------------------------------
@@ -619,6 +612,33 @@ def _elements(t: torch.Tensor, split_sizes, n: int, what: str):
                          f"but the {what} has {rows} rows")
     row = math.prod(t.shape[1:])
     return [int(s) * row for s in split_sizes]
+
+
+def _places(outs: list) -> tuple[list, object]:
+    """Where the engine writes each output tensor's block: the tensor itself
+    when it is contiguous and shares no memory with another output, else a
+    buffer of its own, copied back after the call in list order (the same
+    tensor given twice, as gloo allows: the last block wins). Returns the
+    buffers and the copy back (None when nothing is to copy)."""
+    shared = set()  # outputs that share memory with another: spans sorted by start, each against the furthest end so far
+    spans = sorted((o.data_ptr(), o.data_ptr() + o.numel() * o.element_size(), j) for j, o in enumerate(outs) if o.numel())
+    end, last = -1, -1
+    for start, stop, j in spans:
+        if start < end:
+            shared.update((j, last))
+        if stop > end:
+            end, last = stop, j
+    bufs, back = [], []
+    for j, o in enumerate(outs):
+        b, copied = _flat(o)
+        if not copied and j in shared:
+            b, copied = torch.empty(o.shape, dtype=o.dtype), True
+        bufs.append(b)
+        if copied:
+            back.append((o, b))
+    if not back:
+        return bufs, None
+    return bufs, lambda: [o.detach().copy_(b.view_as(o)) for o, b in back]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

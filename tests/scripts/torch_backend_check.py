@@ -399,6 +399,14 @@ for _ in range(3):
         pass
     case("all_gather", [o[0].item() for o in outs] == [float(r) for r in range(N)] and w.is_success(),
          f"is_completed() before the copy back: {[o[0].item() for o in outs]} success={w.is_success()}")
+# One output tensor given for every block (gloo takes it: the last block wins).
+shared = torch.zeros(2)
+dist.all_to_all([shared] * N, [torch.full((2,), float(10 * R + p)) for p in range(N)])
+case("all_to_all", torch.equal(shared, torch.full((2,), float(10 * (N - 1) + R))), f"one output tensor reused: {shared}")
+shared = torch.zeros(2)
+dist.gather(torch.full((2,), float(R)), [shared] * N if R == 0 else None, dst=0)
+if R == 0:
+    case("gather", torch.equal(shared, torch.full((2,), float(N - 1))), f"one output tensor reused: {shared}")
 # The root of a broadcast may pass an expanded tensor (only read there), as with gloo.
 src = torch.full((1,), 5.0).expand(4) if R == 0 else torch.zeros(4)
 dist.broadcast(src, src=0)
