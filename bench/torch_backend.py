@@ -133,14 +133,16 @@ def main() -> None:
                     times[k].append(timed(impls[k][op], iters, gloo))
             results["new_ops"].setdefault(op, {})[nbytes] = {k: stats(v) for k, v in times.items()}
 
-    # DDP over each backend: the same model and data.
-    if args.ddp_steps <= 0:
-        if rank == 0 and args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-        dist.destroy_process_group()
-        return
+    # DDP over each backend: the same model and data (--ddp-steps 0: skipped).
+    if args.ddp_steps > 0:
+        ddp_step_times(args, results, ring, gloo)
+    if rank == 0:
+        report(args, results, n, comm, init_s)
+    dist.destroy_process_group()
 
+
+def ddp_step_times(args, results, ring, gloo) -> None:
+    """torch DDP training steps over each group, interleaved: results['ddp']."""
     def make(group):
         torch.manual_seed(0)
         layers = []
@@ -168,37 +170,38 @@ def main() -> None:
     results["ddp"] = {k: stats(v) for k, v in ddp_times.items()}
     results["ddp_params"] = sum(p.numel() for p in models["ringcomm"][0].parameters())
 
-    if rank == 0:
-        print(f"# torch.distributed over ringcomm ({comm.transport}) vs gloo: n={n}, {args.reps} interleaved reps, "
-              f"time = slowest rank, median [p10 p90]; init_process_group {init_s:.2f} s")
-        print(f"{'bytes':>10} {'impl':>15} {'time_us':>10} {'p10':>9} {'p90':>9} {'busbw GB/s':>11}")
-        for nbytes, d in results["all_reduce"].items():
+
+def report(args, results, n, comm, init_s) -> None:
+    """The table, on rank 0 (and the JSON file when asked)."""
+    print(f"# torch.distributed over ringcomm ({comm.transport}) vs gloo: n={n}, {args.reps} interleaved reps, "
+          f"time = slowest rank, median [p10 p90]; init_process_group {init_s:.2f} s")
+    print(f"{'bytes':>10} {'impl':>15} {'time_us':>10} {'p10':>9} {'p90':>9} {'busbw GB/s':>11}")
+    for nbytes, d in results["all_reduce"].items():
+        for k, (med, lo, hi) in d.items():
+            bw = nbytes / med * 2 * (n - 1) / n / 1e9
+            print(f"{nbytes:>10} {k:>15} {med * 1e6:>10.1f} {lo * 1e6:>9.1f} {hi * 1e6:>9.1f} {bw:>11.2f}")
+        r_g = d["gloo"][0] / d["ringcomm"][0]
+        r_n = d["ringcomm"][0] / d["ringcomm-numpy"][0]
+        print(f"{'':>10} {'':>15} ringcomm is {r_g:.2f}x gloo's speed; backend call costs {r_n:.2f}x "
+              "ringcomm with numpy")
+    if results["new_ops"]:
+        print("# reduce / gather / scatter (root 0) / all_to_all_single: bytes = the full buffer; "
+              "busbw factor 1 for reduce, (n-1)/n for the others (nccl-tests)")
+    for op, per_size in results["new_ops"].items():
+        for nbytes, d in per_size.items():
+            f = 1.0 if op == "reduce" else (n - 1) / n
             for k, (med, lo, hi) in d.items():
-                bw = nbytes / med * 2 * (n - 1) / n / 1e9
-                print(f"{nbytes:>10} {k:>15} {med * 1e6:>10.1f} {lo * 1e6:>9.1f} {hi * 1e6:>9.1f} {bw:>11.2f}")
-            r_g = d["gloo"][0] / d["ringcomm"][0]
-            r_n = d["ringcomm"][0] / d["ringcomm-numpy"][0]
-            print(f"{'':>10} {'':>15} ringcomm is {r_g:.2f}x gloo's speed; backend call costs {r_n:.2f}x "
-                  "ringcomm with numpy")
-        if results["new_ops"]:
-            print("# reduce / gather / scatter (root 0) / all_to_all_single: bytes = the full buffer; "
-                  "busbw factor 1 for reduce, (n-1)/n for the others (nccl-tests)")
-        for op, per_size in results["new_ops"].items():
-            for nbytes, d in per_size.items():
-                f = 1.0 if op == "reduce" else (n - 1) / n
-                for k, (med, lo, hi) in d.items():
-                    print(f"{nbytes:>10} {op + ' ' + k:>20} {med * 1e6:>10.1f} {lo * 1e6:>9.1f} {hi * 1e6:>9.1f} "
-                          f"{nbytes / med * f / 1e9:>11.2f}")
-                print(f"{'':>10} {op:>20} ringcomm is {d['gloo'][0] / d['ringcomm'][0]:.2f}x gloo's speed")
+                print(f"{nbytes:>10} {op + ' ' + k:>20} {med * 1e6:>10.1f} {lo * 1e6:>9.1f} {hi * 1e6:>9.1f} "
+                      f"{nbytes / med * f / 1e9:>11.2f}")
+            print(f"{'':>10} {op:>20} ringcomm is {d['gloo'][0] / d['ringcomm'][0]:.2f}x gloo's speed")
+    if results["ddp"]:
         print(f"# DDP step ({results['ddp_params']} parameters, batch 64, {args.ddp_steps} steps per rep)")
         for k, (med, lo, hi) in results["ddp"].items():
             print(f"{'ddp':>10} {k:>15} {med * 1e3:>9.2f} ms [{lo * 1e3:.2f} {hi * 1e3:.2f}]")
         print(f"# DDP: gloo / ringcomm step time = {results['ddp']['gloo'][0] / results['ddp']['ringcomm'][0]:.2f}")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-    dist.destroy_process_group()
-
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 if __name__ == "__main__":
     main()
