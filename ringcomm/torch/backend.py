@@ -76,8 +76,7 @@ _OPS = {k.value: v for k, v in ((_RedOp.SUM, "sum"), (_RedOp.PRODUCT, "prod"), (
 def _check_dtype(t: torch.Tensor, op: str) -> None:
     if t.layout != torch.strided:  # (torch's own check of a sparse tensor's memory names no cause)
         raise NotImplementedError(f"ringcomm backend: {op} on a {t.layout} tensor; only dense (strided) tensors "
-                                  "are supported (DDP: use dense gradients, e.g. nn.Embedding(sparse=False); "
-                                  "gloo reduces sparse tensors)")
+                                  "are supported here (of sparse tensors: all_reduce SUM)")
     if vocab.torch_name(t.dtype) is None:
         raise TypeError(f"ringcomm backend: {op} on a {t.dtype} tensor; supported dtypes: {vocab.SUPPORTED}")
     if t.device.type != "cpu":
@@ -198,6 +197,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
+        if t.layout == torch.sparse_coo:
+            return self._sparse_allreduce(t, opts)
         _check_dtype(t, "allreduce")
         op, factor = self._op(opts.reduceOp, t, "allreduce")
         buf, copied = _flat(t)
@@ -248,6 +249,35 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         back = copied and self.rank() != opts.rootRank
         return self._go(opts.asyncOp, [functools.partial(self.comm.broadcast, buf, root=opts.rootRank)], [t],
                         (lambda: t.detach().copy_(buf.view_as(t))) if back else None)
+
+    def _sparse_allreduce(self, t: torch.Tensor, opts) -> DoneWork:
+        """The sum of sparse COO tensors (DDP over nn.Embedding(sparse=True)),
+        as gloo computes it: every rank's coalesced indices and values are
+        all-gathered (padded to the largest count: all_gather takes equal
+        blocks) and the union is coalesced, so equal indices add up. The
+        result replaces `t` and is the Work's result (DDP takes it from
+        there). Runs to completion before it returns, also when asked async."""
+        if opts.reduceOp.op != dist.ReduceOp.SUM:
+            raise NotImplementedError(f"ringcomm backend: allreduce of a sparse tensor with {opts.reduceOp.op}; "
+                                      "only SUM is implemented (as gloo's)")
+        mine = t.coalesce()
+        idx, val = mine.indices().contiguous(), mine.values().contiguous()
+        _check_dtype(val, "allreduce (sparse values)")
+        counts = self.comm.all_gather(torch.tensor([idx.shape[1]], dtype=torch.int64)).tolist()
+        most, dims = max(counts), idx.shape[0]
+        row = math.prod(val.shape[1:])  # value elements per index (a hybrid tensor's dense part)
+        pad_idx = torch.zeros(dims, most, dtype=torch.int64)
+        pad_idx[:, :idx.shape[1]] = idx
+        pad_val = torch.zeros(most * row, dtype=val.dtype)
+        pad_val[:val.numel()] = val.reshape(-1)
+        all_idx = self.comm.all_gather(pad_idx.reshape(-1)).reshape(self.size(), dims, most)
+        all_val = self.comm.all_gather(pad_val).reshape(self.size(), most, *val.shape[1:])
+        total = torch.sparse_coo_tensor(torch.cat([all_idx[r, :, :c] for r, c in enumerate(counts)], dim=1),
+                                        torch.cat([all_val[r, :c] for r, c in enumerate(counts)]),
+                                        t.shape).coalesce()
+        with torch.no_grad():
+            t.copy_(total)
+        return DoneWork([t])
 
     def _gather_into(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool, what: str):
         """all_gather of inp (every rank's same size) into out (size * inp);
