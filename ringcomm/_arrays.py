@@ -65,6 +65,39 @@ class Buf:
         return self.ptr == other.ptr and self.nbytes == other.nbytes
 
 
+# ---- memory overlap among many arrays (lists of blocks: gather, scatter,
+# all_to_all), in O(n log n) where comparing every pair would be quadratic.
+# A span is (start, stop) in bytes; empty spans share nothing.
+def meeting_pairs(spans) -> list[tuple[int, int]]:
+    """Pairs (i, j) of spans that share memory: every span that shares
+    memory with another is in at least one pair (not every such pair is
+    listed). Sorted by start, each span is compared with the one reaching
+    furthest so far: if that one ends past this one's start, they meet;
+    if not, no earlier span reaches it."""
+    pairs, end, last = [], -1, -1
+    for start, stop, j in sorted((a, b, j) for j, (a, b) in enumerate(spans) if b > a):
+        if start < end:
+            pairs.append((last, j))
+        if stop > end:
+            end, last = stop, j
+    return pairs
+
+
+def spans_meeting(spans, apart) -> list[int]:
+    """Indices of `spans` that share memory with any of `apart`, which share
+    none among themselves: sorted by start, their ends are sorted too, so
+    of those starting before a span ends, the last one reaches furthest."""
+    import bisect
+    ap = sorted((a, b) for a, b in apart if b > a)
+    starts = [a for a, _ in ap]
+    hits = []
+    for j, (s, e) in enumerate(spans):
+        k = bisect.bisect_left(starts, e) - 1
+        if e > s and k >= 0 and ap[k][1] > s:
+            hits.append(j)
+    return hits
+
+
 def _is_torch(x) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 

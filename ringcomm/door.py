@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import vocab
-from ._arrays import Buf, view
+from ._arrays import Buf, meeting_pairs, spans_meeting, view
 from ._native import core
 from .errors import InvalidArgument
 
@@ -330,9 +330,10 @@ class Door:
                 raise InvalidArgument(f"all_to_all out has {ob.count} elements, expected {sum(out_splits)} "
                                       "(the sum of out_splits)")
         self._per_peer(splits, out_splits, dtype)
-        for i, o in ((i, o) for i in ([xb] if xb else ins) for o in ([ob] if ob else outs)):
-            if i.overlaps(o):
-                raise InvalidArgument("all_to_all out overlaps the input; pass separate buffers")
+        # (the outputs are apart: checked above, or one array)
+        if spans_meeting([(b.ptr, b.ptr + b.nbytes) for b in ([xb] if xb else ins)],
+                         [(b.ptr, b.ptr + b.nbytes) for b in ([ob] if ob else outs)]):
+            raise InvalidArgument("all_to_all out overlaps the input; pass separate buffers")
         return self._call("all_to_all", xb, ob, sum(splits), 0, 0, algo, out, splits, out_splits,
                           in_places=ins, out_places=outs)
 
@@ -406,11 +407,9 @@ class Door:
             if writable and b.readonly:
                 raise InvalidArgument(f"{what}[{j}] is read-only")
         if writable:  # (blocks read may share memory: the same array sent to several ranks)
-            spans = sorted((b.ptr, b.ptr + b.nbytes, j) for j, b in enumerate(bufs) if b.nbytes)
-            for (_, end, i), (start, _, j) in zip(spans, spans[1:]):
-                if start < end:
-                    raise InvalidArgument(f"{what}[{min(i, j)}] and {what}[{max(i, j)}] overlap; each block needs "
-                                          "memory of its own")
+            for i, j in meeting_pairs([(b.ptr, b.ptr + b.nbytes) for b in bufs])[:1]:
+                raise InvalidArgument(f"{what}[{min(i, j)}] and {what}[{max(i, j)}] overlap; each block needs "
+                                      "memory of its own")
         return bufs
 
     @staticmethod

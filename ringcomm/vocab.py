@@ -26,8 +26,11 @@ __all__ = [
 DTYPES = {
     "float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
     "int8": 4, "uint8": 5, "int32": 6, "int64": 7,
+    "int16": 8, "uint16": 9, "uint32": 10, "uint64": 11, "bool": 12,
 }
 FLOATING = ("float16", "bfloat16", "float32", "float64")
+# bool's ops are logical: sum and max are "or", prod and min are "and" (a sum
+# of bools is a bool, as in gloo and numpy's add.reduce on bool); avg is refused.
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 COLLECTIVES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "barrier": 4,
                "reduce": 5, "gather": 6, "scatter": 7, "all_to_all": 8,
@@ -48,13 +51,16 @@ NUMPY = {
     "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
     "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8),
     "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
+    "int16": np.dtype(np.int16), "uint16": np.dtype(np.uint16), "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64), "bool": np.dtype(np.bool_),
 }
 _BY_NUMPY = {v: k for k, v in NUMPY.items()}
 
-# DLPack (code, bits) -> name. Codes: 0 int, 1 uint, 2 float, 4 bfloat.
+# DLPack (code, bits) -> name. Codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool.
 DLPACK = {
     (2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64",
     (0, 8): "int8", (1, 8): "uint8", (0, 32): "int32", (0, 64): "int64",
+    (0, 16): "int16", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64", (6, 8): "bool",
 }
 
 SUPPORTED = ", ".join(DTYPES)

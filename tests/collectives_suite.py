@@ -12,7 +12,7 @@ import suite
 from ringcomm import traffic
 from ringcomm.vocab import NUMPY
 
-COPY_DTYPES = ["float32", "bfloat16", "int8", "int64", "float16"]
+COPY_DTYPES = ["float32", "bfloat16", "int8", "int64", "float16", "bool", "uint16"]
 
 
 def block_counts(count: int, n: int) -> list[int]:

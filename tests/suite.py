@@ -20,12 +20,13 @@ from ringcomm.vocab import FLOATING, NUMPY
 DTYPES = list(NUMPY)
 OPS = ["sum", "prod", "min", "max", "avg"]
 COMBOS = [(d, o) for d in DTYPES for o in OPS if o != "avg" or d in FLOATING]
-# Every dtype and every op at least once (8 cases, not 36): for the largest
+# Every dtype and every op at least once (13 cases, not 56): for the largest
 # in-process worlds (64 threads on a 2-core CI machine: each ring step is 64
 # thread hand-offs), where what is new is the plan at that size, not the
 # reduction kernels, which the full COMBOS test at every smaller size.
 COVER = [("float16", "avg"), ("bfloat16", "prod"), ("float32", "sum"), ("float64", "min"),
-         ("int8", "max"), ("uint8", "sum"), ("int32", "prod"), ("int64", "min")]
+         ("int8", "max"), ("uint8", "sum"), ("int32", "prod"), ("int64", "min"),
+         ("int16", "sum"), ("uint16", "prod"), ("uint32", "max"), ("uint64", "sum"), ("bool", "min")]
 assert {d for d, _ in COVER} == set(DTYPES) and {o for _, o in COVER} == set(OPS) and set(COVER) <= set(COMBOS)
 
 
@@ -33,7 +34,13 @@ def rank_data(dtype: str, op: str, n: int, count: int, ranks) -> np.ndarray:
     """Inputs of the given ranks: array [len(ranks), count] of `dtype`."""
     r = np.asarray(ranks, dtype=np.int64)[:, None]
     i = np.arange(count, dtype=np.int64)[None, :]
-    unsigned = dtype == "uint8"
+    if dtype == "bool":
+        # sum and max are "or", prod and min "and": mostly False (True)
+        # with a True (False) where some rank's pattern hits, so both
+        # outcomes occur in every result and each depends on the rank.
+        hit = (r * 7 + i * 13) % (n + 3) == 0
+        return hit if op in ("sum", "max") else ~hit
+    unsigned = dtype.startswith("uint")
     if op in ("sum", "avg"):
         # |value| * n stays <= 256: partial sums are exact even in bfloat16.
         amp = max(1, min(11, 256 // n // 2))
@@ -53,7 +60,10 @@ def rank_data(dtype: str, op: str, n: int, count: int, ranks) -> np.ndarray:
 def reference(dtype: str, op: str, n: int, count: int) -> np.ndarray:
     """Reduction of all ranks' inputs, computed independently in numpy."""
     x = rank_data(dtype, op, n, count, range(n))
-    if dtype in ("int8", "uint8", "int32", "int64"):
+    if dtype == "bool":
+        red = np.logical_or if op in ("sum", "max") else np.logical_and
+        return red.reduce(x, axis=0) if count else np.empty(0, np.bool_)
+    if dtype not in FLOATING:
         wide = x.astype(np.int64)  # integer sum/prod wrap modulo 2**bits, like numpy
         red = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
         return red.reduce(wide, axis=0).astype(NUMPY[dtype]) if count else np.empty(0, NUMPY[dtype])

@@ -205,6 +205,34 @@ def test_async(n):
     np.testing.assert_array_equal(res[1][2], np.array([v for q in range(n) for v in (10 * q + 2, 10 * q + 3)]))
 
 
+
+def test_overlap_sweeps_agree_with_comparing_every_pair():
+    # The list forms check many arrays for shared memory in O(n log n)
+    # (ringcomm._arrays): against the quadratic definition, on random spans
+    # with touching, nested, equal and empty ones.
+    from ringcomm._arrays import meeting_pairs, spans_meeting
+    rng = np.random.default_rng(7)
+
+    def meet(a, b):
+        return a[1] > a[0] and b[1] > b[0] and a[0] < b[1] and b[0] < a[1]
+    for trial in range(400):
+        k = int(rng.integers(0, 9))
+        starts = rng.integers(0, 40, k)
+        spans = [(int(a), int(a + rng.integers(0, 12))) for a in starts]
+        sharing = {i for i in range(k) for j in range(k) if i != j and meet(spans[i], spans[j])}
+        pairs = meeting_pairs(spans)
+        assert all(meet(spans[i], spans[j]) for i, j in pairs), (spans, pairs)
+        assert {i for p in pairs for i in p} == sharing, (spans, pairs, sharing)
+        apart, at = [], int(rng.integers(0, 5))  # disjoint, in random order
+        for _ in range(int(rng.integers(0, 6))):
+            length = int(rng.integers(0, 6))
+            apart.append((at, at + length))
+            at += length + int(rng.integers(0, 4))
+        rng.shuffle(apart)
+        apart = [tuple(map(int, a)) for a in apart]
+        want = [j for j, sp in enumerate(spans) if any(meet(sp, a) for a in apart)]
+        assert spans_meeting(spans, apart) == want, (spans, apart)
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_list_forms_in_place_async_and_torch(n):
     """gather into / scatter from the root's list of arrays: in place (the

@@ -4,6 +4,7 @@ import array
 import threading
 import time
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -24,6 +25,45 @@ def test_small_counts_every_dtype_and_op(n):
     combos = suite.COMBOS if n <= 32 else suite.COVER
     errs = flat(ringcomm.run_local(n, suite.run_cases, [0, 1, max(n - 1, 0), n + 1], combos))
     assert not errs, "\n".join(errs[:20])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_bool_reads_any_nonzero_byte_as_true_and_writes_0_or_1(n):
+    # A bool array made by reinterpreting bytes (numpy .view(bool), torch
+    # .view(torch.bool)) may hold any byte: it is True wherever not 0, as
+    # numpy reads it, and every reduced byte is 0 or 1 (one rank reduces
+    # nothing: its bytes are copied as they are).
+    def body(comm):
+        raw = np.array([0, 1, 2, 255, 0, 128], np.uint8) * (1 if comm.rank == 0 else 0)
+        got = {op: comm.all_reduce(raw.copy().view(bool), op=op).view(np.uint8).tolist() for op in ("sum", "max")}
+        every = (np.array([3, 1, 2, 255, 7, 128], np.uint8) - np.uint8(comm.rank)).view(bool)  # rank r: a 0 at r
+        got["min"] = comm.all_reduce(every.copy(), op="min").view(np.uint8).tolist()
+        got["prod"] = comm.all_reduce(every.copy(), op="prod").view(np.uint8).tolist()
+        return got
+    for got in ringcomm.run_local(n, body):
+        assert got["sum"] == got["max"] == [0, 1, 1, 1, 0, 1], got
+        assert got["min"] == got["prod"] == [1, 0, int(n < 3), 1, 1, 1], got
+
+
+@pytest.mark.parametrize("dtype", ["int16", "uint16", "uint32", "uint64", "int8", "int32", "int64"])
+def test_integer_sum_and_product_wrap_like_numpy(dtype):
+    # Sums and products wrap modulo 2^bits, as numpy's; a 16-bit product is
+    # computed in unsigned int (C++ promotes uint16 to int, where 65535 *
+    # 65535 would overflow: undefined), checked against numpy at the extremes.
+    dt = np.dtype(dtype)
+    info = np.iinfo(dt)
+    base = np.array([info.max, info.min, info.max // 2 + 1, 3, -1 if info.min else 1], dtype=object).astype(dt)
+
+    def body(comm):
+        mine = base + np.array([0, 0, comm.rank, comm.rank, 0]).astype(dt)
+        return {op: comm.all_reduce(mine.copy(), op=op).tolist() for op in ("sum", "prod", "min", "max")}
+    rows = np.stack([base + np.array([0, 0, r, r, 0]).astype(dt) for r in range(3)])
+    with np.errstate(over="ignore"):
+        want = {"sum": np.add.reduce(rows, 0, dtype=dt), "prod": np.multiply.reduce(rows, 0, dtype=dt),
+                "min": rows.min(0), "max": rows.max(0)}
+    for rank, got in enumerate(ringcomm.run_local(3, body)):
+        for op, w in want.items():
+            assert got[op] == w.tolist(), f"rank {rank}: {dtype} {op}: {got[op]} != numpy's {w.tolist()}"
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
@@ -91,7 +131,8 @@ def test_async_works_complete_in_order_with_correct_results(n):
 
 BAD = [
     ("unsupported dtype", lambda c: c.all_reduce(np.zeros(4, np.complex64)), "unsupported dtype complex64"),
-    ("bool dtype", lambda c: c.all_reduce(np.zeros(4, bool)), "unsupported dtype bool"),
+    ("float8 dtype", lambda c: c.all_reduce(np.zeros(4, ml_dtypes.float8_e4m3fn)), "unsupported dtype float8_e4m3fn"),
+    ("avg on bool", lambda c: c.all_reduce(np.zeros(4, bool), op="avg"), "avg"),
     ("byte-swapped", lambda c: c.all_reduce(np.zeros(4, ">f4")), "unsupported dtype"),
     ("non-contiguous", lambda c: c.all_reduce(np.zeros(8, np.float32)[::2]), "not C-contiguous"),
     ("read-only in place", lambda c: c.all_reduce(np.zeros(4, np.float32).setflags(write=False)

@@ -20,15 +20,20 @@ def random_inputs(dtype, n, rng):
     if dtype in FLOATING:
         a = rng.standard_normal(n) * 100
         b = rng.standard_normal(n) * 100
+    elif dtype == "bool":  # any byte: reinterpreted memory may hold 2 or 255 (True too)
+        return tuple(rng.choice(np.array([0, 1, 2, 255], np.uint8), n).view(np.bool_) for _ in range(2))
     else:
         info = np.iinfo(dt)
-        a = rng.integers(info.min, info.max, n, endpoint=True)
-        b = rng.integers(info.min, info.max, n, endpoint=True)
+        a = rng.integers(info.min, info.max, n, endpoint=True, dtype=dt)
+        b = rng.integers(info.min, info.max, n, endpoint=True, dtype=dt)
     return a.astype(dt), b.astype(dt)
 
 
 def numpy_op(dtype, op, a, b):
     with np.errstate(over="ignore"):
+        if dtype == "bool":  # "or" for sum and max, "and" for prod and min; every result byte 0 or 1
+            x, y = a.view(np.uint8) != 0, b.view(np.uint8) != 0
+            return (x | y) if op in ("sum", "max") else (x & y)
         if dtype in ("float16", "bfloat16"):  # widened to float32, rounded once
             a32, b32 = a.astype(np.float32), b.astype(np.float32)
             return {"sum": a32 + b32, "avg": a32 + b32, "prod": a32 * b32,

@@ -72,6 +72,11 @@ RC_DTYPE_ENTRY(i8, Plain<int8_t>)
 RC_DTYPE_ENTRY(u8, Plain<uint8_t>)
 RC_DTYPE_ENTRY(i32, Plain<int32_t>)
 RC_DTYPE_ENTRY(i64, Plain<int64_t>)
+RC_DTYPE_ENTRY(i16, Plain<int16_t>)
+RC_DTYPE_ENTRY(u16, Plain<uint16_t>)
+RC_DTYPE_ENTRY(u32, Plain<uint32_t>)
+RC_DTYPE_ENTRY(u64, Plain<uint64_t>)
+RC_DTYPE_ENTRY(b8, Bool)
 #undef RC_DTYPE_ENTRY
 
 using ReduceFn = void (*)(Op, void*, const void*, const void*, size_t);
@@ -117,6 +122,11 @@ std::unique_ptr<Reducer> make_cpu_reducer(DType dtype, Op op) {
     case DType::u8: return std::make_unique<CpuReducer>(op, reduce_u8, nullptr);
     case DType::i32: return std::make_unique<CpuReducer>(op, reduce_i32, nullptr);
     case DType::i64: return std::make_unique<CpuReducer>(op, reduce_i64, nullptr);
+    case DType::i16: return std::make_unique<CpuReducer>(op, reduce_i16, nullptr);
+    case DType::u16: return std::make_unique<CpuReducer>(op, reduce_u16, nullptr);
+    case DType::u32: return std::make_unique<CpuReducer>(op, reduce_u32, nullptr);
+    case DType::u64: return std::make_unique<CpuReducer>(op, reduce_u64, nullptr);
+    case DType::b8: return std::make_unique<CpuReducer>(op, reduce_b8, nullptr);
     default: throw_invalid("unknown dtype code " + std::to_string(int(dtype)));
   }
 }

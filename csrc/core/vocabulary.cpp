@@ -4,10 +4,10 @@ namespace ringcomm {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f16: case DType::bf16: return 2;
-    case DType::f32: case DType::i32: return 4;
-    case DType::f64: case DType::i64: return 8;
-    case DType::i8: case DType::u8: return 1;
+    case DType::f16: case DType::bf16: case DType::i16: case DType::u16: return 2;
+    case DType::f32: case DType::i32: case DType::u32: return 4;
+    case DType::f64: case DType::i64: case DType::u64: return 8;
+    case DType::i8: case DType::u8: case DType::b8: return 1;
     default: throw_invalid("unknown dtype code " + std::to_string(int(t)));
   }
 }
@@ -17,8 +17,9 @@ bool dtype_is_floating(DType t) {
 }
 
 const char* dtype_name(DType t) {
-  static const char* names[] = {"float16", "bfloat16", "float32", "float64",
-                                "int8",    "uint8",    "int32",   "int64"};
+  static const char* names[] = {"float16", "bfloat16", "float32", "float64", "int8",   "uint8", "int32",
+                                "int64",   "int16",    "uint16",  "uint32",  "uint64", "bool"};
+  static_assert(sizeof names / sizeof *names == size_t(DType::kCount), "a name per dtype");
   int i = int(t);
   return (i >= 0 && i < int(DType::kCount)) ? names[i] : "?";
 }

@@ -35,7 +35,8 @@
 namespace ringcomm {
 
 // ---- codes ------------------------------------------------------------------
-enum class DType : int32_t { f16 = 0, bf16, f32, f64, i8, u8, i32, i64, kCount };
+// (New codes go at the end: the codes are the wire's and the flight records'.)
+enum class DType : int32_t { f16 = 0, bf16, f32, f64, i8, u8, i32, i64, i16, u16, u32, u64, b8, kCount };
 enum class Op : int32_t { sum = 0, prod, min, max, avg, kCount };
 enum class Coll : int32_t {
   all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, reduce, gather, scatter, all_to_all,
@@ -94,6 +95,17 @@ struct Half {
 #endif
 };
 
+// A bool is one byte, 0 or 1, read as true wherever it is not 0 (as numpy and
+// torch do: a byte reinterpreted as bool may hold any value), so every op is
+// defined on it: sum and max are "or", prod and min are "and" (gloo's rule:
+// its sum of two bools is a bool).
+struct Bool {
+  using S = uint8_t;
+  using C = uint8_t;
+  static RC_HD C load(S x) { return C(x != 0); }
+  static RC_HD S store(C x) { return S(x != 0); }
+};
+
 // Stored as its bits: a bfloat16 is the upper half of a float32.
 struct BFloat16 {
   using S = uint16_t;
@@ -128,10 +140,13 @@ struct BFloat16 {
 // number of ranks (Reducer::finalize).
 namespace ops {
 
+// The unsigned type of C's width, but never narrower than int: a 16-bit
+// product is computed in unsigned int (promoted to a signed int, 65535 *
+// 65535 would overflow it).
 template <class C, bool = std::is_integral<C>::value>
 struct WideOf { using type = C; };
 template <class C>
-struct WideOf<C, true> { using type = typename std::make_unsigned<C>::type; };
+struct WideOf<C, true> { using type = typename std::make_unsigned<typename std::common_type<C, int>::type>::type; };
 template <class C>
 using Wide = typename WideOf<C>::type;
 

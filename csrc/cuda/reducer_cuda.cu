@@ -129,6 +129,11 @@ class CudaReducer final : public Reducer {
       case DType::u8: launch_op<Plain<uint8_t>>(op_, dst, a, b, n, stream_); break;
       case DType::i32: launch_op<Plain<int32_t>>(op_, dst, a, b, n, stream_); break;
       case DType::i64: launch_op<Plain<int64_t>>(op_, dst, a, b, n, stream_); break;
+      case DType::i16: launch_op<Plain<int16_t>>(op_, dst, a, b, n, stream_); break;
+      case DType::u16: launch_op<Plain<uint16_t>>(op_, dst, a, b, n, stream_); break;
+      case DType::u32: launch_op<Plain<uint32_t>>(op_, dst, a, b, n, stream_); break;
+      case DType::u64: launch_op<Plain<uint64_t>>(op_, dst, a, b, n, stream_); break;
+      case DType::b8: launch_op<Bool>(op_, dst, a, b, n, stream_); break;
       default: throw_invalid("unknown dtype");
     }
   }

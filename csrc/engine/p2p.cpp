@@ -12,7 +12,7 @@ namespace ringcomm {
 
 namespace {
 constexpr uint64_t kP2PIds = uint64_t(1) << 62;  // flight records of p2p ops: apart from collectives' seq
-constexpr uint32_t kDtypeBits = 3;                // DType::kCount == 8
+constexpr uint32_t kDtypeBits = 4;                // DType::kCount == 13
 static_assert(int(DType::kCount) <= (1 << kDtypeBits), "dtype codes must fit the wire tag's low bits");
 
 std::string elems(size_t bytes, DType dt) {

@@ -105,9 +105,17 @@ inline bool numpy_array(py::handle x, bool writable, int& dtype, size_t& count, 
     case 12: dtype = int(DType::f64); break;  // NPY_DOUBLE
     case 1: dtype = int(DType::i8); break;    // NPY_BYTE
     case 2: dtype = int(DType::u8); break;    // NPY_UBYTE
+    case 0: dtype = int(DType::b8); break;    // NPY_BOOL
+    case 3: dtype = int(DType::i16); break;   // NPY_SHORT
+    case 4: dtype = int(DType::u16); break;   // NPY_USHORT
     case 5: case 7: case 9:                   // NPY_INT, NPY_LONG, NPY_LONGLONG
       if (size == 4) dtype = int(DType::i32);
       else if (size == 8) dtype = int(DType::i64);
+      else return false;
+      break;
+    case 6: case 8: case 10:                  // NPY_UINT, NPY_ULONG, NPY_ULONGLONG
+      if (size == 4) dtype = int(DType::u32);
+      else if (size == 8) dtype = int(DType::u64);
       else return false;
       break;
     default: return false;

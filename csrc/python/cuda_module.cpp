@@ -33,7 +33,9 @@ ncclDataType_t nccl_type(DType d) {
     case DType::u8: return ncclUint8;
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
-    default: throw_invalid("unknown dtype");
+    case DType::u32: return ncclUint32;
+    case DType::u64: return ncclUint64;
+    default: throw_invalid(std::string("NCCL has no type for ") + dtype_name(d) + " (the baseline only; ringcomm's own kernels take it)");
   }
 }
 

@@ -58,7 +58,7 @@ def count_for(nbytes: int, dtype: str, n: int, collective: str = "all_reduce") -
 
 
 # Largest exactly representable pattern value per dtype (op "none": data that only moves).
-_MOVE_MOD = {"int8": 127, "uint8": 255, "bfloat16": 256, "float16": 2048}
+_MOVE_MOD = {"int8": 127, "uint8": 255, "bfloat16": 256, "float16": 2048, "int16": 32749, "bool": 2}
 
 
 def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:

@@ -161,8 +161,10 @@ class MpiImpl(Impl):
         self._OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
     def supports(self, c: Case) -> bool:
-        # MPI has no half types or average; Reduce_scatter_block and Allgather need equal chunks.
-        if c.dtype in ("float16", "bfloat16") or c.op == "avg":
+        # MPI has no half types or average, and reduces bools by its logical ops
+        # only (MPI_SUM on MPI_C_BOOL is erroneous); Reduce_scatter_block and
+        # Allgather need equal chunks.
+        if c.dtype in ("float16", "bfloat16") or c.op == "avg" or c.dtype == "bool" and c.collective in REDUCING:
             return False
         if c.collective in ("gather", "scatter", "all_to_all", "sendrecv"):
             return not c.inplace  # out-of-place only (as ringcomm's)
@@ -243,6 +245,8 @@ class GlooImpl(Impl):
     def supports(self, c: Case) -> bool:
         if c.op == "avg" or c.dtype == "bfloat16" and c.collective in REDUCING:
             return False
+        if c.dtype in ("int16", "uint16", "uint32", "uint64"):
+            return False  # gloo: "Invalid scalar type"
         if c.collective in ("reduce_scatter", "sendrecv"):
             return False  # torch's gloo backend has no reduce_scatter; sendrecv: MPI's only
         if c.collective in BLOCKED:

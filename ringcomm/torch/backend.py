@@ -60,6 +60,7 @@ import torch
 import torch.distributed as dist
 
 from .. import vocab
+from .._arrays import meeting_pairs, spans_meeting
 from ..errors import InvalidArgument
 from .work import Completer, DoneWork, PendingWork
 
@@ -73,11 +74,13 @@ _OPS = {k.value: v for k, v in ((_RedOp.SUM, "sum"), (_RedOp.PRODUCT, "prod"), (
 
 
 # ---------------------------------------------------------------------------
-def _check_dtype(t: torch.Tensor, op: str) -> None:
+def _check_dtype(t: torch.Tensor, op: str, any_dtype: bool = False) -> None:
+    """Refuse what the engine cannot take. any_dtype: the op only moves the
+    tensor's bytes (send, recv), so any dtype goes (gloo's rule too)."""
     if t.layout != torch.strided:  # (torch's own check of a sparse tensor's memory names no cause)
         raise NotImplementedError(f"ringcomm backend: {op} on a {t.layout} tensor; only dense (strided) tensors "
                                   "are supported here (of sparse tensors: all_reduce SUM)")
-    if vocab.torch_name(t.dtype) is None:
+    if vocab.torch_name(t.dtype) is None and not any_dtype:
         raise TypeError(f"ringcomm backend: {op} on a {t.dtype} tensor; supported dtypes: {vocab.SUPPORTED}")
     if t.device.type != "cpu":
         raise NotImplementedError(f"ringcomm backend: {op} on a {t.device} tensor; this backend is registered "
@@ -96,6 +99,16 @@ def _real(t: torch.Tensor, red, what: str) -> torch.Tensor:
         raise TypeError(f"ringcomm backend: {what} of a {t.dtype} tensor with op {kind}: complex numbers "
                         "reduce by SUM, AVG or PREMUL_SUM only")
     return torch.view_as_real(t)
+
+
+def _bytes_if_foreign(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of a dtype the engine does not know (float8,
+    complex32, ...) as its bytes (the same storage), for the ops that only
+    move bytes: then both sides must name the same dtype, as over gloo, and
+    the receive's size check counts bytes."""
+    if vocab.torch_name(t.dtype) is not None:
+        return t
+    return t.reshape(-1).view(torch.uint8)
 
 
 def _flat(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -537,7 +550,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         outs = list(output_tensors)
         obufs, finish = _places(outs)
         ibufs = [_flat(t)[0] for t in input_tensors]
-        ibufs = [b.clone() if any(_overlaps(b, o) for o in obufs) else b for b in ibufs]  # (torch allows it)
+        for j in spans_meeting(_spans(ibufs), _spans(obufs)):  # (torch allows it; the outputs are apart)
+            ibufs[j] = ibufs[j].clone()
         return self._go(opts.asyncOp, [functools.partial(self.comm.all_to_all, ibufs, out=obufs)], outs, finish)
 
     # ---- point-to-point ------------------------------------------------------
@@ -552,18 +566,19 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             tensors = [tensors]
         if len(tensors) != 1:
             raise NotImplementedError(f"ringcomm backend: {what} of several tensors per call is not implemented")
-        _check_dtype(tensors[0], what)
+        _check_dtype(tensors[0], what, any_dtype=True)
         return tensors[0]
 
     def send(self, tensors, dst: int, tag: int = 0):
         t = self._p2p_tensor(tensors, "send")
         buf, _ = _flat(t)  # a contiguous copy stays alive in the ringcomm Work until sent
-        return PendingWork(self._completer, [self.comm.isend(buf, int(dst), tag=int(tag))], [t], source=int(dst))
+        return PendingWork(self._completer, [self.comm.isend(_bytes_if_foreign(buf), int(dst), tag=int(tag))], [t],
+                           source=int(dst))
 
     def _recv(self, tensors, src, tag: int, what: str):
         t = self._p2p_tensor(tensors, what)
         buf, copied = _flat(t)
-        w = self.comm.irecv(buf, src, tag=int(tag))
+        w = self.comm.irecv(_bytes_if_foreign(buf), src, tag=int(tag))
         finish = (lambda: t.detach().copy_(buf.view_as(t))) if copied else None
         return PendingWork(self._completer, [w], [t], finish, source=lambda: w.source)
 
@@ -650,14 +665,7 @@ def _places(outs: list) -> tuple[list, object]:
     buffer of its own, copied back after the call in list order (the same
     tensor given twice, as gloo allows: the last block wins). Returns the
     buffers and the copy back (None when nothing is to copy)."""
-    shared = set()  # outputs that share memory with another: spans sorted by start, each against the furthest end so far
-    spans = sorted((o.data_ptr(), o.data_ptr() + o.numel() * o.element_size(), j) for j, o in enumerate(outs) if o.numel())
-    end, last = -1, -1
-    for start, stop, j in spans:
-        if start < end:
-            shared.update((j, last))
-        if stop > end:
-            end, last = stop, j
+    shared = {j for pair in meeting_pairs(_spans(outs)) for j in pair}  # outputs sharing memory with another
     bufs, back = [], []
     for j, o in enumerate(outs):
         b, copied = _flat(o)
@@ -669,6 +677,11 @@ def _places(outs: list) -> tuple[list, object]:
     if not back:
         return bufs, None
     return bufs, lambda: [o.detach().copy_(b.view_as(o)) for o, b in back]
+
+
+def _spans(ts) -> list[tuple[int, int]]:
+    """Each tensor's bytes as (start, stop)."""
+    return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in ts]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -141,14 +141,16 @@ class GradBucketer:
                     f"{self._specs[bad[0]].dtype} (pass average=False to sum)")
         # The status slot is summed in the bucket's dtype: N ranks' 1s wrap
         # to 0 in an integer of b bits once N reaches 2^b, and an unused
-        # gradient would pass unnoticed (8 bits: 256 ranks).
-        narrow = [i for i, s in enumerate(self._specs)
-                  if s.dtype not in vocab.FLOATING and self._n >= 2 ** (8 * vocab.itemsize(s.dtype))]
+        # gradient would pass unnoticed (8 bits: 256 ranks; a bool's sum is
+        # "or": it counts to 1).
+        def most(d):
+            return 1 if d == "bool" else 2 ** (8 * vocab.itemsize(d)) - 1
+        narrow = [i for i, s in enumerate(self._specs) if s.dtype not in vocab.FLOATING and self._n > most(s.dtype)]
         if narrow:
             d = self._specs[narrow[0]].dtype
             raise InvalidArgument(
                 f"parameter {param_label(narrow[0], self._names)} is {d}: a bucket of {d} cannot count "
-                f"{self._n} ranks in its status slot (it would wrap past {2 ** (8 * vocab.itemsize(d)) - 1}); "
+                f"{self._n} ranks in its status slot (it would wrap past {most(d)}); "
                 "use a wider integer dtype")
         self._rebuild_pending = bool(rebuild_buckets)
         self._record_timeline = bool(timeline)

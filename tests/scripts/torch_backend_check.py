@@ -127,12 +127,53 @@ case("allreduce", equal(fut.wait()[0], torch.ones(4) * (N * (N - 1) // 2), True)
 z = torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * (R + 1)  # torch passes complex as a real view
 dist.all_reduce(z)
 case("allreduce", equal(z, torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * (N * (N + 1) // 2), True), "complex")
-for dtype in (torch.bool, torch.int16):
-    try:
-        dist.all_reduce(torch.zeros(3, dtype=dtype))
-        case("allreduce", False, f"{dtype} accepted")
-    except TypeError as exc:
-        case("allreduce", "dtype" in str(exc), f"{dtype}: {exc}")
+# bool: every op, as gloo (sum and max are "or", product and min "and")
+for name, op in OPS.items():
+    if name == "AVG":
+        continue
+    for count in (0, 1, N + 1, 4099):
+        i = torch.arange(count)
+        b = (i * 7 + R * 3) % (N + 2) == 0
+        b = b if name in ("SUM", "MAX") else ~b
+        want = torch.stack([(i * 7 + r * 3) % (N + 2) == 0 for r in range(N)])
+        want = want.any(0) if name in ("SUM", "MAX") else (~want).all(0)
+        g = b.clone()
+        dist.all_reduce(b, op=op)
+        dist.all_reduce(g, op=op, group=GLOO)
+        case("allreduce", equal(b, want, True) and equal(b, g, True), f"bool {name} count={count}: {b[:8]}")
+bb = torch.tensor([R == 0, True, False])
+dist.broadcast(bb, 0)
+gb = [torch.empty(2, dtype=torch.bool) for _ in range(N)]
+dist.all_gather(gb, torch.tensor([R % 2 == 0, True]))
+case("broadcast", equal(bb, torch.tensor([True, True, False]), True), f"bool: {bb}")
+case("all_gather", all(equal(gb[r], torch.tensor([r % 2 == 0, True]), True) for r in range(N)), f"bool: {gb}")
+# 16-bit and unsigned integers (gloo: "Invalid scalar type"): against the
+# wrap-around numpy computes; 65535 * 65535 overflows an int (the C++
+# promotion of uint16): the engine multiplies in unsigned int.
+for dtype, npd in ((torch.int16, np.int16), (torch.uint16, np.uint16), (torch.uint32, np.uint32),
+                   (torch.uint64, np.uint64)):
+    base = np.array([np.iinfo(npd).max, 3, 2 ** (np.iinfo(npd).bits - 1) - 1, 0], dtype=npd)
+    for name, op in OPS.items():
+        if name == "AVG":
+            continue
+        mine = base + np.array([0, R, R, R], dtype=npd)
+        rows = np.stack([base + np.array([0, r, r, r], dtype=npd) for r in range(N)])
+        with np.errstate(over="ignore"):
+            want = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum}[name].reduce(rows, 0, dtype=npd)
+        t = torch.from_numpy(mine.copy())
+        dist.all_reduce(t, op=op)
+        case("allreduce", np.array_equal(t.numpy(), want), f"{dtype} {name}: {t.tolist()} want {want.tolist()}")
+    out = [torch.empty(2, dtype=dtype) for _ in range(N)]
+    dist.all_gather(out, torch.from_numpy(base[:2] + np.array([0, R], dtype=npd)))
+    case("all_gather", all(np.array_equal(out[r].numpy(), base[:2] + np.array([0, r], dtype=npd)) for r in range(N)),
+         f"{dtype}: {out}")
+# dtypes the engine has no type for: refused by every collective, naming the
+# dtype; send/recv move their bytes (gloo does too)
+try:
+    dist.all_reduce(torch.zeros(3, dtype=torch.float8_e4m3fn))
+    case("allreduce", False, "float8 accepted")
+except TypeError as exc:
+    case("allreduce", "float8_e4m3fn" in str(exc), f"float8: {exc}")
 
 # ---- broadcast
 for dtype in DTYPES:
@@ -610,6 +651,18 @@ want = (torch.arange(12, dtype=torch.float32) * ((R - 1) % N + 1)).reshape(3, 4)
 case("send_recv", equal(y, want, True), f"non-contiguous receive: {y}")
 case("send_recv", equal(zr, torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * ((R - 1) % N + 1), True),
      f"complex: {zr}")
+# float8 (no engine type: its bytes travel, as over gloo) and bool, a 0-d tensor too, against gloo
+for group in (None, GLOO):
+    f8 = (torch.arange(5, dtype=torch.float32) - R).to(torch.float8_e4m3fn)
+    f8r, b0r = torch.empty(5, dtype=torch.float8_e4m3fn), torch.tensor(False)
+    ws = [dist.isend(f8, (R + 1) % N, group=group, tag=2), dist.irecv(f8r, (R - 1) % N, group=group, tag=2),
+          dist.isend(torch.tensor(R % 2 == 0), (R + 1) % N, group=group, tag=3),
+          dist.irecv(b0r, (R - 1) % N, group=group, tag=3)]
+    for w in ws:
+        w.wait()
+    want8 = (torch.arange(5, dtype=torch.float32) - (R - 1) % N).to(torch.float8_e4m3fn)
+    case("send_recv", torch.equal(f8r.view(torch.uint8), want8.view(torch.uint8)) and
+         bool(b0r) == ((R - 1) % N % 2 == 0), f"float8 {f8r} and bool {b0r} over {'gloo' if group else 'ringcomm'}")
 
 # a receive of the wrong size: an error on the receiver within the deadline, not an overrun
 bad_p2p = dist.new_group(backend="ringcomm", timeout=datetime.timedelta(seconds=3))
