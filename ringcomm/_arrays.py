@@ -20,6 +20,7 @@ cupy array for a cupy input, else numpy.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +88,6 @@ def spans_meeting(spans, apart) -> list[int]:
     """Indices of `spans` that share memory with any of `apart`, which share
     none among themselves: sorted by start, their ends are sorted too, so
     of those starting before a span ends, the last one reaches furthest."""
-    import bisect
     ap = sorted((a, b) for a, b in apart if b > a)
     starts = [a for a, _ in ap]
     hits = []
