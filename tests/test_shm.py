@@ -784,6 +784,36 @@ def test_hierarchical_failure_names_ranks_of_the_whole_job():
     assert shm_files() == []
 
 
+HIER_LATE = textwrap.dedent('''
+    import os, sys, time
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    os.environ["RINGCOMM_HOST_ID"] = "host%d" % (rank // 2)  # hosts {0, 1} and {2, 3}
+    import numpy as np, ringcomm
+    comm = ringcomm.init(timeout=2)
+    comm.all_reduce(np.ones(4000), algorithm="hierarchical")
+    if rank == 2:
+        time.sleep(4)                     # late: rank 3 waits for it in their host's window
+    try:
+        comm.all_reduce(np.ones(4000), algorithm="hierarchical")
+        print(f"RANK {rank} peer=None no error", flush=True)
+    except ringcomm.RingcommError as e:
+        print(f"RANK {rank} peer={e.peer} {e}", flush=True)
+    comm.close()
+''')
+
+
+def test_hierarchical_window_timeout_names_ranks_of_the_whole_job():
+    # The second host's window numbers its ranks 0 and 1; the timeout, the
+    # error's peer and the flight record must say job ranks 3 and 2.
+    res = subprocess.run(RUN + ["-n", "4", "--", sys.executable, "-c", HIER_LATE],
+                         capture_output=True, text=True, timeout=120)
+    got = {int(line.split()[1]): line for line in res.stdout.splitlines() if line.startswith("RANK")}
+    assert set(got) == {0, 1, 2, 3}, res.stdout + res.stderr
+    assert "peer=2 [rank 3] timed out" in got[3], got[3]
+    assert "rank 3 waited for rank 2 to arrive in shared memory" in got[3], got[3]
+    assert shm_files() == []
+
+
 # ---- ringcomm tune: the window's crossovers --------------------------------
 def _shm_rows(n, table):
     """tune's rows from {(collective, algorithm): [us per size]} at sizes 1K, 4K, 16K, 64K."""

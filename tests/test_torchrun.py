@@ -22,6 +22,7 @@ Every launch must leave ``/dev/shm`` as it found it.
 import glob
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -141,10 +142,13 @@ def test_two_agents_as_two_nodes():
     procs = []
     before = shm_files()
     logs = tempfile.mkdtemp()
+    flight_dir = os.path.join(logs, "flight")
     for node in (0, 1):
         # (UCX_TLS=tcp: between the "nodes" UCX would otherwise find the
-        # same machine and use shared memory.)
-        env = clean_env(RINGCOMM_HOST_ID=f"node{node}", UCX_TLS="tcp")
+        # same machine and use shared memory. The flight records of every
+        # rank that fails land in flight_dir: a failure here names what each
+        # rank was waiting for, on both nodes.)
+        env = clean_env(RINGCOMM_HOST_ID=f"node{node}", UCX_TLS="tcp", RINGCOMM_DUMP_ON_ERROR=flight_dir)
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--log-dir={logs}/{node}", "--redirects=1",
                "--nnodes=2", f"--node-rank={node}",
                "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
@@ -152,9 +156,14 @@ def test_two_agents_as_two_nodes():
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     outs = [p.communicate(timeout=300) for p in procs]
     assert not shm_files() - before
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:] + err[-3000:]
+    if any(p.returncode for p in procs):
+        from ringcomm import flight
+        report = [f"node {node}: exit {p.returncode}\n{out[-2000:]}{err[-4000:]}"
+                  for node, (p, (out, err)) in enumerate(zip(procs, outs))]
+        report.append("flight records:\n" + (flight.analyze(flight_dir) if os.path.isdir(flight_dir) else "none"))
+        pytest.fail(f"logs in {logs}\n" + "\n".join(report))
     got = results(worker_stdout(logs))
+    shutil.rmtree(logs, ignore_errors=True)
     assert sorted(got) == [0, 1, 2, 3], outs
     fails = [f for d in got.values() for f in d["fails"]]
     assert not fails, "\n".join(fails)
@@ -225,6 +234,49 @@ def test_init_with_a_store_in_plain_processes(tmp_path, fault):
             assert kind in ("MismatchError", "CommunicatorAborted") and "1001" in out and secs < 4, out
         else:  # interrupt: rank 0 stops at once; its peers hear of it, none waits for its deadline
             assert (kind == "KeyboardInterrupt") == (r == 0) and secs < 4, out
+
+
+HIER_JOB = textwrap.dedent("""
+    import sys, numpy as np, torch.distributed as dist, ringcomm
+    path, rank, size, times = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    store = dist.FileStore(path, size)
+    def data(c, r, dt=np.float32):
+        return (((np.arange(c) * 7 + 3 * r) % 11) - 5 + r).astype(dt)
+    for k in range(times):
+        comm = ringcomm.init(store=dist.PrefixStore(f"k{k}/", store), rank=rank, size=size, timeout=15)
+        assert comm._engine.hierarchical
+        for count in (0, 1, 5):
+            x = data(count, rank)
+            comm.all_reduce(x)
+            assert np.array_equal(x, np.sum([data(count, r) for r in range(size)], axis=0)), (rank, k, count)
+            b = data(count, rank)
+            comm.broadcast(b, root=size - 1)         # not hierarchical: the first message between the hosts
+            assert np.array_equal(b, data(count, size - 1)), (rank, k, count)
+        comm.close()
+    print("OK", rank, flush=True)
+    """)
+
+
+def test_first_message_between_hosts_after_hierarchical_calls(tmp_path):
+    """Two "hosts" of two ranks (RINGCOMM_HOST_ID, UCX over loopback TCP):
+    hierarchical all_reduces (shared memory, and the engine between hosts)
+    come first, then a broadcast, the first message on the communicator's
+    own UCX connections. Its header often leaves only after the
+    connection's handshake, while the sender goes on to the next
+    hierarchical call, which never progresses that transport: the receiver
+    then waited for the header until the deadline (seen once in CI). A
+    collective now ends only once its header was delivered. Ten
+    communicators in a row, each a fresh connection."""
+    n = 4
+    before = shm_files()
+    procs = [subprocess.Popen([sys.executable, "-c", HIER_JOB, str(tmp_path / "store"), str(r), str(n), "10"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(RINGCOMM_HOST_ID=f"node{r // 2}", UCX_TLS="tcp"))
+             for r in range(n)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert not shm_files() - before
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"OK {r}" in out, f"rank {r}: {out}{err[-3000:]}"
 
 
 TERM_JOB = textwrap.dedent("""

@@ -105,6 +105,7 @@ void Link::send_control(const ControlMsg& m, int peer) {
     *msg = m;
   }
   RequestPtr req = t_->isend(peer, Channel::control, msg.get(), sizeof(ControlMsg));
+  req->counted = true;  // control bytes: not payload progress
   ledger_.sent(Coll(m.fp.coll), peer, true, sizeof(ControlMsg));
   ctrl_out_.emplace_back(std::move(msg), std::move(req));
 }
@@ -611,7 +612,7 @@ std::string Link::peer_note(int peer) {
     if (left_seq_ >= fp_.seq) return " Rank " + std::to_string(peer) + " has started this call (its header arrived).";
     // Calls that ran in the shared-memory window sent no header: the window
     // knows the newest of those.
-    const uint64_t seen = std::max(left_seq_, window_ ? window_->latest_call(peer) : 0);
+    const uint64_t seen = std::max(left_seq_, window_ ? window_->latest_call_of(peer) : 0);
     if (seen == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
     return " The newest call rank " + std::to_string(peer) + " has announced is #" + std::to_string(seen) +
            ": it has not reached #" + std::to_string(fp_.seq) + ".";
@@ -661,6 +662,15 @@ void Link::drain() {
   await_header();
   for (auto& r : live_) wait(r.get(), "the rest of this collective");
   live_.clear();
+  // Our header must have left too, not only been posted: a transport may
+  // keep a message until it is progressed again (UCX queues a send behind a
+  // connection's first handshake), and the next call may wait elsewhere (in
+  // the shared-memory window, or the engine between hosts of a hierarchical
+  // collective) without progressing this transport, while the neighbour
+  // waits for the header: a deadlock until the deadline. Done at once when
+  // the send completed eagerly, as it nearly always has.
+  for (auto& out : ctrl_out_)
+    if (out.second && !out.second->done) wait(out.second.get(), "its header");
   last_end_ = Clock::now();
 }
 

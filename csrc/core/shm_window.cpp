@@ -163,8 +163,8 @@ Fingerprint ShmWindow::peer_call(int j, const Fingerprint& mine) const {
   RankArea* a = area(j);
   const int k = int(mine.seq % kCalls);
   if (a->call[k].load(std::memory_order_acquire) != call_word(mine))
-    throw RingError(ErrKind::transport, rank_, j, mine.seq,
-                    "rank " + std::to_string(j) + "'s announcement of " + describe(mine) + " is gone from the window");
+    throw RingError(ErrKind::transport, member(rank_), member(j), mine.seq,
+                    "rank " + std::to_string(member(j)) + "'s announcement of " + describe(mine) + " is gone from the window");
   return a->fp[k];
 }
 
@@ -228,7 +228,7 @@ void ShmWindow::check_calls(const Link& link, const Fingerprint& fp, bool arrive
     Fingerprint theirs = a->fp[k];
     std::atomic_thread_fence(std::memory_order_acquire);
     if (a->call[k].load(std::memory_order_relaxed) != w) continue;  // rewritten while we read it
-    throw RingError(ErrKind::mismatch, rank_, j, fp.seq, mismatch_text(theirs, fp));
+    throw RingError(ErrKind::mismatch, member(rank_), member(j), fp.seq, mismatch_text(theirs, fp));
   }
   (void)link;
 }
@@ -253,12 +253,17 @@ bool process_gone(pid_t pid) {
 }
 }  // namespace
 
-std::string ShmWindow::death_of(int member) const {
-  if (!processes_) return "";
+int ShmWindow::index_of(int member) const {
   int j = members_.empty() ? member : -1;
   for (size_t i = 0; i < members_.size(); ++i)
     if (members_[i] == member) j = int(i);
-  if (j < 0 || j >= n_ || j == rank_) return "";
+  return j >= 0 && j < n_ ? j : -1;
+}
+
+std::string ShmWindow::death_of(int member) const {
+  if (!processes_) return "";
+  const int j = index_of(member);
+  if (j < 0 || j == rank_) return "";
   const RankArea* a = area(j);
   if (a->pid <= 0 || a->pidns != area(rank_)->pidns || !process_gone(pid_t(a->pid))) return "";
   return "rank " + std::to_string(member) + " (pid " + std::to_string(a->pid) + ") died";
@@ -272,26 +277,32 @@ void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, in
   // skipped this call or just finished it since we looked.
   const uint64_t latest = a->latest.load(std::memory_order_acquire);
   if (latest > fp.seq && a->arrived.load(std::memory_order_acquire) < phase)
-    throw RingError(ErrKind::mismatch, rank_, missing, fp.seq,
-                    "rank " + std::to_string(missing) + " went on to call #" + std::to_string(latest) +
-                        " without joining " + describe(fp) + " on rank " + std::to_string(rank_) +
+    throw RingError(ErrKind::mismatch, member(rank_), member(missing), fp.seq,
+                    "rank " + std::to_string(member(missing)) + " went on to call #" + std::to_string(latest) +
+                        " without joining " + describe(fp) + " on rank " + std::to_string(member(rank_)) +
                         " through shared memory: the ranks disagree on the call");
   if (processes_ && a->pid > 0 && a->pidns == area(rank_)->pidns && process_gone(pid_t(a->pid)))
-    throw RingError(ErrKind::transport, rank_, missing, fp.seq,
-                    "rank " + std::to_string(missing) + " (pid " + std::to_string(a->pid) + ") died while rank " +
-                        std::to_string(rank_) + " waited for it in " + describe(fp) + " (shared memory)");
+    throw RingError(ErrKind::transport, member(rank_), member(missing), fp.seq,
+                    "rank " + std::to_string(member(missing)) + " (pid " + std::to_string(a->pid) + ") died while rank " +
+                        std::to_string(member(rank_)) + " waited for it in " + describe(fp) + " (shared memory)");
 }
 
 uint64_t ShmWindow::latest_call(int peer) const { return area(peer)->latest.load(std::memory_order_acquire); }
 
+uint64_t ShmWindow::latest_call_of(int member) const {
+  const int j = index_of(member);
+  return j < 0 ? 0 : latest_call(j);
+}
+
 // What the window says about `peer` (its newest announced call), or what
 // the link knows (in process: the peer's flight record).
 std::string ShmWindow::peer_state(Link& link, int peer, const Fingerprint& fp) {
-  std::string note = link.peer_report(peer);
+  const int who = member(peer);
+  std::string note = link.peer_report(who);
   if (!note.empty()) return note;
   const uint64_t latest = latest_call(peer);
-  if (latest == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
-  return " The newest call rank " + std::to_string(peer) + " has announced is #" + std::to_string(latest) +
+  if (latest == 0) return " Rank " + std::to_string(who) + " has not announced any collective yet.";
+  return " The newest call rank " + std::to_string(who) + " has announced is #" + std::to_string(latest) +
          ": it has not reached #" + std::to_string(fp.seq) + ".";
 }
 
@@ -323,7 +334,7 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
       done = all_arrived(p, &missing);
     }
     if (!done) {
-      link.publish_wait(missing, 1, "its part in shared memory", start);
+      link.publish_wait(member(missing), 1, "its part in shared memory", start);
       const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(link.options().timeout_s));
       auto last_poll = start;
@@ -332,41 +343,40 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
         if (all_arrived(p, &missing)) break;
         if (missing != shown) {  // the one waited for now (the flight recorder names it)
           shown = missing;
-          link.publish_wait(missing, 1, "its part in shared memory", start);
+          link.publish_wait(member(missing), 1, "its part in shared memory", start);
         }
         if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
         const auto now = Clock::now();
         if (link.transport().interrupted())
-          throw RingError(ErrKind::aborted, rank_, -1, fp.seq,
-                          "rank " + std::to_string(rank_) +
+          throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
+                          "rank " + std::to_string(member(rank_)) +
                               (link.user_interrupted() ? " was interrupted (KeyboardInterrupt) in " : " aborted ") +
-                              describe(fp) + " while it waited for rank " + std::to_string(missing) +
+                              describe(fp) + " while it waited for rank " + std::to_string(member(missing)) +
                               " (shared memory)");
         if (now - last_poll >= std::chrono::milliseconds(100)) {
           last_poll = now;
           if (link.interrupt_requested()) {
             link.mark_user_interrupt();
-            throw RingError(ErrKind::aborted, rank_, -1, fp.seq,
-                            "rank " + std::to_string(rank_) + " was interrupted (KeyboardInterrupt) in " +
-                                describe(fp) + " while it waited for rank " + std::to_string(missing));
+            throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
+                            "rank " + std::to_string(member(rank_)) + " was interrupted (KeyboardInterrupt) in " +
+                                describe(fp) + " while it waited for rank " + std::to_string(member(missing)));
           }
         }
         check_slow(link, fp, p, missing);
-        // Keep the point-to-point transport moving while we sleep here: a
-        // message this rank sent just before (the header of a ring call on
-        // count 0, which needs nothing back) may still sit in its queue
-        // (Open MPI's TCP connects lazily, and only its progress engine
-        // sends), and the rank it is for may be waiting for it instead of
-        // arriving here. Found in CI: N = 4 over the TCP BTL, a ring
-        // reduce_scatter of 0 elements, then an all_reduce in the window.
-        // Also hears an ABORT notice travelling around the ring.
+        // Hear an ABORT notice travelling around the ring, and keep the
+        // point-to-point transport moving while we sleep here. (A header
+        // this rank sent just before, as a ring call on count 0 does, once
+        // sat in Open MPI's TCP queue while its receiver waited for it
+        // instead of arriving here: found in CI, N = 4 over the TCP BTL.
+        // Link::drain() now sees every header delivered before a call
+        // ends, which also covers waits outside the window.)
         link.poll_control();
         if (now >= deadline) {
           char secs[32];
           std::snprintf(secs, sizeof secs, "%g", link.options().timeout_s);
-          throw RingError(ErrKind::timeout, rank_, missing, fp.seq,
+          throw RingError(ErrKind::timeout, member(rank_), member(missing), fp.seq,
                           "timed out after " + std::string(secs) + " s in " + describe(fp) + ": rank " +
-                              std::to_string(rank_) + " waited for rank " + std::to_string(missing) +
+                              std::to_string(member(rank_)) + " waited for rank " + std::to_string(member(missing)) +
                               " to arrive in shared memory (" + label_ +
                               "); is that rank alive and calling the same collective?" + peer_state(link, missing, fp));
         }
@@ -408,12 +418,12 @@ void ShmWindow::throw_other_call(int j, uint64_t word, const Fingerprint& fp) {
     Fingerprint theirs = a->fp[k];
     std::atomic_thread_fence(std::memory_order_acquire);
     if (a->call[k].load(std::memory_order_relaxed) == word)
-      throw RingError(ErrKind::mismatch, rank_, j, fp.seq, mismatch_text(theirs, fp));
+      throw RingError(ErrKind::mismatch, member(rank_), member(j), fp.seq, mismatch_text(theirs, fp));
   }
-  throw RingError(ErrKind::mismatch, rank_, j, fp.seq,
-                  "ranks disagree on a collective call: rank " + std::to_string(j) + " reached the same step in "
+  throw RingError(ErrKind::mismatch, member(rank_), member(j), fp.seq,
+                  "ranks disagree on a collective call: rank " + std::to_string(member(j)) + " reached the same step in "
                   "shared memory in call #" + std::to_string(seq) + " (another call), while rank " +
-                  std::to_string(rank_) + " called " + describe(fp));
+                  std::to_string(member(rank_)) + " called " + describe(fp));
 }
 
 void ShmWindow::attach_arena(char* base, size_t per_rank, std::shared_ptr<void> keep) {

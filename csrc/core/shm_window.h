@@ -109,14 +109,19 @@ class ShmWindow {
   // RingError(invalid) when no free range is large enough.
   size_t arena_alloc(size_t bytes);
   void arena_free(size_t offset);
-  // The newest call rank `peer` announced in the window (0: none yet).
+  // The newest call window rank `peer` announced in the window (0: none yet).
   uint64_t latest_call(int peer) const;
+  // The same for the communicator's rank `member` (as member() numbers
+  // them); 0 when it is not one of this window's ranks (another host's).
+  uint64_t latest_call_of(int member) const;
 
  private:
   struct Header;
   struct RankArea;
   Header* header() const;
   RankArea* area(int r) const;
+  // The window rank of the communicator's rank `member` (-1: none).
+  int index_of(int member) const;
   bool all_arrived(uint64_t phase, int* missing) const;
   [[noreturn]] void throw_published(const Link& link, const Fingerprint& fp);
   void check_calls(const Link& link, const Fingerprint& fp, bool arrived_only);

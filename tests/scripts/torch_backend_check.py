@@ -491,6 +491,15 @@ try:
     case("errors", False, "all_to_all_single with rows not divisible by N accepted")
 except ValueError as exc:
     case("errors", "not divisible" in str(exc), str(exc))
+# all_gather into outputs of another shape (same size): refused, as gloo does
+# (ringcomm reshaped the blocks silently); our own output of another size too
+for bad in ([torch.empty(2, 2) for _ in range(N)], [torch.empty(5) if q == R else torch.empty(4) for q in range(N)]):
+    for grp, label in ((None, "ringcomm"), (GLOO, "gloo")):
+        try:
+            dist.all_gather(bad, torch.ones(4), group=grp)
+            case("errors", False, f"{label}: all_gather into {[tuple(o.shape) for o in bad]} from (4,) accepted")
+        except (ValueError, RuntimeError) as exc:
+            case("errors", label == "gloo" or f"invalid tensor size at index {R}" in str(exc), f"{label}: {exc}")
 bad23 = dist.new_group(backend="ringcomm", timeout=datetime.timedelta(seconds=3))
 t0 = time.monotonic()
 try:  # one rank's block differs: the root and that rank raise, also through an async Work
