@@ -145,7 +145,15 @@ SHM_FROM = {"reduce": 4 << 20, "gather": 1 << 20}
 # interleaved reps of 10, each after a barrier: 64 KiB 25 / 38 / 31, 256 KiB
 # 65 / 62 / 47, 512 KiB 169 / 136 / 108, 1 MiB 326 / 298 / 272, 2 MiB
 # 606 / 535 / 544.
-SHM_MAX_OVERSUBSCRIBED = {"scatter": 256 << 10, "all_to_all": 256 << 10}
+# Remeasured (bench/shm_rooted.py 16K 1M 9, N = 4 on 2 cores, three runs,
+# window / linear or pairwise, us): gather loses from 64 KiB (64 KiB
+# 14.9-16.3 / 12.6-14.4, 256 KiB 22.7-24.9 / 18.5-19.0, 1 MiB 85-90 /
+# 81-84) and wins again from 4 MiB (347 / 366, 16 MiB 1290 / 1399);
+# all_to_all loses at 256 KiB (50.8-52.9 / 45.1-47.1) and wins at 64 KiB
+# (18.4-18.7 / 26.4-29.4); scatter ties at 256 KiB (18.1-19.8 /
+# 17.6-20.9).
+SHM_MAX_OVERSUBSCRIBED = {"gather": 16 << 10, "scatter": 256 << 10, "all_to_all": 64 << 10}
+SHM_FROM_OVERSUBSCRIBED = {"gather": 4 << 20}
 
 
 # (the order Engine.set_shm_auto takes them in)
@@ -187,14 +195,16 @@ def shm_max(nranks: int) -> list:
     return [t.get(c, SHM_MAX[c]) for c in COLLECTIVES]
 
 
-def shm_from() -> list:
+def shm_from(nranks: int | None = None) -> list:
     """Per collective (in the order of COLLECTIVES) the size from which auto
     runs in the window again, above shm_max's limit (UNLIMITED: never):
-    SHM_FROM, unless ``RINGCOMM_SHM_MAX`` (one limit, nothing above it) or
+    SHM_FROM (SHM_FROM_OVERSUBSCRIBED when `nranks` outnumber the cores),
+    unless ``RINGCOMM_SHM_MAX`` (one limit, nothing above it) or
     ``RINGCOMM_TRANSPORT=shm`` (no limit) says otherwise."""
     if os.environ.get("RINGCOMM_SHM_MAX") or mode() == "shm":
         return [UNLIMITED] * len(COLLECTIVES)
-    return [SHM_FROM.get(c, UNLIMITED) for c in COLLECTIVES]
+    table = SHM_FROM_OVERSUBSCRIBED if nranks and nranks > (os.cpu_count() or 1) else SHM_FROM
+    return [table.get(c, UNLIMITED) for c in COLLECTIVES]
 
 
 def flat_max(nranks: int | None = None) -> int:
@@ -320,7 +330,7 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
                           "messages: " + err, RuntimeWarning, stacklevel=3)
             return None
         # Rank 0's limits for everyone: every rank must choose alike.
-        flat, limits, again = comm.bcast((flat_max(n), shm_max(n), shm_from()) if comm.Get_rank() == 0 else None,
+        flat, limits, again = comm.bcast((flat_max(n), shm_max(n), shm_from(n)) if comm.Get_rank() == 0 else None,
                                          root=0)
         engine.attach_window(window, True, flat)
         engine.set_shm_auto(True, flat, limits, again)

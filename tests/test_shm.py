@@ -300,6 +300,13 @@ def test_shm_from_is_the_built_in_band_unless_a_variable_says_otherwise(monkeypa
     got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from()))
     assert got["gather"] == 1 << 20 and got["reduce"] == 4 << 20
     assert got["all_reduce"] == got["scatter"] == got["all_to_all"] == shm_mod.UNLIMITED
+    # more ranks than cores: gather leaves the window from 16 KiB and comes back from 4 MiB
+    over = (os.cpu_count() or 1) + 1
+    got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(over)))
+    assert got["gather"] == 4 << 20 and got["reduce"] == shm_mod.UNLIMITED, got
+    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # no tune file: the built-in limits
+    limits = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_max(over)))
+    assert (limits["gather"], limits["scatter"], limits["all_to_all"]) == (16 << 10, 256 << 10, 64 << 10), limits
     monkeypatch.setenv("RINGCOMM_SHM_MAX", "4096")  # one limit, nothing above it
     assert shm_mod.shm_from() == [shm_mod.UNLIMITED] * len(shm_mod.COLLECTIVES)
     monkeypatch.delenv("RINGCOMM_SHM_MAX")
