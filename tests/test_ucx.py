@@ -168,3 +168,103 @@ def test_a_dead_peer_of_this_host_is_named_before_the_deadline_in_store_mode(ucx
     d = lines[0]
     assert d["error"] == "TransportError" and "rank 1 (pid " in d["text"] and "died" in d["text"], d
     assert d["after_s"] < 5, d
+
+
+STRANGER_JOB = '''
+import sys, os, time, numpy as np, torch.distributed as dist, ringcomm
+path, rank, size, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+comm = ringcomm.init(store=dist.FileStore(path, size), rank=rank, size=size, timeout=20)
+x = np.arange(1001, dtype=np.float64) * (rank + 1)
+comm.all_reduce(x)
+print("READY", os.getpid(), comm.transport, flush=True)
+while not os.path.exists(go):
+    time.sleep(0.02)
+for i in range(300):
+    n = (1, 1001, 70001)[i % 3]
+    x = (np.arange(n) * 3 + i + 7 * rank).astype(np.float64)
+    comm.all_reduce(x)
+    want = sum((np.arange(n) * 3 + i + 7 * r).astype(np.float64) for r in range(size))
+    bad = np.flatnonzero(x != want)
+    assert bad.size == 0, f"rank {rank} call {i} index {bad[:1]}"
+comm.close()
+print("OK", rank, flush=True)
+'''
+
+
+def _listening(pid: int) -> list:
+    """The TCP (address, port) pairs process `pid` listens on (/proc)."""
+    import socket
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            p = line.split()
+            if p[3] == "0A" and p[9] in inodes:  # LISTEN, one of its sockets
+                addr, port = p[1].split(":")
+                found.append((socket.inet_ntoa(bytes.fromhex(addr)[::-1]), int(port, 16)))
+    return found
+
+
+def test_strangers_on_the_ucx_ports_are_never_taken_for_a_rank(ucx, tmp_path):
+    # Two store-launched ranks as two hosts (UCX over TCP). While they run 300
+    # all_reduces, anything that can reach their UCX ports connects and sends
+    # random bytes, zeros, or nothing and holds the connection: UCX drops what
+    # is not its protocol, and the ranks' results stay exact.
+    import socket
+    import threading
+    import time
+    script = tmp_path / "job.py"
+    script.write_text(STRANGER_JOB)
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "RINGCOMM_"))}
+    env.update(UCX_TLS="tcp", RINGCOMM_SINGLETON_OK="1")
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "store"), str(r), "2", str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(env, RINGCOMM_HOST_ID=f"host{r}")) for r in (0, 1)]
+    try:
+        ready = [p.stdout.readline().split() for p in procs]
+        assert all(r[:1] == ["READY"] and r[2].startswith("ucx(") for r in ready), ready
+        ports = [a for r in ready for a in _listening(int(r[1]))]
+        assert ports, "found no UCX listening port"
+        held, stop, made = [], threading.Event(), [0]
+
+        def strangers():
+            k = 0
+            while not stop.is_set():
+                for addr in ports:
+                    try:
+                        s = socket.create_connection(addr, timeout=2)
+                        made[0] += 1
+                        s.sendall([os.urandom(4096), b"\0" * 4096, b""][k % 3])
+                    except OSError:
+                        continue  # (dropped by UCX mid-send: what it should do)
+                    if k % 3 == 2 and len(held) < 8:
+                        held.append(s)
+                    else:
+                        s.close()
+                k += 1
+                time.sleep(0.005)
+        t = threading.Thread(target=strangers, daemon=True)
+        t.start()
+        time.sleep(0.2)  # some strangers before the first call
+        go.write_text("")
+        outs = [p.communicate(timeout=120) for p in procs]
+        stop.set()
+        t.join()
+        for s in held:
+            s.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"OK {r}" in out, f"rank {r}: exit {p.returncode}\n{out[-2000:]}\n{err[-3000:]}"
+    assert made[0] >= 3 * len(ports), f"only {made[0]} stranger connections to {ports}"
+    print(f"\n{made[0]} stranger connections to {len(ports)} UCX ports during 300 all_reduces")
