@@ -23,7 +23,6 @@ import glob
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,12 +66,6 @@ def results(out: str) -> dict:
             d = json.loads(line[7:])
             got[d["rank"]] = d
     return got
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_stdout(log_dir) -> str:
@@ -138,7 +131,14 @@ def test_torchrun_backend_matrix_and_programs():
 
 
 def test_two_agents_as_two_nodes():
-    port = free_port()
+    # The rendezvous store is this process's (port 0: the kernel picks a
+    # free one), the agents its clients: a port chosen free and then bound
+    # by an agent could be taken meanwhile (seen with UCX jobs beside it).
+    import datetime
+    import torch.distributed as dist
+    rdzv = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=300))
+    port = rdzv.port
     procs = []
     before = shm_files()
     logs = tempfile.mkdtemp()
@@ -152,7 +152,7 @@ def test_two_agents_as_two_nodes():
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--log-dir={logs}/{node}", "--redirects=1",
                "--nnodes=2", f"--node-rank={node}",
                "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-               "--rdzv-id=ringcomm-two-nodes", JOB]
+               "--rdzv-conf=is_host=false", "--rdzv-id=ringcomm-two-nodes", JOB]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     outs = [p.communicate(timeout=300) for p in procs]
     assert not shm_files() - before
