@@ -754,24 +754,34 @@ def test_hierarchical_over_hosts_split_by_host_id(n, per_host, placement):
     assert shm_files() == []
 
 
-HIER_ABORT = textwrap.dedent('''
+HIER_FAULT = textwrap.dedent('''
     import os, sys, time
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    rank, fault = int(os.environ["OMPI_COMM_WORLD_RANK"]), sys.argv[1]
     os.environ["RINGCOMM_HOST_ID"] = "host%d" % (rank // 2)  # hosts {0, 1} and {2, 3}
     import numpy as np, ringcomm
-    comm = ringcomm.init(timeout=20)
+    comm = ringcomm.init(timeout=20 if fault == "abort" else 2)
     comm.all_reduce(np.ones(4000), algorithm="hierarchical")
-    if rank == 3:
+    if fault == "abort" and rank == 3:
         time.sleep(0.5)
         comm.abort()
     else:
+        if fault == "late" and rank == 2:
+            time.sleep(4)                 # late: rank 3 waits for it in their host's window
         try:
             comm.all_reduce(np.ones(4000), algorithm="hierarchical")
-            print(f"RANK {rank} origin=None no error", flush=True)
+            print(f"RANK {rank} origin=None peer=None no error", flush=True)
         except ringcomm.RingcommError as e:
-            print(f"RANK {rank} origin={e.origin} {e}", flush=True)
+            print(f"RANK {rank} origin={e.origin} peer={e.peer} {e}", flush=True)
     comm.close()
 ''')
+
+
+def hier_fault(fault: str) -> tuple:
+    res = subprocess.run(RUN + ["-n", "4", "--", sys.executable, "-c", HIER_FAULT, fault],
+                         capture_output=True, text=True, timeout=120)
+    got = {int(line.split()[1]): line for line in res.stdout.splitlines() if line.startswith("RANK")}
+    assert shm_files() == []
+    return got, res.stdout + res.stderr
 
 
 def test_hierarchical_failure_names_ranks_of_the_whole_job():
@@ -779,46 +789,22 @@ def test_hierarchical_failure_names_ranks_of_the_whole_job():
     # hosts) hear of it through the two parts of the hierarchy, whose own
     # rank numbers are a window index and a rank among the hosts' peers:
     # both must name rank 3 as the origin and themselves by their job rank.
-    res = subprocess.run(RUN + ["-n", "4", "--", sys.executable, "-c", HIER_ABORT],
-                         capture_output=True, text=True, timeout=120)
-    got = {int(line.split()[1]): line for line in res.stdout.splitlines() if line.startswith("RANK")}
-    assert set(got) == {0, 1, 2}, res.stdout + res.stderr
+    got, out = hier_fault("abort")
+    assert set(got) == {0, 1, 2}, out
     for r in (1, 2):
-        assert f"origin=3 [rank {r}]" in got[r], got[r]
+        assert f"origin=3 peer=3 [rank {r}]" in got[r], got[r]
     # the part between hosts says how its own rank numbers map to the job's
     assert "between hosts (ranks there: 0 = 1, 1 = 3)" in got[1], got[1]
     assert "origin=None" not in got[0], got[0]
-    assert shm_files() == []
-
-
-HIER_LATE = textwrap.dedent('''
-    import os, sys, time
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    os.environ["RINGCOMM_HOST_ID"] = "host%d" % (rank // 2)  # hosts {0, 1} and {2, 3}
-    import numpy as np, ringcomm
-    comm = ringcomm.init(timeout=2)
-    comm.all_reduce(np.ones(4000), algorithm="hierarchical")
-    if rank == 2:
-        time.sleep(4)                     # late: rank 3 waits for it in their host's window
-    try:
-        comm.all_reduce(np.ones(4000), algorithm="hierarchical")
-        print(f"RANK {rank} peer=None no error", flush=True)
-    except ringcomm.RingcommError as e:
-        print(f"RANK {rank} peer={e.peer} {e}", flush=True)
-    comm.close()
-''')
 
 
 def test_hierarchical_window_timeout_names_ranks_of_the_whole_job():
     # The second host's window numbers its ranks 0 and 1; the timeout, the
     # error's peer and the flight record must say job ranks 3 and 2.
-    res = subprocess.run(RUN + ["-n", "4", "--", sys.executable, "-c", HIER_LATE],
-                         capture_output=True, text=True, timeout=120)
-    got = {int(line.split()[1]): line for line in res.stdout.splitlines() if line.startswith("RANK")}
-    assert set(got) == {0, 1, 2, 3}, res.stdout + res.stderr
+    got, out = hier_fault("late")
+    assert set(got) == {0, 1, 2, 3}, out
     assert "peer=2 [rank 3] timed out" in got[3], got[3]
     assert "rank 3 waited for rank 2 to arrive in shared memory" in got[3], got[3]
-    assert shm_files() == []
 
 
 # ---- ringcomm tune: the window's crossovers --------------------------------
