@@ -191,8 +191,10 @@ STORE_JOB = textwrap.dedent("""
     if fault == "interrupt":
         if rank == 0:                     # Ctrl-C while waiting for rank 1
             threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-        if rank == 1:
-            time.sleep(2)
+        if rank == 1:                     # away until rank 0 was interrupted (not a fixed time: a
+            t1 = time.monotonic()         # loaded machine may start rank 0's wait late)
+            while not os.path.exists(path + ".interrupted") and time.monotonic() - t1 < 30:
+                time.sleep(0.01)
     t0 = time.monotonic()
     try:
         for _ in range(100):
@@ -202,6 +204,8 @@ STORE_JOB = textwrap.dedent("""
     except (ringcomm.RingcommError, KeyboardInterrupt) as e:
         if fault == "none":
             raise
+        if isinstance(e, KeyboardInterrupt):
+            open(path + ".interrupted", "w").close()
         print("RAISED", type(e).__name__, f"after {time.monotonic() - t0:.1f} s:",
               str(e).replace(chr(10), " ")[:400], flush=True)
     """)
