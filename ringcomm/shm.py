@@ -176,6 +176,11 @@ def tuned(nranks: int | None) -> dict | None:
         return None
 
 
+def _oversubscribed(nranks: int | None) -> bool:
+    """More ranks than this host's cores (the limits measured for that case apply)."""
+    return bool(nranks) and nranks > (os.cpu_count() or 1)
+
+
 def shm_max(nranks: int) -> list:
     """Per collective (in the order of COLLECTIVES) the largest buffer auto
     runs in the window: ``RINGCOMM_SHM_MAX``, else none with
@@ -190,7 +195,7 @@ def shm_max(nranks: int) -> list:
     if mode() == "shm":
         return [UNLIMITED] * n
     t = tuned(nranks) or {}
-    if nranks > (os.cpu_count() or 1):  # what tune did not measure: no limit, but for two
+    if _oversubscribed(nranks):  # what tune did not measure: no limit, but for two
         return [t.get(c, SHM_MAX_OVERSUBSCRIBED.get(c, UNLIMITED)) for c in COLLECTIVES]
     return [t.get(c, SHM_MAX[c]) for c in COLLECTIVES]
 
@@ -203,7 +208,7 @@ def shm_from(nranks: int | None = None) -> list:
     ``RINGCOMM_TRANSPORT=shm`` (no limit) says otherwise."""
     if os.environ.get("RINGCOMM_SHM_MAX") or mode() == "shm":
         return [UNLIMITED] * len(COLLECTIVES)
-    table = SHM_FROM_OVERSUBSCRIBED if nranks and nranks > (os.cpu_count() or 1) else SHM_FROM
+    table = SHM_FROM_OVERSUBSCRIBED if _oversubscribed(nranks) else SHM_FROM
     return [table.get(c, UNLIMITED) for c in COLLECTIVES]
 
 

@@ -327,17 +327,17 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         inp, outs = input_tensors[0], output_tensors[0]
         if len(outs) != self.size():
             raise ValueError(f"ringcomm backend: allgather needs {self.size()} output tensors, got {len(outs)}")
-        me = self.rank()
-        for i, o in sorted(enumerate(outs), key=lambda io: io[0] != me):
-            # Rank i's block lands in outs[i] as it is (gloo's rule): our own
-            # (checked first) must be the input's shape; another of a
-            # different size would be the uneven form (NCCL's), not done here.
-            if o.shape != inp.shape and (i == me or o.numel() == inp.numel()):
-                raise ValueError(f"ringcomm backend: allgather: invalid tensor size at index {i} (expected "
-                                 f"{tuple(inp.shape)}, got {tuple(o.shape)})")
-            if o.numel() != inp.numel():
+        # Rank i's block lands in outs[i] as it is (gloo's rule): our own must
+        # be the input's shape; another of a different size would be the
+        # uneven form (NCCL's), not done here.
+        for i in [self.rank()] + list(range(len(outs))):
+            o = outs[i]
+            if o.numel() != inp.numel() and i != self.rank():
                 raise NotImplementedError("ringcomm backend: allgather with tensors of different sizes per rank "
                                           "is not implemented")
+            if o.shape != inp.shape:
+                raise ValueError(f"ringcomm backend: allgather: invalid tensor size at index {i} (expected "
+                                 f"{tuple(inp.shape)}, got {tuple(o.shape)})")
         whole = _adjacent(list(outs))
         if whole is not None and whole.dtype == inp.dtype:  # views of one buffer (all_gather_object's): straight in
             start, _ = self._gather_into(whole, inp, opts.asyncOp, "allgather")
