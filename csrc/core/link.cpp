@@ -733,7 +733,7 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
   if (window_) {
     const bool told = received_abort_ || call;
     window_->fail(told ? notice.origin : (e.origin >= 0 ? e.origin : rank_), told ? ErrKind(notice.kind) : e.cause,
-                  told ? abort_text(notice) : std::string(e.what()));
+                  told ? abort_text(notice) : std::string(e.what()), fp_.seq);
   }
   // Both ways round the ring (each rank forwards away from where it heard
   // it), so one rank that is away (asleep, computing, a straggler) cannot

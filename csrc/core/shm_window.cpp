@@ -79,6 +79,7 @@ struct alignas(kLine) ShmWindow::Header {
   alignas(kLine) std::atomic<int32_t> claim;   // a failure is being written
   std::atomic<int32_t> failed;                 // 0: none; else its origin + 1 (reason below is complete)
   int32_t kind;
+  uint64_t seq;                                // the publisher's call (reason and seq: before `failed`)
   char reason[1024];
   alignas(kLine) std::atomic<uint32_t> epoch;  // the futex word: bumped to wake sleepers
   alignas(kLine) std::atomic<int32_t> sleepers;
@@ -182,13 +183,14 @@ int ShmWindow::failed_origin() const {
   return f > 0 ? f - 1 : -1;
 }
 
-void ShmWindow::fail(int origin, ErrKind kind, const std::string& reason) {
+void ShmWindow::fail(int origin, ErrKind kind, const std::string& reason, uint64_t seq) {
   Header* h = header();
   if (h->claim.exchange(1, std::memory_order_acq_rel) == 0) {
     const size_t n = std::min(reason.size(), sizeof(h->reason) - 1);
     std::memcpy(h->reason, reason.data(), n);
     h->reason[n] = 0;
     h->kind = int32_t(kind);
+    h->seq = seq;
     h->failed.store(std::max(origin, 0) + 1, std::memory_order_release);
   }
   wake();
@@ -396,10 +398,14 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
   }
   // Every rank arrived at p: each must have been in this call (two-sided,
   // on every sync: a peer that went ahead on its own is caught here, not
-  // by its next call), and no rank may have failed meanwhile (one that
-  // gave up may already have handed its arrays back to its caller).
+  // by its next call), and no rank may have failed in it meanwhile (one
+  // that gave up may already have handed its arrays back to its caller). A
+  // failure in a later call does not stop this one: its publisher finished
+  // this call, so every rank passed this sync's phase already and what we
+  // still read sits in slots no one writes before our next sync (a rank
+  // that slept here while a peer died after this call once raised, in CI).
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
+  if (h->failed.load(std::memory_order_acquire) > 0 && h->seq <= fp.seq) throw_published(link, fp);
   for (int j = 0; j < n_; ++j) {
     if (j == rank_) continue;
     const uint64_t theirs = area(j)->at[p & 1].load(std::memory_order_acquire);

@@ -80,8 +80,9 @@ class ShmWindow {
   // j is still in it): what j passed for it (zero copy: its arena offsets).
   Fingerprint peer_call(int j, const Fingerprint& mine) const;
   // Publish a failure for every rank (the first one wins) and wake the
-  // sleepers. Any thread.
-  void fail(int origin, ErrKind kind, const std::string& reason);
+  // sleepers. Any thread. `seq`: the call the publishing rank was in (or
+  // last ran); it had finished every earlier one.
+  void fail(int origin, ErrKind kind, const std::string& reason, uint64_t seq);
   // Has a failure been published? (origin, or -1)
   int failed_origin() const;
   // Wake this window's sleepers (Engine::abort: they then see the interrupt).
