@@ -283,6 +283,44 @@ def test_first_message_between_hosts_after_hierarchical_calls(tmp_path):
         assert p.returncode == 0 and f"OK {r}" in out, f"rank {r}: {out}{err[-3000:]}"
 
 
+EARLY_ABORT_JOB = textwrap.dedent("""
+    import sys, time, numpy as np, torch.distributed as dist, ringcomm
+    path, rank, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    comm = ringcomm.init(store=dist.FileStore(path, size), rank=rank, size=size, timeout=20)
+    t0 = time.monotonic()
+    if rank == 1:
+        comm.abort()                      # before any collective, then away (alive, not calling)
+        time.sleep(3)
+        sys.exit(0)
+    try:
+        # every rank needs a block from rank 1, by messages (not the window)
+        comm.all_to_all(np.arange(8.0) + rank, algorithm="pairwise")
+        print("NO ERROR", flush=True)
+    except ringcomm.RingcommError as e:
+        print("RAISED", type(e).__name__, f"after {time.monotonic() - t0:.1f} s:", str(e), flush=True)
+    """)
+
+
+def test_an_abort_before_the_first_collective_reaches_both_hosts_at_once(tmp_path):
+    """Rank 1 aborts right after init and stays alive without calling: its
+    ABORT notice is the first message on new UCX connections between the
+    hosts (the one a handshake may hold back). Every other rank raises at
+    once, not at its deadline, and the text says the abort came before any
+    collective (it named a call "#0 all_reduce(count=0, dtype=float16)")."""
+    n = 4
+    procs = [subprocess.Popen([sys.executable, "-c", EARLY_ABORT_JOB, str(tmp_path / "store"), str(r), str(n)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(RINGCOMM_HOST_ID=f"node{r // 2}", UCX_TLS="tcp"))
+             for r in range(n)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for r, (out, err) in enumerate(outs):
+        if r == 1:
+            continue
+        assert "RAISED CommunicatorAborted" in out, f"rank {r}: {out}{err[-3000:]}"
+        assert float(out.split(" after ")[1].split()[0]) < 5, out  # the deadline is 20 s
+        assert "rank 1 aborted the communicator (before its first collective)" in out, out
+
+
 TERM_JOB = textwrap.dedent("""
     import sys, os, time, torch.distributed as dist, ringcomm, ringcomm.shm as shm
     path, rank = sys.argv[1], int(sys.argv[2])

@@ -152,8 +152,8 @@ std::string Link::abort_text(const ControlMsg& m) const {
   } else if (kind == ErrKind::aborted && m.interrupted) {
     why = "rank " + std::to_string(m.origin) + " was interrupted (KeyboardInterrupt) in " + describe(m.fp);
   } else if (kind == ErrKind::aborted) {
-    why = "rank " + std::to_string(m.origin) + " aborted the communicator (its last collective was " +
-          describe(m.fp) + ")";
+    why = "rank " + std::to_string(m.origin) + " aborted the communicator (" +
+          (m.fp.seq ? "its last collective was " + describe(m.fp) : std::string("before its first collective")) + ")";
   } else if (kind == ErrKind::transport && m.peer >= 0 && m.peer != m.origin) {
     // (e.g. the peer died: the ranks that hear of it are told which peer)
     why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp) + ": transport error with rank " +
