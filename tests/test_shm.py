@@ -437,6 +437,31 @@ def test_abort_wakes_a_rank_sleeping_in_the_window():
     assert woke["after"] < 2.0, woke
 
 
+def test_abort_from_a_watchdog_is_seen_while_the_wait_still_yields(monkeypatch):
+    # Before sleeping on the futex a wait yields its core (2 s when the ranks
+    # outnumber the cores; 3 s here on any machine): an abort from another
+    # thread, a peer's published failure and Ctrl-C were seen only after it.
+    monkeypatch.setenv("RINGCOMM_SHM_YIELD_US", "3000000")
+    seen = {}
+
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(1.5)  # away while rank 0 waits for it
+        else:
+            threading.Timer(0.2, comm.abort).start()
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(np.ones(1000, np.float32), algorithm="shm")
+        except CommunicatorAborted as e:
+            seen[comm.rank] = time.monotonic() - t0
+            return str(e)
+        return "no error"
+    msgs = ringcomm.run_local(2, body, timeout=60)
+    assert "aborted" in msgs[0] and "rank 1" in msgs[0], msgs[0]
+    assert seen[0] < 1.0, seen  # 0.2 s, not the 3 s of yielding
+    assert "rank 0" in msgs[1], msgs[1]  # rank 1 hears of it when it comes
+
+
 @pytest.mark.parametrize("n", [3, 4])
 def test_news_passed_on_from_the_window_still_names_its_origin(n):
     # Rank 1 aborts; the ranks in the window hear it there and pass it on
@@ -818,7 +843,9 @@ HIER_FAULT = textwrap.dedent('''
     rank, fault = int(os.environ["OMPI_COMM_WORLD_RANK"]), sys.argv[1]
     os.environ["RINGCOMM_HOST_ID"] = "host%d" % (rank // 2)  # hosts {0, 1} and {2, 3}
     import numpy as np, ringcomm
-    comm = ringcomm.init(timeout=20 if fault == "abort" else 2)
+    # late: rank 3's deadline first (the others' would race it: rank 0 waits
+    # for rank 2 between hosts, and its news reached rank 3 first, 1 in 5)
+    comm = ringcomm.init(timeout=20 if fault == "abort" else 2 if rank == 3 else 10)
     comm.all_reduce(np.ones(4000), algorithm="hierarchical")
     if fault == "abort" and rank == 3:
         time.sleep(0.5)

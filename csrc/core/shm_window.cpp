@@ -330,16 +330,17 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
     // we wait for needs this time slice, and a futex round trip (sleep, the
     // writer's wake, the scheduler) costs tens of microseconds more than
     // sched_yield (what Open MPI's progress loop does when oversubscribed).
-    const auto yield_until = start + std::chrono::nanoseconds(yield_ns_);
-    while (!done && Clock::now() < yield_until) {
-      sched_yield();
-      done = all_arrived(p, &missing);
-    }
+    // Then sleep. Failures, aborts, Ctrl-C and the deadline are looked at
+    // in both (the yield phase lasts 2 s when oversubscribed: a Ctrl-C went
+    // unseen that long, and a peer's published failure too); the costlier
+    // checks (a dead peer's pid, the transport's progress) at most once a
+    // millisecond while yielding.
     if (!done) {
+      const auto yield_until = start + std::chrono::nanoseconds(yield_ns_);
       link.publish_wait(member(missing), 1, "its part in shared memory", start);
       const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(link.options().timeout_s));
-      auto last_poll = start;
+      auto last_poll = start, last_check = start;
       int shown = missing;
       for (;;) {
         if (all_arrived(p, &missing)) break;
@@ -364,15 +365,19 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
                                 describe(fp) + " while it waited for rank " + std::to_string(member(missing)));
           }
         }
-        check_slow(link, fp, p, missing);
-        // Hear an ABORT notice travelling around the ring, and keep the
-        // point-to-point transport moving while we sleep here. (A header
-        // this rank sent just before, as a ring call on count 0 does, once
-        // sat in Open MPI's TCP queue while its receiver waited for it
-        // instead of arriving here: found in CI, N = 4 over the TCP BTL.
-        // Link::drain() now sees every header delivered before a call
-        // ends, which also covers waits outside the window.)
-        link.poll_control();
+        const bool yielding = now < yield_until;
+        if (!yielding || now - last_check >= std::chrono::milliseconds(1)) {
+          last_check = now;
+          check_slow(link, fp, p, missing);
+          // Hear an ABORT notice travelling around the ring, and keep the
+          // point-to-point transport moving while we wait here. (A header
+          // this rank sent just before, as a ring call on count 0 does, once
+          // sat in Open MPI's TCP queue while its receiver waited for it
+          // instead of arriving here: found in CI, N = 4 over the TCP BTL.
+          // Link::drain() now sees every header delivered before a call
+          // ends, which also covers waits outside the window.)
+          link.poll_control();
+        }
         if (now >= deadline) {
           char secs[32];
           std::snprintf(secs, sizeof secs, "%g", link.options().timeout_s);
@@ -381,6 +386,10 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
                               std::to_string(member(rank_)) + " waited for rank " + std::to_string(member(missing)) +
                               " to arrive in shared memory (" + label_ +
                               "); is that rank alive and calling the same collective?" + peer_state(link, missing, fp));
+        }
+        if (yielding) {
+          sched_yield();
+          continue;
         }
         // Sleep until an arrival (or a failure) bumps the epoch: say so
         // first, then look once more (an arrival between the two either is
