@@ -24,6 +24,7 @@ import pytest
 
 import ringcomm
 import suite
+from store_launch import clean_env
 from ringcomm import CollectiveTimeout, CommunicatorAborted, InvalidArgument, MismatchError, RingcommError
 from ringcomm import shm as shm_mod
 
@@ -659,8 +660,9 @@ def test_a_failure_in_a_later_call_does_not_fail_a_rank_still_finishing_this_one
     # rank 2 is stopped (SIGSTOP) while it waits in #1, and continued only
     # after rank 0 has raised in #2. It must finish #1 with the right sums
     # and raise in #2, naming the rank that died.
+    pytest.importorskip("torch")  # (its FileStore)
     store = str(tmp_path / "store")
-    env = clean_store_env()
+    env = clean_env()
     procs = [subprocess.Popen([sys.executable, "-c", LATE_READER, store, str(r)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for r in range(3)]
     try:
@@ -677,15 +679,6 @@ def test_a_failure_in_a_later_call_does_not_fail_a_rank_still_finishing_this_one
     assert "DONE 1 True" in out1 and procs[1].returncode == 7, out1 + err1
     assert "DONE 2 True" in out2, out2 + err2  # #1 finished, with the right sums
     assert "RAISED CommunicatorAborted" in out2 and "rank 1" in out2 and "died" in out2, out2 + err2
-
-
-def clean_store_env() -> dict:
-    # A launch through a store: no MPI variables, no singleton MPI.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_")) and k not in
-           ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RINGCOMM_TRANSPORT")}
-    env.update({"OMP_NUM_THREADS": "1", "RINGCOMM_SINGLETON_OK": "1"})
-    return env
 
 
 def test_ctrl_c_over_mpi_in_the_window():

@@ -32,6 +32,7 @@ import pytest
 
 pytest.importorskip("torch")
 from ringcomm import ucx  # noqa: E402
+from store_launch import clean_env  # noqa: E402
 
 HERE = os.path.dirname(__file__)
 JOB = os.path.join(HERE, "scripts", "torchrun_job.py")
@@ -48,15 +49,6 @@ def shm_files() -> set:
         return {f for f in os.listdir("/dev/shm") if f.startswith(("ringcomm", "ucx"))}
     except OSError:
         return set()
-
-
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_")) and k not in
-           ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RINGCOMM_TRANSPORT")}
-    env.update({"OMP_NUM_THREADS": "1", "RINGCOMM_SINGLETON_OK": "1"})
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
 
 
 def results(out: str) -> dict:
