@@ -210,6 +210,9 @@ def test_sigint_during_run_local():
     code = textwrap.dedent("""
         import json, os, signal, threading, time
         import numpy as np, ringcomm
+        # (started in the background, e.g. under nohup or `&`, the test
+        # inherits SIGINT ignored, and Python then keeps ignoring it)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         def fn(comm):
             if comm.rank == 2:
                 time.sleep(30)

@@ -181,7 +181,9 @@ STORE_JOB = textwrap.dedent("""
     if fault == "die" and rank == 1:
         os._exit(7)                       # killed in the middle of the job
     if fault == "interrupt":
-        if rank == 0:                     # Ctrl-C while waiting for rank 1
+        if rank == 0:                     # Ctrl-C while waiting for rank 1 (the handler set: a
+            # test started in the background inherits SIGINT ignored, which Python keeps)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         if rank == 1:                     # away until rank 0 was interrupted (not a fixed time: a
             t1 = time.monotonic()         # loaded machine may start rank 0's wait late)
