@@ -60,6 +60,14 @@ def main() -> None:
     print(f"# n={args.n}, {args.rounds} rounds (launchers alternating), median over rounds of each job's median; "
           f"torchrun: {t0['transport']}, shared memory {t0['shared_memory']}; mpirun: {m0['transport']}, "
           f"shared memory {m0['shared_memory']}")
+    # torchrun gives every worker a session (hence, with autogroup, a kernel
+    # scheduling group) of its own, mpirun keeps its ranks in one: with more
+    # ranks than cores that alone moves the ratio (ringcomm/shm.py,
+    # split_scheduling; bench/README.md).
+    from ringcomm import shm
+    print(f"# {args.n} ranks on {os.cpu_count()} cores; torchrun's workers "
+          + ("each in a scheduling group of their own (autogroup)" if shm.sched_group() else
+             "not grouped by session (autogroup off or a cpu cgroup)"))
     print(f"{'bytes':>10} {'torchrun us':>12} {'mpirun us':>10} {'torchrun/mpirun':>16} {'x gloo (torchrun)':>18} "
           f"{'x gloo (mpirun)':>16}")
     for size in t0["all_reduce"]:

@@ -985,3 +985,51 @@ def test_empty_takes_torch_dtypes_and_refuses_what_cannot_fit():
                 comm.empty(shape, dtype)
         return True
     assert all(ringcomm.run_local(2, body))
+
+
+# ------------------------------------------------ ranks in separate scheduling groups
+def test_split_scheduling_needs_more_ranks_than_cores_and_different_groups(monkeypatch):
+    monkeypatch.setattr(shm_mod, "_cores", lambda: 2)
+    assert shm_mod.split_scheduling(["/autogroup-1", "/autogroup-2", "/autogroup-3"])
+    assert not shm_mod.split_scheduling(["/autogroup-1"] * 3)  # one session (mpirun)
+    assert not shm_mod.split_scheduling(["/autogroup-1", "/autogroup-2"])  # a core each
+    assert not shm_mod.split_scheduling(["/autogroup-1", None, "/autogroup-3"])  # not grouped by session
+
+
+SPLIT_JOB = textwrap.dedent('''
+    import os, sys
+    os.sched_setaffinity(0, {int(sys.argv[3])})  # both ranks on one core
+    import warnings, numpy as np, torch.distributed as dist, ringcomm
+    path, rank = sys.argv[1], int(sys.argv[2])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        comm = ringcomm.init(store=dist.FileStore(path, 2), rank=rank, size=2, timeout=30)
+    x = np.arange(10, dtype=np.float64) * (rank + 1)
+    comm.all_reduce(x)
+    print("SUM", bool(np.array_equal(x, np.arange(10) * 3.0)), comm.shared_memory, flush=True)
+    for w in seen:
+        print("WARNING", str(w.message), flush=True)
+    ''')
+
+
+@pytest.mark.parametrize("sessions", ["own", "shared"])
+def test_ranks_in_separate_scheduling_groups_are_told_once(tmp_path, sessions):
+    # Two ranks pinned to one core: torchrun's way (a session, hence a kernel
+    # scheduling group, per worker) gets one warning, on the host's first
+    # rank; one session (mpirun's way) none. Either way the results are right.
+    pytest.importorskip("torch")  # (its FileStore)
+    if shm_mod.sched_group() is None:
+        pytest.skip("this kernel does not group tasks by session here (autogroup off, or a cpu cgroup)")
+    cpu = min(os.sched_getaffinity(0))
+    procs = [subprocess.Popen([sys.executable, "-c", SPLIT_JOB, str(tmp_path / "store"), str(r), str(cpu)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                              start_new_session=(sessions == "own")) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and "SUM True True" in out, f"rank {r}: {out}{err}"
+    warned = [["scheduling group of its own" in line for line in out.splitlines() if line.startswith("WARNING")]
+              for out, _ in outs]
+    if sessions == "own":
+        assert warned == [[True], []], outs
+    else:
+        assert warned == [[], []], outs
