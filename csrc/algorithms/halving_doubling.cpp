@@ -21,6 +21,8 @@
 // of two the all-reduce folds first (pairwise.h); reduce-scatter and
 // all-gather on their own need a power of two, where block v is exactly
 // rank v's chunk under the split rule.
+#include <algorithm>
+
 #include "algorithms/algorithms.h"
 #include "algorithms/pairwise.h"
 
@@ -51,8 +53,15 @@ static void halving(Link& link, const Fold& f, int v, const Reducer& red, const 
     char* dst = last ? own : acc + B.begin(keep_lo) * es;
     link.trace_start(Phase::reduce_scatter, k, peer, send_lo, B.elems(send_lo, send_hi) * es, peer, keep_lo,
                      B.elems(keep_lo, keep_hi) * es);
-    send_all(link, peer, cur + B.begin(send_lo) * es, B.elems(send_lo, send_hi), es, unit);
+    // The send and the receive of an exchange share their units (segment j
+    // of each in unit base + j): a grouped transport (NCCL) then issues the
+    // pair together on both partners. With the receives numbered after the
+    // sends, every partner's first group held sends only, and the emulated
+    // NCCL path returned wrong sums (N = 2) or deadlocked (N = 3).
+    int sent = unit;
+    send_all(link, peer, cur + B.begin(send_lo) * es, B.elems(send_lo, send_hi), es, sent);
     recv_reduce(link, red, peer, cur + B.begin(keep_lo) * es, dst, B.elems(keep_lo, keep_hi), es, k, unit);
+    unit = std::max(unit, sent);
     link.trace_finish(dst, B.elems(keep_lo, keep_hi) * es);
     cur = acc;  // sends of this step read the other half: disjoint from what the next step writes
     lo = keep_lo, hi = keep_hi;
@@ -67,8 +76,10 @@ static void doubling(Link& link, const Fold& f, int v, const Blocks& B, char* ou
     const int mine = v & ~(size - 1), theirs = peer_v & ~(size - 1);
     link.trace_start(Phase::all_gather, k, peer, mine, B.elems(mine, mine + size) * es, peer, theirs,
                      B.elems(theirs, theirs + size) * es);
-    send_all(link, peer, out + B.begin(mine) * es, B.elems(mine, mine + size), es, unit);
+    int sent = unit;  // shared units, as in halving()
+    send_all(link, peer, out + B.begin(mine) * es, B.elems(mine, mine + size), es, sent);
     recv_all(link, peer, out + B.begin(theirs) * es, B.elems(theirs, theirs + size), es, k, unit);
+    unit = std::max(unit, sent);
     link.trace_finish(out + B.begin(theirs) * es, B.elems(theirs, theirs + size) * es);
   }
 }
