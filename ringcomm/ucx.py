@@ -66,6 +66,15 @@ def make_engine(allgather, rank: int, size: int, settings, engine_maker=None, wo
     no rank waits for an address that never comes. `engine_maker(worker,
     addresses)` / `worker_maker()`: another module's (ringcomm._cuda: the
     payload over NCCL, the control messages over UCX)."""
+    worker, addresses = exchange(allgather, rank, size, worker_maker)
+    if engine_maker is not None:
+        return engine_maker(worker, addresses)
+    return core.ucx_engine(worker, addresses, rank, settings.timeout, settings.segment_bytes, settings.window)
+
+
+def exchange(allgather, rank: int, size: int, worker_maker=None) -> tuple:
+    """(this rank's new worker, every rank's worker address in rank order).
+    Collective, as make_engine."""
     load()
     worker, err = None, None
     try:
@@ -78,6 +87,4 @@ def make_engine(allgather, rank: int, size: int, settings, engine_maker=None, wo
     failed = [a for a in got if not isinstance(a, bytes)]
     if failed:
         raise RingcommError(f"cannot use UCX: {failed[0]}")
-    if engine_maker is not None:
-        return engine_maker(worker, list(got))
-    return core.ucx_engine(worker, list(got), rank, settings.timeout, settings.segment_bytes, settings.window)
+    return worker, list(got)

@@ -52,7 +52,7 @@ def local_rank(comm, with_size: bool = False):
 def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | None = None,
          segment_bytes: int | str | None = None, window: int | None = None,
          transport: str | None = None, store=None, rank: int | None = None, size: int | None = None,
-         bootstrap: str | None = None) -> Communicator:
+         bootstrap: str | None = None, jitter_us: float = 0.0) -> Communicator:
     """A communicator over the job's ranks: over MPI (COMM_WORLD unless
     `mpi_comm` is given) when an MPI launcher started the job, else over a
     store (ringcomm/bootstrap.py).
@@ -75,6 +75,10 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     ordinal: payload on that GPU (made the calling thread's current device), moved with NCCL point-to-point
     (ncclSend/ncclRecv) and reduced by ringcomm's kernels; control messages
     still go through MPI. Arrays must then be GPU arrays on that GPU.
+    "emulated-nccl" (store launches only): that path's structure on a CPU,
+    host arrays: control messages over UCX, the payload in NCCL-like groups
+    on the emulated device (run_local's "emulated-nccl") over a second UCX
+    worker, each queued operation delayed by up to `jitter_us`.
 
     transport (host memory): what ``algorithm="auto"`` uses between ranks
     of one host: "auto" (default; also ``RINGCOMM_TRANSPORT``): shared
@@ -86,7 +90,10 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     if boot.choose(store is not None, bootstrap) == "store":
         if mpi_comm is not None:
             raise InvalidArgument("init(): give either an MPI communicator or a store, not both")
-        return _init_store(store, rank, size, timeout, segment_bytes, window, transport, device)
+        return _init_store(store, rank, size, timeout, segment_bytes, window, transport, device, jitter_us)
+    if device == "emulated-nccl":
+        raise InvalidArgument("device='emulated-nccl' needs a store launch (init(store=..., rank=..., size=...) or "
+                              "torchrun); under MPI use run_local(n, fn, device='emulated-nccl')")
     if store is not None:
         raise InvalidArgument(
             "init(store=...) with RINGCOMM_BOOTSTRAP=mpi: choose one" if boot.mode(bootstrap) == "mpi" else
@@ -162,7 +169,8 @@ def _next_use(store) -> int:
     return use
 
 
-def _init_store(store, rank, size, timeout, segment_bytes, window, transport, device=None) -> Communicator:
+def _init_store(store, rank, size, timeout, segment_bytes, window, transport, device=None,
+                jitter_us: float = 0.0) -> Communicator:
     """init() over a store: UCX between every pair of ranks, and the ranks'
     shared memory (one host, or the hierarchy across hosts); with a device,
     the payload over NCCL (its unique id through the store, as torch does)
@@ -186,6 +194,8 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport, de
     use = _next_use(store)
     group = boot.StoreGroup(store, rank, size, s.timeout, prefix=f"ringcomm/comm{use}")
     index = next(_store_index)
+    if device == "emulated-nccl":
+        return _init_store_emulated(group, s, index, float(jitter_us))
     if device is not None:
         return _init_store_device(group, device, s, index)
     engine = ucx.make_engine(group.allgather, group.rank, group.size, s)
@@ -197,6 +207,25 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport, de
     from .tuning import selection
     c.set_costs(group.bcast(selection.costs_for("ucx", group.size) if group.rank == 0 else None, root=0))
     c._bootstrap = group  # keeps the store alive as long as the communicator
+    _mpi_comms.add(c)
+    return c
+
+
+def _init_store_emulated(group, s, index, jitter_us: float) -> Communicator:
+    """The GPU store launch's structure on a CPU (device="emulated-nccl"):
+    control messages over UCX, the payload in NCCL-like groups on the
+    emulated device's transfer queue over a second UCX worker (whose
+    addresses go through the store where NCCL's unique id would)."""
+    from . import ucx
+    payload, payload_addresses = ucx.exchange(group.allgather, group.rank, group.size)
+    engine = ucx.make_engine(group.allgather, group.rank, group.size, s,
+                             lambda w, addresses: core.ucx_emulated_nccl_engine(
+                                 w, addresses, payload, payload_addresses, group.rank, s.timeout, s.segment_bytes,
+                                 s.window, jitter_us))
+    c = Communicator(engine, s, "ucx(emulated-nccl)", index=index)
+    from .tuning import selection
+    c.set_costs(group.bcast(selection.costs_for("ucx", group.size) if group.rank == 0 else None, root=0))
+    c._bootstrap = group
     _mpi_comms.add(c)
     return c
 

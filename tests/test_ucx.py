@@ -268,3 +268,29 @@ def test_strangers_on_the_ucx_ports_are_never_taken_for_a_rank(ucx, tmp_path):
         assert p.returncode == 0 and f"OK {r}" in out, f"rank {r}: exit {p.returncode}\n{out[-2000:]}\n{err[-3000:]}"
     assert made[0] >= 3 * len(ports), f"only {made[0]} stranger connections to {ports}"
     print(f"\n{made[0]} stranger connections to {len(ports)} UCX ports during 300 all_reduces")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_store_launch_of_the_device_path_with_the_emulated_device(ucx, n, tmp_path):
+    # The GPU store launch's structure on a CPU (issue 25): processes no MPI
+    # launcher started, bootstrapped through a store, control messages over
+    # UCX, the payload in NCCL-like groups on the emulated device over a
+    # second UCX worker (device="emulated-nccl", jitter). The whole suite
+    # phase: every collective against numpy and its ledger, point-to-point,
+    # peers running ahead with every all_reduce algorithm.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "RINGCOMM_"))}
+    store = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, SCRIPT, "emulated", store, str(r), str(n)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in range(n)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    got = {}
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, f"exit {p.returncode}\n{out[-2000:]}\n{err[-3000:]}"
+        for line in out.splitlines():
+            if line.startswith("RESULT "):
+                d = json.loads(line[7:])
+                got[d["rank"]] = d
+    assert sorted(got) == list(range(n)), outs
+    assert all(d["transport"].startswith("grouped(emulated:") for d in got.values()), got
+    errs = [e for d in got.values() for e in d["errors"]]
+    assert not errs, "\n".join(errs[:30])

@@ -18,6 +18,7 @@
 #include "python/py_errors.h"
 #include "python/signals.h"
 #include "transports/inproc_transport.h"
+#include "transports/stream_emu.h"
 #include "transports/ucx_api.h"
 #include "transports/ucx_transport.h"
 
@@ -561,6 +562,26 @@ inline void bind_ucx(py::module_& m) {
         },
         py::arg("worker"), py::arg("addresses"), py::arg("rank"), py::arg("timeout"), py::arg("segment_bytes"),
         py::arg("window"), "An engine over UCX; addresses[r] is rank r's worker address.");
+  m.def("ucx_emulated_nccl_engine",
+        [](UcxWorkerHandle& control, std::vector<std::string> control_addresses, UcxWorkerHandle& payload,
+           std::vector<std::string> payload_addresses, int rank, double timeout, size_t segment_bytes, int window,
+           double jitter_us) {
+          Options o = make_options(timeout, segment_bytes, window);
+          auto h = std::make_unique<EngineHandle>();
+          std::shared_ptr<UcxWorker> c = control.take(), p = payload.take();
+          py::gil_scoped_release nogil;
+          h->engine = std::make_shared<Engine>(
+              make_emulated_grouped_transport(make_ucx_transport(std::move(c), control_addresses, rank),
+                                              make_ucx_transport(std::move(p), payload_addresses, rank), rank,
+                                              jitter_us),
+              o);
+          return h;
+        },
+        py::arg("control"), py::arg("control_addresses"), py::arg("payload"), py::arg("payload_addresses"),
+        py::arg("rank"), py::arg("timeout"), py::arg("segment_bytes"), py::arg("window"), py::arg("jitter_us") = 0.0,
+        "The NCCL transport's store launch with the emulated device: control messages over UCX (`control`'s "
+        "worker), the payload in NCCL-like groups on the emulated device's transfer queue over a second UCX "
+        "worker (`payload`).");
   m.def("ucx_in_process", &ucx::in_process, "Whether a libucp.so.0 is already loaded in this process.");
   m.def("ucx_version", &ucx_version, "UCX's version string (raises TransportError when UCX cannot be loaded).");
 }

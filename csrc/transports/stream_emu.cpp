@@ -180,22 +180,36 @@ class EmuGroupedTransport final : public GroupedTransport {
     const int rank = this->rank();
     static_cast<EmuDevice*>(dev_.get())->transfer_run([t, ops, rank] {
       std::vector<RequestPtr> reqs;
-      for (const Op& o : ops)
-        reqs.push_back(o.is_send ? t->isend(o.peer, Channel::data, o.buf, o.bytes)
-                                 : t->irecv(o.peer, Channel::data, o.buf, o.bytes));
-      const auto deadline = Clock::now() + std::chrono::seconds(60);
-      for (auto& r : reqs) {
-        Request* p = r.get();
-        while (!p->done) {
-          int got = t->wait_any(&p, 1, deadline);
-          if (got < 0) {
-            if (got != kInterrupted)
-              std::fprintf(stderr, "ringcomm: emulated NCCL group on rank %d never completed (deadlock)\n", rank);
-            for (auto& q : reqs)
-              if (!q->done) t->cancel(*q);
-            return;
+      auto withdraw = [&] {
+        for (auto& q : reqs)
+          try {
+            if (!q->done) t->cancel(*q);
+          } catch (const std::exception&) {  // (its peer is gone: nothing more to end)
+          }
+      };
+      // A transport that raises (UCX, when a peer dies) must not end this
+      // queue's thread, and so the process: the group ends with its data
+      // left as is, as an aborted NCCL group does; the rank hears of the
+      // failure through its control messages or its deadline.
+      try {
+        for (const Op& o : ops)
+          reqs.push_back(o.is_send ? t->isend(o.peer, Channel::data, o.buf, o.bytes)
+                                   : t->irecv(o.peer, Channel::data, o.buf, o.bytes));
+        const auto deadline = Clock::now() + std::chrono::seconds(60);
+        for (auto& r : reqs) {
+          Request* p = r.get();
+          while (!p->done) {
+            int got = t->wait_any(&p, 1, deadline);
+            if (got < 0) {
+              if (got != kInterrupted)
+                std::fprintf(stderr, "ringcomm: emulated NCCL group on rank %d never completed (deadlock)\n", rank);
+              withdraw();
+              return;
+            }
           }
         }
+      } catch (const std::exception&) {
+        withdraw();
       }
     });
   }
@@ -214,8 +228,14 @@ std::shared_ptr<Device> make_emulated_device(int id, double jitter_us) {
 std::unique_ptr<Transport> make_emulated_grouped_transport(std::shared_ptr<InprocWorld> control,
                                                            std::shared_ptr<InprocWorld> payload, int rank,
                                                            double jitter_us) {
-  return std::make_unique<EmuGroupedTransport>(make_inproc_transport(std::move(control), rank),
-                                               make_inproc_transport(std::move(payload), rank), rank, jitter_us);
+  return make_emulated_grouped_transport(make_inproc_transport(std::move(control), rank),
+                                         make_inproc_transport(std::move(payload), rank), rank, jitter_us);
+}
+
+std::unique_ptr<Transport> make_emulated_grouped_transport(std::unique_ptr<Transport> control,
+                                                           std::unique_ptr<Transport> payload, int rank,
+                                                           double jitter_us) {
+  return std::make_unique<EmuGroupedTransport>(std::move(control), std::move(payload), rank, jitter_us);
 }
 
 }  // namespace ringcomm

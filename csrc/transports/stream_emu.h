@@ -30,5 +30,12 @@ std::shared_ptr<Device> make_emulated_device(int id, double jitter_us);
 std::unique_ptr<Transport> make_emulated_grouped_transport(std::shared_ptr<InprocWorld> control,
                                                            std::shared_ptr<InprocWorld> payload, int rank,
                                                            double jitter_us);
+// The same over any two transports of this rank: a store launch's two UCX
+// transports (one worker each) across processes, as the NCCL transport runs
+// there (control over UCX, payload in groups). `payload` is used only from
+// the device's transfer queue once made.
+std::unique_ptr<Transport> make_emulated_grouped_transport(std::unique_ptr<Transport> control,
+                                                           std::unique_ptr<Transport> payload, int rank,
+                                                           double jitter_us);
 
 }  // namespace ringcomm

@@ -10,6 +10,13 @@ file stays quick on a 2-core CI machine:
           only the stamp tells), a wrong-sized point-to-point receive (both
           sides fail), a missing rank (a timeout naming it), abort
 
+and, without MPI (tests/test_ucx.py starts the processes itself):
+
+  emulated STORE RANK N   the suite phase over a store launch with
+          device="emulated-nccl": the GPU store launch's structure on a CPU
+          (control messages over UCX, the payload in NCCL-like groups on the
+          emulated device over a second UCX worker), with jitter
+
 Prints one "RESULT {json}" line per rank: {"rank", "transport", "errors"}.
 """
 
@@ -204,8 +211,25 @@ def run_faults(world):
     return errs
 
 
+def main_emulated(store, rank, n):
+    import torch.distributed as dist
+    transport = ""
+    try:
+        comm = ringcomm.init(store=dist.FileStore(store, n), rank=rank, size=n, timeout=60, device="emulated-nccl",
+                             jitter_us=20)
+        transport = comm.transport
+        errs = [] if comm.device == f"emulated:{rank}" else [f"rank {rank}: device {comm.device}"]
+        errs += run_suite(comm)
+        comm.close()
+    except Exception as e:  # noqa: BLE001 - reported; the others raise at their deadline
+        errs = [f"rank {rank}: {type(e).__name__}: {e}"]
+    print("RESULT " + json.dumps({"rank": rank, "transport": transport, "errors": errs}), flush=True)
+
+
 def main():
     phase = sys.argv[1]
+    if phase == "emulated":
+        return main_emulated(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     transport = ""
