@@ -87,6 +87,9 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     "ucx": every message over UCX (ringcomm.ucx; needs libucx-cu13).
     """
     from . import bootstrap as boot
+    if jitter_us and device != "emulated-nccl":  # (never dropped without a word)
+        raise InvalidArgument("init(jitter_us=...) delays the emulated device's operations: it needs "
+                              "device='emulated-nccl'")
     if boot.choose(store is not None, bootstrap) == "store":
         if mpi_comm is not None:
             raise InvalidArgument("init(): give either an MPI communicator or a store, not both")

@@ -142,6 +142,10 @@ def test_init_names_arguments_it_cannot_use(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
     with pytest.raises(InvalidArgument, match="in a job an MPI launcher started"):
         ringcomm.init(store=object(), rank=0, size=2)
+    with pytest.raises(InvalidArgument, match="needs device='emulated-nccl'"):
+        ringcomm.init(store=object(), rank=0, size=2, jitter_us=10)
+    with pytest.raises(InvalidArgument, match="needs a store launch"):
+        ringcomm.init(device="emulated-nccl")
 
 
 def test_a_closed_communicator_lets_its_store_go(tmp_path):
