@@ -40,7 +40,20 @@ def info() -> dict:
     if not d["ucx"].startswith("not usable"):
         d["transports"].insert(2, "ucx")
     d["bootstrap"] = _bootstrap_line()
+    d["scheduling"] = _scheduling_line()
     return d
+
+
+def _scheduling_line() -> str:
+    """Whether ranks in different sessions can hand each other a core
+    (ringcomm/shm.py, split_scheduling)."""
+    from . import shm
+    cores = shm._cores()
+    if shm.sched_group() is None:
+        return f"{cores} cores; tasks not grouped by session (autogroup off, or a cpu cgroup)"
+    return (f"{cores} cores; the kernel groups tasks by session (autogroup): ranks in sessions of their own "
+            f"(torchrun's workers) that outnumber the cores run up to about 1.5x slower than in one session "
+            f"(mpirun); sysctl kernel.sched_autogroup_enabled=0 avoids it")
 
 
 def _ucx_line() -> str:

@@ -18,6 +18,8 @@ def test_info_reports_versions_and_transports():
     d = json.loads(res.stdout)
     assert d["ringcomm"] and "Open MPI" in d["mpi"]
     assert {"mpi", "inproc"} <= set(d["transports"])
+    from ringcomm import shm
+    assert ("groups tasks by session" in d["scheduling"]) == (shm.sched_group() is not None), d["scheduling"]
 
 
 def test_run_starts_n_ranks():
