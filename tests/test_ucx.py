@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -294,3 +295,44 @@ def test_store_launch_of_the_device_path_with_the_emulated_device(ucx, n, tmp_pa
     assert all(d["transport"].startswith("grouped(emulated:") for d in got.values()), got
     errs = [e for d in got.values() for e in d["errors"]]
     assert not errs, "\n".join(errs[:30])
+
+
+EMULATED_DEATH = '''
+import sys, time, numpy as np, torch.distributed as dist, ringcomm
+store, rank = sys.argv[1], int(sys.argv[2])
+comm = ringcomm.init(store=dist.FileStore(store, 2), rank=rank, size=2, timeout=5, device="emulated-nccl")
+x = np.ones(1 << 20, np.float32)
+t0 = None
+try:
+    for i in range(100000):
+        comm.all_reduce(x)
+        if i == 3:
+            print("LOOPING", flush=True)
+            t0 = time.monotonic()
+    print("NO ERROR", flush=True)
+except ringcomm.RingcommError as e:
+    print("RAISED", type(e).__name__, round(time.monotonic() - t0, 2), str(e).replace(chr(10), " ")[:300], flush=True)
+'''
+
+
+def test_a_peer_killed_mid_collective_on_the_emulated_device_path_is_an_error_not_a_crash(ucx, tmp_path):
+    # The payload's groups run on the emulated device's queue thread; when
+    # the peer dies, UCX raises there. That ended the process (an exception
+    # out of a thread). Now the group ends and keeps the failure, which the
+    # rank raises at its next wait (as NCCL's asynchronous error), naming the
+    # peer; where UCX never sees the death (its shared-memory transports may
+    # not), the group ends at the timeout and is raised likewise: an error
+    # either way, never the group's wrong data passed on as a result.
+    script = tmp_path / "death.py"
+    script.write_text(EMULATED_DEATH)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "RINGCOMM_"))}
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "store"), str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
+    assert procs[1].stdout.readline().strip() == "LOOPING"
+    time.sleep(0.3)  # both deep in the loop: some call is in flight
+    procs[1].kill()
+    out0, err0 = procs[0].communicate(timeout=120)
+    procs[1].communicate(timeout=30)
+    assert procs[0].returncode == 0 and "RAISED" in out0, f"exit {procs[0].returncode}\n{out0}\n{err0[-3000:]}"
+    took = float(out0.split("RAISED", 1)[1].split()[1])
+    assert took < 30 and "rank 1" in out0, out0

@@ -573,7 +573,7 @@ inline void bind_ucx(py::module_& m) {
           h->engine = std::make_shared<Engine>(
               make_emulated_grouped_transport(make_ucx_transport(std::move(c), control_addresses, rank),
                                               make_ucx_transport(std::move(p), payload_addresses, rank), rank,
-                                              jitter_us),
+                                              jitter_us, timeout),
               o);
           return h;
         },

@@ -161,9 +161,10 @@ class EmuDevice final : public Device {
 class EmuGroupedTransport final : public GroupedTransport {
  public:
   EmuGroupedTransport(std::unique_ptr<Transport> control, std::unique_ptr<Transport> payload, int rank,
-                      double jitter_us)
+                      double jitter_us, double group_timeout_s)
       : GroupedTransport(std::move(control), std::make_shared<EmuDevice>(rank, jitter_us)),
-        payload_(std::move(payload)) {}
+        payload_(std::move(payload)),
+        group_timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(group_timeout_s))) {}
   std::string name() const override { return "grouped(" + dev_->name() + ")"; }
 
  protected:
@@ -177,8 +178,10 @@ class EmuGroupedTransport final : public GroupedTransport {
     std::vector<Op> ops;
     for (GroupedOp* r : group) ops.push_back({r->is_send, r->peer, r->buf, r->bytes});
     std::shared_ptr<Transport> t = payload_;  // the queue may outlive this transport
+    std::shared_ptr<AsyncError> failure = failure_;
     const int rank = this->rank();
-    static_cast<EmuDevice*>(dev_.get())->transfer_run([t, ops, rank] {
+    const Clock::duration limit = group_timeout_;
+    static_cast<EmuDevice*>(dev_.get())->transfer_run([t, ops, rank, failure, limit] {
       std::vector<RequestPtr> reqs;
       auto withdraw = [&] {
         for (auto& q : reqs)
@@ -189,34 +192,62 @@ class EmuGroupedTransport final : public GroupedTransport {
       };
       // A transport that raises (UCX, when a peer dies) must not end this
       // queue's thread, and so the process: the group ends with its data
-      // left as is, as an aborted NCCL group does; the rank hears of the
-      // failure through its control messages or its deadline.
+      // left as is, and the failure is kept for check_async(), as NCCL
+      // keeps its asynchronous error for ncclCommGetAsyncError.
       try {
         for (const Op& o : ops)
           reqs.push_back(o.is_send ? t->isend(o.peer, Channel::data, o.buf, o.bytes)
                                    : t->irecv(o.peer, Channel::data, o.buf, o.bytes));
-        const auto deadline = Clock::now() + std::chrono::seconds(60);
+        const auto deadline = Clock::now() + limit;
         for (auto& r : reqs) {
           Request* p = r.get();
           while (!p->done) {
             int got = t->wait_any(&p, 1, deadline);
             if (got < 0) {
-              if (got != kInterrupted)
-                std::fprintf(stderr, "ringcomm: emulated NCCL group on rank %d never completed (deadlock)\n", rank);
+              if (got != kInterrupted) {
+                // A deadlock, or a peer whose death the payload transport
+                // never saw: either way the data is wrong, so the rank must
+                // raise (check_async), not go on with it.
+                const std::string what = "the group on rank " + std::to_string(rank) +
+                                         " never completed: its message with rank " + std::to_string(p->peer) +
+                                         " did not match (a deadlock, or a peer gone unseen)";
+                std::fprintf(stderr, "ringcomm: emulated NCCL: %s\n", what.c_str());
+                failure->set(what);
+              }
               withdraw();
               return;
             }
           }
         }
-      } catch (const std::exception&) {
+      } catch (const std::exception& e) {
+        failure->set(e.what());
         withdraw();
       }
     });
   }
   void abort_groups() override { payload_->interrupt(); }  // stuck groups end (their data is left as is)
+  void check_async() override {
+    const std::string why = failure_->get();
+    if (!why.empty())
+      throw RingError(ErrKind::transport, rank(), -1, 0, "an emulated NCCL group failed on the payload transport: " + why);
+  }
 
  private:
+  struct AsyncError {  // written by the transfer queue's thread, read by the rank's
+    std::mutex m;
+    std::string text;
+    void set(const std::string& t) {
+      std::lock_guard<std::mutex> g(m);
+      if (text.empty()) text = t;
+    }
+    std::string get() {
+      std::lock_guard<std::mutex> g(m);
+      return text;
+    }
+  };
   std::shared_ptr<Transport> payload_;
+  Clock::duration group_timeout_;
+  std::shared_ptr<AsyncError> failure_ = std::make_shared<AsyncError>();
 };
 
 }  // namespace
@@ -229,13 +260,14 @@ std::unique_ptr<Transport> make_emulated_grouped_transport(std::shared_ptr<Inpro
                                                            std::shared_ptr<InprocWorld> payload, int rank,
                                                            double jitter_us) {
   return make_emulated_grouped_transport(make_inproc_transport(std::move(control), rank),
-                                         make_inproc_transport(std::move(payload), rank), rank, jitter_us);
+                                         make_inproc_transport(std::move(payload), rank), rank, jitter_us, 60.0);
 }
 
 std::unique_ptr<Transport> make_emulated_grouped_transport(std::unique_ptr<Transport> control,
                                                            std::unique_ptr<Transport> payload, int rank,
-                                                           double jitter_us) {
-  return std::make_unique<EmuGroupedTransport>(std::move(control), std::move(payload), rank, jitter_us);
+                                                           double jitter_us, double group_timeout_s) {
+  return std::make_unique<EmuGroupedTransport>(std::move(control), std::move(payload), rank, jitter_us,
+                                               group_timeout_s);
 }
 
 }  // namespace ringcomm

@@ -26,16 +26,18 @@ std::shared_ptr<Device> make_emulated_device(int id, double jitter_us);
 // transfer queue, posts its sends and receives to `payload` (in-process, host
 // memory) and blocks that queue until all of them have matched. A grouping
 // that could deadlock on NCCL deadlocks here (reported after 60 s on stderr,
-// with the data left wrong). Control messages go through `control`.
+// and raised by the rank's next wait). Control messages go through `control`.
 std::unique_ptr<Transport> make_emulated_grouped_transport(std::shared_ptr<InprocWorld> control,
                                                            std::shared_ptr<InprocWorld> payload, int rank,
                                                            double jitter_us);
 // The same over any two transports of this rank: a store launch's two UCX
 // transports (one worker each) across processes, as the NCCL transport runs
 // there (control over UCX, payload in groups). `payload` is used only from
-// the device's transfer queue once made.
+// the device's transfer queue once made. A group that has not completed
+// after `group_timeout_s` (60 in process) ends, and the rank's next wait
+// raises it (check_async), as one whose transport raised.
 std::unique_ptr<Transport> make_emulated_grouped_transport(std::unique_ptr<Transport> control,
                                                            std::unique_ptr<Transport> payload, int rank,
-                                                           double jitter_us);
+                                                           double jitter_us, double group_timeout_s);
 
 }  // namespace ringcomm
