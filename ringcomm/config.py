@@ -52,6 +52,9 @@ def parse_size(text: str | int) -> int:
     return int(value)
 
 
+MAX_TIMEOUT = 1e9  # seconds: a larger timeout (inf included) means this
+
+
 @dataclass(frozen=True)
 class Settings:
     timeout: float
@@ -71,6 +74,10 @@ def settings(timeout: float | None = None, segment_bytes: int | str | None = Non
     w = int(window if window is not None else env.get("RINGCOMM_WINDOW", DEFAULT_WINDOW))
     if not t > 0:
         raise ValueError(f"timeout must be positive, got {t}")
+    # "Never" (inf, or torch's timedelta.max): the engine counts deadlines in
+    # int64 nanoseconds, where anything past ~292 years wrapped and every wait
+    # timed out at once ("timed out after inf s"). 1e9 s (31 years) is never.
+    t = min(t, MAX_TIMEOUT)
     if not 1 <= seg <= 1 << 30:
         raise ValueError(f"segment_bytes must be between 1 and 1G, got {seg}")
     if w < 2:

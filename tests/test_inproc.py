@@ -243,6 +243,19 @@ def test_all_gather_without_out_checks_counts_on_every_rank():
 
 # ---- timeouts and aborts ----------------------------------------------------
 
+@pytest.mark.parametrize("timeout", [float("inf"), 1e300, 86400.0 * 999999999])  # the last: torch's timedelta.max
+def test_a_timeout_of_never_never_times_out(timeout):
+    # Deadlines are int64 nanoseconds in the engine: these wrapped, and every
+    # wait timed out at once ("timed out after inf s").
+    def body(comm):
+        x = np.arange(10, dtype=np.float64) * (comm.rank + 1)
+        comm.all_reduce(x)
+        return bool(np.array_equal(x, np.arange(10) * 3.0)), comm.timeout
+    got = ringcomm.run_local(2, body, timeout=timeout)
+    assert all(ok for ok, _ in got), got
+    assert all(t == ringcomm.config.MAX_TIMEOUT for _, t in got), got
+
+
 def test_rank_that_never_joins_makes_the_others_time_out():
     def body(comm):
         if comm.rank == 2:
