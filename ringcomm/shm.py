@@ -156,6 +156,26 @@ def arena_bytes() -> int:
     return b // 4096 * 4096
 
 
+# Blocks of at least this many bytes (a call's bytes over its ranks) move
+# by single copy in the window: all_gather, broadcast, gather, scatter and
+# all_to_all read them straight from the peers' arrays
+# (csrc/algorithms/shm.cpp, process_vm_readv) instead of through the slots.
+DEFAULT_SINGLE_COPY_MIN = 64 << 10
+
+
+def single_copy_min() -> int:
+    """``RINGCOMM_SHM_SINGLE_COPY``: the smallest block (bytes) moved by single
+    copy, or "off" (never); default DEFAULT_SINGLE_COPY_MIN. Returns
+    UNLIMITED for off."""
+    v = os.environ.get("RINGCOMM_SHM_SINGLE_COPY", "").strip().lower()
+    if v in ("off", "no", "false", "never"):
+        return UNLIMITED
+    b = _int_env("RINGCOMM_SHM_SINGLE_COPY", DEFAULT_SINGLE_COPY_MIN) if v else DEFAULT_SINGLE_COPY_MIN
+    if b < 0:
+        raise InvalidArgument(f"RINGCOMM_SHM_SINGLE_COPY must be a number of bytes or 'off', got {v!r}")
+    return b
+
+
 # The largest buffer auto runs in the window, per collective, while the
 # ranks fit the cores: above it Open MPI's single-copy point-to-point (the
 # kernel copies straight from the peer's buffer) outran the staged copies
@@ -208,6 +228,20 @@ SHM_FROM = {"reduce": 4 << 20, "gather": 1 << 20}
 SHM_MAX_OVERSUBSCRIBED = {"gather": 16 << 10, "scatter": 256 << 10, "all_to_all": 64 << 10}
 SHM_FROM_OVERSUBSCRIBED = {"gather": 4 << 20}
 
+# With single copy (blocks from 64 KiB read straight from the peers' arrays,
+# DEFAULT_SINGLE_COPY_MIN) the window wins again from these sizes.
+# bench/shm_rooted.py and /tmp-style A/B runs, median of 5-7 interleaved
+# reps, us (window with single copy / message algorithm / MPI): N = 2:
+# all_gather 256 KiB 10.1 / 11.4 (ring) / 10.5, 1 MiB 48.3 / 50.8 / 48.4,
+# 4 MiB 311 / 323 / 322; scatter 256 KiB 6.7-7.3 / 7.6-8.2 / 9.2-9.9, 1 MiB
+# 21.0 / 22.5 / 31-32; all_to_all 256 KiB 10.2-10.4 / 11.4-11.8 / 10.3-10.6,
+# 1 MiB 47-53 / 50-57 / 46-54, 4 MiB 348-363 / 354-370 / 342-367. N = 4 on
+# 2 cores: all_to_all 256 KiB 37.8 / 48.5 / 34.9, 1 MiB 215 / 258 / 194,
+# 4 MiB 751 / 788 / 759 (scatter there loses at 1 MiB, 57.7 / 36.6, and
+# all_gather already runs in the window at every size).
+SHM_FROM_SINGLE_COPY = {"all_gather": 256 << 10, "scatter": 256 << 10, "all_to_all": 256 << 10}
+SHM_FROM_SINGLE_COPY_OVERSUBSCRIBED = {"all_to_all": 256 << 10}
+
 
 # (the order Engine.set_shm_auto takes them in)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter", "all_to_all")
@@ -253,16 +287,20 @@ def shm_max(nranks: int) -> list:
     return [t.get(c, SHM_MAX[c]) for c in COLLECTIVES]
 
 
-def shm_from(nranks: int | None = None) -> list:
+def shm_from(nranks: int | None = None, single_copy: bool = False) -> list:
     """Per collective (in the order of COLLECTIVES) the size from which auto
     runs in the window again, above shm_max's limit (UNLIMITED: never):
-    SHM_FROM (SHM_FROM_OVERSUBSCRIBED when `nranks` outnumber the cores),
-    unless ``RINGCOMM_SHM_MAX`` (one limit, nothing above it) or
-    ``RINGCOMM_TRANSPORT=shm`` (no limit) says otherwise."""
+    SHM_FROM (SHM_FROM_OVERSUBSCRIBED when `nranks` outnumber the cores;
+    with `single_copy`, also SHM_FROM_SINGLE_COPY or its oversubscribed
+    table, whichever is smaller), unless ``RINGCOMM_SHM_MAX`` (one limit,
+    nothing above it) or ``RINGCOMM_TRANSPORT=shm`` (no limit) says
+    otherwise."""
     if os.environ.get("RINGCOMM_SHM_MAX") or mode() == "shm":
         return [UNLIMITED] * len(COLLECTIVES)
-    table = SHM_FROM_OVERSUBSCRIBED if _oversubscribed(nranks) else SHM_FROM
-    return [table.get(c, UNLIMITED) for c in COLLECTIVES]
+    over = _oversubscribed(nranks)
+    table = SHM_FROM_OVERSUBSCRIBED if over else SHM_FROM
+    extra = (SHM_FROM_SINGLE_COPY_OVERSUBSCRIBED if over else SHM_FROM_SINGLE_COPY) if single_copy else {}
+    return [min(table.get(c, UNLIMITED), extra.get(c, UNLIMITED)) for c in COLLECTIVES]
 
 
 def flat_max(nranks: int | None = None) -> int:
@@ -390,9 +428,15 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
                           "messages: " + err, RuntimeWarning, stacklevel=3)
             return None
         _say_if_split_scheduling([got[q][1] for q in here], here[0] == comm.Get_rank())
-        # Rank 0's limits for everyone: every rank must choose alike.
-        flat, limits, again = comm.bcast((flat_max(n), shm_max(n), shm_from(n)) if comm.Get_rank() == 0 else None,
-                                         root=0)
+        # Rank 0's limits for everyone: every rank must choose alike. Single
+        # copy where every rank can read every peer's memory (the kernel may
+        # refuse: ptrace restrictions, seccomp).
+        readable = all(comm.allgather(window.probe_single_copy()))
+        single = single_copy_min() if readable else UNLIMITED
+        flat, limits, again, single = comm.bcast(
+            (flat_max(n), shm_max(n), shm_from(n, single < UNLIMITED), single) if comm.Get_rank() == 0 else None,
+            root=0)
+        window.single_copy_min = single
         engine.attach_window(window, True, flat)
         engine.set_shm_auto(True, flat, limits, again)
         return "shm"
@@ -499,5 +543,7 @@ def attach_local(engines: list) -> None:
     windows = core.shm_local_windows(len(engines), slot_bytes())
     core.shm_local_arena(windows, arena_bytes())  # reserved lazily: untouched parts cost nothing
     use = mode() == "shm"
+    single = single_copy_min()
     for e, w in zip(engines, windows):
+        w.single_copy_min = single  # (one address space: a memcpy)
         e.attach_window(w, use, flat_max())

@@ -67,6 +67,9 @@ class BlockSplit {
     return places_ ? reinterpret_cast<char*>(places_[r]) : base + offset(r) * es;
   }
   const char* at(const char* base, int r, size_t es) const { return at(const_cast<char*>(base), r, es); }
+  // The blocks' own addresses (null: back to back in one buffer).
+  const uintptr_t* places() const { return places_; }
+  size_t total() const { return n_ ? offset(n_ - 1) + count(n_ - 1) : 0; }
 
  private:
   size_t total_;

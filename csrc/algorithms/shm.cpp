@@ -224,7 +224,112 @@ void gather(Link& link, const Plan& plan, const char* own, char* out) {
 
 }  // namespace
 
-void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out) { gather(link, plan, own, out); }
+// ---- single copy: large blocks straight from the peers' arrays ------------
+// all_gather, scatter and all_to_all move blocks without changing them:
+// above the window's single-copy limit each rank reads the blocks it needs
+// straight from its peers' arrays (ShmWindow::read_peer: process_vm_readv,
+// as Open MPI's smsc/cma) instead of every byte being copied into a slot and
+// out again. Not gather: there the root alone would copy everything, where
+// through the slots the leaves copy in while it copies out (N = 2, 4 MiB:
+// 375-402 us single copy, 272 through the slots). Not broadcast: its leaves
+// would each read the root's whole buffer out of its pages, where the
+// slots' rounds stay in cache (N = 4 on 2 cores, 1 MiB: 303 us single copy,
+// 163 through the slots; bench/README.md).
+//
+//   publish  where this rank's input (or its blocks' table) is
+//   sync     every rank's arrays are ready and published, the call the same
+//   read     each block this rank needs, from the peer that holds it
+//            (staggered: rank r starts with r + 1, so no rank is read by all
+//            at once)
+//   sync     no peer reads this rank's arrays any more: the caller may
+//            write them again
+//
+// Every rank decides alike: from the call's size (the same on every rank)
+// and the window's limit (the same on every rank, attach's).
+namespace {
+
+// `block_bytes`: what one rank reads from one peer (the same on every rank).
+bool single_copy(const ShmWindow& w, size_t block_bytes) {
+  return w.size() > 1 && block_bytes >= w.single_copy_min();
+}
+
+void sc_all_gather(Link& link, const RingPlan& plan, const char* own, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const Coll coll = Coll(fp.coll);
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  Ledger& ledger = link.ledger();
+  w.publish(fp.seq, own, nullptr);
+  for (int j = 0; j < n; ++j)
+    if (j != r && plan.chunk_count(r)) ledger.sent(coll, w.member(j), false, plan.chunk_count(r) * es);
+  w.sync(link, fp, true);
+  char* own_out = out + plan.chunk_begin(r) * es;  // (while the peers read it: not before the sync)
+  if (own != own_out && plan.chunk_count(r)) std::memmove(own_out, own, plan.chunk_count(r) * es);
+  for (int k = 1; k < n; ++k) {
+    const int j = (r + k) % n;
+    const size_t bytes = plan.chunk_count(j) * es;
+    if (!bytes) continue;
+    w.read_peer(j, fp.seq, 0, j, out + plan.chunk_begin(j) * es, bytes);
+    ledger.received(coll, w.member(j), false, bytes);
+  }
+  w.sync(link, fp, false);
+}
+
+// The leaves read their blocks from the root's input, or, when the root's
+// blocks sit in arrays of their own (torch's scatter_list), from those: the
+// root publishes their table and each leaf reads its entry first.
+void sc_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  Ledger& ledger = link.ledger();
+  if (r == root) {
+    w.publish(fp.seq, in, blocks.places());
+    for (int j = 0; j < n; ++j)
+      if (j != r && blocks.count(j)) ledger.sent(Coll::scatter, w.member(j), false, blocks.count(j) * es);
+  }
+  w.sync(link, fp, true);
+  if (r == root && blocks.count(r)) {  // (while the leaves read; in place: out is already its block of x)
+    const char* src = blocks.at(in, r, es);
+    if (src != out) std::memmove(out, src, blocks.count(r) * es);
+  }
+  if (r != root && blocks.count(r)) {
+    // (a leaf's blocks are the split rule's or the counts every rank passed: the root's offsets)
+    w.read_peer(root, fp.seq, blocks.offset(r) * es, r, out, blocks.count(r) * es);
+    ledger.received(Coll::scatter, w.member(root), false, blocks.count(r) * es);
+  }
+  w.sync(link, fp, false);
+}
+
+void sc_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t B = count / size_t(n) * es;  // equal blocks, in bytes
+  Ledger& ledger = link.ledger();
+  w.publish(fp.seq, in, nullptr);
+  if (B)
+    for (int j = 0; j < n; ++j)
+      if (j != r) ledger.sent(Coll::all_to_all, w.member(j), false, B);
+  w.sync(link, fp, true);
+  if (B) std::memcpy(out + size_t(r) * B, in + size_t(r) * B, B);  // (while the peers read)
+  if (B)
+    for (int k = 1; k < n; ++k) {
+      const int j = (r + k) % n;
+      w.read_peer(j, fp.seq, size_t(r) * B, 0, out + size_t(j) * B, B);
+      ledger.received(Coll::all_to_all, w.member(j), false, B);
+    }
+  w.sync(link, fp, false);
+}
+
+}  // namespace
+
+void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out) {
+  ShmWindow& w = window_of(link);
+  if (single_copy(w, plan.count() / size_t(w.size()) * plan.elem_size())) return sc_all_gather(link, plan, own, out);
+  gather(link, plan, own, out);
+}
 
 void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf) {
   ShmWindow& w = window_of(link);
@@ -310,6 +415,7 @@ void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const
 
 void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out) {
   ShmWindow& w = window_of(link);
+  if (single_copy(w, blocks.total() / size_t(w.size()) * es)) return sc_scatter(link, blocks, es, root, in, out);
   const Fingerprint& fp = link.call();
   const int n = w.size(), r = w.rank();
   const size_t P = piece_elems(w, es);
@@ -341,6 +447,7 @@ void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, cons
 
 void shm_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out) {
   ShmWindow& w = window_of(link);
+  if (single_copy(w, count / size_t(w.size()) * es)) return sc_all_to_all(link, count, es, in, out);
   const Fingerprint& fp = link.call();
   const int n = w.size(), r = w.rank();
   const size_t B = count / size_t(n);  // equal blocks (the engine runs this only then)

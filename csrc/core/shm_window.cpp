@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -96,6 +97,11 @@ struct alignas(kLine) ShmWindow::RankArea {
   std::atomic<uint64_t> latest;   // seq of the newest call it announced
   std::atomic<uint64_t> call[kCalls];  // (seq << 32) | stamp of call seq, at seq % kCalls
   Fingerprint fp[kCalls];
+  // Single copy: this area's address in its owner's process (the probe reads
+  // `pid` through it), and per call (at seq % kCalls, like fp) the owner's
+  // input and block table addresses, valid while it is in that call.
+  uint64_t self;
+  std::atomic<uint64_t> addr[kCalls][2];
 };
 
 size_t ShmWindow::bytes_for(int nranks, size_t slot_bytes) {
@@ -129,6 +135,7 @@ ShmWindow::ShmWindow(void* base, size_t bytes, int rank, int nranks, size_t slot
   }
   area(rank)->pid = processes ? int64_t(getpid()) : 0;
   area(rank)->pidns = pid_namespace();
+  area(rank)->self = reinterpret_cast<uint64_t>(area(rank));
   // First touch on the owning rank: its slots' pages are faulted in here.
   std::memset(slot(rank, 0), 0, slot_bytes_);
   std::memset(slot(rank, 1), 0, slot_bytes_);
@@ -167,6 +174,70 @@ Fingerprint ShmWindow::peer_call(int j, const Fingerprint& mine) const {
     throw RingError(ErrKind::transport, member(rank_), member(j), mine.seq,
                     "rank " + std::to_string(member(j)) + "'s announcement of " + describe(mine) + " is gone from the window");
   return a->fp[k];
+}
+
+bool ShmWindow::probe_single_copy() const {
+  if (!processes_) return true;  // in-process ranks: one address space
+  const RankArea* me = area(rank_);
+  for (int j = 0; j < n_; ++j) {
+    const RankArea* a = area(j);
+    if (j == rank_) continue;
+    if (a->pid <= 0 || a->pidns != me->pidns) return false;
+    // a->pid as j's process holds it: at the same offset from j's own address of its area
+    int64_t got = 0;
+    const uint64_t at = a->self + (reinterpret_cast<uint64_t>(&a->pid) - reinterpret_cast<uint64_t>(a));
+    struct iovec local{&got, sizeof got}, remote{reinterpret_cast<void*>(at), sizeof got};
+    if (process_vm_readv(pid_t(a->pid), &local, 1, &remote, 1, 0) != ssize_t(sizeof got) || got != a->pid) return false;
+  }
+  return true;
+}
+
+void ShmWindow::publish(uint64_t seq, const void* in, const uintptr_t* places) {
+  RankArea* me = area(rank_);
+  const int k = int(seq % kCalls);
+  me->addr[k][0].store(reinterpret_cast<uint64_t>(in), std::memory_order_relaxed);
+  me->addr[k][1].store(reinterpret_cast<uint64_t>(places), std::memory_order_relaxed);
+  // (the sync that follows releases them)
+}
+
+void ShmWindow::copy_from(int j, uint64_t seq, void* dst, uint64_t from, size_t bytes) const {
+  if (!bytes) return;
+  const RankArea* a = area(j);
+  if (!processes_) {
+    std::memcpy(dst, reinterpret_cast<const void*>(from), bytes);
+    return;
+  }
+  char* d = static_cast<char*>(dst);
+  while (bytes) {
+    struct iovec local{d, bytes}, remote{reinterpret_cast<void*>(from), bytes};
+    const ssize_t got = process_vm_readv(pid_t(a->pid), &local, 1, &remote, 1, 0);
+    if (got > 0) {
+      d += got;
+      from += uint64_t(got);
+      bytes -= size_t(got);
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    const int err = got < 0 ? errno : EFAULT;
+    const std::string dead = death_of(member(j));
+    throw RingError(ErrKind::transport, member(rank_), member(j), seq,
+                    !dead.empty() ? dead + " during a single-copy read of its data"
+                                  : "single-copy read of " + std::to_string(bytes) + " bytes from rank " +
+                                        std::to_string(member(j)) + " (pid " + std::to_string(a->pid) +
+                                        ") failed: " + std::strerror(err) +
+                                        " (RINGCOMM_SHM_SINGLE_COPY=off turns single copy off)");
+  }
+}
+
+void ShmWindow::read_peer(int j, uint64_t seq, size_t offset, int block, void* dst, size_t bytes) const {
+  if (!bytes) return;
+  const RankArea* a = area(j);
+  const int k = int(seq % kCalls);
+  const uint64_t in = a->addr[k][0].load(std::memory_order_relaxed);
+  const uint64_t places = a->addr[k][1].load(std::memory_order_relaxed);
+  uint64_t from = in + offset;
+  if (places) copy_from(j, seq, &from, places + uint64_t(block) * sizeof(uint64_t), sizeof from);
+  copy_from(j, seq, dst, from, bytes);
 }
 
 bool ShmWindow::all_arrived(uint64_t phase, int* missing) const {

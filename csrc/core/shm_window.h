@@ -110,6 +110,28 @@ class ShmWindow {
   // RingError(invalid) when no free range is large enough.
   size_t arena_alloc(size_t bytes);
   void arena_free(size_t offset);
+  // ---- single copy (large blocks) ----
+  // Ranks read blocks straight from each other's arrays: the kernel copies
+  // from the peer's pages between processes (process_vm_readv, Linux's cross
+  // memory attach, as Open MPI's smsc/cma), memcpy between in-process ranks.
+  // One copy instead of the slots' two, in two syncs whatever the size.
+  // Used for blocks of at least single_copy_min() bytes (SIZE_MAX: never,
+  // the default; attach decides for every rank alike).
+  size_t single_copy_min() const { return single_copy_min_; }
+  void set_single_copy_min(size_t bytes) { single_copy_min_ = bytes; }
+  // Can this rank read every peer's memory? Reads a word each peer wrote
+  // at construction (after every rank has attached).
+  bool probe_single_copy() const;
+  // Before the call's first sync: where peers find this rank's data for call
+  // `seq`, in this process's addresses: `in` (its blocks back to back) or,
+  // when its blocks sit in arrays of their own, `places` (their addresses).
+  void publish(uint64_t seq, const void* in, const uintptr_t* places);
+  // `bytes` of rank j's data into `dst`: from `offset` bytes into the input
+  // j published, or from the start of its block `block` when j published
+  // places. After the call's first sync, while j is still in call `seq`;
+  // throws RingError naming j (a dead peer as such).
+  void read_peer(int j, uint64_t seq, size_t offset, int block, void* dst, size_t bytes) const;
+
   // The newest call window rank `peer` announced in the window (0: none yet).
   uint64_t latest_call(int peer) const;
   // The same for the communicator's rank `member` (as member() numbers
@@ -129,6 +151,7 @@ class ShmWindow {
   void check_slow(Link& link, const Fingerprint& fp, uint64_t phase, int missing);
   std::string peer_state(Link& link, int peer, const Fingerprint& fp);
   [[noreturn]] void throw_other_call(int j, uint64_t word, const Fingerprint& fp);
+  void copy_from(int j, uint64_t seq, void* dst, uint64_t from, size_t bytes) const;
 
   char* base_;
   size_t bytes_;
@@ -142,6 +165,7 @@ class ShmWindow {
   long spin_ns_;        // how long sync spins, then yields, before it sleeps
   long yield_ns_;
   std::vector<int> members_;
+  size_t single_copy_min_ = SIZE_MAX;
   char* arena_ = nullptr;
   size_t arena_per_rank_ = 0;
   std::shared_ptr<void> arena_keep_;

@@ -220,6 +220,11 @@ inline void bind_engine(py::module_& m) {
       .def_property_readonly("size", &ShmWindow::size)
       .def_property_readonly("slot_bytes", &ShmWindow::slot_bytes)
       .def_property_readonly("label", &ShmWindow::label)
+      .def_property("single_copy_min", &ShmWindow::single_copy_min, &ShmWindow::set_single_copy_min,
+                    "Blocks of at least this many bytes are read straight from the peers' arrays (single copy; "
+                    "2**64-1: never). Set alike on every rank, before any collective (ringcomm/shm.py).")
+      .def("probe_single_copy", &ShmWindow::probe_single_copy, py::call_guard<py::gil_scoped_release>(),
+           "Can this rank read every peer's memory (process_vm_readv)? Call once every rank has attached.")
       .def_property_readonly("has_arena", &ShmWindow::has_arena)
       .def_property_readonly("arena_bytes", &ShmWindow::arena_bytes)
       .def("arena_alloc",
