@@ -43,3 +43,5 @@ core = _core
 import threading as _threading  # noqa: E402
 
 core.set_main_thread(_threading.main_thread().ident)  # Ctrl-C is only seen there
+from . import vocab as _vocab  # noqa: E402
+core.register_vocab(_vocab.OPS, _vocab.ALGORITHMS)  # the fast lanes take names (csrc/python/converters.h)

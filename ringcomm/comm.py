@@ -196,10 +196,8 @@ class Communicator:
             # described and run natively (False: something to explain or
             # another kind of array; the door's Python adapter takes it).
             y = x if out is None else out
-            opc = vocab.OPS.get(op, -1) if isinstance(op, str) else -1
-            algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
-            try:
-                if self._engine.run_all_reduce(x, y, opc, algo):
+            try:  # (op and algorithm by name: looked up natively, unknown ones declined)
+                if self._engine.run_all_reduce(x, y, op, algorithm):
                     return y
             except BaseException as exc:  # the collective failed: as in _submit
                 self._failed(exc, (x, out))
@@ -219,10 +217,8 @@ class Communicator:
         shm and shm_flat (which sharded training relies on).
         """
         if self._fast_lane and not async_op and out is not None:  # as all_reduce's (1-D numpy, out given)
-            opc = vocab.OPS.get(op, -1) if isinstance(op, str) else -1
-            algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
             try:
-                if self._engine.run_halves(True, x, out, opc, algo):
+                if self._engine.run_halves(True, x, out, op, algorithm):
                     return out
             except BaseException as exc:
                 self._failed(exc, (x, out))
@@ -240,9 +236,8 @@ class Communicator:
         (power-of-two sizes only) or "shm".
         """
         if self._fast_lane and not async_op and out is not None:  # as all_reduce's (1-D numpy, out given)
-            algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
             try:
-                if self._engine.run_halves(False, x, out, 0, algo):
+                if self._engine.run_halves(False, x, out, 0, algorithm):
                     return out
             except BaseException as exc:
                 self._failed(exc, (x, out))
@@ -618,10 +613,8 @@ class Communicator:
         if not self._fast_lane or async_op or isinstance(root, bool) or not isinstance(root, int) or \
                 not 0 <= root < self.size or algorithm not in _FAST_ALGORITHMS[coll]:
             return False  # (the door explains)
-        opc = vocab.OPS.get(op, -1) if isinstance(op, str) else -1
-        algo = vocab.ALGORITHMS.get(algorithm, -2) if isinstance(algorithm, str) else -2
         try:
-            return self._engine.run_rooted(vocab.COLLECTIVES[coll], x, out, root, opc, algo)
+            return self._engine.run_rooted(vocab.COLLECTIVES[coll], x, out, root, op, algorithm)
         except BaseException as exc:  # the collective failed: as in _submit
             self._failed(exc, (x, out))
             raise

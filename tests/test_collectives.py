@@ -116,7 +116,7 @@ def test_fast_lane_runs_the_plain_calls_and_declines_the_rest():
         n, r, e = comm.size, comm.rank, comm._engine
         errs = []
 
-        def ran(coll, x, out, root=0, op=0, algo=-1):
+        def ran(coll, x, out, root=0, op="sum", algo="auto"):
             if not e.run_rooted(C[coll], x, out, root, op, algo):
                 errs.append(f"rank {r}: {coll} declined")
         b = np.arange(5.0) * (r + 1)
@@ -124,7 +124,7 @@ def test_fast_lane_runs_the_plain_calls_and_declines_the_rest():
         errs += suite.compare(b, np.arange(5.0) * 2, "broadcast", r)
         x = (np.arange(7) + 10 * r).astype(np.int32)
         out = np.zeros(7, np.int32)
-        ran("reduce", x, out, root=2, op=vocab.OPS["max"])
+        ran("reduce", x, out, root=2, op="max")
         if r == 2:
             errs += suite.compare(out, np.arange(7, dtype=np.int32) + 10 * (n - 1), "reduce", r)
         y = x.copy()
@@ -160,7 +160,7 @@ def test_fast_lane_runs_the_plain_calls_and_declines_the_rest():
                 ("all_to_all", a[::2], np.zeros(n, np.int64), 0),             # not contiguous
                 ("broadcast", b, b, n),                                       # root out of range
                 ("gather", [1.0, 2.0], None, 0)]:                             # not an array
-            if e.run_rooted(C[coll], xx, oo, root, 0, -1):
+            if e.run_rooted(C[coll], xx, oo, root, "sum", "auto"):
                 errs.append(f"rank {r}: {coll} ran what the door must explain")
         if comm.last_algorithm is None:
             errs.append("nothing ran")
@@ -170,15 +170,16 @@ def test_fast_lane_runs_the_plain_calls_and_declines_the_rest():
     def alone(comm):  # the root's own checks (one rank: it is every root)
         e, errs = comm._engine, []
         for coll, xx, oo, op in [
-                ("gather", np.zeros(3), np.zeros(4), 0),                      # out is not n blocks
-                ("scatter", np.zeros(4), np.zeros(3), 0),                     # blocks do not match
-                ("reduce", np.zeros(3, np.int32), None, vocab.OPS["avg"]),    # avg of integers
-                ("reduce", np.zeros((2, 3)), np.zeros((3, 2)), 0),            # shapes differ
-                ("reduce", np.zeros(4), None, 9)]:                            # no such op
-            if e.run_rooted(C[coll], xx, oo, 0, op, -1):
+                ("gather", np.zeros(3), np.zeros(4), "sum"),                  # out is not n blocks
+                ("scatter", np.zeros(4), np.zeros(3), "sum"),                 # blocks do not match
+                ("reduce", np.zeros(3, np.int32), None, "avg"),               # avg of integers
+                ("reduce", np.zeros((2, 3)), np.zeros((3, 2)), "sum"),        # shapes differ
+                ("reduce", np.zeros(4), None, "mean"),                        # no such op
+                ("reduce", np.zeros(4), None, 0)]:                            # a code, not a name
+            if e.run_rooted(C[coll], xx, oo, 0, op, "auto"):
                 errs.append(f"{coll} ran what the door must explain")
         base = np.zeros(6)
-        if e.run_rooted(C["gather"], base[1:4], base[0:3], 0, 0, -1):  # x overlaps out, not as its block
+        if e.run_rooted(C["gather"], base[1:4], base[0:3], 0, "sum", "auto"):  # x overlaps out, not as its block
             errs.append("gather ran on a partial overlap")
         try:  # a root beyond a C int: the door's error, not the binding's TypeError
             comm.broadcast(np.zeros(2), root=2 ** 40)

@@ -137,6 +137,13 @@ inline void bind_engine(py::module_& m) {
       .def_readonly("out_counts", &Call::out_counts)
       .def_readonly("in_places", &Call::in_places)
       .def_readonly("out_places", &Call::out_places);
+  m.def("register_vocab",
+        [](py::dict ops, py::dict algorithms) {
+          vocab_tables().ops = ops;
+          vocab_tables().algorithms = algorithms;
+        },
+        py::arg("ops"), py::arg("algorithms"),
+        "Let the fast lanes take op and algorithm names: ringcomm.vocab's OPS and ALGORITHMS.");
   m.def("register_torch",
         [](py::object tensor_type, py::dict codes) {
           torch_types().tensor = tensor_type;
@@ -354,17 +361,19 @@ inline void bind_engine(py::module_& m) {
       .def("run", [](EngineHandle& h, const Call& c) { call_host(h, make_task(c)); }, py::arg("call"),
            "Run a host collective to completion (on this thread when the engine is idle); raises on failure.")
       .def("run_all_reduce",
-           [](EngineHandle& h, py::handle x, py::handle out, int op, int algo) {
+           [](EngineHandle& h, py::handle x, py::handle out, py::handle op, py::handle algo) {
              // The fast lane (host_all_reduce_call): False means "not described
              // here", and the Python adapter runs instead.
              Call c;
-             if (!host_all_reduce_call(x, out, op, algo, c)) return false;
+             if (!host_all_reduce_call(x, out, vocab_code(vocab_tables().ops, op, -1),
+                                       vocab_code(vocab_tables().algorithms, algo, -2), c))
+               return false;
              call_host(h, make_task(c));
              return true;
            },
            py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"),
-           "Synchronous all_reduce of numpy arrays or torch CPU tensors described natively; False when the "
-           "arrays need the Python adapter (ringcomm/door.py).")
+           "Synchronous all_reduce of numpy arrays or torch CPU tensors described natively (op and algo: names "
+           "or codes); False when the arrays need the Python adapter (ringcomm/door.py).")
       .def("run_barrier",
            [](EngineHandle& h, int algo) {
              Call c;  // (no payload: nothing to describe)
@@ -374,11 +383,13 @@ inline void bind_engine(py::module_& m) {
            },
            py::arg("algo"), "Synchronous barrier on a host communicator (the fast lane of comm.barrier).")
       .def("run_rooted",
-           [](EngineHandle& h, int coll, py::handle x, py::handle out, int root, int op, int algo) {
+           [](EngineHandle& h, int coll, py::handle x, py::handle out, int root, py::handle op, py::handle algo) {
              // broadcast, reduce, gather, scatter, all_to_all's fast lane (host_rooted_call).
              Call c;
              Engine& e = h.get();
-             if (e.device() || !host_rooted_call(Coll(coll), x, out, root, op, algo, e.rank(), e.size(), c))
+             if (e.device() || !host_rooted_call(Coll(coll), x, out, root, vocab_code(vocab_tables().ops, op, -1),
+                                                 vocab_code(vocab_tables().algorithms, algo, -2), e.rank(),
+                                                 e.size(), c))
                return false;
              call_host(h, make_task(c));
              return true;
@@ -403,13 +414,14 @@ inline void bind_engine(py::module_& m) {
            "Synchronous all_to_all with per-peer splits (lists of ints) of numpy arrays or torch CPU tensors, "
            "out given, described natively; False when the Python adapter must run.")
       .def("run_halves",
-           [](EngineHandle& h, bool scatter, py::handle x, py::handle out, int op, int algo) {
+           [](EngineHandle& h, bool scatter, py::handle x, py::handle out, py::handle op, py::handle algo) {
              // reduce_scatter (scatter) or all_gather's fast lane (host_halves_call).
              Call c;
              Engine& e = h.get();
              if (e.device() ||
-                 !host_halves_call(scatter ? Coll::reduce_scatter : Coll::all_gather, x, out, op, algo, e.rank(),
-                                   e.size(), c))
+                 !host_halves_call(scatter ? Coll::reduce_scatter : Coll::all_gather, x, out,
+                                   vocab_code(vocab_tables().ops, op, -1),
+                                   vocab_code(vocab_tables().algorithms, algo, -2), e.rank(), e.size(), c))
                return false;
              call_host(h, make_task(c));
              return true;

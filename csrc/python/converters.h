@@ -89,6 +89,31 @@ inline TorchTypes& torch_types() {
   return *t;
 }
 
+// The vocabulary's names -> codes (ringcomm/vocab.py's OPS and ALGORITHMS,
+// registered once at import: register_vocab). The fast lanes take the
+// caller's op and algorithm as given and look them up here: one dict
+// lookup in C each, where Python's spent about 60 ns per call on two.
+// Anything that is not one of the table's names (an int code included: the
+// API takes names) is `missing`: the lane declines and the Python adapter
+// explains.
+struct VocabTables {
+  py::dict ops, algorithms;
+};
+inline VocabTables& vocab_tables() {
+  static VocabTables* t = new VocabTables();  // never destroyed: outlives the interpreter's teardown
+  return *t;
+}
+inline int vocab_code(const py::dict& table, py::handle key, int missing) {
+  PyObject* k = key.ptr();
+  if (!PyUnicode_CheckExact(k) || !table) return missing;
+  PyObject* v = PyDict_GetItemWithError(table.ptr(), k);  // borrowed
+  if (!v) {
+    PyErr_Clear();
+    return missing;
+  }
+  return int(PyLong_AsLong(v));
+}
+
 inline bool numpy_array(py::handle x, bool writable, int& dtype, size_t& count, uintptr_t& ptr) {
   auto a = py::reinterpret_borrow<py::array>(x);
   constexpr int c_contig = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_;
