@@ -6,7 +6,14 @@ cache, where every byte must cross cores (issue 24's /memcpy goal).
 
 Rank 0 writes a buffer in a /dev/shm mapping (its lines are then in its
 cache), both barrier, rank 1 copies it out (cross-core read), then copies
-that copy (local). Median of 200 rounds per size.
+that copy (local). Then both at once, as an all_reduce's ranks do: each
+writes its own buffer, both barrier, each copies the other's out (the
+slower rank's time). Median of 200 rounds per size.
+
+At N = 2 an all_reduce of B bytes on user arrays must bring B bytes per
+rank across cores (half to reduce, half to gather) and stage half of its
+own input where the peer can read it: busbw <= B / (B / both + B / 2 /
+local), the bound printed as a fraction of the local copy rate.
 """
 import mmap
 import os
@@ -28,7 +35,7 @@ w.Barrier()
 if r == 0:
     os.unlink(name)  # mapped by both: nothing left behind
 buf = np.frombuffer(m, dtype=np.uint8)
-for size in (32 << 10, 256 << 10, 2 << 20, 16 << 20):
+for size in (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20):
     a = buf[:size]
     loc, loc2 = np.empty(size, np.uint8), np.empty(size, np.uint8)
     tx, tl = [], []
@@ -44,8 +51,21 @@ for size in (32 << 10, 256 << 10, 2 << 20, 16 << 20):
             tx.append(t1 - t0)
             tl.append(time.perf_counter() - t1)
         w.Barrier()
+    half = size // 2
+    mine, theirs = buf[r * half:(r + 1) * half], buf[(1 - r) * half:(2 - r) * half]
+    got = np.empty(half, np.uint8)
+    tb = []
+    for it in range(200):
+        mine[:] = (it + r) & 255
+        w.Barrier()
+        t0 = time.perf_counter()
+        np.copyto(got, theirs)
+        tb.append(w.allreduce(time.perf_counter() - t0, op=MPI.MAX))
     if r == 1:
-        print(f"{size:>10} B  cross-core read {size / np.median(tx) / 1e9:5.1f} GB/s   "
-              f"local copy {size / np.median(tl) / 1e9:5.1f} GB/s", flush=True)
-del a, buf
+        x, loc, both = size / np.median(tx), size / np.median(tl), half / np.median(tb)
+        bound = 1 / (1 / both + 0.5 / loc)
+        print(f"{size:>10} B  cross-core read {x / 1e9:5.1f} GB/s   both at once {both / 1e9:5.1f} GB/s per rank   "
+              f"local copy {loc / 1e9:5.1f} GB/s   all_reduce bound {bound / loc:4.2f} of the local copy",
+              flush=True)
+del a, buf, mine, theirs
 m.close()
