@@ -157,9 +157,10 @@ def arena_bytes() -> int:
 
 
 # Blocks of at least this many bytes (a call's bytes over its ranks) move
-# by single copy in the window: all_gather, broadcast, gather, scatter and
-# all_to_all read them straight from the peers' arrays
-# (csrc/algorithms/shm.cpp, process_vm_readv) instead of through the slots.
+# by single copy in the window: all_gather, scatter and all_to_all read them
+# straight from the peers' arrays, gather's leaves write them into the
+# root's (csrc/algorithms/shm.cpp, process_vm_readv / writev), instead of
+# through the slots.
 DEFAULT_SINGLE_COPY_MIN = 64 << 10
 
 
@@ -238,9 +239,12 @@ SHM_FROM_OVERSUBSCRIBED = {"gather": 4 << 20}
 # 1 MiB 47-53 / 50-57 / 46-54, 4 MiB 348-363 / 354-370 / 342-367. N = 4 on
 # 2 cores: all_to_all 256 KiB 37.8 / 48.5 / 34.9, 1 MiB 215 / 258 / 194,
 # 4 MiB 751 / 788 / 759 (scatter there loses at 1 MiB, 57.7 / 36.6, and
-# all_gather already runs in the window at every size).
-SHM_FROM_SINGLE_COPY = {"all_gather": 256 << 10, "scatter": 256 << 10, "all_to_all": 256 << 10}
-SHM_FROM_SINGLE_COPY_OVERSUBSCRIBED = {"all_to_all": 256 << 10}
+# all_gather already runs in the window at every size). gather, its leaves
+# writing into the root's output: N = 2 256 KiB 7.2 / 11.1 / 10.3, 1 MiB
+# 21.3 / 54.0 / 49.2, 4 MiB 168 / 376 / 360; N = 4 256 KiB 21.2 / 20.4 /
+# 16.9, 1 MiB 66.4 / 89.7 / 84.5, 4 MiB 231 / 421 / 428.
+SHM_FROM_SINGLE_COPY = {"all_gather": 256 << 10, "gather": 256 << 10, "scatter": 256 << 10, "all_to_all": 256 << 10}
+SHM_FROM_SINGLE_COPY_OVERSUBSCRIBED = {"gather": 1 << 20, "all_to_all": 256 << 10}
 
 
 # (the order Engine.set_shm_auto takes them in)

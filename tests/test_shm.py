@@ -74,9 +74,9 @@ def test_rooted_collectives_in_process(n):
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 def test_single_copy_in_process(n, monkeypatch):
-    # Every block by single copy (limit 1 byte; in process a memcpy from the
-    # peer's array): all_gather, scatter (from one array and from the
-    # root's list of arrays, equal and per-rank counts) and all_to_all
+    # Every block by single copy (limit 1 byte; in process a memcpy from or
+    # into the peer's array): all_gather, gather and scatter (one array and
+    # the root's list of arrays, equal and per-rank counts) and all_to_all
     # against numpy and the ledger's closed form, with the rest of the
     # window's collectives around them; a 4 KiB slot, so the slots' path
     # would book many pieces per peer where single copy books one.
@@ -114,13 +114,14 @@ def test_single_copy_off_keeps_the_slots(monkeypatch):
         shm_mod.single_copy_min()
     monkeypatch.delenv("RINGCOMM_SHM_SINGLE_COPY")
     assert shm_mod.single_copy_min() == shm_mod.DEFAULT_SINGLE_COPY_MIN
-    # with single copy the window takes all_gather, scatter and all_to_all back from 256 KiB
+    # with single copy the window takes all_gather, gather, scatter and all_to_all back from 256 KiB
     monkeypatch.delenv("RINGCOMM_SHM_MAX", raising=False)
     monkeypatch.setenv("RINGCOMM_TRANSPORT", "auto")
     got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(2, single_copy=True)))
-    assert got["all_gather"] == got["scatter"] == got["all_to_all"] == 256 << 10, got
+    assert got["all_gather"] == got["gather"] == got["scatter"] == got["all_to_all"] == 256 << 10, got
     got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(2, single_copy=False)))
     assert got["all_gather"] == got["scatter"] == got["all_to_all"] == shm_mod.UNLIMITED, got
+    assert got["gather"] == 1 << 20, got
 
 
 def test_empty_torch_chunks_in_the_window():
@@ -640,9 +641,10 @@ SINGLE_COPY_SCRIPT = textwrap.dedent('''
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_single_copy_between_processes(n):
-    # process_vm_readv between the ranks of one host: every form of
+    # process_vm_readv / writev between the ranks of one host: every form of
     # all_gather, scatter and all_to_all read straight from the peers'
-    # arrays, results and ledger exact; and `off` keeps the slots
+    # arrays, gather written into the root's, results and ledger exact; and
+    # `off` keeps the slots
     tests = os.path.dirname(os.path.abspath(__file__))
     src = SINGLE_COPY_SCRIPT.format(tests=tests)
     before = shm_files()

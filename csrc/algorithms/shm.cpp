@@ -225,13 +225,15 @@ void gather(Link& link, const Plan& plan, const char* own, char* out) {
 }  // namespace
 
 // ---- single copy: large blocks straight from the peers' arrays ------------
-// all_gather, scatter and all_to_all move blocks without changing them:
-// above the window's single-copy limit each rank reads the blocks it needs
-// straight from its peers' arrays (ShmWindow::read_peer: process_vm_readv,
-// as Open MPI's smsc/cma) instead of every byte being copied into a slot and
-// out again. Not gather: there the root alone would copy everything, where
-// through the slots the leaves copy in while it copies out (N = 2, 4 MiB:
-// 375-402 us single copy, 272 through the slots). Not broadcast: its leaves
+// all_gather, scatter, all_to_all and gather move blocks without changing
+// them: above the window's single-copy limit each rank reads the blocks it
+// needs straight from its peers' arrays (ShmWindow::read_peer:
+// process_vm_readv, as Open MPI's smsc/cma) instead of every byte being
+// copied into a slot and out again; gather's leaves write theirs into the
+// root's output instead (process_vm_writev), all at once: read by the root,
+// the root alone would copy everything (N = 2, 4 MiB: 375-402 us, against
+// 272 through the slots, where the leaves copy in while it copies out).
+// Not broadcast: its leaves
 // would each read the root's whole buffer out of its pages, where the
 // slots' rounds stay in cache (N = 4 on 2 cores, 1 MiB: 303 us single copy,
 // 163 through the slots; bench/README.md).
@@ -274,6 +276,30 @@ void sc_all_gather(Link& link, const RingPlan& plan, const char* own, char* out)
     ledger.received(coll, w.member(j), false, bytes);
   }
   w.sync(link, fp, false);
+}
+
+// gather the other way round: the root publishes its output (or its
+// blocks' table: torch's gather_list) and the leaves write their blocks into
+// it (process_vm_writev), all at once, while the root copies its own.
+void sc_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  Ledger& ledger = link.ledger();
+  if (r == root) {
+    w.publish(fp.seq, out, blocks.places());
+    for (int j = 0; j < n; ++j)
+      if (j != r && blocks.count(j)) ledger.received(Coll::gather, w.member(j), false, blocks.count(j) * es);
+  } else if (blocks.count(r)) {
+    ledger.sent(Coll::gather, w.member(root), false, blocks.count(r) * es);
+  }
+  w.sync(link, fp, true);
+  if (r == root && blocks.count(r)) {  // (in place: x is already its block of out)
+    char* dst = blocks.at(out, r, es);
+    if (dst != in) std::memmove(dst, in, blocks.count(r) * es);
+  }
+  if (r != root && blocks.count(r)) w.write_peer(root, fp.seq, blocks.offset(r) * es, r, in, blocks.count(r) * es);
+  w.sync(link, fp, false);  // every block is in the root's output
 }
 
 // The leaves read their blocks from the root's input, or, when the root's
@@ -384,6 +410,7 @@ void shm_flat_reduce(Link& link, const RingPlan& plan, const Reducer& red, int r
 
 void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out) {
   ShmWindow& w = window_of(link);
+  if (single_copy(w, blocks.total() / size_t(w.size()) * es)) return sc_gather(link, blocks, es, root, in, out);
   const Fingerprint& fp = link.call();
   const int n = w.size(), r = w.rank();
   const size_t W = std::max<size_t>(1, w.slot_bytes() / es);

@@ -200,9 +200,18 @@ void ShmWindow::publish(uint64_t seq, const void* in, const uintptr_t* places) {
   // (the sync that follows releases them)
 }
 
+void ShmWindow::throw_copy_failed(int j, uint64_t seq, const char* what, size_t bytes, int err) const {
+  const std::string dead = death_of(member(j));
+  throw RingError(ErrKind::transport, member(rank_), member(j), seq,
+                  !dead.empty() ? dead + " during a single-copy " + what
+                                : std::string("single-copy ") + what + " of " + std::to_string(bytes) + " bytes, rank " +
+                                      std::to_string(member(j)) + " (pid " + std::to_string(area(j)->pid) +
+                                      "), failed: " + std::strerror(err) +
+                                      " (RINGCOMM_SHM_SINGLE_COPY=off turns single copy off)");
+}
+
 void ShmWindow::copy_from(int j, uint64_t seq, void* dst, uint64_t from, size_t bytes) const {
   if (!bytes) return;
-  const RankArea* a = area(j);
   if (!processes_) {
     std::memcpy(dst, reinterpret_cast<const void*>(from), bytes);
     return;
@@ -210,34 +219,53 @@ void ShmWindow::copy_from(int j, uint64_t seq, void* dst, uint64_t from, size_t 
   char* d = static_cast<char*>(dst);
   while (bytes) {
     struct iovec local{d, bytes}, remote{reinterpret_cast<void*>(from), bytes};
-    const ssize_t got = process_vm_readv(pid_t(a->pid), &local, 1, &remote, 1, 0);
+    const ssize_t got = process_vm_readv(pid_t(area(j)->pid), &local, 1, &remote, 1, 0);
     if (got > 0) {
       d += got;
       from += uint64_t(got);
       bytes -= size_t(got);
-      continue;
+    } else if (!(got < 0 && errno == EINTR)) {
+      throw_copy_failed(j, seq, "read of its data", bytes, got < 0 ? errno : EFAULT);
     }
-    if (got < 0 && errno == EINTR) continue;
-    const int err = got < 0 ? errno : EFAULT;
-    const std::string dead = death_of(member(j));
-    throw RingError(ErrKind::transport, member(rank_), member(j), seq,
-                    !dead.empty() ? dead + " during a single-copy read of its data"
-                                  : "single-copy read of " + std::to_string(bytes) + " bytes from rank " +
-                                        std::to_string(member(j)) + " (pid " + std::to_string(a->pid) +
-                                        ") failed: " + std::strerror(err) +
-                                        " (RINGCOMM_SHM_SINGLE_COPY=off turns single copy off)");
   }
 }
 
-void ShmWindow::read_peer(int j, uint64_t seq, size_t offset, int block, void* dst, size_t bytes) const {
+void ShmWindow::copy_to(int j, uint64_t seq, uint64_t to, const void* src, size_t bytes) const {
   if (!bytes) return;
+  if (!processes_) {
+    std::memcpy(reinterpret_cast<void*>(to), src, bytes);
+    return;
+  }
+  const char* s = static_cast<const char*>(src);
+  while (bytes) {
+    struct iovec local{const_cast<char*>(s), bytes}, remote{reinterpret_cast<void*>(to), bytes};
+    const ssize_t put = process_vm_writev(pid_t(area(j)->pid), &local, 1, &remote, 1, 0);
+    if (put > 0) {
+      s += put;
+      to += uint64_t(put);
+      bytes -= size_t(put);
+    } else if (!(put < 0 && errno == EINTR)) {
+      throw_copy_failed(j, seq, "write into its array", bytes, put < 0 ? errno : EFAULT);
+    }
+  }
+}
+
+uint64_t ShmWindow::peer_address(int j, uint64_t seq, size_t offset, int block) const {
   const RankArea* a = area(j);
   const int k = int(seq % kCalls);
-  const uint64_t in = a->addr[k][0].load(std::memory_order_relaxed);
+  const uint64_t base = a->addr[k][0].load(std::memory_order_relaxed);
   const uint64_t places = a->addr[k][1].load(std::memory_order_relaxed);
-  uint64_t from = in + offset;
-  if (places) copy_from(j, seq, &from, places + uint64_t(block) * sizeof(uint64_t), sizeof from);
-  copy_from(j, seq, dst, from, bytes);
+  uint64_t at = base + offset;
+  if (places) copy_from(j, seq, &at, places + uint64_t(block) * sizeof(uint64_t), sizeof at);
+  return at;
+}
+
+void ShmWindow::read_peer(int j, uint64_t seq, size_t offset, int block, void* dst, size_t bytes) const {
+  if (bytes) copy_from(j, seq, dst, peer_address(j, seq, offset, block), bytes);
+}
+
+void ShmWindow::write_peer(int j, uint64_t seq, size_t offset, int block, const void* src, size_t bytes) const {
+  if (bytes) copy_to(j, seq, peer_address(j, seq, offset, block), src, bytes);
 }
 
 bool ShmWindow::all_arrived(uint64_t phase, int* missing) const {

@@ -131,6 +131,9 @@ class ShmWindow {
   // places. After the call's first sync, while j is still in call `seq`;
   // throws RingError naming j (a dead peer as such).
   void read_peer(int j, uint64_t seq, size_t offset, int block, void* dst, size_t bytes) const;
+  // The same the other way: `bytes` from `src` into rank j's published
+  // array (process_vm_writev; gather's leaves into the root's output).
+  void write_peer(int j, uint64_t seq, size_t offset, int block, const void* src, size_t bytes) const;
 
   // The newest call window rank `peer` announced in the window (0: none yet).
   uint64_t latest_call(int peer) const;
@@ -152,6 +155,9 @@ class ShmWindow {
   std::string peer_state(Link& link, int peer, const Fingerprint& fp);
   [[noreturn]] void throw_other_call(int j, uint64_t word, const Fingerprint& fp);
   void copy_from(int j, uint64_t seq, void* dst, uint64_t from, size_t bytes) const;
+  void copy_to(int j, uint64_t seq, uint64_t to, const void* src, size_t bytes) const;
+  uint64_t peer_address(int j, uint64_t seq, size_t offset, int block) const;
+  [[noreturn]] void throw_copy_failed(int j, uint64_t seq, const char* what, size_t bytes, int err) const;
 
   char* base_;
   size_t bytes_;
