@@ -231,7 +231,7 @@ SHM_FROM_OVERSUBSCRIBED = {"gather": 4 << 20}
 
 # With single copy (blocks from 64 KiB read straight from the peers' arrays,
 # DEFAULT_SINGLE_COPY_MIN) the window wins again from these sizes.
-# bench/shm_rooted.py and /tmp-style A/B runs, median of 5-7 interleaved
+# bench/shm_rooted.py (and bench/README.md, "Single copy in the window"), median of 5-7 interleaved
 # reps, us (window with single copy / message algorithm / MPI): N = 2:
 # all_gather 256 KiB 10.1 / 11.4 (ring) / 10.5, 1 MiB 48.3 / 50.8 / 48.4,
 # 4 MiB 311 / 323 / 322; scatter 256 KiB 6.7-7.3 / 7.6-8.2 / 9.2-9.9, 1 MiB
@@ -243,8 +243,13 @@ SHM_FROM_OVERSUBSCRIBED = {"gather": 4 << 20}
 # writing into the root's output: N = 2 256 KiB 7.2 / 11.1 / 10.3, 1 MiB
 # 21.3 / 54.0 / 49.2, 4 MiB 168 / 376 / 360; N = 4 256 KiB 21.2 / 20.4 /
 # 16.9, 1 MiB 66.4 / 89.7 / 84.5, 4 MiB 231 / 421 / 428.
+# Since a rank that needs only the root's data waits for the root alone
+# (ShmWindow::await_any), N = 4 on 2 cores, three runs: gather 256 KiB
+# 22.7-27.5 / 31.6-39.0 / 20.3-25.9, 1 MiB 54.5-69.4 / 135-141 / 130-145;
+# scatter 256 KiB 22.8-31.7 / 28.4-41.6 / 20.6-30.1, 1 MiB 52.5-54.0 /
+# 63.0-71.6 / 50.6-53.3.
 SHM_FROM_SINGLE_COPY = {"all_gather": 256 << 10, "gather": 256 << 10, "scatter": 256 << 10, "all_to_all": 256 << 10}
-SHM_FROM_SINGLE_COPY_OVERSUBSCRIBED = {"gather": 1 << 20, "all_to_all": 256 << 10}
+SHM_FROM_SINGLE_COPY_OVERSUBSCRIBED = {"gather": 256 << 10, "scatter": 256 << 10, "all_to_all": 256 << 10}
 
 
 # (the order Engine.set_shm_auto takes them in)

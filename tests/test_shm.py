@@ -104,6 +104,44 @@ def test_single_copy_in_process(n, monkeypatch):
     assert not errs, "\n".join(errs[:20])
 
 
+@pytest.mark.parametrize("case", ["scatter root", "all_to_all vs all_gather", "gather count", "all_gather root-less"])
+def test_single_copy_calls_that_disagree_raise_on_every_rank(case, monkeypatch):
+    # Single copy lets a rank read from a peer as soon as that peer has
+    # arrived (scatter's leaves wait for the root only): the peer's call is
+    # compared first. Every rank raises, within the deadline, and no rank
+    # reads a block its peer did not offer.
+    monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", "1")
+
+    def body(comm):
+        n, r = comm.size, comm.rank
+        x = np.arange(4 * n, dtype=np.float32) + 100 * r
+        t0 = time.monotonic()
+        try:
+            if case == "scatter root":  # the last rank names rank 1 as the root
+                comm.scatter(x, root=0 if r < n - 1 else 1, out=np.zeros(4, np.float32), algorithm="shm")
+            elif case == "all_to_all vs all_gather":  # the same bytes, another collective on rank 1
+                if r == 1:
+                    comm.all_gather(x[:4], algorithm="shm")
+                else:
+                    comm.all_to_all(x, algorithm="shm")
+            elif case == "gather count":  # the root gathers 5 per rank, the leaves send 4
+                comm.gather(x[:5] if r == 0 else x[:4], root=0, algorithm="shm")
+            else:  # rank 2 gathers to rank 0 while the others all_gather
+                if r == 2:
+                    comm.gather(x[:4], root=0, algorithm="shm")
+                else:
+                    comm.all_gather(x[:4], algorithm="shm")
+            return "no error", "", time.monotonic() - t0
+        except (MismatchError, CommunicatorAborted) as e:
+            return type(e).__name__, str(e), time.monotonic() - t0
+
+    res = ringcomm.run_local(4, body, timeout=20)
+    for r, (kind, msg, took) in enumerate(res):
+        assert kind in ("MismatchError", "CommunicatorAborted"), f"rank {r}: {kind} {msg}"
+        assert took < 10, f"rank {r} took {took:.1f} s: {msg}"
+    assert any(kind == "MismatchError" and "disagree" in msg for kind, msg, _ in res), res
+
+
 def test_single_copy_off_keeps_the_slots(monkeypatch):
     monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", "off")
     assert shm_mod.single_copy_min() == shm_mod.UNLIMITED

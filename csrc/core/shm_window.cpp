@@ -36,6 +36,7 @@ namespace {
 constexpr uint64_t kMagic = 0x72696e67736d3031ull;  // "ringsm01"
 constexpr size_t kLine = 64;
 constexpr int kCalls = 4;  // announced calls kept per rank (seq % 4)
+constexpr int kPhases = 4;  // the calls of the phases kept per rank (RankArea::at)
 
 // Futexes on a shared mapping: not FUTEX_PRIVATE (the word is shared by
 // processes; in process the same calls work on ordinary memory).
@@ -88,10 +89,13 @@ struct alignas(kLine) ShmWindow::Header {
 
 struct alignas(kLine) ShmWindow::RankArea {
   std::atomic<uint64_t> arrived;  // the last phase this rank reached (its own line: one writer)
-  // The call this rank was in when it reached phase p, at p & 1: written
-  // before `arrived`, and not again before phase p + 2, which needs every
-  // rank at p + 1, so every rank can compare it after the sync of p.
-  std::atomic<uint64_t> at[2];
+  // The call this rank was in when it reached phase p, at p % kPhases:
+  // written before `arrived`. A rank can be two phases ahead of one still
+  // comparing phase p's word (it arrives at p + 1 without waiting: arrive(),
+  // then at p + 2, a sync, where it waits), never three: reaching p + 3 takes
+  // a sync at p + 2 (every call ends with one) or earlier, which needs every
+  // rank past p. So four words.
+  std::atomic<uint64_t> at[kPhases];
   alignas(kLine) int64_t pid;     // 0: in process
   uint64_t pidns;                 // its pid namespace (a pid means something only in the same one)
   std::atomic<uint64_t> latest;   // seq of the newest call it announced
@@ -407,103 +411,20 @@ std::string ShmWindow::peer_state(Link& link, int peer, const Fingerprint& fp) {
          ": it has not reached #" + std::to_string(fp.seq) + ".";
 }
 
-void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
+uint64_t ShmWindow::arrive(const Link& link, const Fingerprint& fp) {
   Header* h = header();
   if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
   const uint64_t p = ++phase_;
-  const uint64_t mine = call_word(fp);
-  area(rank_)->at[p & 1].store(mine, std::memory_order_relaxed);
+  area(rank_)->at[p % kPhases].store(call_word(fp), std::memory_order_relaxed);
   area(rank_)->arrived.store(p, std::memory_order_seq_cst);  // (publishes `at` too)
   if (h->sleepers.load(std::memory_order_seq_cst) > 0) wake();
+  return p;
+}
+
+void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
+  const uint64_t p = arrive(link, fp);
   int missing = -1;
-  if (!all_arrived(p, &missing)) {
-    const auto start = Clock::now();
-    const auto spin_until = start + std::chrono::nanoseconds(spin_ns_);
-    bool done = false;
-    for (unsigned i = 1; !done; ++i) {
-      RC_PAUSE();
-      done = all_arrived(p, &missing);
-      if (!done && (i & 63) == 0 && Clock::now() >= spin_until) break;
-    }
-    // Then yield the core for a while: with more ranks than cores the rank
-    // we wait for needs this time slice, and a futex round trip (sleep, the
-    // writer's wake, the scheduler) costs tens of microseconds more than
-    // sched_yield (what Open MPI's progress loop does when oversubscribed).
-    // Then sleep. Failures, aborts, Ctrl-C and the deadline are looked at
-    // in both (the yield phase lasts 2 s when oversubscribed: a Ctrl-C went
-    // unseen that long, and a peer's published failure too); the costlier
-    // checks (a dead peer's pid, the transport's progress) at most once a
-    // millisecond while yielding.
-    if (!done) {
-      const auto yield_until = start + std::chrono::nanoseconds(yield_ns_);
-      link.publish_wait(member(missing), 1, "its part in shared memory", start);
-      const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(link.options().timeout_s));
-      auto last_poll = start, last_check = start;
-      int shown = missing;
-      for (;;) {
-        if (all_arrived(p, &missing)) break;
-        if (missing != shown) {  // the one waited for now (the flight recorder names it)
-          shown = missing;
-          link.publish_wait(member(missing), 1, "its part in shared memory", start);
-        }
-        if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
-        const auto now = Clock::now();
-        if (link.transport().interrupted())
-          throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
-                          "rank " + std::to_string(member(rank_)) +
-                              (link.user_interrupted() ? " was interrupted (KeyboardInterrupt) in " : " aborted ") +
-                              describe(fp) + " while it waited for rank " + std::to_string(member(missing)) +
-                              " (shared memory)");
-        if (now - last_poll >= std::chrono::milliseconds(100)) {
-          last_poll = now;
-          if (link.interrupt_requested()) {
-            link.mark_user_interrupt();
-            throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
-                            "rank " + std::to_string(member(rank_)) + " was interrupted (KeyboardInterrupt) in " +
-                                describe(fp) + " while it waited for rank " + std::to_string(member(missing)));
-          }
-        }
-        const bool yielding = now < yield_until;
-        if (!yielding || now - last_check >= std::chrono::milliseconds(1)) {
-          last_check = now;
-          check_slow(link, fp, p, missing);
-          // Hear an ABORT notice travelling around the ring, and keep the
-          // point-to-point transport moving while we wait here. (A header
-          // this rank sent just before, as a ring call on count 0 does, once
-          // sat in Open MPI's TCP queue while its receiver waited for it
-          // instead of arriving here: found in CI, N = 4 over the TCP BTL.
-          // Link::drain() now sees every header delivered before a call
-          // ends, which also covers waits outside the window.)
-          link.poll_control();
-        }
-        if (now >= deadline) {
-          char secs[32];
-          std::snprintf(secs, sizeof secs, "%g", link.options().timeout_s);
-          throw RingError(ErrKind::timeout, member(rank_), member(missing), fp.seq,
-                          "timed out after " + std::string(secs) + " s in " + describe(fp) + ": rank " +
-                              std::to_string(member(rank_)) + " waited for rank " + std::to_string(member(missing)) +
-                              " to arrive in shared memory (" + label_ +
-                              "); is that rank alive and calling the same collective?" + peer_state(link, missing, fp));
-        }
-        if (yielding) {
-          sched_yield();
-          continue;
-        }
-        // Sleep until an arrival (or a failure) bumps the epoch: say so
-        // first, then look once more (an arrival between the two either is
-        // seen here or sees us sleeping and wakes us).
-        const uint32_t e = h->epoch.load(std::memory_order_seq_cst);
-        h->sleepers.fetch_add(1, std::memory_order_seq_cst);
-        std::atomic_thread_fence(std::memory_order_seq_cst);
-        if (!all_arrived(p, &missing) && h->failed.load(std::memory_order_acquire) == 0 &&
-            !link.transport().interrupted())
-          futex_wait(&h->epoch, e, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
-        h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
-      }
-      link.publish_wait(-1, 0, nullptr, start);
-    }
-  }
+  if (!all_arrived(p, &missing)) wait_until(link, fp, p, nullptr, 0, missing);
   // Every rank arrived at p: each must have been in this call (two-sided,
   // on every sync: a peer that went ahead on its own is caught here, not
   // by its next call), and no rank may have failed in it meanwhile (one
@@ -512,14 +433,133 @@ void ShmWindow::sync(Link& link, const Fingerprint& fp, bool first) {
   // this call, so every rank passed this sync's phase already and what we
   // still read sits in slots no one writes before our next sync (a rank
   // that slept here while a peer died after this call once raised, in CI).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (h->failed.load(std::memory_order_acquire) > 0 && h->seq <= fp.seq) throw_published(link, fp);
-  for (int j = 0; j < n_; ++j) {
-    if (j == rank_) continue;
-    const uint64_t theirs = area(j)->at[p & 1].load(std::memory_order_acquire);
-    if (theirs != mine) throw_other_call(j, theirs, fp);
-  }
+  for (int j = 0; j < n_; ++j)
+    if (j != rank_) check_arrived(link, fp, p, j);
   (void)first;
+}
+
+int ShmWindow::await_any(Link& link, const Fingerprint& fp, uint64_t p, const int* peers, int count) {
+  int missing = -1;
+  int k = first_arrived(p, peers, count, &missing);
+  if (k < 0) {
+    wait_until(link, fp, p, peers, count, missing);
+    k = first_arrived(p, peers, count, &missing);
+  }
+  check_arrived(link, fp, p, peers[k]);
+  return k;
+}
+
+int ShmWindow::first_arrived(uint64_t phase, const int* peers, int count, int* missing) const {
+  for (int i = 0; i < count; ++i)
+    if (area(peers[i])->arrived.load(std::memory_order_acquire) >= phase) return i;
+  *missing = peers[0];
+  return -1;
+}
+
+// Peer j arrived at phase p: it must be in this call, and no rank may have
+// failed in it (see sync).
+void ShmWindow::check_arrived(const Link& link, const Fingerprint& fp, uint64_t p, int j) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  Header* h = header();
+  if (h->failed.load(std::memory_order_acquire) > 0 && h->seq <= fp.seq) throw_published(link, fp);
+  const uint64_t theirs = area(j)->at[p % kPhases].load(std::memory_order_acquire);
+  if (theirs != call_word(fp)) throw_other_call(j, theirs, fp);
+}
+
+// Wait (spin, yield, sleep) until every rank has arrived at phase p
+// (peers == nullptr), or one of `peers`; `missing`: one not there yet.
+void ShmWindow::wait_until(Link& link, const Fingerprint& fp, uint64_t p, const int* peers, int count,
+                           int missing) {
+  Header* h = header();
+  const auto there = [&](int* m) {
+    return peers ? first_arrived(p, peers, count, m) >= 0 : all_arrived(p, m);
+  };
+  const auto start = Clock::now();
+  const auto spin_until = start + std::chrono::nanoseconds(spin_ns_);
+  bool done = false;
+  for (unsigned i = 1; !done; ++i) {
+    RC_PAUSE();
+    done = there(&missing);
+    if (!done && (i & 63) == 0 && Clock::now() >= spin_until) break;
+  }
+  // Then yield the core for a while: with more ranks than cores the rank
+  // we wait for needs this time slice, and a futex round trip (sleep, the
+  // writer's wake, the scheduler) costs tens of microseconds more than
+  // sched_yield (what Open MPI's progress loop does when oversubscribed).
+  // Then sleep. Failures, aborts, Ctrl-C and the deadline are looked at
+  // in both (the yield phase lasts 2 s when oversubscribed: a Ctrl-C went
+  // unseen that long, and a peer's published failure too); the costlier
+  // checks (a dead peer's pid, the transport's progress) at most once a
+  // millisecond while yielding.
+  if (!done) {
+    const auto yield_until = start + std::chrono::nanoseconds(yield_ns_);
+    link.publish_wait(member(missing), 1, "its part in shared memory", start);
+    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(link.options().timeout_s));
+    auto last_poll = start, last_check = start;
+    int shown = missing;
+    for (;;) {
+      if (there(&missing)) break;
+      if (missing != shown) {  // the one waited for now (the flight recorder names it)
+        shown = missing;
+        link.publish_wait(member(missing), 1, "its part in shared memory", start);
+      }
+      if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
+      const auto now = Clock::now();
+      if (link.transport().interrupted())
+        throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
+                        "rank " + std::to_string(member(rank_)) +
+                            (link.user_interrupted() ? " was interrupted (KeyboardInterrupt) in " : " aborted ") +
+                            describe(fp) + " while it waited for rank " + std::to_string(member(missing)) +
+                            " (shared memory)");
+      if (now - last_poll >= std::chrono::milliseconds(100)) {
+        last_poll = now;
+        if (link.interrupt_requested()) {
+          link.mark_user_interrupt();
+          throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
+                          "rank " + std::to_string(member(rank_)) + " was interrupted (KeyboardInterrupt) in " +
+                              describe(fp) + " while it waited for rank " + std::to_string(member(missing)));
+        }
+      }
+      const bool yielding = now < yield_until;
+      if (!yielding || now - last_check >= std::chrono::milliseconds(1)) {
+        last_check = now;
+        check_slow(link, fp, p, missing);
+        // Hear an ABORT notice travelling around the ring, and keep the
+        // point-to-point transport moving while we wait here. (A header
+        // this rank sent just before, as a ring call on count 0 does, once
+        // sat in Open MPI's TCP queue while its receiver waited for it
+        // instead of arriving here: found in CI, N = 4 over the TCP BTL.
+        // Link::drain() now sees every header delivered before a call
+        // ends, which also covers waits outside the window.)
+        link.poll_control();
+      }
+      if (now >= deadline) {
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", link.options().timeout_s);
+        throw RingError(ErrKind::timeout, member(rank_), member(missing), fp.seq,
+                        "timed out after " + std::string(secs) + " s in " + describe(fp) + ": rank " +
+                            std::to_string(member(rank_)) + " waited for rank " + std::to_string(member(missing)) +
+                            " to arrive in shared memory (" + label_ +
+                            "); is that rank alive and calling the same collective?" + peer_state(link, missing, fp));
+      }
+      if (yielding) {
+        sched_yield();
+        continue;
+      }
+      // Sleep until an arrival (or a failure) bumps the epoch: say so
+      // first, then look once more (an arrival between the two either is
+      // seen here or sees us sleeping and wakes us).
+      const uint32_t e = h->epoch.load(std::memory_order_seq_cst);
+      h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (!there(&missing) && h->failed.load(std::memory_order_acquire) == 0 &&
+          !link.transport().interrupted())
+        futex_wait(&h->epoch, e, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
+      h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    link.publish_wait(-1, 0, nullptr, start);
+  }
 }
 
 // Rank j reached this phase in another call (its word: seq << 32 | stamp):

@@ -76,6 +76,17 @@ class ShmWindow {
   // MismatchError), before any of their slots is read. Throws RingError on
   // timeout, abort, Ctrl-C, a published failure or a dead peer.
   void sync(Link& link, const Fingerprint& fp, bool first);
+  // sync in two halves, for a phase in which a rank needs only some peers
+  // (scatter's leaves: the root) or can use each as it comes (all_to_all):
+  // arrive() at the next phase without waiting (returns it), then
+  // await_any() the first of `peers` to arrive at it (its index in peers),
+  // with sync's checks on that peer (its call, a published failure) and
+  // sync's wait (deadline naming the peer, abort, Ctrl-C, a dead peer). A
+  // call that uses them ends with a sync() on every rank: no rank is then
+  // more than two phases ahead of one that still compares its word
+  // (RankArea::at).
+  uint64_t arrive(const Link& link, const Fingerprint& fp);
+  int await_any(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count);
   // Peer j's announced call `mine.seq` (after the call's first sync, while
   // j is still in it): what j passed for it (zero copy: its arena offsets).
   Fingerprint peer_call(int j, const Fingerprint& mine) const;
@@ -149,6 +160,9 @@ class ShmWindow {
   // The window rank of the communicator's rank `member` (-1: none).
   int index_of(int member) const;
   bool all_arrived(uint64_t phase, int* missing) const;
+  int first_arrived(uint64_t phase, const int* peers, int count, int* missing) const;
+  void check_arrived(const Link& link, const Fingerprint& fp, uint64_t phase, int j);
+  void wait_until(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count, int missing);
   [[noreturn]] void throw_published(const Link& link, const Fingerprint& fp);
   void check_calls(const Link& link, const Fingerprint& fp, bool arrived_only);
   void check_slow(Link& link, const Fingerprint& fp, uint64_t phase, int missing);
