@@ -808,6 +808,50 @@ def test_a_rank_killed_during_single_copy_is_named_by_its_peers():
     rank_1_killed_is_noticed(script, dict(os.environ, RINGCOMM_SHM_SINGLE_COPY="65536"))
 
 
+DEAD_ROOT = textwrap.dedent('''
+    import os, sys, time, numpy as np, torch.distributed as dist, ringcomm
+    path, rank = sys.argv[1], int(sys.argv[2])
+    comm = ringcomm.init(store=dist.FileStore(path, 2), rank=rank, size=2, timeout=20)
+    assert comm._engine.window.single_copy_min == 1
+    x = np.arange(1 << 16, dtype=np.float32)
+    if rank == 0:  # a leaf: comes once the root (rank 1) has died waiting for it
+        while not os.path.exists(path + ".go"):
+            time.sleep(0.01)
+    print("CALLING", flush=True)
+    try:
+        comm.scatter(x, root=1, out=np.empty(1 << 15, np.float32), algorithm="shm")
+        print("NO ERROR", flush=True)
+    except ringcomm.RingcommError as e:
+        print("RAISED", type(e).__name__, str(e).replace(chr(10), " ")[:400], flush=True)
+    ''')
+
+
+def test_a_peer_that_died_before_its_data_was_read_is_named(tmp_path):
+    # Single copy reads a peer's array once the peer has arrived in the
+    # call: if it has died since, the kernel's copy fails (ESRCH) and the
+    # reader names the dead rank. Made certain: the root publishes, arrives
+    # and waits for the leaf, is killed there, and only then does the leaf
+    # call (store launch: the launcher does not take the job down).
+    pytest.importorskip("torch")  # (its FileStore)
+    store = str(tmp_path / "store")
+    env = dict(clean_env(), RINGCOMM_SHM_SINGLE_COPY="1")
+    procs = [subprocess.Popen([sys.executable, "-c", DEAD_ROOT, store, str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    try:
+        assert procs[1].stdout.readline().strip() == "CALLING"
+        time.sleep(1.0)  # it publishes, arrives and waits in the window
+        procs[1].kill()
+        procs[1].wait(timeout=30)
+        open(store + ".go", "w").close()
+        out0, err0 = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert "RAISED" in out0 and "rank 1 (pid " in out0 and "died during a single-copy read of its data" in out0, \
+        out0 + err0
+
+
 LATE_READER = textwrap.dedent('''
     import os, sys, time, numpy as np, torch.distributed as dist, ringcomm
     path, rank = sys.argv[1], int(sys.argv[2])

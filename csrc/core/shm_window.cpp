@@ -214,42 +214,27 @@ void ShmWindow::throw_copy_failed(int j, uint64_t seq, const char* what, size_t 
                                       " (RINGCOMM_SHM_SINGLE_COPY=off turns single copy off)");
 }
 
-void ShmWindow::copy_from(int j, uint64_t seq, void* dst, uint64_t from, size_t bytes) const {
-  if (!bytes) return;
+// `bytes` between this process's `mine` and rank j's address `theirs`:
+// read (theirs into mine) or write (mine into theirs). Between processes the
+// kernel copies (process_vm_readv / writev), which may move less than asked
+// (then the rest, again) or fail: RingError naming j.
+void ShmWindow::cross_copy(int j, uint64_t seq, bool write, char* mine, uint64_t theirs, size_t bytes) const {
   if (!processes_) {
-    std::memcpy(dst, reinterpret_cast<const void*>(from), bytes);
+    void* peer = reinterpret_cast<void*>(theirs);
+    std::memcpy(write ? peer : mine, write ? static_cast<const void*>(mine) : peer, bytes);
     return;
   }
-  char* d = static_cast<char*>(dst);
+  const pid_t pid = pid_t(area(j)->pid);
   while (bytes) {
-    struct iovec local{d, bytes}, remote{reinterpret_cast<void*>(from), bytes};
-    const ssize_t got = process_vm_readv(pid_t(area(j)->pid), &local, 1, &remote, 1, 0);
-    if (got > 0) {
-      d += got;
-      from += uint64_t(got);
-      bytes -= size_t(got);
-    } else if (!(got < 0 && errno == EINTR)) {
-      throw_copy_failed(j, seq, "read of its data", bytes, got < 0 ? errno : EFAULT);
-    }
-  }
-}
-
-void ShmWindow::copy_to(int j, uint64_t seq, uint64_t to, const void* src, size_t bytes) const {
-  if (!bytes) return;
-  if (!processes_) {
-    std::memcpy(reinterpret_cast<void*>(to), src, bytes);
-    return;
-  }
-  const char* s = static_cast<const char*>(src);
-  while (bytes) {
-    struct iovec local{const_cast<char*>(s), bytes}, remote{reinterpret_cast<void*>(to), bytes};
-    const ssize_t put = process_vm_writev(pid_t(area(j)->pid), &local, 1, &remote, 1, 0);
-    if (put > 0) {
-      s += put;
-      to += uint64_t(put);
-      bytes -= size_t(put);
-    } else if (!(put < 0 && errno == EINTR)) {
-      throw_copy_failed(j, seq, "write into its array", bytes, put < 0 ? errno : EFAULT);
+    struct iovec local{mine, bytes}, remote{reinterpret_cast<void*>(theirs), bytes};
+    const ssize_t moved = write ? process_vm_writev(pid, &local, 1, &remote, 1, 0)
+                                : process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (moved > 0) {
+      mine += moved;
+      theirs += uint64_t(moved);
+      bytes -= size_t(moved);
+    } else if (!(moved < 0 && errno == EINTR)) {
+      throw_copy_failed(j, seq, write ? "write into its array" : "read of its data", bytes, moved < 0 ? errno : EFAULT);
     }
   }
 }
@@ -260,16 +245,18 @@ uint64_t ShmWindow::peer_address(int j, uint64_t seq, size_t offset, int block) 
   const uint64_t base = a->addr[k][0].load(std::memory_order_relaxed);
   const uint64_t places = a->addr[k][1].load(std::memory_order_relaxed);
   uint64_t at = base + offset;
-  if (places) copy_from(j, seq, &at, places + uint64_t(block) * sizeof(uint64_t), sizeof at);
+  if (places) cross_copy(j, seq, false, reinterpret_cast<char*>(&at), places + uint64_t(block) * sizeof(uint64_t), sizeof at);
   return at;
 }
 
 void ShmWindow::read_peer(int j, uint64_t seq, size_t offset, int block, void* dst, size_t bytes) const {
-  if (bytes) copy_from(j, seq, dst, peer_address(j, seq, offset, block), bytes);
+  if (bytes) cross_copy(j, seq, false, static_cast<char*>(dst), peer_address(j, seq, offset, block), bytes);
 }
 
 void ShmWindow::write_peer(int j, uint64_t seq, size_t offset, int block, const void* src, size_t bytes) const {
-  if (bytes) copy_to(j, seq, peer_address(j, seq, offset, block), src, bytes);
+  // (process_vm_writev's local iovec is not const; it is only read)
+  if (bytes)
+    cross_copy(j, seq, true, const_cast<char*>(static_cast<const char*>(src)), peer_address(j, seq, offset, block), bytes);
 }
 
 bool ShmWindow::all_arrived(uint64_t phase, int* missing) const {

@@ -168,8 +168,7 @@ class ShmWindow {
   void check_slow(Link& link, const Fingerprint& fp, uint64_t phase, int missing);
   std::string peer_state(Link& link, int peer, const Fingerprint& fp);
   [[noreturn]] void throw_other_call(int j, uint64_t word, const Fingerprint& fp);
-  void copy_from(int j, uint64_t seq, void* dst, uint64_t from, size_t bytes) const;
-  void copy_to(int j, uint64_t seq, uint64_t to, const void* src, size_t bytes) const;
+  void cross_copy(int j, uint64_t seq, bool write, char* mine, uint64_t theirs, size_t bytes) const;
   uint64_t peer_address(int j, uint64_t seq, size_t offset, int block) const;
   [[noreturn]] void throw_copy_failed(int j, uint64_t seq, const char* what, size_t bytes, int err) const;
 
