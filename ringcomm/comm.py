@@ -352,16 +352,19 @@ class Communicator:
         also be lists of one array per peer (torch's ``all_to_all`` list
         form): block p is read from ``x[p]`` and written into ``out[p]`` in
         place; a list is a call with per-peer splits, its arrays' sizes.
-        algorithm: "auto" (default: "shm" for equal blocks when the ranks
-        share a host's memory, else "pairwise"), "pairwise" (pairwise
-        exchange, n-1 steps, csrc/algorithms/all_to_all.cpp) or "shm"
-        (through the window's slots; equal blocks only).
+        algorithm: "auto" (default: "shm" when the ranks share a host's
+        memory, at the sizes where it wins there, ringcomm.shm; per-peer
+        splits at every size when single copy is on; else "pairwise"),
+        "pairwise" (pairwise exchange, n-1 steps,
+        csrc/algorithms/all_to_all.cpp) or "shm" (the window: equal blocks
+        through its slots or by single copy, per-peer splits by single copy
+        only, csrc/algorithms/shm.cpp).
         """
         if out is not None and self._fast_lane and not async_op:
             if splits is None and out_splits is None:
                 if self._rooted_fast("all_to_all", x, out, 0, "sum", algorithm, async_op):
                     return out
-            elif splits is not None and out_splits is not None and algorithm in ("auto", "pairwise"):
+            elif splits is not None and out_splits is not None and algorithm in ("auto", "pairwise", "shm"):
                 try:  # per-peer splits: the native description (csrc/python/converters.h)
                     if self._engine.run_all_to_all_v(x, out, splits, out_splits, vocab.ALGORITHMS[algorithm],
                                                      self._door.p2p_max_bytes):

@@ -142,10 +142,20 @@ def run_gather_scatter(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> li
     return errs
 
 
+def per_peer_algorithm(comm, algorithm: str) -> str:
+    """What all_to_all with per-peer splits can run for a suite of
+    `algorithm`: the window only by single copy, else auto."""
+    if algorithm == "pairwise":
+        return algorithm
+    w = getattr(comm._engine, "window", None)
+    return algorithm if algorithm == "shm" and w is not None and w.single_copy_min < (1 << 62) else "auto"
+
+
 def run_all_to_all(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> list[str]:
-    """Equal blocks by `algorithm`; per-peer splits by auto or pairwise (the
-    window runs equal blocks only)."""
+    """Equal blocks by `algorithm`; per-peer splits (one array, lists) by it
+    where they can (per_peer_algorithm), else auto."""
     n, r = comm.size, comm.rank
+    vee = per_peer_algorithm(comm, algorithm)
     errs: list[str] = []
     for count in counts:
         for dtype in dtypes:
@@ -170,21 +180,53 @@ def run_all_to_all(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> list[s
             out = np.full(sum(out_splits), 55, NUMPY[dtype])
             before = comm.traffic()
             # lists of ints take the native description; an array of splits, the Python adapter
-            comm.all_to_all(ins[r].copy(), m[r] if count % 2 else np.array(m[r]), out_splits, out=out,
-                            algorithm="pairwise" if algorithm == "pairwise" else "auto")
+            comm.all_to_all(ins[r].copy(), m[r] if count % 2 else np.array(m[r]), out_splits, out=out, algorithm=vee)
+            errs += ran(comm, "all_to_all", vee, tag)
             errs += suite.compare(out, want, tag, r)
             errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, tag, splits=m)
             # lists of arrays, one per peer (torch's list form): the same blocks, the same bytes
             blocks_in = [ins[r][offs[r][p]:offs[r][p + 1]].copy() for p in range(n)]
             outs = [np.full(out_splits[q], 44, NUMPY[dtype]) for q in range(n)]
             before = comm.traffic()
-            got = comm.all_to_all(blocks_in, out=outs, algorithm="pairwise" if algorithm == "pairwise" else "auto")
+            got = comm.all_to_all(blocks_in, out=outs, algorithm=vee)
+            errs += ran(comm, "all_to_all", vee, f"{tag} with lists")
             if got is not outs:
                 errs.append(f"rank {r}: {tag} with lists: returned {type(got).__name__}")
             errs += suite.compare(np.concatenate(outs), want, f"{tag} with lists", r)
             errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, f"{tag} with lists", splits=m)
             if len(errs) > 20:
                 return errs
+    return errs
+
+
+def run_all_to_all_mixed(comm, algorithm="shm") -> list[str]:
+    """Per-peer blocks of mixed sizes (empty, a few elements, 4-16 KB: both
+    sides of the window's inline limit), one array and lists, against numpy
+    and the ledger's closed form, the algorithm the one asked for (where it
+    can run: per_peer_algorithm)."""
+    n, r = comm.size, comm.rank
+    algorithm = per_peer_algorithm(comm, algorithm)
+    m = [[((7 * q + 13 * p) % 5) * 1000 + (q + p) % 3 for p in range(n)] for q in range(n)]
+    errs: list[str] = []
+    for dtype in ("float32", "int8"):
+        ins = [values(dtype, n, sum(m[q]), q) for q in range(n)]
+        offs = [np.concatenate([[0], np.cumsum(m[q])]).astype(int) for q in range(n)]
+        want = np.concatenate([ins[q][offs[q][r]:offs[q][r + 1]] for q in range(n)])
+        out_splits = [m[q][r] for q in range(n)]
+        tag = f"all_to_all n={n} mixed splits={m[r]} {dtype} algorithm={algorithm}"
+        out = np.full(sum(out_splits), 55, NUMPY[dtype])
+        before = comm.traffic()
+        comm.all_to_all(ins[r].copy(), m[r], out_splits, out=out, algorithm=algorithm)
+        errs += ran(comm, "all_to_all", algorithm, tag)
+        errs += suite.compare(out, want, tag, r)
+        errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, tag, splits=m)
+        blocks_in = [ins[r][offs[r][p]:offs[r][p + 1]].copy() for p in range(n)]
+        outs = [np.full(out_splits[q], 44, NUMPY[dtype]) for q in range(n)]
+        before = comm.traffic()
+        comm.all_to_all(blocks_in, out=outs, algorithm=algorithm)
+        errs += ran(comm, "all_to_all", algorithm, f"{tag} with lists")
+        errs += suite.compare(np.concatenate(outs), want, f"{tag} with lists", r)
+        errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, f"{tag} with lists", splits=m)
     return errs
 
 

@@ -87,6 +87,7 @@ def test_single_copy_in_process(n, monkeypatch):
     def body(comm):
         assert comm._engine.window.single_copy_min == 1
         errs = cs.run_all(comm, [0, 1, max(n - 1, 0), n + 1, 101, 7 * n + 3, 4099], FEW, algorithms="shm")
+        errs += cs.run_all_to_all_mixed(comm)  # per-peer blocks in the slot and by single copy
         errs += cases(comm, "shm", True)
         k = 3001  # elements per block: a whole block per peer in one piece
         x = ((np.arange(k * n) * 7 + 13 * comm.rank) % 1009).astype(np.float32)
@@ -212,12 +213,33 @@ def test_rooted_collectives_that_disagree_or_cannot_run_in_the_window():
         assert m == ["mismatch"], f"rank {r}: {m}"
 
     def splits(comm):
-        with pytest.raises(InvalidArgument, match="equal blocks only"):
+        # per-peer splits run in the window by single copy only
+        with pytest.raises(InvalidArgument, match="per-peer splits only by single copy"):
             comm.all_to_all(np.zeros(4, np.float32), [1, 3], [1, 3], algorithm="shm")
         with pytest.raises(InvalidArgument, match="runs algorithm 'auto', 'linear' or 'shm'"):
             comm.gather(np.zeros(4, np.float32), algorithm="ring")
         return True
-    assert all(ringcomm.run_local(2, splits, timeout=20))
+    os.environ["RINGCOMM_SHM_SINGLE_COPY"] = "off"
+    try:
+        assert all(ringcomm.run_local(2, splits, timeout=20))
+    finally:
+        del os.environ["RINGCOMM_SHM_SINGLE_COPY"]
+
+    def sizes(comm):
+        # with it: both ranks pass [1, 3], so each sends the other a block of
+        # another size than the other expects; each names both sizes, and
+        # nothing lands where the peer's block goes (its own block may)
+        out = np.full(4, -1, np.float32)
+        try:
+            comm.all_to_all(np.zeros(4, np.float32), [1, 3], [1, 3], out=out, algorithm="shm")
+        except MismatchError as e:
+            return str(e), (out[1:] if comm.rank == 0 else out[:1]).tolist()
+        return "no error", []
+    for r, (msg, rest) in enumerate(ringcomm.run_local(2, sizes, timeout=20)):
+        want = "rank 1 sends 4 bytes to rank 0, which expects 12" if r == 0 else \
+            "rank 0 sends 12 bytes to rank 1, which expects 4"
+        assert want in msg or "reported to rank" in msg, f"rank {r}: {msg}"
+        assert rest == [-1.0] * (3 if r == 0 else 1), f"rank {r}: {rest}"
 
 
 @pytest.mark.parametrize("n", [2, 3, 7])
@@ -659,6 +681,8 @@ SINGLE_COPY_SCRIPT = textwrap.dedent('''
     limit = comm._engine.window.single_copy_min
     # every form through the window by process_vm_readv (limit 1 byte), against numpy and the ledger
     errs = cs.run_all(comm, [0, 1, n + 1, 4099, 65537], cs.suite.COMBOS[::4], algorithms="shm")
+    errs += cs.run_all_to_all_mixed(comm)  # per-peer blocks in the slot and by process_vm_readv
+    errs += cs.run_all_to_all_mixed(comm, "auto")
     errs += suite.run_cases(comm, [100003], suite.COMBOS[::5], algorithm="shm")
     # auto at sizes that take single copy (256 KiB blocks)
     k = 65536

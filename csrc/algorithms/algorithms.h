@@ -122,6 +122,12 @@ void shm_flat_reduce(Link& link, const RingPlan& plan, const Reducer& red, int r
 void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
 void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
 void shm_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out);
+// all_to_all with per-peer splits (blocks.at: also in arrays of their own),
+// by single copy; the engine runs it only where the window has single copy
+// (shm_all_to_all_v_fits).
+void shm_all_to_all_v(Link& link, const BlockSplit& send, const BlockSplit& recv, size_t es, const char* in,
+                      char* out);
+bool shm_all_to_all_v_fits(const ShmWindow& w);
 // Zero copy ("zero_copy"): the input (all_reduce: and output) in each
 // rank's part of the shared arena, at the offsets of its call's fingerprint
 // (link.call().arena_in / arena_out, announced in the window); peers read

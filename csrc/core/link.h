@@ -193,6 +193,10 @@ class Link {
     if (tracer_) trace_finish_impl(values, bytes);
   }
 
+  // Per-peer all_to_all: `peer` sends `theirs` bytes where this rank expects
+  // `mine` (out_splits): MismatchError naming both, before any byte landed.
+  [[noreturn]] void throw_block_sizes(int peer, size_t theirs, size_t mine);
+
  private:
   struct ControlMsg;
   Request* send_exact_impl(int peer, const void* buf, size_t bytes, int unit, bool exact);
@@ -232,7 +236,6 @@ class Link {
   [[noreturn]] void throw_foreign_message(const Request& r, const std::string& unnamed);
   // Throws MismatchError; the ABORT notice fail() forwards names the other call when known.
   [[noreturn]] void throw_mismatch(int peer, const Fingerprint* theirs, const std::string& text);
-  [[noreturn]] void throw_block_sizes(int peer, size_t theirs, size_t mine);
   void check_call(const Fingerprint& theirs, int peer);  // throws MismatchError
   void check_early_header();  // this call's header from the left, if it came on its own already
   void send_control(const ControlMsg& m, int peer);

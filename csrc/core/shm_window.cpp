@@ -253,6 +253,10 @@ void ShmWindow::read_peer(int j, uint64_t seq, size_t offset, int block, void* d
   if (bytes) cross_copy(j, seq, false, static_cast<char*>(dst), peer_address(j, seq, offset, block), bytes);
 }
 
+void ShmWindow::read_address(int j, uint64_t seq, uint64_t theirs, void* dst, size_t bytes) const {
+  if (bytes) cross_copy(j, seq, false, static_cast<char*>(dst), theirs, bytes);
+}
+
 void ShmWindow::write_peer(int j, uint64_t seq, size_t offset, int block, const void* src, size_t bytes) const {
   // (process_vm_writev's local iovec is not const; it is only read)
   if (bytes)

@@ -129,6 +129,8 @@ class ShmWindow {
   // Used for blocks of at least single_copy_min() bytes (SIZE_MAX: never,
   // the default; attach decides for every rank alike).
   size_t single_copy_min() const { return single_copy_min_; }
+  // Is single copy on at all? (Off: SIZE_MAX, or Python's UNLIMITED, 2^62.)
+  bool single_copy_on() const { return single_copy_min_ < (size_t(1) << 62); }
   void set_single_copy_min(size_t bytes) { single_copy_min_ = bytes; }
   // Can this rank read every peer's memory? Reads a word each peer wrote
   // at construction (after every rank has attached).
@@ -142,6 +144,9 @@ class ShmWindow {
   // places. After the call's first sync, while j is still in call `seq`;
   // throws RingError naming j (a dead peer as such).
   void read_peer(int j, uint64_t seq, size_t offset, int block, void* dst, size_t bytes) const;
+  // `bytes` from address `theirs` in rank j's process (one j wrote into the
+  // window for this call: all_to_all's per-peer table) into `dst`.
+  void read_address(int j, uint64_t seq, uint64_t theirs, void* dst, size_t bytes) const;
   // The same the other way: `bytes` from `src` into rank j's published
   // array (process_vm_writev; gather's leaves into the root's output).
   void write_peer(int j, uint64_t seq, size_t offset, int block, const void* src, size_t bytes) const;

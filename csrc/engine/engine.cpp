@@ -167,9 +167,12 @@ bool Engine::locate_in_arena(Task& t) const {
   return t.arena_in >= 0;
 }
 
-// The window runs every collective; all_to_all with equal blocks only (with
-// per-peer splits no rank knows how many rounds the largest block takes).
-bool Engine::shm_runs(const Task& t) { return t.coll != Coll::all_to_all || t.counts.empty(); }
+// The window runs every collective; all_to_all with per-peer splits only by
+// single copy (through the slots no rank would know how many rounds the
+// largest block takes).
+bool Engine::shm_runs(const Task& t) const {
+  return t.coll != Coll::all_to_all || t.counts.empty() || (link_.window() && shm_all_to_all_v_fits(*link_.window()));
+}
 
 Algo Engine::choose_algorithm(const Task& t) const {
   const Algo a = Algo(t.algo);
@@ -187,7 +190,11 @@ Algo Engine::choose_algorithm(const Task& t) const {
     // Arrays in the shared arena: the caller asked for zero copy (comm.empty).
     if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
     const size_t bytes = t.count * dtype_size(t.dtype);
-    const bool within = t.coll == Coll::barrier || bytes <= shm_max_[int(t.coll)].load(std::memory_order_relaxed) ||
+    // (all_to_all's per-peer splits: each rank's own total, unknown to the
+    // others: the window's single copy at every size, as all must choose alike)
+    const bool per_peer = t.coll == Coll::all_to_all && !t.counts.empty();
+    const bool within = t.coll == Coll::barrier || per_peer ||
+                        bytes <= shm_max_[int(t.coll)].load(std::memory_order_relaxed) ||
                         bytes >= shm_from_[int(t.coll)].load(std::memory_order_relaxed);
     if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && within &&
         shm_runs(t)) {
@@ -237,7 +244,9 @@ Algo Engine::choose_algorithm(const Task& t) const {
     const bool runs = a == Algo::shm ? shm_runs(t) : (t.coll == Coll::all_reduce || t.coll == Coll::reduce);
     if (!runs)
       throw_invalid("algorithm '" + std::string(algo_name(a)) + "' runs " +
-                    (a == Algo::shm ? "every collective, all_to_all with equal blocks only (this call has splits)"
+                    (a == Algo::shm ? "every collective, all_to_all with per-peer splits only by single copy "
+                                      "(RINGCOMM_SHM_SINGLE_COPY: off here, or refused by the kernel; or a slot "
+                                      "under 16 bytes per rank, RINGCOMM_SHM_SLOT)"
                                     : "all_reduce and reduce only"));
     if (!link_.window())
       throw_invalid("algorithm '" + std::string(algo_name(a)) +
@@ -670,15 +679,19 @@ void Engine::perform(const Task& t, Work& w) {
       break;
     }
     case Coll::all_to_all: {
-      if (shared) {
+      const bool splits = !t.counts.empty();
+      if (shared && !splits) {
         shm_all_to_all(link_, t.count, es, static_cast<const char*>(t.in), static_cast<char*>(t.out));
         break;
       }
-      const bool splits = !t.counts.empty();
       const BlockSplit send(t.count, size(), splits ? t.counts.data() : nullptr,
                             t.in_places.empty() ? nullptr : t.in_places.data());
       const BlockSplit recv(t.count, size(), splits ? t.out_counts.data() : nullptr,
                             t.out_places.empty() ? nullptr : t.out_places.data());
+      if (shared) {
+        shm_all_to_all_v(link_, send, recv, es, static_cast<const char*>(t.in), static_cast<char*>(t.out));
+        break;
+      }
       // Equal blocks too go as one message per block where messages carry
       // stamps (host memory) and a block fits one: segments only add
       // rendezvous (measured against MPI_Alltoall at N = 2 and 4, 1-16 MiB:

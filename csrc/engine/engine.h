@@ -251,7 +251,7 @@ class Engine {
   // and communicator (else RingError(invalid)); for Algo::automatic, by size
   // against the limits of set_auto_limits(), alike on every rank.
   Algo choose_algorithm(const Task& t) const;
-  static bool shm_runs(const Task& t);  // can the window run this call (algorithm "shm")?
+  bool shm_runs(const Task& t) const;  // can the window run this call (algorithm "shm")?
   // The communicator is aborted (the first failure's reason stays). Thread-safe.
   void record_abort(const std::string& reason, int origin, ErrKind cause);
   const Reducer& reducer(DType dtype, Op op);  // the worker's (or inline caller's) only

@@ -330,7 +330,7 @@ inline bool int_list(py::handle h, int size, std::vector<int64_t>& v) {
 
 inline bool host_all_to_all_v_call(py::handle x, py::handle out, py::handle splits, py::handle out_splits, int algo,
                                    size_t max_block_bytes, int rank, int size, Call& c) {
-  if (algo != int(Algo::automatic) && algo != int(Algo::pairwise)) return false;
+  if (algo != int(Algo::automatic) && algo != int(Algo::pairwise) && algo != int(Algo::shm)) return false;
   int dx = -1, dout = -1;
   size_t nx = 0, nout = 0;
   uintptr_t px = 0, pout = 0;
