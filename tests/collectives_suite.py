@@ -170,64 +170,51 @@ def run_all_to_all(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> list[s
             errs += suite.compare(got, want, tag, r)
             errs += suite.compare(x, inputs[r], f"{tag}: input modified", r)
             errs += ledger(comm, before, "all_to_all", count * n, dtype, tag)
-            # per-peer splits
-            m = split_matrix(count, n)
-            ins = [values(dtype, n, sum(m[q]), q) for q in range(n)]
-            offs = [np.concatenate([[0], np.cumsum(m[q])]).astype(int) for q in range(n)]
-            want = np.concatenate([ins[q][offs[q][r]:offs[q][r + 1]] for q in range(n)])
-            out_splits = [m[q][r] for q in range(n)]
-            tag = f"all_to_all n={n} splits={m[r]} out_splits={out_splits} {dtype} seg={comm.segment_bytes}"
-            out = np.full(sum(out_splits), 55, NUMPY[dtype])
-            before = comm.traffic()
-            # lists of ints take the native description; an array of splits, the Python adapter
-            comm.all_to_all(ins[r].copy(), m[r] if count % 2 else np.array(m[r]), out_splits, out=out, algorithm=vee)
-            errs += ran(comm, "all_to_all", vee, tag)
-            errs += suite.compare(out, want, tag, r)
-            errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, tag, splits=m)
-            # lists of arrays, one per peer (torch's list form): the same blocks, the same bytes
-            blocks_in = [ins[r][offs[r][p]:offs[r][p + 1]].copy() for p in range(n)]
-            outs = [np.full(out_splits[q], 44, NUMPY[dtype]) for q in range(n)]
-            before = comm.traffic()
-            got = comm.all_to_all(blocks_in, out=outs, algorithm=vee)
-            errs += ran(comm, "all_to_all", vee, f"{tag} with lists")
-            if got is not outs:
-                errs.append(f"rank {r}: {tag} with lists: returned {type(got).__name__}")
-            errs += suite.compare(np.concatenate(outs), want, f"{tag} with lists", r)
-            errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, f"{tag} with lists", splits=m)
+            # per-peer splits (lists of ints take the native description; an
+            # array of splits, the Python adapter)
+            errs += per_peer_case(comm, split_matrix(count, n), dtype, vee, f"seg={comm.segment_bytes}",
+                                  as_array=count % 2 == 0)
             if len(errs) > 20:
                 return errs
     return errs
 
 
+def per_peer_case(comm, m, dtype, algorithm, note="", as_array=False) -> list[str]:
+    """all_to_all with per-peer splits m[q][p] (elements rank q sends rank
+    p), from one array and from lists of arrays (torch's list form: the same
+    blocks, the same bytes), against numpy and the ledger's closed form."""
+    n, r = comm.size, comm.rank
+    ins = [values(dtype, n, sum(m[q]), q) for q in range(n)]
+    offs = [np.concatenate([[0], np.cumsum(m[q])]).astype(int) for q in range(n)]
+    want = np.concatenate([ins[q][offs[q][r]:offs[q][r + 1]] for q in range(n)])
+    out_splits = [m[q][r] for q in range(n)]
+    tag = f"all_to_all n={n} splits={m[r]} out_splits={out_splits} {dtype} {note} algorithm={algorithm}"
+    out = np.full(sum(out_splits), 55, NUMPY[dtype])
+    before = comm.traffic()
+    comm.all_to_all(ins[r].copy(), np.array(m[r]) if as_array else m[r], out_splits, out=out, algorithm=algorithm)
+    errs = ran(comm, "all_to_all", algorithm, tag)
+    errs += suite.compare(out, want, tag, r)
+    errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, tag, splits=m)
+    blocks_in = [ins[r][offs[r][p]:offs[r][p + 1]].copy() for p in range(n)]
+    outs = [np.full(out_splits[q], 44, NUMPY[dtype]) for q in range(n)]
+    before = comm.traffic()
+    got = comm.all_to_all(blocks_in, out=outs, algorithm=algorithm)
+    errs += ran(comm, "all_to_all", algorithm, f"{tag} with lists")
+    if got is not outs:
+        errs.append(f"rank {r}: {tag} with lists: returned {type(got).__name__}")
+    errs += suite.compare(np.concatenate(outs), want, f"{tag} with lists", r)
+    errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, f"{tag} with lists", splits=m)
+    return errs
+
+
 def run_all_to_all_mixed(comm, algorithm="shm") -> list[str]:
     """Per-peer blocks of mixed sizes (empty, a few elements, 4-16 KB: both
-    sides of the window's inline limit), one array and lists, against numpy
-    and the ledger's closed form, the algorithm the one asked for (where it
-    can run: per_peer_algorithm)."""
-    n, r = comm.size, comm.rank
-    algorithm = per_peer_algorithm(comm, algorithm)
+    sides of the window's inline limit) by `algorithm` where it can run
+    (per_peer_algorithm)."""
+    n = comm.size
     m = [[((7 * q + 13 * p) % 5) * 1000 + (q + p) % 3 for p in range(n)] for q in range(n)]
-    errs: list[str] = []
-    for dtype in ("float32", "int8"):
-        ins = [values(dtype, n, sum(m[q]), q) for q in range(n)]
-        offs = [np.concatenate([[0], np.cumsum(m[q])]).astype(int) for q in range(n)]
-        want = np.concatenate([ins[q][offs[q][r]:offs[q][r + 1]] for q in range(n)])
-        out_splits = [m[q][r] for q in range(n)]
-        tag = f"all_to_all n={n} mixed splits={m[r]} {dtype} algorithm={algorithm}"
-        out = np.full(sum(out_splits), 55, NUMPY[dtype])
-        before = comm.traffic()
-        comm.all_to_all(ins[r].copy(), m[r], out_splits, out=out, algorithm=algorithm)
-        errs += ran(comm, "all_to_all", algorithm, tag)
-        errs += suite.compare(out, want, tag, r)
-        errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, tag, splits=m)
-        blocks_in = [ins[r][offs[r][p]:offs[r][p + 1]].copy() for p in range(n)]
-        outs = [np.full(out_splits[q], 44, NUMPY[dtype]) for q in range(n)]
-        before = comm.traffic()
-        comm.all_to_all(blocks_in, out=outs, algorithm=algorithm)
-        errs += ran(comm, "all_to_all", algorithm, f"{tag} with lists")
-        errs += suite.compare(np.concatenate(outs), want, f"{tag} with lists", r)
-        errs += ledger(comm, before, "all_to_all", sum(m[r]), dtype, f"{tag} with lists", splits=m)
-    return errs
+    vee = per_peer_algorithm(comm, algorithm)
+    return [e for dtype in ("float32", "int8") for e in per_peer_case(comm, m, dtype, vee, "mixed")]
 
 
 # algorithms="p2p" forces the message algorithms, "shm" the window's

@@ -832,6 +832,13 @@ def test_a_rank_killed_during_single_copy_is_named_by_its_peers():
     rank_1_killed_is_noticed(script, dict(os.environ, RINGCOMM_SHM_SINGLE_COPY="65536"))
 
 
+def by_store(script, store, n, env):
+    """n processes running `script` (argv: the store's path, the rank), each
+    its own child of the test: no launcher takes the job down when one dies."""
+    return [subprocess.Popen([sys.executable, "-c", script, store, str(r)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env) for r in range(n)]
+
+
 DEAD_ROOT = textwrap.dedent('''
     import os, sys, time, numpy as np, torch.distributed as dist, ringcomm
     path, rank = sys.argv[1], int(sys.argv[2])
@@ -859,8 +866,7 @@ def test_a_peer_that_died_before_its_data_was_read_is_named(tmp_path):
     pytest.importorskip("torch")  # (its FileStore)
     store = str(tmp_path / "store")
     env = dict(clean_env(), RINGCOMM_SHM_SINGLE_COPY="1")
-    procs = [subprocess.Popen([sys.executable, "-c", DEAD_ROOT, store, str(r)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    procs = by_store(DEAD_ROOT, store, 2, env)
     try:
         assert procs[1].stdout.readline().strip() == "CALLING"
         time.sleep(1.0)  # it publishes, arrives and waits in the window
@@ -909,8 +915,7 @@ def test_a_failure_in_a_later_call_does_not_fail_a_rank_still_finishing_this_one
     pytest.importorskip("torch")  # (its FileStore)
     store = str(tmp_path / "store")
     env = clean_env()
-    procs = [subprocess.Popen([sys.executable, "-c", LATE_READER, store, str(r)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in range(3)]
+    procs = by_store(LATE_READER, store, 3, env)
     try:
         assert procs[2].stdout.readline().strip() == "CALLING"
         time.sleep(1.0)  # it arrives in the window (a copy and a store) and waits there
