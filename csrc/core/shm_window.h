@@ -125,7 +125,8 @@ class ShmWindow {
   // Ranks read blocks straight from each other's arrays: the kernel copies
   // from the peer's pages between processes (process_vm_readv, Linux's cross
   // memory attach, as Open MPI's smsc/cma), memcpy between in-process ranks.
-  // One copy instead of the slots' two, in two syncs whatever the size.
+  // One copy instead of the slots' two, in two phases whatever the size
+  // (arrive, read each needed peer once it has arrived, sync).
   // Used for blocks of at least single_copy_min() bytes (SIZE_MAX: never,
   // the default; attach decides for every rank alike).
   size_t single_copy_min() const { return single_copy_min_; }
