@@ -204,8 +204,13 @@ SHM_MAX = {"all_reduce": 128 << 10, "reduce_scatter": 32 << 10, "all_gather": 32
 # 11.4 (why not sooner), 1 MiB 66.0 / 83.0 / 79.1, 4 MiB 354 / 410 / 359,
 # 16 MiB 2291 / 2420 / 2172. Scatter and all_to_all lost at every size.
 # Measured at N = 2 only (this machine's 2 cores); applied to any number of
-# ranks that fit the cores, as SHM_MAX is.
-SHM_FROM = {"reduce": 4 << 20, "gather": 1 << 20}
+# ranks that fit the cores, as SHM_MAX is. reduce from 1 MiB since another
+# 2-core machine (an AMD EPYC VM, bench/README.md, "Where the window wins
+# moves with the machine") measured the window ahead there from 256 KiB:
+# 1 MiB 92-136 / 137-175 (ring) / 130-165 (MPI), 512 KiB 54-68 / 89-93 /
+# 82-88; at 1 MiB the first machine's window was level with the ring (161
+# / 155 above). `ringcomm tune` measures these crossovers where it runs.
+SHM_FROM = {"reduce": 1 << 20, "gather": 1 << 20}
 
 # With more ranks than cores the window wins at every size, except where
 # one rank sends everything (scatter's root) or every rank sends n-1 blocks
@@ -256,19 +261,31 @@ SHM_FROM_SINGLE_COPY_OVERSUBSCRIBED = {"gather": 256 << 10, "scatter": 256 << 10
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter", "all_to_all")
 
 
-def tuned(nranks: int | None) -> dict | None:
+# The collectives whose large blocks single copy moves: what tune measured
+# for them holds only with single copy as it was then (on or off).
+_SINGLE_COPY_COLLECTIVES = ("all_gather", "gather", "scatter", "all_to_all")
+
+
+def tuned(nranks: int | None, single_copy: bool = True) -> dict | None:
     """What ``ringcomm tune`` measured for `nranks` ranks of one host:
-    {"all_reduce", "reduce_scatter", "all_gather": the largest size (bytes)
-    up to which the window beat point-to-point, "flat_max": up to which the
-    one-sync all_reduce beat the direct one}, or None (not measured)."""
+    {"max": {collective: the largest size (bytes) up to which the window
+    beat point-to-point}, "from": {collective: the size from which it beat it
+    again}, "flat_max": up to which the one-sync all_reduce beat the direct
+    one}, or None (not measured). Collectives tune did not measure (an
+    older tune: the rooted ones) are absent; so are those single copy moves
+    when it was on then and is not now (`single_copy`), or the reverse."""
     from .tuning import selection
     if not nranks:
         return None
     try:
         with open(selection.tune_path()) as f:
             entry = json.load(f)["shm"]["limits"][str(int(nranks))]
-        return {k: int(entry[k]) for k in ("all_reduce", "reduce_scatter", "all_gather", "flat_max")}
-    except (OSError, KeyError, ValueError, TypeError):
+        same = bool(entry.get("single_copy", True)) == bool(single_copy)
+        keep = [c for c in COLLECTIVES if same or c not in _SINGLE_COPY_COLLECTIVES]
+        return {"max": {c: int(entry[c]) for c in keep if c in entry},
+                "from": {c: int(v) for c, v in entry.get("from", {}).items() if c in keep},
+                "flat_max": int(entry["flat_max"])}
+    except (OSError, KeyError, ValueError, TypeError, AttributeError):
         return None
 
 
@@ -277,20 +294,20 @@ def _oversubscribed(nranks: int | None) -> bool:
     return bool(nranks) and nranks > (os.cpu_count() or 1)
 
 
-def shm_max(nranks: int) -> list:
+def shm_max(nranks: int, single_copy: bool = True) -> list:
     """Per collective (in the order of COLLECTIVES) the largest buffer auto
     runs in the window: ``RINGCOMM_SHM_MAX``, else none with
     ``RINGCOMM_TRANSPORT=shm``, else what ``ringcomm tune`` measured on this
-    many ranks (all_reduce, reduce_scatter, all_gather), else the built-in
-    limits above (when the ranks outnumber the cores: none, but
-    SHM_MAX_OVERSUBSCRIBED's)."""
+    many ranks (with single copy on or off as `single_copy` says: tuned),
+    else the built-in limits above (when the ranks outnumber the cores:
+    none, but SHM_MAX_OVERSUBSCRIBED's)."""
     n = len(COLLECTIVES)
     v = os.environ.get("RINGCOMM_SHM_MAX")
     if v:
         return [_int_env("RINGCOMM_SHM_MAX", UNLIMITED)] * n
     if mode() == "shm":
         return [UNLIMITED] * n
-    t = tuned(nranks) or {}
+    t = (tuned(nranks, single_copy) or {}).get("max", {})
     if _oversubscribed(nranks):  # what tune did not measure: no limit, but for two
         return [t.get(c, SHM_MAX_OVERSUBSCRIBED.get(c, UNLIMITED)) for c in COLLECTIVES]
     return [t.get(c, SHM_MAX[c]) for c in COLLECTIVES]
@@ -303,13 +320,15 @@ def shm_from(nranks: int | None = None, single_copy: bool = False) -> list:
     with `single_copy`, also SHM_FROM_SINGLE_COPY or its oversubscribed
     table, whichever is smaller), unless ``RINGCOMM_SHM_MAX`` (one limit,
     nothing above it) or ``RINGCOMM_TRANSPORT=shm`` (no limit) says
-    otherwise."""
+    otherwise; where ``ringcomm tune`` measured a collective on this many
+    ranks, what it measured."""
     if os.environ.get("RINGCOMM_SHM_MAX") or mode() == "shm":
         return [UNLIMITED] * len(COLLECTIVES)
     over = _oversubscribed(nranks)
     table = SHM_FROM_OVERSUBSCRIBED if over else SHM_FROM
     extra = (SHM_FROM_SINGLE_COPY_OVERSUBSCRIBED if over else SHM_FROM_SINGLE_COPY) if single_copy else {}
-    return [min(table.get(c, UNLIMITED), extra.get(c, UNLIMITED)) for c in COLLECTIVES]
+    t = (tuned(nranks, single_copy) or {}).get("from", {})
+    return [t.get(c, min(table.get(c, UNLIMITED), extra.get(c, UNLIMITED))) for c in COLLECTIVES]
 
 
 def flat_max(nranks: int | None = None) -> int:
@@ -442,9 +461,9 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
         # refuse: ptrace restrictions, seccomp).
         readable = all(comm.allgather(window.probe_single_copy()))
         single = single_copy_min() if readable else UNLIMITED
+        on = single < UNLIMITED
         flat, limits, again, single = comm.bcast(
-            (flat_max(n), shm_max(n), shm_from(n, single < UNLIMITED), single) if comm.Get_rank() == 0 else None,
-            root=0)
+            (flat_max(n), shm_max(n, on), shm_from(n, on), single) if comm.Get_rank() == 0 else None, root=0)
         window.single_copy_min = single
         engine.attach_window(window, True, flat)
         engine.set_shm_auto(True, flat, limits, again)

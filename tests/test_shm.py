@@ -155,6 +155,7 @@ def test_single_copy_off_keeps_the_slots(monkeypatch):
     assert shm_mod.single_copy_min() == shm_mod.DEFAULT_SINGLE_COPY_MIN
     # with single copy the window takes all_gather, gather, scatter and all_to_all back from 256 KiB
     monkeypatch.delenv("RINGCOMM_SHM_MAX", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # no tune file: the built-in limits
     monkeypatch.setenv("RINGCOMM_TRANSPORT", "auto")
     got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(2, single_copy=True)))
     assert got["all_gather"] == got["gather"] == got["scatter"] == got["all_to_all"] == 256 << 10, got
@@ -410,14 +411,14 @@ def test_auto_runs_the_window_up_to_shm_max_and_again_from_shm_from(monkeypatch)
 def test_shm_from_is_the_built_in_band_unless_a_variable_says_otherwise(monkeypatch):
     monkeypatch.delenv("RINGCOMM_SHM_MAX", raising=False)
     monkeypatch.setenv("RINGCOMM_TRANSPORT", "auto")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # no tune file: the built-in limits
     got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from()))
-    assert got["gather"] == 1 << 20 and got["reduce"] == 4 << 20
+    assert got["gather"] == 1 << 20 and got["reduce"] == 1 << 20
     assert got["all_reduce"] == got["scatter"] == got["all_to_all"] == shm_mod.UNLIMITED
     # more ranks than cores: gather leaves the window from 16 KiB and comes back from 4 MiB
     over = (os.cpu_count() or 1) + 1
     got = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(over)))
     assert got["gather"] == 4 << 20 and got["reduce"] == shm_mod.UNLIMITED, got
-    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # no tune file: the built-in limits
     limits = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_max(over)))
     assert (limits["gather"], limits["scatter"], limits["all_to_all"]) == (16 << 10, 256 << 10, 64 << 10), limits
     monkeypatch.setenv("RINGCOMM_SHM_MAX", "4096")  # one limit, nothing above it
@@ -1151,13 +1152,34 @@ def test_tune_shm_limits_from_rows():
         ("all_reduce", "shm"): [3, 4, 6, 20], ("all_reduce", "shm_flat"): [2, 3, 7, 25],
         ("all_reduce", "ring"): [9, 10, 12, 15], ("all_reduce", "recursive_doubling"): [5, 6, 9, 30],
         ("all_reduce", "halving_doubling"): [8, 9, 11, 18],
-        ("reduce_scatter", "shm"): [2, 2, 3, 4], ("reduce_scatter", "ring"): [3, 3, 4, 5],
-        ("all_gather", "shm"): [4, 2, 3, 4], ("all_gather", "ring"): [3, 3, 4, 5]})
+        ("reduce_scatter", "shm"): [2, 2, 3, 5.4], ("reduce_scatter", "ring"): [3, 3, 4, 5],
+        ("all_gather", "shm"): [4, 2, 3, 4], ("all_gather", "ring"): [3, 3, 4, 5],
+        # the rooted ones: the window loses in the middle and wins again above
+        ("reduce", "shm"): [2, 9, 9, 10], ("reduce", "binomial"): [3, 4, 10, 30], ("reduce", "ring"): [9, 8, 12, 11],
+        ("gather", "shm"): [2, 9, 3, 9], ("gather", "linear"): [3, 4, 4, 5],
+        ("scatter", "shm"): [4, 4, 4, 4], ("scatter", "linear"): [3, 3, 5, 5],
+        ("all_to_all", "shm"): [1, 1, 1, 1], ("all_to_all", "linear"): [2, 2, 2, 2]})
     lim = shm_limits(rows, 2)
     # all_reduce: the window wins up to 16 KiB, loses at 64 KiB (20 > 15);
-    # reduce_scatter wins everywhere; all_gather loses at the smallest size
-    # (a later win does not count: the limit is one interval from below).
-    assert lim == {"all_reduce": 16 << 10, "reduce_scatter": shm_mod.UNLIMITED, "all_gather": 0, "flat_max": 4 << 10}
+    # reduce_scatter wins everywhere (at 64 KiB 5.4 against 5: within
+    # SHM_MARGIN, a tie, kept); all_gather loses at the smallest size
+    # and wins from 4 KiB on. reduce: wins at 1 KiB, loses at 4 KiB (9 > 4),
+    # wins from 16 KiB (9 < 10, 10 < 11: the faster rival counts); gather
+    # wins at 16 KiB but loses again at 64: never from; scatter loses at
+    # 1 KiB, 4 KiB, wins from 16 KiB; all_to_all's rival is pairwise, not
+    # measured here: not in the limits (the built-in ones stay).
+    U = shm_mod.UNLIMITED
+    assert lim == {"all_reduce": 16 << 10, "reduce_scatter": U, "all_gather": 0,
+                   "reduce": 1 << 10, "gather": 1 << 10, "scatter": 0, "flat_max": 4 << 10,
+                   "from": {"all_reduce": U, "reduce_scatter": 1 << 10, "all_gather": 4 << 10,
+                            "reduce": 16 << 10, "gather": U, "scatter": 16 << 10},
+                   "single_copy": True}, lim
+    from ringcomm.tuning.tune import describe_shm_limits
+    words = describe_shm_limits(lim)
+    assert [w.split()[0] for w in words[:-1]] == list(lim)[:6], words
+    assert words[0] == "all_reduce      up to 16384 B" and words[1] == "reduce_scatter  at any size", words
+    assert words[2] == "all_gather      from 4096 B" and words[3] == "reduce          up to 1024 B and from 16384 B"
+    assert words[-1] == "all_reduce in one sync (shm_flat) up to 4096 B", words
 
 
 def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
@@ -1167,14 +1189,41 @@ def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
     monkeypatch.delenv("RINGCOMM_SHM_FLAT_MAX", raising=False)
     monkeypatch.setenv("RINGCOMM_TRANSPORT", "auto")
     assert shm_mod.tuned(2) is None
+    built_in_from = shm_mod.shm_from(2, True)
+    # an older tune's entry: three collectives, no "from", no single copy
     selection.save_entry("shm", {"limits": {"2": {"all_reduce": 65536, "reduce_scatter": 8192,
                                                   "all_gather": 0, "flat_max": 4096}}})
     # what tune measures, and the built-in limits of what it does not
     assert shm_mod.shm_max(2) == [65536, 8192, 0] + [shm_mod.SHM_MAX[c] for c in shm_mod.COLLECTIVES[3:]]
+    assert shm_mod.shm_from(2, True) == built_in_from
     assert shm_mod.flat_max(2) == 4096
     assert shm_mod.tuned(3) is None  # not measured on 3 ranks: the built-in limits
     monkeypatch.setenv("RINGCOMM_SHM_FLAT_MAX", "1024")
     assert shm_mod.flat_max(2) == 1024  # the variable wins
+    monkeypatch.delenv("RINGCOMM_SHM_FLAT_MAX")
+    # today's: every collective but broadcast, each with its "from", measured with single copy on
+    U = shm_mod.UNLIMITED
+    measured = {"all_reduce": 65536, "reduce_scatter": 8192, "all_gather": 0, "reduce": 4096, "gather": 0,
+                "scatter": 1 << 20, "all_to_all": 16384, "flat_max": 4096, "single_copy": True,
+                "from": {"all_reduce": U, "reduce_scatter": U, "all_gather": 1 << 18, "reduce": 1 << 18,
+                         "gather": 1 << 16, "scatter": U, "all_to_all": 1 << 22}}
+    selection.save_entry("shm", {"limits": {"2": measured}})
+    got_max = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_max(2, True)))
+    got_from = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(2, True)))
+    for c in shm_mod.COLLECTIVES:
+        if c == "broadcast":  # not measured: the built-in limits
+            assert (got_max[c], got_from[c]) == (shm_mod.SHM_MAX[c], built_in_from[3]), c
+        else:
+            assert (got_max[c], got_from[c]) == (measured[c], measured["from"][c]), c
+    # single copy off now (measured on): what it moves is not what was
+    # measured, so those four take the built-in limits; the rest stay tuned
+    got_max = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_max(2, False)))
+    got_from = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(2, False)))
+    for c in ("all_reduce", "reduce_scatter", "reduce"):
+        assert (got_max[c], got_from[c]) == (measured[c], measured["from"][c]), c
+    for c in ("all_gather", "gather", "scatter", "all_to_all"):
+        assert got_max[c] == shm_mod.SHM_MAX[c], c
+        assert got_from[c] == shm_mod.SHM_FROM.get(c, U), c
 
 
 def test_tune_measures_the_window_in_process():
@@ -1185,17 +1234,25 @@ def test_tune_measures_the_window_in_process():
             v = np.array([t])
             comm.all_reduce(v, op="max", algorithm="ring")
             return float(v[0])
-        return measure_shm(comm, sizes=(4, 4096, 1 << 20), reps=2, budget_s=0.002, barrier=barrier)
+        on = comm._engine.window.single_copy_min < shm_mod.UNLIMITED
+        return on, measure_shm(comm, sizes=(4, 4096, 1 << 20), reps=2, budget_s=0.002, barrier=barrier)
 
-    rows = ringcomm.run_local(2, body)[0]
+    single_copy, rows = ringcomm.run_local(2, body)[0]
     got = {(r["collective"], r["algorithm"], r["bytes"]) for r in rows}
     for b in (8, 4096, 1 << 20):  # (4 B rounds up to one element per rank)
         for c in ("all_reduce", "reduce_scatter", "all_gather"):
             for a in ("shm", "ring"):
                 assert (c, a, b) in got, (c, a, b, sorted(got))
+        for c, a in (("reduce", "shm"), ("reduce", "binomial"), ("reduce", "ring"), ("gather", "shm"),
+                     ("gather", "linear"), ("scatter", "shm"), ("scatter", "linear"), ("all_to_all", "shm"),
+                     ("all_to_all", "pairwise")):
+            assert (c, a, b) in got, (c, a, b, sorted(got))
     assert ("all_reduce", "shm_flat", 4096) in got and ("all_reduce", "shm_flat", 1 << 20) not in got
-    assert all(r["seconds"] > 0 for r in rows)
-    assert set(shm_limits(rows, 2)) == {"all_reduce", "reduce_scatter", "all_gather", "flat_max"}
+    assert all(r["seconds"] > 0 and r["single_copy"] is single_copy for r in rows)
+    lim = shm_limits(rows, 2)
+    measured = {"all_reduce", "reduce_scatter", "all_gather", "reduce", "gather", "scatter", "all_to_all"}
+    assert set(lim) == measured | {"flat_max", "from", "single_copy"} and set(lim["from"]) == measured, lim
+    assert lim["single_copy"] is single_copy
 
 
 def test_a_hand_shake_that_fails_after_the_segment_is_made_leaves_nothing():

@@ -66,13 +66,16 @@ def _iters(fn, barrier, budget_s: float) -> int:
     return iters
 
 
-def measure_shm(comm, sizes=SIZES, reps: int = 5, budget_s: float = 0.05, barrier=None) -> list[dict]:
+def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrier=None) -> list[dict]:
     """Rows {"collective", "algorithm", "n", "bytes", "seconds"} of the
     window's algorithms and their point-to-point rivals on `comm` (which has
     a shared-memory window), interleaved per repetition. `bytes`: the full
     buffer (all_reduce's, reduce_scatter's input, all_gather's output)."""
     n, rows = comm.size, []
     slot = comm._engine.window.slot_bytes
+    # (the window's large blocks go by single copy where it is on: what was
+    # measured holds only while it is on, or off, as here; shm.tuned)
+    single_copy = comm._engine.window.single_copy_min < selection.UNLIMITED
     for nbytes in sizes:
         count = max(n, nbytes // 4 // n * n)
         full, out_full = np.ones(count, np.float32), np.empty(count, np.float32)
@@ -84,6 +87,17 @@ def measure_shm(comm, sizes=SIZES, reps: int = 5, budget_s: float = 0.05, barrie
         for a in ("shm", "ring"):
             calls[("reduce_scatter", a)] = lambda a=a: comm.reduce_scatter(full, out=out_part, algorithm=a)
             calls[("all_gather", a)] = lambda a=a: comm.all_gather(part, out=out_full, algorithm=a)
+        # The rooted and personalized ones (root 0), against what auto runs
+        # outside the window (ROOTED_RIVALS), as bench/shm_rooted.py times them.
+        root_out = out_full if comm.rank == 0 else None
+        for a in ("shm", *ROOTED_RIVALS["reduce"]):
+            calls[("reduce", a)] = lambda a=a: comm.reduce(full, out=out_full, algorithm=a)
+        for a in ("shm", *ROOTED_RIVALS["gather"]):
+            calls[("gather", a)] = lambda a=a: comm.gather(part, out=root_out, algorithm=a)
+        for a in ("shm", *ROOTED_RIVALS["scatter"]):
+            calls[("scatter", a)] = lambda a=a: comm.scatter(full, out=out_part, algorithm=a)
+        for a in ("shm", *ROOTED_RIVALS["all_to_all"]):
+            calls[("all_to_all", a)] = lambda a=a: comm.all_to_all(full, out=out_full, algorithm=a)
         iters = {k: _iters(f, barrier, budget_s) for k, f in calls.items()}
         samples = {k: [] for k in calls}
         for _ in range(reps):
@@ -94,34 +108,78 @@ def measure_shm(comm, sizes=SIZES, reps: int = 5, budget_s: float = 0.05, barrie
                 samples[k].append(barrier((time.perf_counter() - t0) / iters[k]))
         for (coll, a), s in samples.items():
             rows.append({"collective": coll, "algorithm": a, "n": n, "bytes": 4 * count,
-                         "seconds": float(np.median(s))})
+                         "seconds": float(np.median(s)), "single_copy": single_copy})
     return rows
+
+
+# What auto runs outside the window, per collective (Engine::choose_algorithm):
+# the window has to beat the faster of these.
+RIVALS = {"all_reduce": ("ring", "recursive_doubling", "halving_doubling"), "reduce_scatter": ("ring",),
+          "all_gather": ("ring",)}
+ROOTED_RIVALS = {"reduce": ("binomial", "ring"), "gather": ("linear",), "scatter": ("linear",),
+                 "all_to_all": ("pairwise",)}
+
+# The window loses a size only to a rival faster by more than this fraction:
+# where the two are level, a shared machine's noise would otherwise flip
+# the limits from one tune to the next (two tunes on a 2-core VM, N = 2:
+# scatter's window and linear within 4-10 % of each other from 256 KiB up,
+# and one tune put each on either side; bench/README.md).
+SHM_MARGIN = 0.1
 
 
 def shm_limits(rows: list[dict], n: int) -> dict:
     """From measure_shm's rows on `n` ranks: per collective the largest size
-    up to which the window won at every size measured (UNLIMITED when it won
-    everywhere, 0 when it lost at the smallest), and flat_max, the largest
-    size up to which shm_flat beat shm at every size (0: never)."""
-    t = {(r["collective"], r["algorithm"], r["bytes"]): r["seconds"] for r in rows if r["n"] == n}
+    up to which the window won (no rival faster by more than SHM_MARGIN) at
+    every size measured (UNLIMITED when it won
+    everywhere, 0 when it lost at the smallest); under "from", per
+    collective the smallest size from which it won at every larger size
+    measured (UNLIMITED when it lost at the largest), so auto runs the
+    window at and below the one and at and above the other; flat_max, the
+    largest size up to which shm_flat beat shm at every size (0: never);
+    and "single_copy", whether the window had single copy on (rows from a
+    tune that did not record it: assumed on, the default)."""
+    mine_rows = [r for r in rows if r["n"] == n]
+    t = {(r["collective"], r["algorithm"], r["bytes"]): r["seconds"] for r in mine_rows}
     sizes = sorted({b for (_, _, b) in t})
-    out = {}
-    for coll, rivals in (("all_reduce", ("ring", "recursive_doubling", "halving_doubling")),
-                         ("reduce_scatter", ("ring",)), ("all_gather", ("ring",))):
-        limit = selection.UNLIMITED
-        for i, b in enumerate(sizes):
-            mine = min(t[(coll, a, b)] for a in ("shm", "shm_flat") if (coll, a, b) in t)
-            if mine > min(t[(coll, a, b)] for a in rivals):
-                limit = sizes[i - 1] if i else 0
-                break
-        out[coll] = limit
+    out, again = {}, {}
+    for coll, rivals in {**RIVALS, **ROOTED_RIVALS}.items():
+        have = [b for b in sizes if (coll, "shm", b) in t and all((coll, a, b) in t for a in rivals)]
+        if not have:
+            continue  # (not measured: an older tune, the built-in limits)
+        wins = [min(t[(coll, a, b)] for a in ("shm", "shm_flat") if (coll, a, b) in t)
+                <= (1 + SHM_MARGIN) * min(t[(coll, a, b)] for a in rivals) for b in have]
+        lost = [i for i, w in enumerate(wins) if not w]
+        out[coll] = selection.UNLIMITED if not lost else (have[lost[0] - 1] if lost[0] else 0)
+        again[coll] = have[lost[-1] + 1] if lost and lost[-1] + 1 < len(have) else (
+            selection.UNLIMITED if lost else have[0])
     flat = 0
     for b in sizes:
         if ("all_reduce", "shm_flat", b) not in t or t[("all_reduce", "shm_flat", b)] > t[("all_reduce", "shm", b)]:
             break
         flat = b
     out["flat_max"] = flat
+    out["from"] = again
+    out["single_copy"] = all(r.get("single_copy", True) for r in mine_rows)
     return out
+
+
+def describe_shm_limits(lim: dict) -> list[str]:
+    """shm_limits' result in words, a line per collective."""
+    U = selection.UNLIMITED
+    lines = []
+    for coll, up in lim.items():
+        if coll in ("from", "single_copy", "flat_max"):
+            continue
+        again = lim["from"].get(coll, U)
+        if up >= U:
+            where = "at any size"
+        elif up == 0:
+            where = "never" if again >= U else f"from {again} B"
+        else:
+            where = f"up to {up} B" + ("" if again >= U else f" and from {again} B")
+        lines.append(f"{coll:<16}{where}")
+    lines.append(f"all_reduce in one sync (shm_flat) up to {lim['flat_max']} B")
+    return lines
 
 
 def _mpi_worker() -> None:
@@ -208,8 +266,10 @@ def main(argv=None) -> int:
     limits = {}
     for n in sorted({r["n"] for r in shm_rows}):
         limits[str(n)] = lim = shm_limits(shm_rows, n)
-        print(f"shared memory on {n} ranks of one host: " + ", ".join(
-            f"{k} up to {'any size' if v >= selection.UNLIMITED else f'{v} B'}" for k, v in lim.items()))
+        print(f"shared memory on {n} ranks of one host (single copy {'on' if lim['single_copy'] else 'off'}), "
+              "auto runs the window:")
+        for line in describe_shm_limits(lim):
+            print("  " + line)
         print(f"  {'collective':<16}{'algorithm':<20}{'bytes':>10}{'measured us':>13}")
         for r in shm_rows:
             if r["n"] == n:
