@@ -19,11 +19,33 @@ def timed(w, fn, iters: int) -> float:
     return w.allreduce(float(np.median(ts)), op=MPI.MAX)
 
 
+_warm = False
+
+
+def warm_up(w, impls: dict, seconds: float = 0.3) -> None:
+    """Calls `impls` in turn for about `seconds` (the slowest rank's clock),
+    once per process: on a VM here the first ~200 calls of a fresh job ran
+    up to 3x slower, easing off over ~40 ms (no page faults after the
+    first calls: the machine's own ramp), so the first size a script timed
+    came out slow for whichever implementation it timed first."""
+    global _warm
+    if _warm:
+        return
+    from mpi4py import MPI
+    t0 = time.perf_counter()
+    while w.allreduce(time.perf_counter() - t0, op=MPI.MAX) < seconds:
+        for f in impls.values():
+            f()
+    _warm = True
+
+
 def interleaved(w, impls: dict, iters: int, reps: int) -> tuple[dict, dict]:
-    """Each implementation of `impls` (name -> call) warmed up, then timed
-    `reps` times in turn (one rep of each before the next rep of any: drift
-    of a shared machine falls on all alike). Returns ({name: [us per call of
-    each rep]}, {name: median us})."""
+    """Each implementation of `impls` (name -> call) warmed up (the first
+    time, the job too: warm_up), then timed `reps` times in turn (one rep
+    of each before the next rep of any: drift of a shared machine falls on
+    all alike). Returns ({name: [us per call of each rep]}, {name: median
+    us})."""
+    warm_up(w, impls)
     for f in impls.values():
         timed(w, f, 2)
     got = {k: [] for k in impls}

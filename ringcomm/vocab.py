@@ -13,7 +13,8 @@ order. So chunk r starts at ``r * (count // n) + min(r, count % n)``.
 
 from __future__ import annotations
 
-import ml_dtypes
+from collections.abc import Mapping
+
 import numpy as np
 
 __all__ = [
@@ -46,15 +47,42 @@ ALGORITHMS = {"auto": -1, "ring": 0, "naive": 1, "recursive_doubling": 2, "halvi
               "binomial": 4, "linear": 5, "pairwise": 6, "shm": 7, "shm_flat": 8,
               "zero_copy": 9, "hierarchical": 10}
 
-NUMPY = {
-    "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+class _NumpyDtypes(Mapping):
+    """Our name -> numpy dtype, every name of DTYPES. numpy has no bfloat16:
+    ml_dtypes' is imported on first use of it, not with ringcomm, because
+    that import cost 0.9-1.6 s (ml_dtypes 0.7.0 with numpy 2.4: it registers
+    its casts and loops one by one; 0.12-0.15 s with 0.5 and 0.6), which
+    every rank of every job paid at ``import ringcomm``. A bfloat16 array
+    exists only once ml_dtypes is imported, so numpy_name never imports it."""
+
+    def __init__(self, eager: dict):
+        self._d = eager
+
+    def __getitem__(self, name: str) -> np.dtype:
+        if name == "bfloat16" and name not in self._d:
+            import ml_dtypes
+            self._d[name] = np.dtype(ml_dtypes.bfloat16)
+        return self._d[name]
+
+    def __contains__(self, name) -> bool:
+        return name in DTYPES
+
+    def __iter__(self):
+        return iter(DTYPES)
+
+    def __len__(self) -> int:
+        return len(DTYPES)
+
+
+NUMPY = _NumpyDtypes({
+    "float16": np.dtype(np.float16),
     "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
     "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8),
     "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
     "int16": np.dtype(np.int16), "uint16": np.dtype(np.uint16), "uint32": np.dtype(np.uint32),
     "uint64": np.dtype(np.uint64), "bool": np.dtype(np.bool_),
-}
-_BY_NUMPY = {v: k for k, v in NUMPY.items()}
+})
+_BY_NUMPY = {NUMPY[k]: k for k in DTYPES if k != "bfloat16"}
 
 # DLPack (code, bits) -> name. Codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool.
 DLPACK = {
@@ -69,7 +97,11 @@ SUPPORTED = ", ".join(DTYPES)
 def numpy_name(dtype: np.dtype) -> str | None:
     """Our name for a numpy dtype, or None if unsupported (byte order must be native)."""
     dtype = np.dtype(dtype)
-    return _BY_NUMPY.get(dtype) if dtype.isnative else None
+    if not dtype.isnative:
+        return None
+    if dtype.name == "bfloat16" and dtype == NUMPY["bfloat16"]:
+        return "bfloat16"  # (ml_dtypes is imported already: its array is here)
+    return _BY_NUMPY.get(dtype)
 
 
 # torch.dtype -> our name (None: unsupported), filled on first use, so that
