@@ -164,14 +164,17 @@ def arena_bytes() -> int:
 DEFAULT_SINGLE_COPY_MIN = 64 << 10
 
 
-def single_copy_min() -> int:
+def single_copy_min(nranks: int | None = None) -> int:
     """``RINGCOMM_SHM_SINGLE_COPY``: the smallest block (bytes) moved by single
-    copy, or "off" (never); default DEFAULT_SINGLE_COPY_MIN. Returns
-    UNLIMITED for off."""
+    copy, or "off" (never); else what ``ringcomm tune`` chose on `nranks`
+    ranks (which was faster, single copy or the slots, moves with the
+    machine and the arrays' pages: bench/README.md); else
+    DEFAULT_SINGLE_COPY_MIN. Returns UNLIMITED for off."""
     v = os.environ.get("RINGCOMM_SHM_SINGLE_COPY", "").strip().lower()
     if v in ("off", "no", "false", "never"):
         return UNLIMITED
-    b = _int_env("RINGCOMM_SHM_SINGLE_COPY", DEFAULT_SINGLE_COPY_MIN) if v else DEFAULT_SINGLE_COPY_MIN
+    default = (tuned(nranks) or {}).get("single_copy_min", DEFAULT_SINGLE_COPY_MIN)
+    b = _int_env("RINGCOMM_SHM_SINGLE_COPY", default) if v else default
     if b < 0:
         raise InvalidArgument(f"RINGCOMM_SHM_SINGLE_COPY must be a number of bytes or 'off', got {v!r}")
     return b
@@ -271,7 +274,8 @@ def tuned(nranks: int | None, single_copy: bool = True) -> dict | None:
     {"max": {collective: the largest size (bytes) up to which the window
     beat point-to-point}, "from": {collective: the size from which it beat it
     again}, "flat_max": up to which the one-sync all_reduce beat the direct
-    one}, or None (not measured). Collectives tune did not measure (an
+    one, and "single_copy_min" where tune chose single copy's limit}, or
+    None (not measured). Collectives tune did not measure (an
     older tune: the rooted ones) are absent; so are those single copy moves
     when it was on then and is not now (`single_copy`), or the reverse."""
     from .tuning import selection
@@ -282,9 +286,12 @@ def tuned(nranks: int | None, single_copy: bool = True) -> dict | None:
             entry = json.load(f)["shm"]["limits"][str(int(nranks))]
         same = bool(entry.get("single_copy", True)) == bool(single_copy)
         keep = [c for c in COLLECTIVES if same or c not in _SINGLE_COPY_COLLECTIVES]
-        return {"max": {c: int(entry[c]) for c in keep if c in entry},
-                "from": {c: int(v) for c, v in entry.get("from", {}).items() if c in keep},
-                "flat_max": int(entry["flat_max"])}
+        got = {"max": {c: int(entry[c]) for c in keep if c in entry},
+               "from": {c: int(v) for c, v in entry.get("from", {}).items() if c in keep},
+               "flat_max": int(entry["flat_max"])}
+        if "single_copy_min" in entry:
+            got["single_copy_min"] = int(entry["single_copy_min"])
+        return got
     except (OSError, KeyError, ValueError, TypeError, AttributeError):
         return None
 
@@ -460,7 +467,7 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
         # copy where every rank can read every peer's memory (the kernel may
         # refuse: ptrace restrictions, seccomp).
         readable = all(comm.allgather(window.probe_single_copy()))
-        single = single_copy_min() if readable else UNLIMITED
+        single = single_copy_min(n) if readable else UNLIMITED
         on = single < UNLIMITED
         flat, limits, again, single = comm.bcast(
             (flat_max(n), shm_max(n, on), shm_from(n, on), single) if comm.Get_rank() == 0 else None, root=0)

@@ -1182,6 +1182,46 @@ def test_tune_shm_limits_from_rows():
     assert words[-1] == "all_reduce in one sync (shm_flat) up to 4096 B", words
 
 
+def test_tune_chooses_single_copy_or_the_slots():
+    from ringcomm.tuning.tune import choose_single_copy, shm_limits
+    U = shm_mod.UNLIMITED
+    sizes = [256 << 10, 1 << 20, 4 << 20]  # blocks of 128 KiB, 512 KiB, 2 MiB on 2 ranks
+
+    def rows(single, slots, rival=(100, 100, 100)):
+        got = []
+        for c, a in (("all_to_all", "pairwise"), ("scatter", "linear")):
+            for b, x, y, z in zip(sizes, single, slots, rival):
+                got += [{"collective": c, "algorithm": al, "n": 2, "bytes": b, "seconds": v, "single_copy": True}
+                        for al, v in (("shm", x), ("shm_slots", y), (a, z))]
+        return got
+
+    def table(r):
+        return {(x["collective"], x["algorithm"], x["bytes"]): x["seconds"] for x in r}
+
+    # the slots win up to 512 KiB blocks, single copy at 2 MiB: from 2 MiB
+    r = rows(single=(20, 80, 300), slots=(15, 60, 400))
+    assert choose_single_copy(table(r), 2) == 2 << 20
+    # single copy everywhere: the smallest block measured
+    assert choose_single_copy(table(rows((10, 50, 300), (15, 60, 400))), 2) == 128 << 10
+    # the slots everywhere: single copy from twice the largest block
+    # measured (still on: above, and for per-peer blocks)
+    r = rows(single=(20, 80, 500), slots=(15, 60, 400), rival=(18, 90, 450))
+    assert choose_single_copy(table(r), 2) == 4 << 20
+    lim = shm_limits(r, 2)
+    assert lim["single_copy_min"] == 4 << 20 and lim["single_copy"] is True
+    # the window's time is the slots' where single copy would not run: it
+    # wins at 256 KiB (15 < 18) though single copy alone lost there (20)
+    assert lim["all_to_all"] == U and lim["from"]["all_to_all"] == 256 << 10, lim
+    # a size weighs as much as any other: single copy 10 % behind at 4 MiB
+    # (100 us) does not outweigh its lead of a third and a sixth below
+    # (15 us in all), as a sum of times would have it
+    assert choose_single_copy(table(rows((10, 50, 1100), (15, 60, 1000))), 2) == 128 << 10
+    # nothing measured both ways: no choice (an older tune; single copy off)
+    assert choose_single_copy({("all_to_all", "shm", 1 << 20): 1.0}, 2) is None
+    assert "single_copy_min" not in shm_limits([{"collective": "all_to_all", "algorithm": a, "n": 2,
+                                                 "bytes": 1 << 20, "seconds": 1.0} for a in ("shm", "pairwise")], 2)
+
+
 def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
     from ringcomm.tuning import selection
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -1201,13 +1241,21 @@ def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
     monkeypatch.setenv("RINGCOMM_SHM_FLAT_MAX", "1024")
     assert shm_mod.flat_max(2) == 1024  # the variable wins
     monkeypatch.delenv("RINGCOMM_SHM_FLAT_MAX")
+    monkeypatch.delenv("RINGCOMM_SHM_SINGLE_COPY", raising=False)
+    assert shm_mod.single_copy_min(2) == shm_mod.DEFAULT_SINGLE_COPY_MIN  # (the older tune chose none)
     # today's: every collective but broadcast, each with its "from", measured with single copy on
     U = shm_mod.UNLIMITED
     measured = {"all_reduce": 65536, "reduce_scatter": 8192, "all_gather": 0, "reduce": 4096, "gather": 0,
                 "scatter": 1 << 20, "all_to_all": 16384, "flat_max": 4096, "single_copy": True,
                 "from": {"all_reduce": U, "reduce_scatter": U, "all_gather": 1 << 18, "reduce": 1 << 18,
-                         "gather": 1 << 16, "scatter": U, "all_to_all": 1 << 22}}
+                         "gather": 1 << 16, "scatter": U, "all_to_all": 1 << 22}, "single_copy_min": 1 << 20}
     selection.save_entry("shm", {"limits": {"2": measured}})
+    assert shm_mod.single_copy_min(2) == 1 << 20 and shm_mod.single_copy_min(3) == shm_mod.DEFAULT_SINGLE_COPY_MIN
+    monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", "4096")
+    assert shm_mod.single_copy_min(2) == 4096  # the variable wins
+    monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", "off")
+    assert shm_mod.single_copy_min(2) == U
+    monkeypatch.delenv("RINGCOMM_SHM_SINGLE_COPY")
     got_max = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_max(2, True)))
     got_from = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(2, True)))
     for c in shm_mod.COLLECTIVES:
@@ -1249,10 +1297,18 @@ def test_tune_measures_the_window_in_process():
             assert (c, a, b) in got, (c, a, b, sorted(got))
     assert ("all_reduce", "shm_flat", 4096) in got and ("all_reduce", "shm_flat", 1 << 20) not in got
     assert all(r["seconds"] > 0 and r["single_copy"] is single_copy for r in rows)
+    # the four single copy moves, through the slots alone too, where a block reaches its limit
+    slots = {(c, b) for c, a, b in got if a == "shm_slots"}
+    if single_copy:
+        assert slots == {(c, 1 << 20) for c in ("all_gather", "gather", "scatter", "all_to_all")}, sorted(got)
+    else:
+        assert not slots
     lim = shm_limits(rows, 2)
     measured = {"all_reduce", "reduce_scatter", "all_gather", "reduce", "gather", "scatter", "all_to_all"}
-    assert set(lim) == measured | {"flat_max", "from", "single_copy"} and set(lim["from"]) == measured, lim
+    extra = {"single_copy_min"} if single_copy else set()
+    assert set(lim) == measured | {"flat_max", "from", "single_copy"} | extra and set(lim["from"]) == measured, lim
     assert lim["single_copy"] is single_copy
+    assert not single_copy or lim["single_copy_min"] in (512 << 10, 1 << 20), lim  # (blocks of 1 MiB / 2)
 
 
 def test_a_hand_shake_that_fails_after_the_segment_is_made_leaves_nothing():

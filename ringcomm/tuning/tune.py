@@ -57,6 +57,16 @@ def measure(comm, sizes=SIZES, reps: int = 5, budget_s: float = 0.05, barrier=No
     return rows
 
 
+def _slots_only(window, f) -> None:
+    """f() with the window's single copy off (every rank calls it alike)."""
+    on = window.single_copy_min
+    window.single_copy_min = selection.UNLIMITED
+    try:
+        f()
+    finally:
+        window.single_copy_min = on
+
+
 def _iters(fn, barrier, budget_s: float) -> int:
     """Calls per sample: enough that timer resolution and noise average out."""
     fn()
@@ -72,10 +82,11 @@ def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrie
     a shared-memory window), interleaved per repetition. `bytes`: the full
     buffer (all_reduce's, reduce_scatter's input, all_gather's output)."""
     n, rows = comm.size, []
-    slot = comm._engine.window.slot_bytes
+    window = comm._engine.window
+    slot = window.slot_bytes
     # (the window's large blocks go by single copy where it is on: what was
     # measured holds only while it is on, or off, as here; shm.tuned)
-    single_copy = comm._engine.window.single_copy_min < selection.UNLIMITED
+    single_copy = window.single_copy_min < selection.UNLIMITED
     for nbytes in sizes:
         count = max(n, nbytes // 4 // n * n)
         full, out_full = np.ones(count, np.float32), np.empty(count, np.float32)
@@ -90,6 +101,15 @@ def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrie
         # The rooted and personalized ones (root 0), against what auto runs
         # outside the window (ROOTED_RIVALS), as bench/shm_rooted.py times them.
         root_out = out_full if comm.rank == 0 else None
+        if single_copy and 4 * count // n >= window.single_copy_min:
+            # The same four through the slots alone (single copy off for the
+            # call, on every rank alike): which is faster moves with the
+            # machine and with the arrays' pages (choose_single_copy).
+            for coll, f in (("all_gather", lambda: comm.all_gather(part, out=out_full, algorithm="shm")),
+                            ("gather", lambda: comm.gather(part, out=root_out, algorithm="shm")),
+                            ("scatter", lambda: comm.scatter(full, out=out_part, algorithm="shm")),
+                            ("all_to_all", lambda: comm.all_to_all(full, out=out_full, algorithm="shm"))):
+                calls[(coll, "shm_slots")] = lambda f=f: _slots_only(window, f)
         for a in ("shm", *ROOTED_RIVALS["reduce"]):
             calls[("reduce", a)] = lambda a=a: comm.reduce(full, out=out_full, algorithm=a)
         for a in ("shm", *ROOTED_RIVALS["gather"]):
@@ -136,18 +156,27 @@ def shm_limits(rows: list[dict], n: int) -> dict:
     measured (UNLIMITED when it lost at the largest), so auto runs the
     window at and below the one and at and above the other; flat_max, the
     largest size up to which shm_flat beat shm at every size (0: never);
-    and "single_copy", whether the window had single copy on (rows from a
-    tune that did not record it: assumed on, the default)."""
+    "single_copy_min", single copy's limit (choose_single_copy; absent when
+    nothing was measured both ways), the window's times above taken as
+    auto would then run it; and "single_copy", whether the limits hold
+    with single copy on (it was on, rows from a tune that did not record it
+    assumed so)."""
     mine_rows = [r for r in rows if r["n"] == n]
     t = {(r["collective"], r["algorithm"], r["bytes"]): r["seconds"] for r in mine_rows}
     sizes = sorted({b for (_, _, b) in t})
+    single = choose_single_copy(t, n)
     out, again = {}, {}
+
+    def window(coll, b):  # the window's time as auto would run it, single copy from `single` on
+        if (coll, "shm_slots", b) in t and b // n < single:
+            return t[(coll, "shm_slots", b)]
+        return min(t[(coll, a, b)] for a in ("shm", "shm_flat") if (coll, a, b) in t)
+
     for coll, rivals in {**RIVALS, **ROOTED_RIVALS}.items():
         have = [b for b in sizes if (coll, "shm", b) in t and all((coll, a, b) in t for a in rivals)]
         if not have:
             continue  # (not measured: an older tune, the built-in limits)
-        wins = [min(t[(coll, a, b)] for a in ("shm", "shm_flat") if (coll, a, b) in t)
-                <= (1 + SHM_MARGIN) * min(t[(coll, a, b)] for a in rivals) for b in have]
+        wins = [window(coll, b) <= (1 + SHM_MARGIN) * min(t[(coll, a, b)] for a in rivals) for b in have]
         lost = [i for i, w in enumerate(wins) if not w]
         out[coll] = selection.UNLIMITED if not lost else (have[lost[0] - 1] if lost[0] else 0)
         again[coll] = have[lost[-1] + 1] if lost and lost[-1] + 1 < len(have) else (
@@ -160,7 +189,31 @@ def shm_limits(rows: list[dict], n: int) -> dict:
     out["flat_max"] = flat
     out["from"] = again
     out["single_copy"] = all(r.get("single_copy", True) for r in mine_rows)
+    if single is not None:
+        out["single_copy_min"] = single
     return out
+
+
+def choose_single_copy(t: dict, n: int) -> int | None:
+    """The window's single-copy limit (the smallest block, in bytes, read
+    straight from a peer) that made all_gather, gather, scatter and
+    all_to_all fastest over the sizes measured both ways (single copy and
+    the slots alone: measure_shm's "shm" and "shm_slots"), summing each
+    size's time relative to the faster of the two, so that no size weighs
+    more for being large: one of the block sizes measured, or twice the
+    largest (the slots at every size measured; single copy stays on above,
+    where nothing was measured, and for all_to_all's per-peer blocks, which
+    cannot go through the slots). Ties go to the smaller limit. None when
+    nothing was measured both ways (single copy off, or an older tune)."""
+    grid = [(c, b) for (c, a, b) in t if a == "shm_slots" and (c, "shm", b) in t]
+    if not grid:
+        return None
+
+    def cost(limit):
+        return sum((t[(c, "shm", b)] if b // n >= limit else t[(c, "shm_slots", b)])
+                   / min(t[(c, "shm", b)], t[(c, "shm_slots", b)]) for c, b in grid)
+    blocks = sorted({b // n for _, b in grid})
+    return min([*blocks, 2 * blocks[-1]], key=cost)
 
 
 def describe_shm_limits(lim: dict) -> list[str]:
@@ -168,7 +221,7 @@ def describe_shm_limits(lim: dict) -> list[str]:
     U = selection.UNLIMITED
     lines = []
     for coll, up in lim.items():
-        if coll in ("from", "single_copy", "flat_max"):
+        if coll in ("from", "single_copy", "flat_max", "single_copy_min"):
             continue
         again = lim["from"].get(coll, U)
         if up >= U:
@@ -266,8 +319,10 @@ def main(argv=None) -> int:
     limits = {}
     for n in sorted({r["n"] for r in shm_rows}):
         limits[str(n)] = lim = shm_limits(shm_rows, n)
-        print(f"shared memory on {n} ranks of one host (single copy {'on' if lim['single_copy'] else 'off'}), "
-              "auto runs the window:")
+        sc = lim.get("single_copy_min")
+        print(f"shared memory on {n} ranks of one host (single copy " +
+              ("off" if not lim["single_copy"] else "on" if sc is None else f"from blocks of {sc} B") +
+              "), auto runs the window:")
         for line in describe_shm_limits(lim):
             print("  " + line)
         print(f"  {'collective':<16}{'algorithm':<20}{'bytes':>10}{'measured us':>13}")
