@@ -51,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         d = info()
         costs = selection.costs_for(args.transport)  # shared constants: any n
         table = selection.crossover_table(lambda n: selection.costs_for(args.transport, n))
+        from .sysinfo import window_limits
+        windows = {n: window_limits(n) for n in (2, 4)}
         if args.json:
             d["cost_model"] = {"transport": args.transport, **vars(costs), "crossovers": table}
+            d["shm_auto"] = {str(n): lim for n, lim in windows.items()}
             print(json.dumps(d, indent=2))
         else:
             for k, v in d.items():
@@ -66,6 +69,15 @@ def main(argv: list[str] | None = None) -> int:
             for row in table:
                 print(f"{row['n']:>3} {row['recursive_doubling_max']:>10} {row['halving_doubling_max']:>10}"
                       + (" *" if row["measured_here"] else ""))
+            from .tuning.tune import describe_shm_limits
+            for n, lim in windows.items():
+                sc = lim["single_copy_min"]
+                print(f"\nalgorithm='auto' on {n} ranks of one host runs in the shared-memory window ("
+                      + (f"tuned: {selection.tune_path()}" if lim["tuned"] else
+                         "built-in limits: ringcomm tune measures them") + "; single copy "
+                      + (f"from blocks of {sc} B" if lim["single_copy"] else "off") + "):")
+                for line in describe_shm_limits({k: v for k, v in lim.items() if k != "tuned"}):
+                    print("  " + line)
         return 0
     if args.cmd == "analyze":
         from . import flight

@@ -96,6 +96,22 @@ def _shm_line() -> str:
             f"slot {shm.slot_bytes()} B per rank x 2 ({room})")
 
 
+def window_limits(n: int) -> dict:
+    """What algorithm="auto" runs in the shared-memory window on `n` ranks
+    of one host, in the form of tune's shm_limits (the largest size per
+    collective, "from" where it runs there again, "flat_max",
+    "single_copy_min"), plus "tuned": whether ``ringcomm tune`` measured
+    them for `n` ranks (else the built-in limits). Assumes every rank can
+    read its peers' memory (init() probes it: single copy off otherwise)."""
+    from . import shm
+    single = shm.single_copy_min(n)
+    on = single < shm.UNLIMITED
+    lim = dict(zip(shm.COLLECTIVES, shm.shm_max(n, on)))
+    lim["from"] = dict(zip(shm.COLLECTIVES, shm.shm_from(n, on)))
+    lim.update(flat_max=shm.flat_max(n), single_copy=on, single_copy_min=single, tuned=shm.tuned(n) is not None)
+    return lim
+
+
 def _installed(dist: str) -> bool:
     from importlib.metadata import PackageNotFoundError, version
     try:

@@ -1274,6 +1274,43 @@ def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
         assert got_from[c] == shm_mod.SHM_FROM.get(c, U), c
 
 
+def test_ringcomm_info_says_what_auto_runs_in_the_window(tmp_path, monkeypatch):
+    import json
+    import subprocess
+    import sys
+
+    from ringcomm.tuning import selection
+    U = shm_mod.UNLIMITED
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", "auto")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_SHM")}
+    measured = {"all_reduce": 65536, "reduce_scatter": 8192, "all_gather": U, "reduce": 4096, "gather": 0,
+                "scatter": 1 << 20, "all_to_all": 16384, "flat_max": 4096, "single_copy": True,
+                "from": {"all_reduce": U, "reduce_scatter": U, "all_gather": 256, "reduce": 1 << 18,
+                         "gather": 1 << 16, "scatter": 1 << 20, "all_to_all": U}, "single_copy_min": 1 << 20}
+    selection.save_entry("shm", {"limits": {"2": measured}})
+
+    def info(*args):
+        res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "info", *args], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    got = json.loads(info("--json"))["shm_auto"]
+    assert got["2"]["tuned"] is True and got["4"]["tuned"] is False
+    for c in ("all_reduce", "reduce", "gather", "scatter", "all_to_all"):
+        assert (got["2"][c], got["2"]["from"][c]) == (measured[c], measured["from"][c]), c
+    assert got["2"]["single_copy_min"] == 1 << 20 and got["4"]["single_copy_min"] == shm_mod.DEFAULT_SINGLE_COPY_MIN
+    text = info()
+    two = text[text.index("on 2 ranks"):text.index("on 4 ranks")]
+    assert "tuned: " + str(tmp_path) in two and "single copy from blocks of 1048576 B" in two, two
+    for line in ("all_reduce      up to 65536 B", "all_gather      at any size", "broadcast       at any size",
+                 "reduce          up to 4096 B and from 262144 B", "gather          from 65536 B",
+                 "scatter         at any size", "all_to_all      up to 16384 B"):
+        assert "  " + line + "\n" in two, (line, two)
+    assert "built-in limits" in text[text.index("on 4 ranks"):]
+
+
 def test_tune_measures_the_window_in_process():
     from ringcomm.tuning.tune import measure_shm, shm_limits
 

@@ -150,8 +150,8 @@ SHM_MARGIN = 0.1
 def shm_limits(rows: list[dict], n: int) -> dict:
     """From measure_shm's rows on `n` ranks: per collective the largest size
     up to which the window won (no rival faster by more than SHM_MARGIN) at
-    every size measured (UNLIMITED when it won
-    everywhere, 0 when it lost at the smallest); under "from", per
+    every size measured (UNLIMITED when it won everywhere, 0 when it lost at
+    the smallest); under "from", per
     collective the smallest size from which it won at every larger size
     measured (UNLIMITED when it lost at the largest), so auto runs the
     window at and below the one and at and above the other; flat_max, the
@@ -224,7 +224,7 @@ def describe_shm_limits(lim: dict) -> list[str]:
         if coll in ("from", "single_copy", "flat_max", "single_copy_min"):
             continue
         again = lim["from"].get(coll, U)
-        if up >= U:
+        if up >= U or again <= up:
             where = "at any size"
         elif up == 0:
             where = "never" if again >= U else f"from {again} B"
