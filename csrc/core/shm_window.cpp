@@ -205,7 +205,10 @@ void ShmWindow::publish(uint64_t seq, const void* in, const uintptr_t* places) {
 }
 
 void ShmWindow::throw_copy_failed(int j, uint64_t seq, const char* what, size_t bytes, int err) const {
-  const std::string dead = death_of(member(j));
+  // ESRCH: no process has j's pid, or the one that has it has no memory any
+  // more: it is exiting, and kill() still finds it until it is a zombie, so
+  // death_of could not tell yet (a kill during the copy, in CI).
+  const std::string dead = death_of(member(j), err == ESRCH);
   throw RingError(ErrKind::transport, member(rank_), member(j), seq,
                   !dead.empty() ? dead + " during a single-copy " + what
                                 : std::string("single-copy ") + what + " of " + std::to_string(bytes) + " bytes, rank " +
@@ -356,12 +359,12 @@ int ShmWindow::index_of(int member) const {
   return j >= 0 && j < n_ ? j : -1;
 }
 
-std::string ShmWindow::death_of(int member) const {
+std::string ShmWindow::death_of(int member, bool gone) const {
   if (!processes_) return "";
   const int j = index_of(member);
   if (j < 0 || j == rank_) return "";
   const RankArea* a = area(j);
-  if (a->pid <= 0 || a->pidns != area(rank_)->pidns || !process_gone(pid_t(a->pid))) return "";
+  if (a->pid <= 0 || a->pidns != area(rank_)->pidns || !(gone || process_gone(pid_t(a->pid)))) return "";
   return "rank " + std::to_string(member) + " (pid " + std::to_string(a->pid) + ") died";
 }
 

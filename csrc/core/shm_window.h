@@ -100,8 +100,9 @@ class ShmWindow {
   void wake();
   // "rank R (pid P) died" when the process of the communicator's rank
   // `member` (one of this window's, as member() numbers them) has exited;
-  // "" while it lives, or when it is not a process of this window.
-  std::string death_of(int member) const;
+  // "" while it lives, or when it is not a process of this window. `gone`:
+  // the caller knows it has exited (the kernel said so), only the words.
+  std::string death_of(int member, bool gone = false) const;
   // Are the ranks other processes whose liveness death_of() can tell?
   bool watches_processes() const { return processes_; }
 
