@@ -354,11 +354,11 @@ class Communicator:
         place; a list is a call with per-peer splits, its arrays' sizes.
         algorithm: "auto" (default: "shm" when the ranks share a host's
         memory, at the sizes where it wins there, ringcomm.shm; per-peer
-        splits at every size when single copy is on; else "pairwise"),
-        "pairwise" (pairwise exchange, n-1 steps,
-        csrc/algorithms/all_to_all.cpp) or "shm" (the window: equal blocks
-        through its slots or by single copy, per-peer splits by single copy
-        only, csrc/algorithms/shm.cpp).
+        splits at every size, as no rank knows the others' sizes; else
+        "pairwise"), "pairwise" (pairwise exchange, n-1 steps,
+        csrc/algorithms/all_to_all.cpp) or "shm" (the window: each block
+        through its slots, or from the window's single-copy limit straight
+        from the peer's array, csrc/algorithms/shm.cpp).
         """
         if out is not None and self._fast_lane and not async_op:
             if splits is None and out_splits is None:

@@ -180,6 +180,34 @@ def single_copy_min(nranks: int | None = None) -> int:
     return b
 
 
+# all_to_all's blocks that lie in 4 KiB pages move by single copy only from
+# this many bytes (and from single_copy_min's): the kernel pins each page it
+# copies out of the sender's array, so such a block went faster through the
+# slots at every size measured here (an AMD EPYC VM, bench/README.md, "The
+# sender's pages"; all_to_all, N = 2, us, single copy / slots / MPI: 1 MiB
+# from 4 KiB pages 88.7 / 71.3 / 86.5, from huge pages 59.4 / 75.1 / 55.7;
+# 4 MiB 575.7 / 472.8 / 610.9 and 270.3 / 395.2 / 282.7). numpy asks for
+# huge pages for arrays from 4 MiB, torch's CPU allocator never. The sender
+# asks the kernel where its block lies (ShmWindow::small_pages).
+DEFAULT_SINGLE_COPY_MIN_4K = UNLIMITED
+
+
+def single_copy_min_4k(nranks: int | None = None) -> int:
+    """``RINGCOMM_SHM_SINGLE_COPY_4K``: the smallest block (bytes) of
+    all_to_all moved by single copy when it lies in 4 KiB pages, or "off"
+    (never: the slots); else what ``ringcomm tune`` chose on `nranks` ranks;
+    else DEFAULT_SINGLE_COPY_MIN_4K. Never below single_copy_min(nranks).
+    Returns UNLIMITED for off."""
+    v = os.environ.get("RINGCOMM_SHM_SINGLE_COPY_4K", "").strip().lower()
+    if v in ("off", "no", "false", "never"):
+        return UNLIMITED
+    default = (tuned(nranks) or {}).get("single_copy_min_4k", DEFAULT_SINGLE_COPY_MIN_4K)
+    b = _int_env("RINGCOMM_SHM_SINGLE_COPY_4K", default) if v else default
+    if b < 0:
+        raise InvalidArgument(f"RINGCOMM_SHM_SINGLE_COPY_4K must be a number of bytes or 'off', got {v!r}")
+    return max(b, single_copy_min(nranks))
+
+
 # The largest buffer auto runs in the window, per collective, while the
 # ranks fit the cores: above it Open MPI's single-copy point-to-point (the
 # kernel copies straight from the peer's buffer) outran the staged copies
@@ -274,7 +302,8 @@ def tuned(nranks: int | None, single_copy: bool = True) -> dict | None:
     {"max": {collective: the largest size (bytes) up to which the window
     beat point-to-point}, "from": {collective: the size from which it beat it
     again}, "flat_max": up to which the one-sync all_reduce beat the direct
-    one, and "single_copy_min" where tune chose single copy's limit}, or
+    one, and "single_copy_min" and "single_copy_min_4k" where tune chose
+    single copy's limits}, or
     None (not measured). Collectives tune did not measure (an
     older tune: the rooted ones) are absent; so are those single copy moves
     when it was on then and is not now (`single_copy`), or the reverse."""
@@ -289,8 +318,9 @@ def tuned(nranks: int | None, single_copy: bool = True) -> dict | None:
         got = {"max": {c: int(entry[c]) for c in keep if c in entry},
                "from": {c: int(v) for c, v in entry.get("from", {}).items() if c in keep},
                "flat_max": int(entry["flat_max"])}
-        if "single_copy_min" in entry:
-            got["single_copy_min"] = int(entry["single_copy_min"])
+        for k in ("single_copy_min", "single_copy_min_4k"):
+            if k in entry:
+                got[k] = int(entry[k])
         return got
     except (OSError, KeyError, ValueError, TypeError, AttributeError):
         return None
@@ -468,10 +498,13 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
         # refuse: ptrace restrictions, seccomp).
         readable = all(comm.allgather(window.probe_single_copy()))
         single = single_copy_min(n) if readable else UNLIMITED
+        single_4k = single_copy_min_4k(n) if readable else UNLIMITED
         on = single < UNLIMITED
-        flat, limits, again, single = comm.bcast(
-            (flat_max(n), shm_max(n, on), shm_from(n, on), single) if comm.Get_rank() == 0 else None, root=0)
+        flat, limits, again, single, single_4k = comm.bcast(
+            (flat_max(n), shm_max(n, on), shm_from(n, on), single, single_4k) if comm.Get_rank() == 0 else None,
+            root=0)
         window.single_copy_min = single
+        window.single_copy_min_4k = single_4k
         engine.attach_window(window, True, flat)
         engine.set_shm_auto(True, flat, limits, again)
         return "shm"
@@ -580,5 +613,6 @@ def attach_local(engines: list) -> None:
     use = mode() == "shm"
     single = single_copy_min()
     for e, w in zip(engines, windows):
-        w.single_copy_min = single  # (one address space: a memcpy)
+        w.single_copy_min = single  # (one address space: a memcpy, whatever the pages)
+        w.single_copy_min_4k = single
         e.attach_window(w, use, flat_max())

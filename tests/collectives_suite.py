@@ -144,11 +144,11 @@ def run_gather_scatter(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> li
 
 def per_peer_algorithm(comm, algorithm: str) -> str:
     """What all_to_all with per-peer splits can run for a suite of
-    `algorithm`: the window only by single copy, else auto."""
+    `algorithm`: the window where there is one, else auto."""
     if algorithm == "pairwise":
         return algorithm
     w = getattr(comm._engine, "window", None)
-    return algorithm if algorithm == "shm" and w is not None and w.single_copy_min < (1 << 62) else "auto"
+    return algorithm if algorithm == "shm" and w is not None else "auto"
 
 
 def run_all_to_all(comm, counts, dtypes=COPY_DTYPES, algorithm="auto") -> list[str]:
@@ -208,9 +208,9 @@ def per_peer_case(comm, m, dtype, algorithm, note="", as_array=False) -> list[st
 
 
 def run_all_to_all_mixed(comm, algorithm="shm") -> list[str]:
-    """Per-peer blocks of mixed sizes (empty, a few elements, 4-16 KB: both
-    sides of the window's inline limit) by `algorithm` where it can run
-    (per_peer_algorithm)."""
+    """Per-peer blocks of mixed sizes (empty, a few elements, 4-16 KB: with
+    a small slot or single-copy limit, on both sides of them) by `algorithm`
+    where it can run (per_peer_algorithm)."""
     n = comm.size
     m = [[((7 * q + 13 * p) % 5) * 1000 + (q + p) % 3 for p in range(n)] for q in range(n)]
     vee = per_peer_algorithm(comm, algorithm)

@@ -105,6 +105,44 @@ def test_single_copy_in_process(n, monkeypatch):
     assert not errs, "\n".join(errs[:20])
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("single", ["off", "2048"])
+def test_per_peer_all_to_all_through_the_slots_in_rounds(n, single, monkeypatch):
+    # Per-peer blocks below the single-copy limit go through the slots, a
+    # part of a 4 KiB slot per destination and round; the call's rounds are
+    # those of the longest block between any two ranks, which only those two
+    # know from their splits: the others count them from the tables of the
+    # first round (a rank that counted fewer would leave its peers waiting).
+    # Blocks of 0, 1, a part +-1, several parts and primes; with "2048" the
+    # larger ones by single copy beside them. Against numpy and the ledger.
+    import collectives_suite as cs
+    monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", single)
+    monkeypatch.setenv("RINGCOMM_SHM_SLOT", "4096")
+    part = (4096 - (16 * n + 63) // 64 * 64) // n // 64 * 64  # bytes of one destination's piece per round
+    sizes = [0, 1, part // 4 - 1, part // 4, part // 4 + 1, 3 * part // 4 + 1, 1009, 4099]  # (float32 elements)
+
+    def body(comm):
+        errs = []
+        for shift in range(3):
+            m = [[sizes[(3 * q + 5 * p + shift) % len(sizes)] for p in range(n)] for q in range(n)]
+            if n > 2:  # one long block between ranks 0 and 1 only
+                m[0][1] = 3 * part + 7
+            for dtype in ("float32", "int8", "float64"):
+                errs += cs.per_peer_case(comm, m, dtype, "shm", f"slot 4096 single copy {single}")
+        before = comm.traffic()
+        k = 5 * part // 8 + 1  # float32 elements per block: 2.5 parts and 4 bytes, 3 pieces by the slots
+        x = ((np.arange(k * n) * 7 + 13 * comm.rank) % 1009).astype(np.float32)
+        comm.all_to_all(x, [k] * n, [k] * n, algorithm="shm")
+        msgs = {p: m for p, m in (comm.traffic() - before).per_peer("msgs_received", "all_to_all").items() if m}
+        by_single = single != "off" and 4 * k >= int(single)
+        want = {p: (1 if by_single else 3) for p in range(n) if p != comm.rank}
+        if msgs != want:
+            errs.append(f"rank {comm.rank}: blocks of {k * 4} bytes should be booked {want} messages, got {msgs}")
+        return errs
+    errs = flat(ringcomm.run_local(n, body, timeout=60))
+    assert not errs, "\n".join(errs[:20])
+
+
 @pytest.mark.parametrize("case", ["scatter root", "all_to_all vs all_gather", "gather count", "all_gather root-less"])
 def test_single_copy_calls_that_disagree_raise_on_every_rank(case, monkeypatch):
     # Single copy lets a rank read from a peer as soon as that peer has
@@ -153,6 +191,18 @@ def test_single_copy_off_keeps_the_slots(monkeypatch):
         shm_mod.single_copy_min()
     monkeypatch.delenv("RINGCOMM_SHM_SINGLE_COPY")
     assert shm_mod.single_copy_min() == shm_mod.DEFAULT_SINGLE_COPY_MIN
+    # blocks in 4 KiB pages: their own limit, never below the other
+    assert shm_mod.single_copy_min_4k() == shm_mod.DEFAULT_SINGLE_COPY_MIN_4K
+    monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY_4K", "1024")
+    assert shm_mod.single_copy_min_4k() == shm_mod.DEFAULT_SINGLE_COPY_MIN
+    monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY_4K", "1048576")
+    assert shm_mod.single_copy_min_4k() == 1 << 20
+    monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY_4K", "off")
+    assert shm_mod.single_copy_min_4k() == shm_mod.UNLIMITED
+    monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY_4K", "some")
+    with pytest.raises(InvalidArgument, match="RINGCOMM_SHM_SINGLE_COPY_4K"):
+        shm_mod.single_copy_min_4k()
+    monkeypatch.delenv("RINGCOMM_SHM_SINGLE_COPY_4K")
     # with single copy the window takes all_gather, gather, scatter and all_to_all back from 256 KiB
     monkeypatch.delenv("RINGCOMM_SHM_MAX", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # no tune file: the built-in limits
@@ -214,9 +264,11 @@ def test_rooted_collectives_that_disagree_or_cannot_run_in_the_window():
         assert m == ["mismatch"], f"rank {r}: {m}"
 
     def splits(comm):
-        # per-peer splits run in the window by single copy only
-        with pytest.raises(InvalidArgument, match="per-peer splits only by single copy"):
-            comm.all_to_all(np.zeros(4, np.float32), [1, 3], [1, 3], algorithm="shm")
+        # per-peer splits run in the window with single copy off too (the slots)
+        splits, out_splits = ([1, 3], [1, 2]) if comm.rank == 0 else ([2, 2], [3, 2])
+        got = comm.all_to_all(np.arange(4, dtype=np.float32) + 10 * comm.rank, splits, out_splits, algorithm="shm")
+        assert comm.last_algorithm == "shm"
+        assert got.tolist() == ([0, 10, 11] if comm.rank == 0 else [1, 2, 3, 12, 13]), (comm.rank, got)
         with pytest.raises(InvalidArgument, match="runs algorithm 'auto', 'linear' or 'shm'"):
             comm.gather(np.zeros(4, np.float32), algorithm="ring")
         return True
@@ -702,6 +754,55 @@ SINGLE_COPY_SCRIPT = textwrap.dedent('''
 ''')
 
 
+PAGES_SCRIPT = textwrap.dedent('''
+    import sys
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    import ringcomm, suite
+    comm = ringcomm.init()
+    n, r = comm.size, comm.rank
+    w = comm._engine.window
+    k = 1 << 20  # float32 elements per block: 4 MiB
+    for huge in (False, True):
+        np._core.multiarray._set_madvise_hugepage(huge)  # (numpy asks for huge pages from 4 MiB when on)
+        x = ((np.arange(k * n) * 7 + 13 * r) % 1009).astype(np.float32)
+        np._core.multiarray._set_madvise_hugepage(True)
+        small = w.small_pages(x.ctypes.data, x.nbytes)
+        for splits in (None, [k] * n):
+            before = comm.traffic()
+            got = comm.all_to_all(x, splits, splits, algorithm="shm")
+            used = comm.traffic() - before
+            want = np.concatenate([((np.arange(k * n) * 7 + 13 * q) % 1009).astype(np.float32)[r * k:(r + 1) * k]
+                                   for q in range(n)])
+            errs = suite.compare(got, want, f"all_to_all huge={{huge}} splits={{splits is not None}}", r)
+            sent = used.per_peer("msgs_sent", "all_to_all")
+            print(f"RANK {{r}} huge={{huge}} splits={{splits is not None}} small={{small}} "
+                  f"sent={{sorted(sent.items())}} errors={{errs}}", flush=True)
+    comm.close()
+''')
+
+
+def test_all_to_all_sender_pages_decide_single_copy_or_the_slots():
+    # A block from the single-copy limit goes by single copy (one message per
+    # peer) unless it lies in 4 KiB pages, which the sender asks the kernel:
+    # then through the slots (a piece per round), the default's 4 KiB limit
+    # being "never". Equal blocks and per-peer splits alike; results exact.
+    tests = os.path.dirname(os.path.abspath(__file__))
+    res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", PAGES_SCRIPT.format(tests=tests)],
+                         capture_output=True, text=True, timeout=240, env=clean_env())
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = lines(res)
+    assert len(got) == 8, res.stdout + res.stderr
+    pagemap_scan = tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", os.uname().release).groups()) >= (6, 7)
+    for line in got:
+        assert "errors=[]" in line, line
+        msgs = int(re.search(r"sent=\[\(\d+, (\d+)\)\]", line).group(1))
+        small = "small=True" in line
+        assert (msgs > 1) == small, line  # the slots' pieces, or one block by single copy
+        if "huge=False" in line and pagemap_scan:
+            assert small, line  # numpy without huge pages: the kernel says 4 KiB pages
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_single_copy_between_processes(n):
     # process_vm_readv / writev between the ranks of one host: every form of
@@ -712,7 +813,8 @@ def test_single_copy_between_processes(n):
     src = SINGLE_COPY_SCRIPT.format(tests=tests)
     before = shm_files()
     res = subprocess.run(RUN + ["-n", str(n), "--", sys.executable, "-c", src], capture_output=True, text=True,
-                         timeout=240, env=dict(os.environ, RINGCOMM_SHM_SINGLE_COPY="1"))
+                         timeout=240, env=dict(os.environ, RINGCOMM_SHM_SINGLE_COPY="1",
+                                               RINGCOMM_SHM_SINGLE_COPY_4K="1"))
     assert res.returncode == 0, res.stdout + res.stderr
     got = lines(res)
     assert len(got) == n, res.stdout + res.stderr
@@ -830,7 +932,8 @@ def test_a_rank_killed_during_single_copy_is_named_by_its_peers():
         except Exception as e:
             print("RAISED", time.time(), type(e).__name__, str(e).replace(chr(10), " ")[:300], flush=True)
     ''')
-    rank_1_killed_is_noticed(script, dict(os.environ, RINGCOMM_SHM_SINGLE_COPY="65536"))
+    rank_1_killed_is_noticed(script, dict(os.environ, RINGCOMM_SHM_SINGLE_COPY="65536",
+                                          RINGCOMM_SHM_SINGLE_COPY_4K="65536"))  # (x lies in 4 KiB pages)
 
 
 def by_store(script, store, n, env):

@@ -123,8 +123,8 @@ void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const
 void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out);
 void shm_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out);
 // all_to_all with per-peer splits (blocks.at: also in arrays of their own),
-// by single copy; the engine runs it only where the window has single copy
-// (shm_all_to_all_v_fits).
+// large blocks by single copy, the others through the slots; the engine runs
+// it where a slot holds the table and a part per rank (shm_all_to_all_v_fits).
 void shm_all_to_all_v(Link& link, const BlockSplit& send, const BlockSplit& recv, size_t es, const char* in,
                       char* out);
 bool shm_all_to_all_v_fits(const ShmWindow& w);

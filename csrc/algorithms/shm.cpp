@@ -363,63 +363,46 @@ void sc_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, const
   w.sync(link, fp, false);
 }
 
-void sc_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out) {
-  ShmWindow& w = window_of(link);
-  const Fingerprint& fp = link.call();
-  const int n = w.size(), r = w.rank();
-  const size_t B = count / size_t(n) * es;  // equal blocks, in bytes
-  Ledger& ledger = link.ledger();
-  w.publish(fp.seq, in, nullptr);
-  if (B)
-    for (int j = 0; j < n; ++j)
-      if (j != r) ledger.sent(Coll::all_to_all, w.member(j), false, B);
-  const uint64_t phase = w.arrive(link, fp);
-  if (B) std::memcpy(out + size_t(r) * B, in + size_t(r) * B, B);  // (while the peers read)
-  Peers peers(n, r);
-  while (!peers.empty()) {
-    const int j = peers.take(w.await_any(link, fp, phase, peers.data(), peers.size()));
-    if (!B) continue;
-    w.read_peer(j, fp.seq, size_t(r) * B, 0, out + size_t(j) * B, B);
-    ledger.received(Coll::all_to_all, w.member(j), false, B);
-  }
-  w.sync(link, fp, false);
-}
-
 }  // namespace
 
-// all_to_all with per-peer splits. Each rank knows only what it sends to
-// whom and what it receives from whom, so no rank could choose a path for
-// the call by the blocks' sizes alike. Each rank writes into its slot of the
-// round a table, per destination, of where its block is (in its own
-// process) and how many bytes it has, and a block small enough (up to
-// inline_bytes(), the same on every rank) beside it, in the part of the
-// slot for that destination. A reader compares the size in the table with
-// the one it expects (out_splits) before a byte moves (they differ:
-// MismatchError naming both; the sender hears of it through the window),
-// then copies the block out of the slot, or, larger, reads it straight from
-// the peer's array (single copy): both sides know the size, so both know
-// which. N = 2 (bench/all_to_all_v.py), 8-byte blocks by single copy cost
-// 2.4 us against pairwise exchange's 1.9 (a system call per block); from
-// 4 KiB single copy won. The slot is taken by the rotation every round
-// obeys (ShmWindow: a slot is written again two rounds later, after every
-// peer has passed the round in between).
+// all_to_all with per-peer splits, and equal blocks from the single-copy
+// limit. Each rank knows only what it sends to whom and what it receives
+// from whom, so no rank could count the call's rounds from its own splits.
+// The first round tells them: each rank writes into its slot a table, per
+// destination, of where its block is (in its own process), how many bytes
+// it has and how it goes, and beside it, in the slot's part for each
+// destination, the first piece of each block that goes through the slots
+// (one part per destination, in cache lines). A reader compares the size in
+// the table with the one it expects (out_splits) before a byte moves (they
+// differ: MismatchError naming both; the sender hears of it through the
+// window). Every rank reads every table (n^2 words), so every rank knows
+// the longest block through the slots and counts the same rounds: no extra
+// exchange. How a block goes, the sender decides:
+//   from the window's single-copy limit, its reader reads it straight from
+//     the sender's array in the first round (single copy), unless it lies
+//     in 4 KiB pages and is under the limit for those (the kernel pins
+//     every page it copies from the sender: bench/README.md, "The sender's
+//     pages", N = 2, 1 MiB: 88.7 us by single copy from 4 KiB pages, 71.3
+//     through the slots, 59.4 from huge pages)
+//   else through the slots, piece t in round t, as the equal blocks
+// The rounds after the first are sync()ed rounds of the rotation (a slot is
+// written again two rounds later, after every peer has passed the round in
+// between); a call of one round ends with a sync, so no peer still reads
+// this rank's arrays by single copy once it returns.
 namespace {
-constexpr size_t kTableEntry = 2 * sizeof(uint64_t);  // address, bytes
+constexpr int kEntry = 3;  // table words per destination: address, bytes, by single copy
 
-size_t table_bytes(const ShmWindow& w) { return round_up(size_t(w.size()) * kTableEntry, 64); }
+size_t table_bytes(const ShmWindow& w) { return round_up(size_t(w.size()) * kEntry * sizeof(uint64_t), 64); }
 
-// The largest block that travels in the slot: what the slot holds per
-// destination after the table, at most kInlineMax, in cache lines.
-constexpr size_t kInlineMax = 8 << 10;
-size_t inline_bytes(const ShmWindow& w) {
-  const size_t per = (w.slot_bytes() - table_bytes(w)) / size_t(w.size());
-  return std::min(per / 64 * 64, kInlineMax);
+// A round's piece of one block: what the slot holds per destination after
+// the table, in cache lines.
+size_t part_bytes(const ShmWindow& w) {
+  const size_t table = table_bytes(w);
+  return w.slot_bytes() > table ? (w.slot_bytes() - table) / size_t(w.size()) / 64 * 64 : 0;
 }
 }  // namespace
 
-bool shm_all_to_all_v_fits(const ShmWindow& w) {
-  return w.single_copy_on() && table_bytes(w) <= w.slot_bytes();
-}
+bool shm_all_to_all_v_fits(const ShmWindow& w) { return part_bytes(w) > 0; }
 
 void shm_all_to_all_v(Link& link, const BlockSplit& send, const BlockSplit& recv, size_t es, const char* in,
                       char* out) {
@@ -427,35 +410,81 @@ void shm_all_to_all_v(Link& link, const BlockSplit& send, const BlockSplit& recv
   const Fingerprint& fp = link.call();
   const int n = w.size(), r = w.rank();
   Ledger& ledger = link.ledger();
-  const int par = w.next_parity();
-  const size_t small = inline_bytes(w), table = table_bytes(w);
-  char* slot = w.slot(r, par);
-  auto* mine = reinterpret_cast<uint64_t*>(slot);
+  const size_t table = table_bytes(w), part = part_bytes(w);
+  const int first = w.next_parity();
+  auto* mine = reinterpret_cast<uint64_t*>(w.slot(r, first));
+  // The table. Pages are asked once for one input array, per block for a list.
+  int small = -1;  // one array's: unknown yet
   for (int p = 0; p < n; ++p) {
-    const size_t bytes = send.count(p) * es;
-    mine[2 * p] = uint64_t(reinterpret_cast<uintptr_t>(send.at(in, p, es)));
-    mine[2 * p + 1] = bytes;
-    if (p == r || !bytes) continue;
-    if (bytes <= small) std::memcpy(slot + table + size_t(p) * small, send.at(in, p, es), bytes);
-    ledger.sent(Coll::all_to_all, w.member(p), false, bytes);
+    const size_t bytes = p == r ? 0 : send.count(p) * es;
+    const char* at = send.at(in, p, es);
+    bool single = single_copy(w, bytes);
+    if (single && bytes < w.single_copy_min_4k()) {
+      if (send.places()) {
+        single = !w.small_pages(at, bytes);
+      } else {
+        if (small < 0) small = w.small_pages(in, send.total() * es);
+        single = !small;
+      }
+    }
+    mine[kEntry * p] = uint64_t(reinterpret_cast<uintptr_t>(at));
+    mine[kEntry * p + 1] = bytes;
+    mine[kEntry * p + 2] = single;
+    if (single) ledger.sent(Coll::all_to_all, w.member(p), false, bytes);
   }
-  const uint64_t phase = w.arrive(link, fp);  // (publishes the table and the small blocks)
+  // Round t: this rank's piece t of each block that goes through the slots.
+  auto put = [&](int par, size_t t) {
+    char* parts = w.slot(r, par) + table;
+    for (int p = 0; p < n; ++p) {
+      const size_t len = mine[kEntry * p + 2] ? 0 : piece_len(mine[kEntry * p + 1], t, part);
+      if (!len) continue;
+      std::memcpy(parts + size_t(p) * part, send.at(in, p, es) + t * part, len);
+      ledger.sent(Coll::all_to_all, w.member(p), false, len);
+    }
+  };
+  // The rounds a table asks for (at least the first).
+  auto rounds_of = [&](const uint64_t* tab) {
+    size_t rounds = 1;
+    for (int p = 0; p < n; ++p)
+      if (!tab[kEntry * p + 2]) rounds = std::max(rounds, rounds_for(size_t(tab[kEntry * p + 1]), part));
+    return rounds;
+  };
+  std::vector<char> slotted(size_t(n), 0);  // the blocks this rank receives through the slots
+  auto take = [&](int j, int par, size_t t) {
+    const size_t len = slotted[size_t(j)] ? piece_len(recv.count(j) * es, t, part) : 0;
+    if (!len) return;
+    std::memcpy(recv.at(out, j, es) + t * part, w.slot(j, par) + table + size_t(r) * part, len);
+    ledger.received(Coll::all_to_all, w.member(j), false, len);
+  };
+
+  put(first, 0);
+  size_t rounds = rounds_of(mine);
+  const uint64_t phase = w.arrive(link, fp);  // (publishes the table and the first pieces)
   if (recv.count(r)) std::memmove(recv.at(out, r, es), send.at(in, r, es), recv.count(r) * es);
   Peers peers(n, r);
   while (!peers.empty()) {
     const int j = peers.take(w.await_any(link, fp, phase, peers.data(), peers.size()));
-    const char* their_slot = w.slot(j, par);
-    const auto* theirs = reinterpret_cast<const uint64_t*>(their_slot);
-    const size_t bytes = size_t(theirs[2 * r + 1]), want = recv.count(j) * es;
+    const uint64_t* theirs = reinterpret_cast<const uint64_t*>(w.slot(j, first)) + kEntry * r;
+    const size_t bytes = size_t(theirs[1]), want = recv.count(j) * es;
     if (bytes != want) link.throw_block_sizes(w.member(j), bytes, want);
+    rounds = std::max(rounds, rounds_of(reinterpret_cast<const uint64_t*>(w.slot(j, first))));
     if (!bytes) continue;
-    if (bytes <= small)
-      std::memcpy(recv.at(out, j, es), their_slot + table + size_t(r) * small, bytes);
-    else
-      w.read_address(j, fp.seq, theirs[2 * r], recv.at(out, j, es), bytes);
-    ledger.received(Coll::all_to_all, w.member(j), false, bytes);
+    if (theirs[2]) {
+      w.read_address(j, fp.seq, theirs[0], recv.at(out, j, es), bytes);
+      ledger.received(Coll::all_to_all, w.member(j), false, bytes);
+    } else {
+      slotted[size_t(j)] = 1;
+      take(j, first, 0);
+    }
   }
-  w.sync(link, fp, false);
+  for (size_t t = 1; t < rounds; ++t) {
+    const int par = w.next_parity();
+    put(par, t);
+    w.sync(link, fp, false);
+    for (int j = 0; j < n; ++j)
+      if (j != r) take(j, par, t);
+  }
+  if (rounds == 1) w.sync(link, fp, false);
 }
 
 void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out) {
@@ -488,6 +517,7 @@ void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf) {
 }
 
 void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
+
 
 // ---- the rooted and personalized collectives ------------------------------
 // Through the slots in rounds, as the all-gather: a rank copies what it gives
@@ -581,7 +611,10 @@ void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, cons
 
 void shm_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out) {
   ShmWindow& w = window_of(link);
-  if (single_copy(w, count / size_t(w.size()) * es)) return sc_all_to_all(link, count, es, in, out);
+  if (single_copy(w, count / size_t(w.size()) * es)) {  // (the sender's pages decide: shm_all_to_all_v)
+    const BlockSplit blocks(count, w.size(), nullptr, nullptr);
+    return shm_all_to_all_v(link, blocks, blocks, es, in, out);
+  }
   const Fingerprint& fp = link.call();
   const int n = w.size(), r = w.rank();
   const size_t B = count / size_t(n);  // equal blocks (the engine runs this only then)

@@ -2,9 +2,11 @@
 // how a wait in it fails.
 #include "core/shm_window.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -178,6 +180,40 @@ Fingerprint ShmWindow::peer_call(int j, const Fingerprint& mine) const {
     throw RingError(ErrKind::transport, member(rank_), member(j), mine.seq,
                     "rank " + std::to_string(member(j)) + "'s announcement of " + describe(mine) + " is gone from the window");
   return a->fp[k];
+}
+
+namespace {
+// PAGEMAP_SCAN (linux/fs.h since 6.7; spelled out here for older headers).
+struct PageRegion {
+  uint64_t start, end, categories;
+};
+struct PmScanArg {
+  uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages, category_inverted, category_mask,
+      category_anyof_mask, return_mask;
+};
+constexpr uint64_t kPageIsPresent = 1 << 3, kPageIsHuge = 1 << 6;
+constexpr unsigned long kPagemapScan = _IOWR('f', 16, PmScanArg);
+
+int pagemap_fd() {
+  static const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);  // (once per process)
+  return fd;
+}
+}  // namespace
+
+bool ShmWindow::small_pages(const void* p, size_t bytes) const {
+  if (!processes_ || !bytes || pagemap_fd() < 0) return false;
+  const uint64_t page = (reinterpret_cast<uint64_t>(p) + bytes / 2) & ~uint64_t(4095);
+  PageRegion got{};
+  PmScanArg a{};
+  a.size = sizeof a;
+  a.start = page;
+  a.end = page + 4096;
+  a.vec = reinterpret_cast<uint64_t>(&got);
+  a.vec_len = 1;
+  a.category_anyof_mask = kPageIsPresent | kPageIsHuge;  // report the page whatever it is
+  a.return_mask = kPageIsPresent | kPageIsHuge;
+  if (::ioctl(pagemap_fd(), kPagemapScan, &a) != 1) return false;
+  return (got.categories & kPageIsPresent) && !(got.categories & kPageIsHuge);
 }
 
 bool ShmWindow::probe_single_copy() const {

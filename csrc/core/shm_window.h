@@ -134,6 +134,18 @@ class ShmWindow {
   // Is single copy on at all? (Off: SIZE_MAX, or Python's UNLIMITED, 2^62.)
   bool single_copy_on() const { return single_copy_min_ < (size_t(1) << 62); }
   void set_single_copy_min(size_t bytes) { single_copy_min_ = bytes; }
+  // The limit for a block that lies in 4 KiB pages (small_pages()): the
+  // kernel pins every page it copies from the peer, so such a block can go
+  // faster through the slots (bench/README.md, "The sender's pages").
+  // all_to_all's sender decides per block and tells its readers (shm.cpp).
+  size_t single_copy_min_4k() const { return single_copy_min_4k_; }
+  void set_single_copy_min_4k(size_t bytes) { single_copy_min_4k_ = bytes; }
+  // Does [p, p + bytes) of this process lie in 4 KiB pages? The page at its
+  // middle, asked of the kernel (/proc/self/pagemap's PAGEMAP_SCAN, Linux
+  // 6.7+): present and not part of a transparent huge page. False when the
+  // kernel cannot tell (older kernels, a page not yet touched) and between
+  // in-process ranks (a memcpy pins nothing).
+  bool small_pages(const void* p, size_t bytes) const;
   // Can this rank read every peer's memory? Reads a word each peer wrote
   // at construction (after every rank has attached).
   bool probe_single_copy() const;
@@ -192,6 +204,7 @@ class ShmWindow {
   long yield_ns_;
   std::vector<int> members_;
   size_t single_copy_min_ = SIZE_MAX;
+  size_t single_copy_min_4k_ = SIZE_MAX;
   char* arena_ = nullptr;
   size_t arena_per_rank_ = 0;
   std::shared_ptr<void> arena_keep_;

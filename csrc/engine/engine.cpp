@@ -167,9 +167,8 @@ bool Engine::locate_in_arena(Task& t) const {
   return t.arena_in >= 0;
 }
 
-// The window runs every collective; all_to_all with per-peer splits only by
-// single copy (through the slots no rank would know how many rounds the
-// largest block takes).
+// The window runs every collective; all_to_all with per-peer splits where a
+// slot holds its table and a part per rank (shm_all_to_all_v_fits).
 bool Engine::shm_runs(const Task& t) const {
   return t.coll != Coll::all_to_all || t.counts.empty() || (link_.window() && shm_all_to_all_v_fits(*link_.window()));
 }
@@ -191,7 +190,7 @@ Algo Engine::choose_algorithm(const Task& t) const {
     if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
     const size_t bytes = t.count * dtype_size(t.dtype);
     // (all_to_all's per-peer splits: each rank's own total, unknown to the
-    // others: the window's single copy at every size, as all must choose alike)
+    // others: the window at every size, as all must choose alike)
     const bool per_peer = t.coll == Coll::all_to_all && !t.counts.empty();
     const bool within = t.coll == Coll::barrier || per_peer ||
                         bytes <= shm_max_[int(t.coll)].load(std::memory_order_relaxed) ||
@@ -244,9 +243,8 @@ Algo Engine::choose_algorithm(const Task& t) const {
     const bool runs = a == Algo::shm ? shm_runs(t) : (t.coll == Coll::all_reduce || t.coll == Coll::reduce);
     if (!runs)
       throw_invalid("algorithm '" + std::string(algo_name(a)) + "' runs " +
-                    (a == Algo::shm ? "every collective, all_to_all with per-peer splits only by single copy "
-                                      "(RINGCOMM_SHM_SINGLE_COPY: off here, or refused by the kernel; or a slot "
-                                      "under 16 bytes per rank, RINGCOMM_SHM_SLOT)"
+                    (a == Algo::shm ? "every collective, all_to_all with per-peer splits where a slot holds a table of "
+                                      "16 bytes per rank and 64 bytes per rank beside it (RINGCOMM_SHM_SLOT)"
                                     : "all_reduce and reduce only"));
     if (!link_.window())
       throw_invalid("algorithm '" + std::string(algo_name(a)) +

@@ -230,6 +230,17 @@ inline void bind_engine(py::module_& m) {
       .def_property("single_copy_min", &ShmWindow::single_copy_min, &ShmWindow::set_single_copy_min,
                     "Blocks of at least this many bytes are read straight from the peers' arrays (single copy; "
                     "2**64-1: never). Set alike on every rank, before any collective (ringcomm/shm.py).")
+      .def_property("single_copy_min_4k", &ShmWindow::single_copy_min_4k, &ShmWindow::set_single_copy_min_4k,
+                    "The same for all_to_all's blocks that lie in 4 KiB pages (the sender asks the kernel; the "
+                    "slots below it). Set alike on every rank, before any collective (ringcomm/shm.py).")
+      .def(
+          "small_pages",
+          [](const ShmWindow& w, uintptr_t address, size_t bytes) {
+            return w.small_pages(reinterpret_cast<const void*>(address), bytes);
+          },
+          py::arg("address"), py::arg("nbytes"),
+          "Does this process's memory at [address, address + nbytes) lie in 4 KiB pages, as the kernel says of "
+          "its middle page? (What all_to_all's sender asks; False where the kernel cannot tell.)")
       .def("probe_single_copy", &ShmWindow::probe_single_copy, py::call_guard<py::gil_scoped_release>(),
            "Can this rank read every peer's memory (process_vm_readv)? Call once every rank has attached.")
       .def_property_readonly("has_arena", &ShmWindow::has_arena)

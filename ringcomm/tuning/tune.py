@@ -59,12 +59,12 @@ def measure(comm, sizes=SIZES, reps: int = 5, budget_s: float = 0.05, barrier=No
 
 def _slots_only(window, f) -> None:
     """f() with the window's single copy off (every rank calls it alike)."""
-    on = window.single_copy_min
-    window.single_copy_min = selection.UNLIMITED
+    on, on_4k = window.single_copy_min, window.single_copy_min_4k
+    window.single_copy_min = window.single_copy_min_4k = selection.UNLIMITED
     try:
         f()
     finally:
-        window.single_copy_min = on
+        window.single_copy_min, window.single_copy_min_4k = on, on_4k
 
 
 def _iters(fn, barrier, budget_s: float) -> int:
@@ -202,8 +202,8 @@ def choose_single_copy(t: dict, n: int) -> int | None:
     size's time relative to the faster of the two, so that no size weighs
     more for being large: one of the block sizes measured, or twice the
     largest (the slots at every size measured; single copy stays on above,
-    where nothing was measured, and for all_to_all's per-peer blocks, which
-    cannot go through the slots). Ties go to the smaller limit. None when
+    where nothing was measured). all_to_all's per-peer blocks follow the
+    same limit. Ties go to the smaller limit. None when
     nothing was measured both ways (single copy off, or an older tune)."""
     grid = [(c, b) for (c, a, b) in t if a == "shm_slots" and (c, "shm", b) in t]
     if not grid:
