@@ -71,12 +71,16 @@ def main(argv: list[str] | None = None) -> int:
                       + (" *" if row["measured_here"] else ""))
             from .tuning.tune import describe_shm_limits
             for n, lim in windows.items():
-                sc = lim["single_copy_min"]
+                sc, sc4k = lim["single_copy_min"], lim["single_copy_min_4k"]
                 print(f"\nalgorithm='auto' on {n} ranks of one host runs in the shared-memory window ("
                       + (f"tuned: {selection.tune_path()}" if lim["tuned"] else
                          "built-in limits: ringcomm tune measures them") + "; single copy "
-                      + (f"from blocks of {sc} B" if lim["single_copy"] else "off") + "):")
-                for line in describe_shm_limits({k: v for k, v in lim.items() if k != "tuned"}):
+                      + (f"from blocks of {sc} B" if lim["single_copy"] else "off")
+                      + ("" if not lim["single_copy"] else "; all_to_all's blocks in 4 KiB pages "
+                         + ("through the slots" if sc4k >= selection.UNLIMITED else f"by single copy from {sc4k} B"))
+                      + "):")
+                for line in describe_shm_limits({k: v for k, v in lim.items() if k not in ("tuned",
+                                                                                          "single_copy_min_4k")}):
                     print("  " + line)
         return 0
     if args.cmd == "analyze":

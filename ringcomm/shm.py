@@ -183,13 +183,15 @@ def single_copy_min(nranks: int | None = None) -> int:
 # all_to_all's blocks that lie in 4 KiB pages move by single copy only from
 # this many bytes (and from single_copy_min's): the kernel pins each page it
 # copies out of the sender's array, so such a block went faster through the
-# slots at every size measured here (an AMD EPYC VM, bench/README.md, "The
-# sender's pages"; all_to_all, N = 2, us, single copy / slots / MPI: 1 MiB
-# from 4 KiB pages 88.7 / 71.3 / 86.5, from huge pages 59.4 / 75.1 / 55.7;
-# 4 MiB 575.7 / 472.8 / 610.9 and 270.3 / 395.2 / 282.7). numpy asks for
-# huge pages for arrays from 4 MiB, torch's CPU allocator never. The sender
-# asks the kernel where its block lies (ShmWindow::small_pages).
-DEFAULT_SINGLE_COPY_MIN_4K = UNLIMITED
+# slots up to blocks of 2 MiB here (an AMD EPYC VM, bench/a2a_pages.py,
+# bench/README.md "The sender's pages"; all_to_all, us, single copy / slots
+# / MPI: N = 2, 1 MiB from 4 KiB pages 99.8 / 76.7 / 93.6, from huge pages
+# 49.2 / 64.5 / 48.9; 4 MiB 717.9 / 602.1 / 778.1 and 250.5 / 320.4 /
+# 266.4), level from 4 MiB (16 MiB: N = 2 4596 / 4733 and 4048 / 3771, N = 4
+# 7615 / 11481 and 9762 / 9721, two runs). numpy asks for huge pages for
+# arrays from 4 MiB, torch's CPU allocator never. The sender asks the kernel
+# where its block lies (ShmWindow::small_pages).
+DEFAULT_SINGLE_COPY_MIN_4K = 4 << 20
 
 
 def single_copy_min_4k(nranks: int | None = None) -> int:
@@ -324,6 +326,19 @@ def tuned(nranks: int | None, single_copy: bool = True) -> dict | None:
         return got
     except (OSError, KeyError, ValueError, TypeError, AttributeError):
         return None
+
+
+def auto_limits(nranks: int, readable: bool = True) -> dict:
+    """Everything algorithm="auto" decides the window by on `nranks` ranks
+    of one host, as attach() gives it to the engine and the window:
+    {"flat_max", "max" and "from" (lists in the order of COLLECTIVES),
+    "single_copy_min", "single_copy_min_4k"}. `readable`: every rank can
+    read its peers' memory (else single copy is off, and the limits are
+    those measured without it)."""
+    single = single_copy_min(nranks) if readable else UNLIMITED
+    on = single < UNLIMITED
+    return {"flat_max": flat_max(nranks), "max": shm_max(nranks, on), "from": shm_from(nranks, on),
+            "single_copy_min": single, "single_copy_min_4k": single_copy_min_4k(nranks) if on else UNLIMITED}
 
 
 def _oversubscribed(nranks: int | None) -> bool:
@@ -497,16 +512,11 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
         # copy where every rank can read every peer's memory (the kernel may
         # refuse: ptrace restrictions, seccomp).
         readable = all(comm.allgather(window.probe_single_copy()))
-        single = single_copy_min(n) if readable else UNLIMITED
-        single_4k = single_copy_min_4k(n) if readable else UNLIMITED
-        on = single < UNLIMITED
-        flat, limits, again, single, single_4k = comm.bcast(
-            (flat_max(n), shm_max(n, on), shm_from(n, on), single, single_4k) if comm.Get_rank() == 0 else None,
-            root=0)
-        window.single_copy_min = single
-        window.single_copy_min_4k = single_4k
-        engine.attach_window(window, True, flat)
-        engine.set_shm_auto(True, flat, limits, again)
+        lim = comm.bcast(auto_limits(n, readable) if comm.Get_rank() == 0 else None, root=0)
+        window.single_copy_min = lim["single_copy_min"]
+        window.single_copy_min_4k = lim["single_copy_min_4k"]
+        engine.attach_window(window, True, lim["flat_max"])
+        engine.set_shm_auto(True, lim["flat_max"], lim["max"], lim["from"])
         return "shm"
     per_host = [keys.count(k) for k in order]
     if len(set(per_host)) != 1 or per_host[0] < 2:

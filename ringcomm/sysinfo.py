@@ -91,24 +91,25 @@ def _shm_line() -> str:
         return f"RINGCOMM_TRANSPORT invalid: {e}"
     if mode == "mpi":
         return f"RINGCOMM_TRANSPORT=mpi: MPI point-to-point only ({room})"
-    return (f"RINGCOMM_TRANSPORT={mode}: ranks of one host ({shm.host_key()}) run all_reduce as shm_flat up to "
-            f"{shm.flat_max()} B, shm above; reduce_scatter, all_gather, broadcast, barrier as shm; "
-            f"slot {shm.slot_bytes()} B per rank x 2 ({room})")
+    return (f"RINGCOMM_TRANSPORT={mode}: ranks of one host ({shm.host_key()}) share a window, slots of "
+            f"{shm.slot_bytes()} B per rank x 2 ({room}); what auto runs there: below (--json: shm_auto)")
 
 
 def window_limits(n: int) -> dict:
     """What algorithm="auto" runs in the shared-memory window on `n` ranks
     of one host, in the form of tune's shm_limits (the largest size per
     collective, "from" where it runs there again, "flat_max",
-    "single_copy_min"), plus "tuned": whether ``ringcomm tune`` measured
+    "single_copy_min", and "single_copy_min_4k": all_to_all's limit for
+    blocks in 4 KiB pages), plus "tuned": whether ``ringcomm tune`` measured
     them for `n` ranks (else the built-in limits). Assumes every rank can
     read its peers' memory (init() probes it: single copy off otherwise)."""
     from . import shm
-    single = shm.single_copy_min(n)
-    on = single < shm.UNLIMITED
-    lim = dict(zip(shm.COLLECTIVES, shm.shm_max(n, on)))
-    lim["from"] = dict(zip(shm.COLLECTIVES, shm.shm_from(n, on)))
-    lim.update(flat_max=shm.flat_max(n), single_copy=on, single_copy_min=single, tuned=shm.tuned(n) is not None)
+    auto = shm.auto_limits(n)
+    lim = dict(zip(shm.COLLECTIVES, auto["max"]))
+    lim["from"] = dict(zip(shm.COLLECTIVES, auto["from"]))
+    lim.update(flat_max=auto["flat_max"], single_copy=auto["single_copy_min"] < shm.UNLIMITED,
+               single_copy_min=auto["single_copy_min"], single_copy_min_4k=auto["single_copy_min_4k"],
+               tuned=shm.tuned(n) is not None)
     return lim
 
 

@@ -762,7 +762,7 @@ PAGES_SCRIPT = textwrap.dedent('''
     comm = ringcomm.init()
     n, r = comm.size, comm.rank
     w = comm._engine.window
-    k = 1 << 20  # float32 elements per block: 4 MiB
+    k = (1 << 20) - 1024  # float32 elements per block: 4 MiB - 4 KiB
     for huge in (False, True):
         np._core.multiarray._set_madvise_hugepage(huge)  # (numpy asks for huge pages from 4 MiB when on)
         x = ((np.arange(k * n) * 7 + 13 * r) % 1009).astype(np.float32)
@@ -785,8 +785,9 @@ PAGES_SCRIPT = textwrap.dedent('''
 def test_all_to_all_sender_pages_decide_single_copy_or_the_slots():
     # A block from the single-copy limit goes by single copy (one message per
     # peer) unless it lies in 4 KiB pages, which the sender asks the kernel:
-    # then through the slots (a piece per round), the default's 4 KiB limit
-    # being "never". Equal blocks and per-peer splits alike; results exact.
+    # then through the slots (a piece per round), below the limit for 4 KiB
+    # pages (4 MiB blocks by default: 4 MiB - 4 KiB here). Equal blocks and
+    # per-peer splits alike; results exact.
     tests = os.path.dirname(os.path.abspath(__file__))
     res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", PAGES_SCRIPT.format(tests=tests)],
                          capture_output=True, text=True, timeout=240, env=clean_env())
@@ -1321,6 +1322,19 @@ def test_tune_chooses_single_copy_or_the_slots():
     assert choose_single_copy(table(rows((10, 50, 1100), (15, 60, 1000))), 2) == 128 << 10
     # nothing measured both ways: no choice (an older tune; single copy off)
     assert choose_single_copy({("all_to_all", "shm", 1 << 20): 1.0}, 2) is None
+    # all_to_all from 4 KiB pages: its own limit, from its own rows
+    from ringcomm.tuning.tune import choose_single_copy_4k
+
+    def pages(single, slots):
+        return {("all_to_all", a, b): v for b, x, y in zip(sizes, single, slots)
+                for a, v in (("shm_4k_single", x), ("shm_4k_slots", y))}
+    assert choose_single_copy_4k(pages((20, 80, 500), (15, 60, 400)), 2) == 4 << 20  # (twice the largest block)
+    assert choose_single_copy_4k(pages((20, 50, 300), (15, 60, 400)), 2) == 512 << 10
+    assert choose_single_copy_4k(pages((10, 50, 300), (15, 60, 400)), 2) == 128 << 10
+    assert choose_single_copy_4k(table(r), 2) is None
+    lim = shm_limits(r + [{"collective": "all_to_all", "algorithm": a, "n": 2, "bytes": b, "seconds": v}
+                          for (_, a, b), v in pages((20, 50, 300), (15, 60, 400)).items()], 2)
+    assert lim["single_copy_min_4k"] == 4 << 20, lim  # (never below single_copy_min: 4 MiB here)
     assert "single_copy_min" not in shm_limits([{"collective": "all_to_all", "algorithm": a, "n": 2,
                                                  "bytes": 1 << 20, "seconds": 1.0} for a in ("shm", "pairwise")], 2)
 
@@ -1351,9 +1365,12 @@ def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
     measured = {"all_reduce": 65536, "reduce_scatter": 8192, "all_gather": 0, "reduce": 4096, "gather": 0,
                 "scatter": 1 << 20, "all_to_all": 16384, "flat_max": 4096, "single_copy": True,
                 "from": {"all_reduce": U, "reduce_scatter": U, "all_gather": 1 << 18, "reduce": 1 << 18,
-                         "gather": 1 << 16, "scatter": U, "all_to_all": 1 << 22}, "single_copy_min": 1 << 20}
+                         "gather": 1 << 16, "scatter": U, "all_to_all": 1 << 22}, "single_copy_min": 1 << 20,
+                "single_copy_min_4k": 2 << 20}
     selection.save_entry("shm", {"limits": {"2": measured}})
     assert shm_mod.single_copy_min(2) == 1 << 20 and shm_mod.single_copy_min(3) == shm_mod.DEFAULT_SINGLE_COPY_MIN
+    assert shm_mod.single_copy_min_4k(2) == 2 << 20
+    assert shm_mod.single_copy_min_4k(3) == shm_mod.DEFAULT_SINGLE_COPY_MIN_4K
     monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", "4096")
     assert shm_mod.single_copy_min(2) == 4096  # the variable wins
     monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", "off")
@@ -1404,9 +1421,11 @@ def test_ringcomm_info_says_what_auto_runs_in_the_window(tmp_path, monkeypatch):
     for c in ("all_reduce", "reduce", "gather", "scatter", "all_to_all"):
         assert (got["2"][c], got["2"]["from"][c]) == (measured[c], measured["from"][c]), c
     assert got["2"]["single_copy_min"] == 1 << 20 and got["4"]["single_copy_min"] == shm_mod.DEFAULT_SINGLE_COPY_MIN
+    assert got["2"]["single_copy_min_4k"] == got["4"]["single_copy_min_4k"] == shm_mod.DEFAULT_SINGLE_COPY_MIN_4K
     text = info()
     two = text[text.index("on 2 ranks"):text.index("on 4 ranks")]
     assert "tuned: " + str(tmp_path) in two and "single copy from blocks of 1048576 B" in two, two
+    assert "all_to_all's blocks in 4 KiB pages by single copy from 4194304 B" in two, two
     for line in ("all_reduce      up to 65536 B", "all_gather      at any size", "broadcast       at any size",
                  "reduce          up to 4096 B and from 262144 B", "gather          from 65536 B",
                  "scatter         at any size", "all_to_all      up to 16384 B"):
@@ -1439,16 +1458,20 @@ def test_tune_measures_the_window_in_process():
     assert all(r["seconds"] > 0 and r["single_copy"] is single_copy for r in rows)
     # the four single copy moves, through the slots alone too, where a block reaches its limit
     slots = {(c, b) for c, a, b in got if a == "shm_slots"}
+    pages = {(a, b) for c, a, b in got if a.startswith("shm_4k")}
     if single_copy:
         assert slots == {(c, 1 << 20) for c in ("all_gather", "gather", "scatter", "all_to_all")}, sorted(got)
+        # and all_to_all from arrays in 4 KiB pages, both ways
+        assert pages == {("shm_4k_single", 1 << 20), ("shm_4k_slots", 1 << 20)}, sorted(got)
     else:
-        assert not slots
+        assert not slots and not pages
     lim = shm_limits(rows, 2)
     measured = {"all_reduce", "reduce_scatter", "all_gather", "reduce", "gather", "scatter", "all_to_all"}
-    extra = {"single_copy_min"} if single_copy else set()
+    extra = {"single_copy_min", "single_copy_min_4k"} if single_copy else set()
     assert set(lim) == measured | {"flat_max", "from", "single_copy"} | extra and set(lim["from"]) == measured, lim
     assert lim["single_copy"] is single_copy
     assert not single_copy or lim["single_copy_min"] in (512 << 10, 1 << 20), lim  # (blocks of 1 MiB / 2)
+    assert not single_copy or lim["single_copy_min_4k"] in (512 << 10, 1 << 20), lim
 
 
 def test_a_hand_shake_that_fails_after_the_segment_is_made_leaves_nothing():

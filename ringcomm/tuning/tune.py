@@ -67,6 +67,27 @@ def _slots_only(window, f) -> None:
         window.single_copy_min, window.single_copy_min_4k = on, on_4k
 
 
+def _single_copy_4k(window, f) -> None:
+    """f() with all_to_all's blocks in 4 KiB pages by single copy from the
+    window's limit, as the others (every rank calls it alike)."""
+    on = window.single_copy_min_4k
+    window.single_copy_min_4k = window.single_copy_min
+    try:
+        f()
+    finally:
+        window.single_copy_min_4k = on
+
+
+def _small_pages(count: int) -> np.ndarray:
+    """`count` float32 in 4 KiB pages, as torch's CPU tensors (numpy asks for
+    huge pages from 4 MiB), touched."""
+    np._core.multiarray._set_madvise_hugepage(False)
+    try:
+        return np.ones(count, np.float32)
+    finally:
+        np._core.multiarray._set_madvise_hugepage(True)
+
+
 def _iters(fn, barrier, budget_s: float) -> int:
     """Calls per sample: enough that timer resolution and noise average out."""
     fn()
@@ -110,6 +131,13 @@ def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrie
                             ("scatter", lambda: comm.scatter(full, out=out_part, algorithm="shm")),
                             ("all_to_all", lambda: comm.all_to_all(full, out=out_full, algorithm="shm"))):
                 calls[(coll, "shm_slots")] = lambda f=f: _slots_only(window, f)
+            # all_to_all from arrays in 4 KiB pages, by single copy and
+            # through the slots (choose_single_copy_4k; the sender asks the
+            # kernel where its block lies, ShmWindow::small_pages).
+            small, out_small = _small_pages(count), _small_pages(count)
+            f = lambda: comm.all_to_all(small, out=out_small, algorithm="shm")  # noqa: E731
+            calls[("all_to_all", "shm_4k_single")] = lambda f=f: _single_copy_4k(window, f)
+            calls[("all_to_all", "shm_4k_slots")] = lambda f=f: _slots_only(window, f)
         for a in ("shm", *ROOTED_RIVALS["reduce"]):
             calls[("reduce", a)] = lambda a=a: comm.reduce(full, out=out_full, algorithm=a)
         for a in ("shm", *ROOTED_RIVALS["gather"]):
@@ -157,7 +185,9 @@ def shm_limits(rows: list[dict], n: int) -> dict:
     window at and below the one and at and above the other; flat_max, the
     largest size up to which shm_flat beat shm at every size (0: never);
     "single_copy_min", single copy's limit (choose_single_copy; absent when
-    nothing was measured both ways), the window's times above taken as
+    nothing was measured both ways), "single_copy_min_4k", all_to_all's for
+    blocks in 4 KiB pages (choose_single_copy_4k; absent likewise), the
+    window's times above taken as
     auto would then run it; and "single_copy", whether the limits hold
     with single copy on (it was on, rows from a tune that did not record it
     assumed so)."""
@@ -191,6 +221,9 @@ def shm_limits(rows: list[dict], n: int) -> dict:
     out["single_copy"] = all(r.get("single_copy", True) for r in mine_rows)
     if single is not None:
         out["single_copy_min"] = single
+    single_4k = choose_single_copy_4k(t, n)
+    if single_4k is not None:
+        out["single_copy_min_4k"] = max(single_4k, out.get("single_copy_min", 0))
     return out
 
 
@@ -216,12 +249,30 @@ def choose_single_copy(t: dict, n: int) -> int | None:
     return min([*blocks, 2 * blocks[-1]], key=cost)
 
 
+def choose_single_copy_4k(t: dict, n: int) -> int | None:
+    """all_to_all's single-copy limit for blocks in 4 KiB pages, from
+    measure_shm's "shm_4k_single" and "shm_4k_slots" rows as
+    choose_single_copy weighs them: one of the block sizes measured, or
+    twice the largest (the slots at every size measured). None when
+    nothing was measured both ways."""
+    grid = sorted(b for (c, a, b) in t if (c, a) == ("all_to_all", "shm_4k_slots")
+                  and ("all_to_all", "shm_4k_single", b) in t)
+    if not grid:
+        return None
+
+    def cost(limit):
+        return sum((t[("all_to_all", "shm_4k_single", b)] if b // n >= limit else t[("all_to_all", "shm_4k_slots", b)])
+                   / min(t[("all_to_all", "shm_4k_single", b)], t[("all_to_all", "shm_4k_slots", b)]) for b in grid)
+    blocks = [b // n for b in grid]
+    return min([*blocks, 2 * blocks[-1]], key=cost)
+
+
 def describe_shm_limits(lim: dict) -> list[str]:
     """shm_limits' result in words, a line per collective."""
     U = selection.UNLIMITED
     lines = []
     for coll, up in lim.items():
-        if coll in ("from", "single_copy", "flat_max", "single_copy_min"):
+        if coll in ("from", "single_copy", "flat_max", "single_copy_min", "single_copy_min_4k"):
             continue
         again = lim["from"].get(coll, U)
         if up >= U or again <= up:
@@ -319,9 +370,11 @@ def main(argv=None) -> int:
     limits = {}
     for n in sorted({r["n"] for r in shm_rows}):
         limits[str(n)] = lim = shm_limits(shm_rows, n)
-        sc = lim.get("single_copy_min")
+        sc, sc4k = lim.get("single_copy_min"), lim.get("single_copy_min_4k")
         print(f"shared memory on {n} ranks of one host (single copy " +
               ("off" if not lim["single_copy"] else "on" if sc is None else f"from blocks of {sc} B") +
+              ("" if sc4k is None else "; all_to_all's blocks in 4 KiB pages " +
+               ("through the slots" if sc4k >= selection.UNLIMITED else f"by single copy from {sc4k} B")) +
               "), auto runs the window:")
         for line in describe_shm_limits(lim):
             print("  " + line)
