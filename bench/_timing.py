@@ -19,6 +19,18 @@ def timed(w, fn, iters: int) -> float:
     return w.allreduce(float(np.median(ts)), op=MPI.MAX)
 
 
+def check_each(impls: dict, out: np.ndarray, want: np.ndarray, rank: int, what: str) -> None:
+    """Run every implementation once and compare `out` (filled with -1
+    first) with numpy's `want`; exit naming the rank, implementation and
+    first wrong index."""
+    for name, f in impls.items():
+        out[:] = -1
+        f()
+        if not np.array_equal(out, want):
+            bad = int(np.flatnonzero(out != want)[0])
+            raise SystemExit(f"rank {rank}: {name} at {what}: index {bad} is {out[bad]}, want {want[bad]}")
+
+
 _warm = False
 
 

@@ -65,12 +65,7 @@ for size in [int(float(a)) for a in sys.argv[3:]]:
              "mpi": lambda: w.Alltoall(x, out)}
     k = total // n
     want = np.concatenate([((np.arange(total) * 3 + 1000 * q) % 4099)[r * k:(r + 1) * k] for q in range(n)])
-    for name, f in impls.items():
-        out[:] = -1
-        f()
-        if not np.array_equal(out, want):
-            bad = int(np.flatnonzero(out != want)[0])
-            raise SystemExit(f"rank {r}: {name} at {size} bytes: index {bad} is {out[bad]}, want {want[bad]}")
+    _timing.check_each(impls, out, want, r, f"{size} bytes")
     _timing.warm_up(w, impls)
     iters = max(3, min(500, int(2e8 // max(size, 1) // 20)))
     got, med = _timing.interleaved(w, impls, iters, 9)

@@ -85,12 +85,7 @@ while size <= hi:
     # every implementation's result, once, against numpy
     want = np.concatenate([((np.arange(total, dtype=np.float32) * 3 + 1000 * q) % 4099)
                            [sum(m[q][:r]):sum(m[q][:r + 1])] for q in range(n)])
-    for name, f in impls.items():
-        out[:] = -1
-        f()
-        if not np.array_equal(out, want):
-            bad = int(np.flatnonzero(out != want)[0])
-            raise SystemExit(f"rank {r}: {name} at {size} bytes: index {bad} is {out[bad]}, want {want[bad]}")
+    _timing.check_each(impls, out, want, r, f"{size} bytes")
     iters = max(3, min(500, int(2e8 // max(size, 1) // 20)))
     got, med = _timing.interleaved(w, impls, iters, reps)
     impls["auto"]()

@@ -170,13 +170,19 @@ def single_copy_min(nranks: int | None = None) -> int:
     ranks (which was faster, single copy or the slots, moves with the
     machine and the arrays' pages: bench/README.md); else
     DEFAULT_SINGLE_COPY_MIN. Returns UNLIMITED for off."""
-    v = os.environ.get("RINGCOMM_SHM_SINGLE_COPY", "").strip().lower()
+    return _single_copy_limit("RINGCOMM_SHM_SINGLE_COPY", "single_copy_min", DEFAULT_SINGLE_COPY_MIN, nranks)
+
+
+def _single_copy_limit(var: str, key: str, default: int, nranks: int | None) -> int:
+    """The variable `var` (bytes, or "off": UNLIMITED), else tune's `key` on
+    `nranks` ranks, else `default`."""
+    v = os.environ.get(var, "").strip().lower()
     if v in ("off", "no", "false", "never"):
         return UNLIMITED
-    default = (tuned(nranks) or {}).get("single_copy_min", DEFAULT_SINGLE_COPY_MIN)
-    b = _int_env("RINGCOMM_SHM_SINGLE_COPY", default) if v else default
+    default = (tuned(nranks) or {}).get(key, default)
+    b = _int_env(var, default) if v else default
     if b < 0:
-        raise InvalidArgument(f"RINGCOMM_SHM_SINGLE_COPY must be a number of bytes or 'off', got {v!r}")
+        raise InvalidArgument(f"{var} must be a number of bytes or 'off', got {v!r}")
     return b
 
 
@@ -200,13 +206,7 @@ def single_copy_min_4k(nranks: int | None = None) -> int:
     (never: the slots); else what ``ringcomm tune`` chose on `nranks` ranks;
     else DEFAULT_SINGLE_COPY_MIN_4K. Never below single_copy_min(nranks).
     Returns UNLIMITED for off."""
-    v = os.environ.get("RINGCOMM_SHM_SINGLE_COPY_4K", "").strip().lower()
-    if v in ("off", "no", "false", "never"):
-        return UNLIMITED
-    default = (tuned(nranks) or {}).get("single_copy_min_4k", DEFAULT_SINGLE_COPY_MIN_4K)
-    b = _int_env("RINGCOMM_SHM_SINGLE_COPY_4K", default) if v else default
-    if b < 0:
-        raise InvalidArgument(f"RINGCOMM_SHM_SINGLE_COPY_4K must be a number of bytes or 'off', got {v!r}")
+    b = _single_copy_limit("RINGCOMM_SHM_SINGLE_COPY_4K", "single_copy_min_4k", DEFAULT_SINGLE_COPY_MIN_4K, nranks)
     return max(b, single_copy_min(nranks))
 
 
