@@ -518,7 +518,6 @@ void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf) {
 
 void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 
-
 // ---- the rooted and personalized collectives ------------------------------
 // Through the slots in rounds, as the all-gather: a rank copies what it gives
 // into its slot, and after the round's sync whoever needs it copies it out.
