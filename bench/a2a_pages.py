@@ -11,6 +11,9 @@ blocks). Per size, 9 interleaved repetitions (a barrier before every timed
 call), the median of the per-call medians (slowest rank), us:
   single  algorithm="shm" with every block by single copy (process_vm_readv)
   slots   algorithm="shm" with single copy off: every block through the slots
+          (the equal blocks' rounds; the per-peer rounds auto runs for a
+          block in 4 KiB pages from the limit measured the same within 4 %:
+          bench/README.md, "The sender's pages")
   mpi     MPI_Alltoall
 Every implementation's result is checked against numpy once.
 """
@@ -21,6 +24,7 @@ from mpi4py import MPI
 
 import _timing  # (bench/, the script's folder)
 import ringcomm
+from ringcomm.tuning.tune import numpy_huge_pages
 
 w = MPI.COMM_WORLD
 comm = ringcomm.init()
@@ -34,9 +38,9 @@ if {pages_in, pages_out} - {"huge", "small"}:
 def array(huge: bool, elems: int) -> np.ndarray:
     """`elems` float32 on a 2 MiB boundary of an array of at least 16 MiB
     (numpy asks for huge pages, when told to, from 4 MiB), touched."""
-    np._core.multiarray._set_madvise_hugepage(huge)
+    was = numpy_huge_pages(huge)
     a = np.zeros(max(elems, 4 << 20) + (1 << 19), np.float32)
-    np._core.multiarray._set_madvise_hugepage(True)
+    numpy_huge_pages(was)
     off = (-a.ctypes.data % (2 << 20)) // 4
     return a[off:off + elems]
 

@@ -30,8 +30,9 @@ import sys
 import numpy as np
 
 if "--small-pages" in sys.argv:
+    from ringcomm.tuning.tune import numpy_huge_pages
     sys.argv.remove("--small-pages")
-    np._core.multiarray._set_madvise_hugepage(False)
+    numpy_huge_pages(False)
 from mpi4py import MPI
 
 import _timing  # (bench/, the script's folder)

@@ -143,6 +143,37 @@ def test_per_peer_all_to_all_through_the_slots_in_rounds(n, single, monkeypatch)
     assert not errs, "\n".join(errs[:20])
 
 
+def test_all_to_all_where_a_slot_cannot_hold_the_table(monkeypatch):
+    # 47 ranks and 4 KiB slots: under 88 bytes per rank, no room for the
+    # per-peer table (24 bytes per rank) and a part per rank beside it.
+    # Equal blocks from the single-copy limit then take the slots' rounds
+    # (they divided by a part of 0 bytes before); per-peer splits run
+    # pairwise under auto and are refused by "shm", naming why.
+    monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", "1")
+    monkeypatch.setenv("RINGCOMM_SHM_SLOT", "4096")
+    n, k = 47, 5
+
+    def body(comm):
+        r = comm.rank
+        x = (np.arange(k * n) * 7 + 13 * r).astype(np.float32)
+        got = comm.all_to_all(x, algorithm="shm")
+        want = np.concatenate([(np.arange(k * n) * 7 + 13 * q).astype(np.float32)[r * k:(r + 1) * k]
+                               for q in range(n)])
+        errs = suite.compare(got, want, "equal blocks, 47 ranks, 4 KiB slots", r)
+        got = comm.all_to_all(x, [k] * n, [k] * n)
+        errs += [] if comm.last_algorithm == "pairwise" else [f"rank {r}: per-peer ran {comm.last_algorithm}"]
+        errs += suite.compare(got, want, "per-peer blocks, 47 ranks, 4 KiB slots", r)
+        try:
+            comm.all_to_all(x, [k] * n, [k] * n, algorithm="shm")
+            errs.append(f"rank {r}: per-peer 'shm' ran")
+        except InvalidArgument as e:
+            if "24 bytes per rank" not in str(e):
+                errs.append(f"rank {r}: {e}")
+        return errs
+    errs = flat(ringcomm.run_local(n, body, timeout=120))
+    assert not errs, "\n".join(errs[:20])
+
+
 @pytest.mark.parametrize("case", ["scatter root", "all_to_all vs all_gather", "gather count", "all_gather root-less"])
 def test_single_copy_calls_that_disagree_raise_on_every_rank(case, monkeypatch):
     # Single copy lets a rank read from a peer as soon as that peer has
@@ -759,14 +790,15 @@ PAGES_SCRIPT = textwrap.dedent('''
     import numpy as np
     sys.path.insert(0, {tests!r})
     import ringcomm, suite
+    from ringcomm.tuning.tune import numpy_huge_pages
     comm = ringcomm.init()
     n, r = comm.size, comm.rank
     w = comm._engine.window
     k = (1 << 20) - 1024  # float32 elements per block: 4 MiB - 4 KiB
     for huge in (False, True):
-        np._core.multiarray._set_madvise_hugepage(huge)  # (numpy asks for huge pages from 4 MiB when on)
+        was = numpy_huge_pages(huge)  # (numpy asks for huge pages from 4 MiB when on)
         x = ((np.arange(k * n) * 7 + 13 * r) % 1009).astype(np.float32)
-        np._core.multiarray._set_madvise_hugepage(True)
+        numpy_huge_pages(was)
         small = w.small_pages(x.ctypes.data, x.nbytes)
         for splits in (None, [k] * n):
             before = comm.traffic()

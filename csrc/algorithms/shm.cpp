@@ -251,7 +251,8 @@ void gather(Link& link, const Plan& plan, const char* own, char* out) {
 //            check the calls, ShmWindow::arrive.)
 //
 // Every rank decides alike: from the call's size (the same on every rank)
-// and the window's limit (the same on every rank, attach's).
+// and the window's limit (the same on every rank, attach's). all_to_all
+// differs: its sender decides per block and says so (shm_all_to_all_v).
 namespace {
 
 // The peers a rank still has to read from, staggered (rank r starts with
@@ -418,7 +419,7 @@ void shm_all_to_all_v(Link& link, const BlockSplit& send, const BlockSplit& recv
   for (int p = 0; p < n; ++p) {
     const size_t bytes = p == r ? 0 : send.count(p) * es;
     const char* at = send.at(in, p, es);
-    bool single = single_copy(w, bytes);
+    bool single = bytes && single_copy(w, bytes);
     if (single && bytes < w.single_copy_min_4k()) {
       if (send.places()) {
         single = !w.small_pages(at, bytes);
@@ -610,7 +611,10 @@ void shm_scatter(Link& link, const BlockSplit& blocks, size_t es, int root, cons
 
 void shm_all_to_all(Link& link, size_t count, size_t es, const char* in, char* out) {
   ShmWindow& w = window_of(link);
-  if (single_copy(w, count / size_t(w.size()) * es)) {  // (the sender's pages decide: shm_all_to_all_v)
+  // From the limit the sender's pages decide (shm_all_to_all_v), where a
+  // slot holds its table (else the rounds below: a slot of under 88 bytes
+  // per rank, thousands of ranks or a tiny RINGCOMM_SHM_SLOT).
+  if (single_copy(w, count / size_t(w.size()) * es) && shm_all_to_all_v_fits(w)) {
     const BlockSplit blocks(count, w.size(), nullptr, nullptr);
     return shm_all_to_all_v(link, blocks, blocks, es, in, out);
   }

@@ -6,6 +6,7 @@
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -194,8 +195,26 @@ struct PmScanArg {
 constexpr uint64_t kPageIsPresent = 1 << 3, kPageIsHuge = 1 << 6;
 constexpr unsigned long kPagemapScan = _IOWR('f', 16, PmScanArg);
 
+// /proc/self/pagemap, opened once per process: a child of fork() must not
+// ask through its parent's descriptor (it would read the parent's pages).
+std::atomic<int> pagemap = -2;  // -2: not opened yet; -1: cannot be
+std::once_flag pagemap_atfork;
+
 int pagemap_fd() {
-  static const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);  // (once per process)
+  int fd = pagemap.load(std::memory_order_acquire);
+  if (fd != -2) return fd;
+  std::call_once(pagemap_atfork, [] {
+    ::pthread_atfork(nullptr, nullptr, [] {
+      const int old = pagemap.exchange(-2);
+      if (old >= 0) ::close(old);
+    });
+  });
+  fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  int expected = -2;
+  if (!pagemap.compare_exchange_strong(expected, fd)) {  // (another thread opened it first)
+    if (fd >= 0) ::close(fd);
+    fd = expected;
+  }
   return fd;
 }
 }  // namespace

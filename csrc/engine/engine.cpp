@@ -244,7 +244,8 @@ Algo Engine::choose_algorithm(const Task& t) const {
     if (!runs)
       throw_invalid("algorithm '" + std::string(algo_name(a)) + "' runs " +
                     (a == Algo::shm ? "every collective, all_to_all with per-peer splits where a slot holds a table of "
-                                      "24 bytes per rank and 64 bytes per rank beside it (RINGCOMM_SHM_SLOT)"
+                                      "24 bytes per rank (in whole cache lines) and 64 bytes per rank beside it "
+                                      "(RINGCOMM_SHM_SLOT)"
                                     : "all_reduce and reduce only"));
     if (!link_.window())
       throw_invalid("algorithm '" + std::string(algo_name(a)) +

@@ -67,25 +67,36 @@ def _slots_only(window, f) -> None:
         window.single_copy_min, window.single_copy_min_4k = on, on_4k
 
 
-def _single_copy_4k(window, f) -> None:
-    """f() with all_to_all's blocks in 4 KiB pages by single copy from the
-    window's limit, as the others (every rank calls it alike)."""
+def _limit_4k(window, limit: int, f) -> None:
+    """f() with all_to_all's limit for blocks in 4 KiB pages at `limit`
+    (every rank calls it alike): the window's single-copy limit, or
+    UNLIMITED (such blocks through the slots, as shm_all_to_all_v runs them)."""
     on = window.single_copy_min_4k
-    window.single_copy_min_4k = window.single_copy_min
+    window.single_copy_min_4k = limit
     try:
         f()
     finally:
         window.single_copy_min_4k = on
 
 
-def _small_pages(count: int) -> np.ndarray:
+def numpy_huge_pages(enabled: bool) -> bool:
+    """Whether numpy asks the kernel for transparent huge pages for its
+    arrays from 4 MiB (madvise); returns the setting it replaced."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _set_madvise_hugepage
+    return bool(_set_madvise_hugepage(enabled))
+
+
+def small_pages_array(count: int) -> np.ndarray:
     """`count` float32 in 4 KiB pages, as torch's CPU tensors (numpy asks for
     huge pages from 4 MiB), touched."""
-    np._core.multiarray._set_madvise_hugepage(False)
+    was = numpy_huge_pages(False)
     try:
         return np.ones(count, np.float32)
     finally:
-        np._core.multiarray._set_madvise_hugepage(True)
+        numpy_huge_pages(was)
 
 
 def _iters(fn, barrier, budget_s: float) -> int:
@@ -134,10 +145,10 @@ def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrie
             # all_to_all from arrays in 4 KiB pages, by single copy and
             # through the slots (choose_single_copy_4k; the sender asks the
             # kernel where its block lies, ShmWindow::small_pages).
-            small, out_small = _small_pages(count), _small_pages(count)
+            small, out_small = small_pages_array(count), small_pages_array(count)
             f = lambda: comm.all_to_all(small, out=out_small, algorithm="shm")  # noqa: E731
-            calls[("all_to_all", "shm_4k_single")] = lambda f=f: _single_copy_4k(window, f)
-            calls[("all_to_all", "shm_4k_slots")] = lambda f=f: _slots_only(window, f)
+            calls[("all_to_all", "shm_4k_single")] = lambda f=f: _limit_4k(window, window.single_copy_min, f)
+            calls[("all_to_all", "shm_4k_slots")] = lambda f=f: _limit_4k(window, selection.UNLIMITED, f)
         for a in ("shm", *ROOTED_RIVALS["reduce"]):
             calls[("reduce", a)] = lambda a=a: comm.reduce(full, out=out_full, algorithm=a)
         for a in ("shm", *ROOTED_RIVALS["gather"]):
