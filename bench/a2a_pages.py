@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 import _timing  # (bench/, the script's folder)
 import ringcomm
-from ringcomm.tuning.tune import numpy_huge_pages
+from ringcomm.tuning.tune import array_in_pages
 
 w = MPI.COMM_WORLD
 comm = ringcomm.init()
@@ -33,16 +33,6 @@ win = comm._engine.window
 pages_in, pages_out = sys.argv[1], sys.argv[2]
 if {pages_in, pages_out} - {"huge", "small"}:
     raise SystemExit("usage: a2a_pages.py huge|small huge|small SIZE [SIZE ...]")
-
-
-def array(huge: bool, elems: int) -> np.ndarray:
-    """`elems` float32 on a 2 MiB boundary of an array of at least 16 MiB
-    (numpy asks for huge pages, when told to, from 4 MiB), touched."""
-    was = numpy_huge_pages(huge)
-    a = np.zeros(max(elems, 4 << 20) + (1 << 19), np.float32)
-    numpy_huge_pages(was)
-    off = (-a.ctypes.data % (2 << 20)) // 4
-    return a[off:off + elems]
 
 
 def limits(single: int, f) -> None:
@@ -61,9 +51,9 @@ if r == 0:
     print(f"{'bytes':>10} {'single':>10} {'slots':>10} {'mpi':>10} {'slots/single':>13}")
 for size in [int(float(a)) for a in sys.argv[3:]]:
     total = size // 4 // n * n
-    x = array(pages_in == "huge", total)
+    x = array_in_pages(total, pages_in == "huge")  # (madvise'd mappings of their own)
     x[:] = (np.arange(total) * 3 + 1000 * r) % 4099
-    out = array(pages_out == "huge", total)
+    out = array_in_pages(total, pages_out == "huge")
     impls = {"single": lambda: limits(1, lambda: comm.all_to_all(x, out=out, algorithm="shm")),
              "slots": lambda: limits(1 << 62, lambda: comm.all_to_all(x, out=out, algorithm="shm")),
              "mpi": lambda: w.Alltoall(x, out)}

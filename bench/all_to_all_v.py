@@ -29,14 +29,14 @@ import sys
 
 import numpy as np
 
-if "--small-pages" in sys.argv:
-    from ringcomm.tuning.tune import numpy_huge_pages
+small_pages = "--small-pages" in sys.argv
+if small_pages:
     sys.argv.remove("--small-pages")
-    numpy_huge_pages(False)
 from mpi4py import MPI
 
 import _timing  # (bench/, the script's folder)
 import ringcomm
+from ringcomm.tuning.tune import array_in_pages
 
 w = MPI.COMM_WORLD
 comm = ringcomm.init()
@@ -76,6 +76,9 @@ while size <= hi:
     recv = [m[q][r] for q in range(n)]
     x = (np.arange(total, dtype=np.float32) * 3 + 1000 * r) % 4099
     out = np.empty(sum(recv), np.float32)
+    if small_pages:  # (madvise'd mappings of their own, never in huge pages)
+        x, out = array_in_pages(total, False), array_in_pages(sum(recv), False)
+        x[:] = (np.arange(total, dtype=np.float32) * 3 + 1000 * r) % 4099
     sdisp = np.concatenate([[0], np.cumsum(send)[:-1]]).astype(np.int64)
     rdisp = np.concatenate([[0], np.cumsum(recv)[:-1]]).astype(np.int64)
     impls = {"shm": lambda: comm.all_to_all(x, send, recv, out=out, algorithm="shm"),

@@ -790,15 +790,14 @@ PAGES_SCRIPT = textwrap.dedent('''
     import numpy as np
     sys.path.insert(0, {tests!r})
     import ringcomm, suite
-    from ringcomm.tuning.tune import numpy_huge_pages
+    from ringcomm.tuning.tune import array_in_pages
     comm = ringcomm.init()
     n, r = comm.size, comm.rank
     w = comm._engine.window
     k = (1 << 20) - 1024  # float32 elements per block: 4 MiB - 4 KiB
     for huge in (False, True):
-        was = numpy_huge_pages(huge)  # (numpy asks for huge pages from 4 MiB when on)
-        x = ((np.arange(k * n) * 7 + 13 * r) % 1009).astype(np.float32)
-        numpy_huge_pages(was)
+        x = array_in_pages(k * n, huge)  # (madvise: huge pages asked for, or never)
+        x[:] = (np.arange(k * n) * 7 + 13 * r) % 1009
         small = w.small_pages(x.ctypes.data, x.nbytes)
         for splits in (None, [k] * n):
             before = comm.traffic()
@@ -816,7 +815,8 @@ PAGES_SCRIPT = textwrap.dedent('''
 
 def test_all_to_all_sender_pages_decide_single_copy_or_the_slots():
     # A block from the single-copy limit goes by single copy (one message per
-    # peer) unless it lies in 4 KiB pages, which the sender asks the kernel:
+    # peer) unless it lies in 4 KiB pages, which the sender asks the kernel
+    # (arrays in mappings of their own, madvise'd for huge pages or against):
     # then through the slots (a piece per round), below the limit for 4 KiB
     # pages (4 MiB blocks by default: 4 MiB - 4 KiB here). Equal blocks and
     # per-peer splits alike; results exact.
@@ -833,7 +833,7 @@ def test_all_to_all_sender_pages_decide_single_copy_or_the_slots():
         small = "small=True" in line
         assert (msgs > 1) == small, line  # the slots' pieces, or one block by single copy
         if "huge=False" in line and pagemap_scan:
-            assert small, line  # numpy without huge pages: the kernel says 4 KiB pages
+            assert small, line  # MADV_NOHUGEPAGE: the kernel says 4 KiB pages
 
 
 @pytest.mark.parametrize("n", [2, 3])

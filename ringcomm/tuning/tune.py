@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import mmap
 import subprocess
 import sys
 import time
@@ -79,24 +80,20 @@ def _limit_4k(window, limit: int, f) -> None:
         window.single_copy_min_4k = on
 
 
-def numpy_huge_pages(enabled: bool) -> bool:
-    """Whether numpy asks the kernel for transparent huge pages for its
-    arrays from 4 MiB (madvise); returns the setting it replaced."""
-    try:
-        from numpy._core.multiarray import _set_madvise_hugepage
-    except ImportError:  # numpy 1.x
-        from numpy.core.multiarray import _set_madvise_hugepage
-    return bool(_set_madvise_hugepage(enabled))
-
-
-def small_pages_array(count: int) -> np.ndarray:
-    """`count` float32 in 4 KiB pages, as torch's CPU tensors (numpy asks for
-    huge pages from 4 MiB), touched."""
-    was = numpy_huge_pages(False)
-    try:
-        return np.ones(count, np.float32)
-    finally:
-        numpy_huge_pages(was)
+def array_in_pages(count: int, huge: bool) -> np.ndarray:
+    """`count` float32 (ones) in an anonymous mapping of their own, on a
+    2 MiB boundary, which the kernel is asked to back with transparent huge
+    pages (`huge`: as numpy asks for its arrays from 4 MiB) or never to (4 KiB
+    pages, as torch's CPU tensors); touched. (madvise: with huge pages off,
+    or memory too fragmented, the kernel gives 4 KiB pages anyway.)"""
+    align = 2 << 20
+    m = mmap.mmap(-1, count * 4 + align)
+    m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+    whole = np.frombuffer(m, np.uint8)  # (keeps the mapping alive)
+    at = -whole.ctypes.data % align
+    a = whole[at:at + count * 4].view(np.float32)
+    a[:] = 1
+    return a
 
 
 def _iters(fn, barrier, budget_s: float) -> int:
@@ -145,7 +142,7 @@ def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrie
             # all_to_all from arrays in 4 KiB pages, by single copy and
             # through the slots (choose_single_copy_4k; the sender asks the
             # kernel where its block lies, ShmWindow::small_pages).
-            small, out_small = small_pages_array(count), small_pages_array(count)
+            small, out_small = array_in_pages(count, False), array_in_pages(count, False)
             f = lambda: comm.all_to_all(small, out=out_small, algorithm="shm")  # noqa: E731
             calls[("all_to_all", "shm_4k_single")] = lambda f=f: _limit_4k(window, window.single_copy_min, f)
             calls[("all_to_all", "shm_4k_slots")] = lambda f=f: _limit_4k(window, selection.UNLIMITED, f)
