@@ -178,7 +178,7 @@ STORE_JOB = textwrap.dedent("""
     comm.all_reduce(x)
     assert np.array_equal(x, np.arange(100003) * sum(range(1, size + 1))), rank
     print("OK", rank, comm.transport, comm.shared_memory, flush=True)
-    if fault == "die" and rank == 1:
+    if fault.startswith("die") and rank == 1:
         os._exit(7)                       # killed in the middle of the job
     if fault == "interrupt":
         if rank == 0:                     # Ctrl-C while waiting for rank 1 (the handler set: a
@@ -193,7 +193,8 @@ STORE_JOB = textwrap.dedent("""
     try:
         for _ in range(100):
             n = 1001 if fault == "mismatch" and rank == 1 else 1000
-            comm.all_reduce(np.ones(n))
+            # (the ring: rank 3 waits for rank 2 alone, which must tell it)
+            comm.all_reduce(np.ones(n), algorithm="ring" if fault == "die_over_ucx" else "auto")
         print("NO ERROR", flush=True)
     except (ringcomm.RingcommError, KeyboardInterrupt) as e:
         if fault == "none":
@@ -205,14 +206,20 @@ STORE_JOB = textwrap.dedent("""
     """)
 
 
-@pytest.mark.parametrize("fault", ["none", "die", "mismatch", "interrupt"])
+@pytest.mark.parametrize("fault", ["none", "die", "die_over_ucx", "mismatch", "interrupt"])
 def test_init_with_a_store_in_plain_processes(tmp_path, fault):
     """The fault matrix's cases on a store launch (shared memory + UCX):
-    a peer killed mid-job, ranks that disagree on the call, Ctrl-C."""
-    n = 3
+    a peer killed mid-job, ranks that disagree on the call, Ctrl-C.
+    die_over_ucx: four ranks over UCX alone (no window), so rank 3, which
+    has no connection to rank 1, hears of its death only through the ring's
+    ABORT notice, which must still say that rank 1 died (it said "transport
+    error with rank 1" alone: seen in CI with three ranks, where a rank
+    heard the notice before it saw the pid gone)."""
+    n = 4 if fault == "die_over_ucx" else 3
+    env = clean_env(RINGCOMM_TRANSPORT="ucx", UCX_TLS="tcp") if fault == "die_over_ucx" else clean_env()
     before = shm_files()
     procs = [subprocess.Popen([sys.executable, "-c", STORE_JOB, str(tmp_path / "store"), str(r), str(n), fault],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(n)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert not shm_files() - before
@@ -221,13 +228,15 @@ def test_init_with_a_store_in_plain_processes(tmp_path, fault):
         if fault == "none":
             assert p.returncode == 0 and "NO ERROR" in out, out + err
             continue
-        if fault == "die" and r == 1:
+        if fault.startswith("die") and r == 1:
             assert p.returncode == 7
             continue
         assert "RAISED" in out, out + err
         kind, secs = out.split("RAISED ")[1].split()[0], float(out.split(" after ")[1].split()[0])
-        if fault == "die":  # noticed by the peer's pid, well before the 5 s deadline
+        if fault.startswith("die"):  # noticed by the peer's pid (or UCX), well before the 5 s deadline
             assert "rank 1" in out and "died" in out and secs < 4, out
+            if fault == "die_over_ucx" and r == 3:  # waited for rank 2 alone: told through the ring
+                assert kind == "CommunicatorAborted" and "reported to rank 3 through the ring" in out, out
         elif fault == "mismatch":
             assert kind in ("MismatchError", "CommunicatorAborted") and "1001" in out and secs < 4, out
         else:  # interrupt: rank 0 stops at once; its peers hear of it, none waits for its deadline

@@ -30,6 +30,7 @@ struct Link::ControlMsg {
   int32_t kind = 0;    // abort: ErrKind
   int32_t peer = -1;   // abort: the peer involved (for a timeout: the one waited for)
   int32_t interrupted = 0;  // abort: `origin` was interrupted (Ctrl-C), not aborted by a call
+  int32_t peer_died = 0;    // abort: a transport error because `peer`'s process is gone (RingError::peer_died)
 };
 
 Link::Link(std::shared_ptr<Transport> t, Options opts)
@@ -157,7 +158,7 @@ std::string Link::abort_text(const ControlMsg& m) const {
   } else if (kind == ErrKind::transport && m.peer >= 0 && m.peer != m.origin) {
     // (e.g. the peer died: the ranks that hear of it are told which peer)
     why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp) + ": transport error with rank " +
-          std::to_string(m.peer);
+          std::to_string(m.peer) + (m.peer_died ? " (rank " + std::to_string(m.peer) + " died)" : std::string());
   } else {
     why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp);
   }
@@ -529,10 +530,12 @@ void Link::throw_if_dead(Request* const* reqs, int n) {
   for (int i = 0; i < n; ++i) {
     if (!reqs[i] || reqs[i]->done || reqs[i]->peer < 0) continue;
     const std::string death = window_->death_of(reqs[i]->peer);
-    if (!death.empty())
-      throw RingError(ErrKind::transport, rank_, reqs[i]->peer, fp_.seq,
-                      death + " while rank " + std::to_string(rank_) + " waited for it in " + describe(fp_) +
-                          " (its process is gone)");
+    if (death.empty()) continue;
+    RingError e(ErrKind::transport, rank_, reqs[i]->peer, fp_.seq,
+                death + " while rank " + std::to_string(rank_) + " waited for it in " + describe(fp_) +
+                    " (its process is gone)");
+    e.peer_died = true;
+    throw e;
   }
 }
 
@@ -726,6 +729,7 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
     notice.kind = int32_t(heard ? e.cause : e.kind);
     notice.peer = heard ? -1 : e.peer;  // (the window does not say which peer the origin waited for)
     notice.interrupted = !heard && user_interrupted_ ? 1 : 0;  // (a Ctrl-C here is not the origin's)
+    notice.peer_died = !heard && e.peer_died ? 1 : 0;
   }
   // Ranks waiting in the shared-memory window hear it there (the first
   // failure published wins), in the words the ring would use for news it

@@ -435,10 +435,13 @@ void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, in
                     "rank " + std::to_string(member(missing)) + " went on to call #" + std::to_string(latest) +
                         " without joining " + describe(fp) + " on rank " + std::to_string(member(rank_)) +
                         " through shared memory: the ranks disagree on the call");
-  if (processes_ && a->pid > 0 && a->pidns == area(rank_)->pidns && process_gone(pid_t(a->pid)))
-    throw RingError(ErrKind::transport, member(rank_), member(missing), fp.seq,
-                    "rank " + std::to_string(member(missing)) + " (pid " + std::to_string(a->pid) + ") died while rank " +
-                        std::to_string(member(rank_)) + " waited for it in " + describe(fp) + " (shared memory)");
+  if (processes_ && a->pid > 0 && a->pidns == area(rank_)->pidns && process_gone(pid_t(a->pid))) {
+    RingError e(ErrKind::transport, member(rank_), member(missing), fp.seq,
+                "rank " + std::to_string(member(missing)) + " (pid " + std::to_string(a->pid) + ") died while rank " +
+                    std::to_string(member(rank_)) + " waited for it in " + describe(fp) + " (shared memory)");
+    e.peer_died = true;
+    throw e;
+  }
 }
 
 uint64_t ShmWindow::latest_call(int peer) const { return area(peer)->latest.load(std::memory_order_acquire); }

@@ -182,6 +182,10 @@ struct RingError : std::runtime_error {
   // origin's rank and kind here). -1 / kind itself when this rank is the origin.
   int origin = -1;
   ErrKind cause;
+  // A transport error because `peer`'s process is gone (or, over UCX,
+  // unreachable): the ABORT notice carries it, so the ranks that hear of
+  // the failure second-hand still say the peer died.
+  bool peer_died = false;
   RingError(ErrKind k, int rank_, int peer_, uint64_t seq_, const std::string& msg)
       : std::runtime_error(msg), kind(k), rank(rank_), peer(peer_), seq(seq_), cause(k) {}
 };

@@ -512,10 +512,12 @@ class UcxTransport final : public Transport {
   // what UCX saw (the endpoint's error; else that of the request).
   [[noreturn]] void throw_peer_failed(int peer, const char* doing, ucs_status_t st = UCS_OK) {
     if (w_->failed[peer] != UCS_OK) st = w_->failed[peer];
-    throw RingError(ErrKind::transport, rank_, peer, 0,
-                    "rank " + std::to_string(peer) + " died (or became unreachable) while rank " +
-                        std::to_string(rank_) + " " + doing + ": UCX reported " + ucx::status_text(st) +
-                        " on the endpoint to rank " + std::to_string(peer));
+    RingError e(ErrKind::transport, rank_, peer, 0,
+                "rank " + std::to_string(peer) + " died (or became unreachable) while rank " + std::to_string(rank_) +
+                    " " + doing + ": UCX reported " + ucx::status_text(st) + " on the endpoint to rank " +
+                    std::to_string(peer));
+    e.peer_died = true;
+    throw e;
   }
 
   // Under mu (the statuses the calls above return are read under it).
