@@ -813,6 +813,37 @@ PAGES_SCRIPT = textwrap.dedent('''
 ''')
 
 
+def _anon_huge_kb(addr: int) -> int:
+    """AnonHugePages (kB) of the mapping that holds `addr`, from /proc/self/smaps."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+            if m:
+                inside = int(m.group(1), 16) <= addr < int(m.group(2), 16)
+            elif inside and line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def test_arrays_in_chosen_pages():
+    # tune.array_in_pages backs the tune's 4 KiB rows, the pages test below
+    # and two benchmarks: its arrays must have the pages it says. (It once
+    # mapped MAP_SHARED anonymous memory, which is shmem: never huge pages
+    # where shmem_enabled is never, so "huge" silently meant 4 KiB.)
+    from ringcomm.tuning.tune import array_in_pages
+    small, huge = array_in_pages(1 << 20, False), array_in_pages(1 << 20, True)
+    assert small.dtype == np.float32 and small.size == 1 << 20 and np.all(small == 1) and np.all(huge == 1)
+    assert small.ctypes.data % (2 << 20) == 0 and huge.ctypes.data % (2 << 20) == 0
+    assert _anon_huge_kb(small.ctypes.data) == 0
+    try:
+        thp = re.search(r"\[(\w+)\]", open("/sys/kernel/mm/transparent_hugepage/enabled").read()).group(1)
+    except OSError:
+        thp = "never"
+    if thp != "never":  # (madvise or always: a madvise'd, touched 4 MiB region gets huge pages)
+        assert _anon_huge_kb(huge.ctypes.data) > 0, f"transparent huge pages are {thp!r}, yet none backs the array"
+
+
 def test_all_to_all_sender_pages_decide_single_copy_or_the_slots():
     # A block from the single-copy limit goes by single copy (one message per
     # peer) unless it lies in 4 KiB pages, which the sender asks the kernel

@@ -87,7 +87,10 @@ def array_in_pages(count: int, huge: bool) -> np.ndarray:
     pages, as torch's CPU tensors); touched. (madvise: with huge pages off,
     or memory too fragmented, the kernel gives 4 KiB pages anyway.)"""
     align = 2 << 20
-    m = mmap.mmap(-1, count * 4 + align)
+    # Private: mmap's default for anonymous memory is MAP_SHARED, which the
+    # kernel backs with shmem, whose huge pages shmem_enabled governs (often
+    # never), not what a process's malloc'd arrays get.
+    m = mmap.mmap(-1, count * 4 + align, flags=mmap.MAP_PRIVATE)
     m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
     whole = np.frombuffer(m, np.uint8)  # (keeps the mapping alive)
     at = -whole.ctypes.data % align
