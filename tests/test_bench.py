@@ -485,3 +485,27 @@ def test_algorithm_fit_leaves_out_what_the_model_does_not_know():
     assert "model fitted here" in text and "not in this fit (the model has no terms for them): shm" in text
     assert out["auto_over_best_max"] == pytest.approx(10 / 25)
     assert sum(1 for ln in lines if ln.split()[2:3] == ["shm"]) == 3, text
+
+
+@pytest.mark.parametrize("script,args", [
+    ("shm_rooted.py", ["4096", "4096", "1"]),
+    ("all_to_all_v.py", ["4096", "4096", "1", "--small-pages"]),
+    ("a2a_pages.py", ["small", "huge", "4096", "300000"]),
+    ("a2a_pages.py", ["--collective", "scatter", "huge", "small", "300000"]),
+    ("a2a_pages.py", ["--collective", "gather", "small", "small", "300000"]),
+    ("a2a_pages.py", ["--collective", "all_gather", "small", "huge", "300000"]),
+])
+def test_window_benchmarks_run_and_check_their_results(script, args):
+    # The window's benchmark scripts (bench/README.md's tables come from
+    # them) check every implementation's result against numpy before timing
+    # it and exit non-zero naming the rank and index: a tiny run each, N = 2.
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "run", "-n", "2", "--", sys.executable,
+                          os.path.join(bench, script)] + args, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = [line.split() for line in res.stdout.splitlines()
+            if line.split()[:1] and (line.split()[0][0].isdigit() or line.split()[0] in benchmark.COLLECTIVES)]
+    assert rows, res.stdout
+    if script == "a2a_pages.py":  # bytes, single, slots, chosen, mpi and two ratios: every time measured
+        assert len(rows) == len(args) - args.index(next(a for a in args if a[0].isdigit())), res.stdout
+        assert all(len(r) == 7 and all(float(v) > 0 for v in r) for r in rows), res.stdout

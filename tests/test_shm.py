@@ -867,6 +867,76 @@ def test_all_to_all_sender_pages_decide_single_copy_or_the_slots():
             assert small, line  # MADV_NOHUGEPAGE: the kernel says 4 KiB pages
 
 
+GATHER_PAGES_SCRIPT = textwrap.dedent('''
+    import sys
+    import numpy as np
+    from mpi4py import MPI
+    sys.path.insert(0, {tests!r})
+    import ringcomm, suite
+    from ringcomm.tuning.tune import array_in_pages
+    comm = ringcomm.init()
+    n, r = comm.size, comm.rank
+    w = comm._engine.window
+    k = 1 << 19  # float32 elements per block: 2 MiB (under the 4 KiB limit; a whole huge page fits)
+    def data(q, count=k):
+        return ((np.arange(count) * 7 + 13 * q) % 1009).astype(np.float32)
+    for case in ("all small", "all huge", "rank 1 small"):
+        small_here = case == "all small" or (case == "rank 1 small" and r == 1)
+        x = array_in_pages(k, not small_here)
+        x[:] = data(r)
+        said = any(MPI.COMM_WORLD.allgather(w.small_pages(x.ctypes.data, x.nbytes)))
+        before = comm.traffic()
+        got = comm.all_gather(x, algorithm="shm")
+        used = comm.traffic() - before
+        errs = suite.compare(got, np.concatenate([data(q) for q in range(n)]), f"all_gather {{case}}", r)
+        msgs = used.per_peer("msgs_received", "all_gather")
+        print(f"RANK {{r}} all_gather case={{case!r}} kernel_small={{said}} msgs={{sorted(msgs.items())}} "
+              f"errors={{errs}}", flush=True)
+    for case in ("root small", "root huge"):  # gather: the root's output is what the leaves' writes pin
+        out = array_in_pages(k * n, case == "root huge") if r == 0 else None
+        x = data(r).copy()
+        said = MPI.COMM_WORLD.bcast(w.small_pages(out.ctypes.data + k * 4, k * 4) if r == 0 else None, root=0)
+        before = comm.traffic()
+        got = comm.gather(x, root=0, out=out, algorithm="shm")
+        used = comm.traffic() - before
+        errs = suite.compare(got, np.concatenate([data(q) for q in range(n)]), f"gather {{case}}", r) if r == 0 else []
+        msgs = used.per_peer("msgs_sent", "gather")
+        print(f"RANK {{r}} gather case={{case!r}} kernel_small={{said}} msgs={{sorted(msgs.items())}} "
+              f"errors={{errs}}", flush=True)
+    comm.close()
+''')
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_gather_and_gather_decide_by_the_pages_alike(n):
+    # all_gather and gather from the single-copy limit: single copy unless
+    # the array their peers would pin (every rank's input; gather: the
+    # root's output) lies in 4 KiB pages, then through the slots. Only the
+    # owner can ask the kernel, so every rank says what it found before the
+    # first sync: one rank in 4 KiB pages turns the call to the slots on
+    # every rank (a rank that went its own way would wait at a phase the
+    # others never reach). The ledger's messages per peer show the path: one
+    # per segment by single copy (the engine's 1 MiB segments: at most 2 per
+    # 2 MiB block), a piece per round through the slots (256 KiB: 8 or more).
+    tests = os.path.dirname(os.path.abspath(__file__))
+    res = subprocess.run(RUN + ["-n", str(n), "--", sys.executable, "-c", GATHER_PAGES_SCRIPT.format(tests=tests)],
+                         capture_output=True, text=True, timeout=240, env=clean_env())
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = lines(res)
+    assert len(got) == 5 * n, res.stdout + res.stderr
+    pagemap_scan = tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", os.uname().release).groups()) >= (6, 7)
+    for line in got:
+        assert "errors=[]" in line, line
+        counts = [int(c) for c in re.findall(r"\(\d+, (\d+)\)", line)]
+        slots = "kernel_small=True" in line
+        if " gather " in line and "RANK 0 " not in line:
+            assert counts and all((c > 2) == slots for c in counts), line  # a leaf's messages to the root
+        elif " all_gather " in line:
+            assert len(counts) == n - 1 and all((c > 2) == slots for c in counts), line
+        if pagemap_scan and ("all small" in line or "rank 1 small" in line or "root small" in line):
+            assert slots, line  # MADV_NOHUGEPAGE: the kernel says 4 KiB pages (on some rank)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_single_copy_between_processes(n):
     # process_vm_readv / writev between the ranks of one host: every form of

@@ -106,9 +106,10 @@ struct alignas(kLine) ShmWindow::RankArea {
   Fingerprint fp[kCalls];
   // Single copy: this area's address in its owner's process (the probe reads
   // `pid` through it), and per call (at seq % kCalls, like fp) the owner's
-  // input and block table addresses, valid while it is in that call.
+  // input and block table addresses, valid while it is in that call, and
+  // whether its array lies in 4 KiB pages (publish_pages).
   uint64_t self;
-  std::atomic<uint64_t> addr[kCalls][2];
+  std::atomic<uint64_t> addr[kCalls][3];
 };
 
 size_t ShmWindow::bytes_for(int nranks, size_t slot_bytes) {
@@ -257,6 +258,14 @@ void ShmWindow::publish(uint64_t seq, const void* in, const uintptr_t* places) {
   me->addr[k][0].store(reinterpret_cast<uint64_t>(in), std::memory_order_relaxed);
   me->addr[k][1].store(reinterpret_cast<uint64_t>(places), std::memory_order_relaxed);
   // (the sync that follows releases them)
+}
+
+void ShmWindow::publish_pages(uint64_t seq, bool small) {
+  area(rank_)->addr[seq % kCalls][2].store(small ? 1 : 0, std::memory_order_relaxed);  // (released by the sync)
+}
+
+bool ShmWindow::peer_small_pages(int j, uint64_t seq) const {
+  return area(j)->addr[seq % kCalls][2].load(std::memory_order_relaxed) != 0;
 }
 
 void ShmWindow::throw_copy_failed(int j, uint64_t seq, const char* what, size_t bytes, int err) const {

@@ -137,7 +137,9 @@ class ShmWindow {
   // The limit for a block that lies in 4 KiB pages (small_pages()): the
   // kernel pins every page it copies from the peer, so such a block can go
   // faster through the slots (bench/README.md, "The sender's pages").
-  // all_to_all's sender decides per block and tells its readers (shm.cpp).
+  // all_to_all's sender decides per block and tells its readers; for
+  // all_gather, gather and scatter every rank says what it knows of the
+  // pages its peers would pin (publish_pages) and all decide alike (shm.cpp).
   size_t single_copy_min_4k() const { return single_copy_min_4k_; }
   void set_single_copy_min_4k(size_t bytes) { single_copy_min_4k_ = bytes; }
   // Does [p, p + bytes) of this process lie in 4 KiB pages? The page at its
@@ -153,6 +155,10 @@ class ShmWindow {
   // `seq`, in this process's addresses: `in` (its blocks back to back) or,
   // when its blocks sit in arrays of their own, `places` (their addresses).
   void publish(uint64_t seq, const void* in, const uintptr_t* places);
+  // Before a sync of call `seq`: whether this rank's array that its peers'
+  // single copy would pin lies in 4 KiB pages; after it, what rank j said.
+  void publish_pages(uint64_t seq, bool small);
+  bool peer_small_pages(int j, uint64_t seq) const;
   // `bytes` of rank j's data into `dst`: from `offset` bytes into the input
   // j published, or from the start of its block `block` when j published
   // places. After the call's first sync, while j is still in call `seq`;
