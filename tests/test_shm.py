@@ -1558,7 +1558,7 @@ def test_ringcomm_info_says_what_auto_runs_in_the_window(tmp_path, monkeypatch):
     text = info()
     two = text[text.index("on 2 ranks"):text.index("on 4 ranks")]
     assert "tuned: " + str(tmp_path) in two and "single copy from blocks of 1048576 B" in two, two
-    assert "all_to_all's blocks in 4 KiB pages by single copy from 4194304 B" in two, two
+    assert "blocks in 4 KiB pages (all_to_all, all_gather, gather) by single copy from 4194304 B" in two, two
     for line in ("all_reduce      up to 65536 B", "all_gather      at any size", "broadcast       at any size",
                  "reduce          up to 4096 B and from 262144 B", "gather          from 65536 B",
                  "scatter         at any size", "all_to_all      up to 16384 B"):
