@@ -196,18 +196,17 @@ def _single_copy_limit(var: str, key: str, default: int, nranks: int | None) -> 
 # 266.4), level from 4 MiB (16 MiB: N = 2 4596 / 4733 and 4048 / 3771, N = 4
 # 7615 / 11481 and 9762 / 9721, two runs). numpy asks for huge pages for
 # arrays from 4 MiB, torch's CPU allocator never. The sender asks the kernel
-# where its block lies (ShmWindow::small_pages). all_gather and gather use
-# the same limit for the array their single copy would pin (each rank's
-# input; gather's root output), which the ranks agree on in one sync (N = 4,
-# 4 KiB pages, slots / single copy: all_gather 0.63-0.72 at 128 KiB-16 MiB,
-# gather 0.79-1.10; bench/README.md, "Pages for all_gather and gather").
+# where its block lies (ShmWindow::small_pages). all_gather uses the same
+# limit for the array its single copy would pin (each rank's input), which
+# the ranks agree on in one sync (N = 4, 4 KiB pages, slots / single copy
+# 0.62-0.74 at 128 KiB-16 MiB; bench/README.md, "Pages for all_gather").
 DEFAULT_SINGLE_COPY_MIN_4K = 4 << 20
 
 
 def single_copy_min_4k(nranks: int | None = None) -> int:
     """``RINGCOMM_SHM_SINGLE_COPY_4K``: the smallest block (bytes) of
-    all_to_all, all_gather or gather moved by single copy when it lies in
-    4 KiB pages (the pinned side's), or "off"
+    all_to_all or all_gather moved by single copy when it lies in 4 KiB
+    pages (the side single copy pins), or "off"
     (never: the slots); else what ``ringcomm tune`` chose on `nranks` ranks;
     else DEFAULT_SINGLE_COPY_MIN_4K. Never below single_copy_min(nranks).
     Returns UNLIMITED for off."""

@@ -892,32 +892,32 @@ GATHER_PAGES_SCRIPT = textwrap.dedent('''
         msgs = used.per_peer("msgs_received", "all_gather")
         print(f"RANK {{r}} all_gather case={{case!r}} kernel_small={{said}} msgs={{sorted(msgs.items())}} "
               f"errors={{errs}}", flush=True)
-    for case in ("root small", "root huge"):  # gather: the root's output is what the leaves' writes pin
+    for case in ("root small", "root huge"):  # gather keeps single copy whatever the root's pages
         out = array_in_pages(k * n, case == "root huge") if r == 0 else None
         x = data(r).copy()
-        said = MPI.COMM_WORLD.bcast(w.small_pages(out.ctypes.data + k * 4, k * 4) if r == 0 else None, root=0)
         before = comm.traffic()
         got = comm.gather(x, root=0, out=out, algorithm="shm")
         used = comm.traffic() - before
         errs = suite.compare(got, np.concatenate([data(q) for q in range(n)]), f"gather {{case}}", r) if r == 0 else []
         msgs = used.per_peer("msgs_sent", "gather")
-        print(f"RANK {{r}} gather case={{case!r}} kernel_small={{said}} msgs={{sorted(msgs.items())}} "
+        print(f"RANK {{r}} gather case={{case!r}} kernel_small=False msgs={{sorted(msgs.items())}} "
               f"errors={{errs}}", flush=True)
     comm.close()
 ''')
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_all_gather_and_gather_decide_by_the_pages_alike(n):
-    # all_gather and gather from the single-copy limit: single copy unless
-    # the array their peers would pin (every rank's input; gather: the
-    # root's output) lies in 4 KiB pages, then through the slots. Only the
-    # owner can ask the kernel, so every rank says what it found before the
-    # first sync: one rank in 4 KiB pages turns the call to the slots on
-    # every rank (a rank that went its own way would wait at a phase the
-    # others never reach). The ledger's messages per peer show the path: one
-    # per segment by single copy (the engine's 1 MiB segments: at most 2 per
-    # 2 MiB block), a piece per round through the slots (256 KiB: 8 or more).
+def test_all_gather_decides_by_the_pages_alike(n):
+    # all_gather from the single-copy limit: single copy unless the array
+    # its peers would pin (some rank's input) lies in 4 KiB pages, then
+    # through the slots. Only the owner can ask the kernel, so every rank
+    # says what it found before a sync: one rank in 4 KiB pages turns the
+    # call to the slots on every rank (a rank that went its own way would
+    # wait at a phase the others never reach). gather keeps single copy
+    # whatever the root's pages. The ledger's messages per peer show the
+    # path: one per segment by single copy (the engine's 1 MiB segments: at
+    # most 2 per 2 MiB block), a piece per round through the slots (256 KiB:
+    # 8 or more).
     tests = os.path.dirname(os.path.abspath(__file__))
     res = subprocess.run(RUN + ["-n", str(n), "--", sys.executable, "-c", GATHER_PAGES_SCRIPT.format(tests=tests)],
                          capture_output=True, text=True, timeout=240, env=clean_env())
@@ -930,10 +930,10 @@ def test_all_gather_and_gather_decide_by_the_pages_alike(n):
         counts = [int(c) for c in re.findall(r"\(\d+, (\d+)\)", line)]
         slots = "kernel_small=True" in line
         if " gather " in line and "RANK 0 " not in line:
-            assert counts and all((c > 2) == slots for c in counts), line  # a leaf's messages to the root
+            assert counts and all(c <= 2 for c in counts), line  # a leaf's single-copy writes to the root
         elif " all_gather " in line:
             assert len(counts) == n - 1 and all((c > 2) == slots for c in counts), line
-        if pagemap_scan and ("all small" in line or "rank 1 small" in line or "root small" in line):
+        if pagemap_scan and ("all small" in line or "rank 1 small" in line):
             assert slots, line  # MADV_NOHUGEPAGE: the kernel says 4 KiB pages (on some rank)
 
 
@@ -1558,7 +1558,7 @@ def test_ringcomm_info_says_what_auto_runs_in_the_window(tmp_path, monkeypatch):
     text = info()
     two = text[text.index("on 2 ranks"):text.index("on 4 ranks")]
     assert "tuned: " + str(tmp_path) in two and "single copy from blocks of 1048576 B" in two, two
-    assert "blocks in 4 KiB pages (all_to_all, all_gather, gather) by single copy from 4194304 B" in two, two
+    assert "blocks in 4 KiB pages (all_to_all, all_gather) by single copy from 4194304 B" in two, two
     for line in ("all_reduce      up to 65536 B", "all_gather      at any size", "broadcast       at any size",
                  "reduce          up to 4096 B and from 262144 B", "gather          from 65536 B",
                  "scatter         at any size", "all_to_all      up to 16384 B"):

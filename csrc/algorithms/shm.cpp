@@ -252,8 +252,8 @@ void gather(Link& link, const Plan& plan, const char* own, char* out) {
 //
 // Every rank decides alike: from the call's size (the same on every rank)
 // and the window's limit (the same on every rank, attach's); below the
-// limit for 4 KiB pages, all_gather and gather also from what every rank
-// said of its pages before a sync (slots_for_small_pages). all_to_all's
+// limit for 4 KiB pages, all_gather also from what every rank said of its
+// pages before a sync (slots_for_small_pages). all_to_all's
 // sender decides per block and says so (shm_all_to_all_v).
 namespace {
 
@@ -286,16 +286,16 @@ bool single_copy(const ShmWindow& w, size_t block_bytes) {
   return w.size() > 1 && block_bytes >= w.single_copy_min();
 }
 
-// Single copy has the kernel pin every page it copies out of (or into) a
-// peer's array; from 4 KiB pages that costs more than the slots' second copy
-// for all_gather and gather (at every size measured, 128 KiB-16 MiB, N = 2
-// and 4: bench/a2a_pages.py, bench/README.md). Not scatter: there the root
-// alone would copy every block into its slot, and single copy stayed ahead
-// or level at N = 4. Whose pages those are (all_gather: every rank's input;
-// gather: the root's output) only their owner can ask (`mine`, `bytes`: this
-// rank's array its peers would pin, none for gather's leaves), so every rank
-// says what it found and waits for all (one sync): after it all decide
-// alike. Only for blocks under the window's 4 KiB limit, between processes.
+// Single copy has the kernel pin every page it copies out of a peer's
+// array; from 4 KiB pages that costs all_gather more than the slots' second
+// copy (at every size measured, 128 KiB-16 MiB, N = 2 and 4:
+// bench/a2a_pages.py, bench/README.md). Not gather or scatter: there the root
+// alone copies every block out of (into) the slots, round after round, each
+// a sync of all ranks; measured, that was mixed (gather) or level and slower
+// (scatter) at N = 4. Whose pages matter (every rank's input) only their
+// owner can ask, so every rank says what it found and waits for all (one
+// sync): after it all decide alike. Only for blocks under the window's
+// 4 KiB limit, between processes.
 bool slots_for_small_pages(Link& link, size_t block_bytes, const void* mine, size_t bytes) {
   ShmWindow& w = window_of(link);
   if (!w.watches_processes() || block_bytes >= w.single_copy_min_4k()) return false;
@@ -305,20 +305,6 @@ bool slots_for_small_pages(Link& link, size_t block_bytes, const void* mine, siz
   for (int j = 0; j < w.size(); ++j)
     if (w.peer_small_pages(j, fp.seq)) return true;
   return false;
-}
-
-// The block of the root's array its leaves' single copy would pin that the
-// root asks the kernel about (its first leaf's with data; bytes 0: none).
-const char* leaf_block(const BlockSplit& blocks, const char* base, size_t es, int root, int n, size_t* bytes) {
-  for (int k = 1; k < n; ++k) {
-    const int j = (root + k) % n;
-    if (blocks.count(j)) {
-      *bytes = blocks.count(j) * es;
-      return blocks.at(base, j, es);
-    }
-  }
-  *bytes = 0;
-  return nullptr;
 }
 
 void sc_all_gather(Link& link, const RingPlan& plan, const char* own, char* out) {
@@ -587,14 +573,9 @@ void shm_flat_reduce(Link& link, const RingPlan& plan, const Reducer& red, int r
 
 void shm_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const char* in, char* out) {
   ShmWindow& w = window_of(link);
-  const int n = w.size(), r = w.rank();
-  const size_t block = blocks.total() / size_t(n) * es;
-  if (single_copy(w, block)) {
-    size_t bytes = 0;
-    const char* pinned = r == root ? leaf_block(blocks, out, es, root, n, &bytes) : nullptr;
-    if (!slots_for_small_pages(link, block, pinned, bytes)) return sc_gather(link, blocks, es, root, in, out);
-  }
+  if (single_copy(w, blocks.total() / size_t(w.size()) * es)) return sc_gather(link, blocks, es, root, in, out);
   const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
   const size_t W = std::max<size_t>(1, w.slot_bytes() / es);
   size_t longest = 0;
   for (int j = 0; j < n; ++j) longest = std::max(longest, blocks.count(j));

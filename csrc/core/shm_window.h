@@ -138,8 +138,8 @@ class ShmWindow {
   // kernel pins every page it copies from the peer, so such a block can go
   // faster through the slots (bench/README.md, "The sender's pages").
   // all_to_all's sender decides per block and tells its readers; for
-  // all_gather, gather and scatter every rank says what it knows of the
-  // pages its peers would pin (publish_pages) and all decide alike (shm.cpp).
+  // all_gather every rank says what it knows of the pages its peers would
+  // pin (publish_pages) and all decide alike (shm.cpp).
   size_t single_copy_min_4k() const { return single_copy_min_4k_; }
   void set_single_copy_min_4k(size_t bytes) { single_copy_min_4k_ = bytes; }
   // Does [p, p + bytes) of this process lie in 4 KiB pages? The page at its

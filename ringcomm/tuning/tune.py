@@ -384,7 +384,7 @@ def main(argv=None) -> int:
         sc, sc4k = lim.get("single_copy_min"), lim.get("single_copy_min_4k")
         print(f"shared memory on {n} ranks of one host (single copy " +
               ("off" if not lim["single_copy"] else "on" if sc is None else f"from blocks of {sc} B") +
-              ("" if sc4k is None else "; blocks in 4 KiB pages (all_to_all, all_gather, gather) " +
+              ("" if sc4k is None else "; blocks in 4 KiB pages (all_to_all, all_gather) " +
                ("through the slots" if sc4k >= selection.UNLIMITED else f"by single copy from {sc4k} B")) +
               "), auto runs the window:")
         for line in describe_shm_limits(lim):
