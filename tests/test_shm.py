@@ -813,17 +813,30 @@ PAGES_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _anon_huge_kb(addr: int) -> int:
-    """AnonHugePages (kB) of the mapping that holds `addr`, from /proc/self/smaps."""
-    inside = False
+def _smaps(addr: int) -> dict:
+    """The /proc/self/smaps fields of the mapping that holds `addr`."""
+    fields, inside = {}, False
     with open("/proc/self/smaps") as f:
         for line in f:
             m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
             if m:
+                if inside:
+                    break
                 inside = int(m.group(1), 16) <= addr < int(m.group(2), 16)
-            elif inside and line.startswith("AnonHugePages:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no mapping holds {addr:#x}")
+            elif inside:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    assert fields, f"no mapping holds {addr:#x}"
+    return fields
+
+
+def default_limits_env(tmp_path) -> dict:
+    """A job's environment with the window's built-in limits: no limit
+    variables, and no tune file (a developer's would move them)."""
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    for k in ("RINGCOMM_SHM_SINGLE_COPY", "RINGCOMM_SHM_SINGLE_COPY_4K", "RINGCOMM_SHM_MAX", "RINGCOMM_SHM_SLOT"):
+        env.pop(k, None)
+    return env
 
 
 def test_arrays_in_chosen_pages():
@@ -835,16 +848,24 @@ def test_arrays_in_chosen_pages():
     small, huge = array_in_pages(1 << 20, False), array_in_pages(1 << 20, True)
     assert small.dtype == np.float32 and small.size == 1 << 20 and np.all(small == 1) and np.all(huge == 1)
     assert small.ctypes.data % (2 << 20) == 0 and huge.ctypes.data % (2 << 20) == 0
-    assert _anon_huge_kb(small.ctypes.data) == 0
-    try:
-        thp = re.search(r"\[(\w+)\]", open("/sys/kernel/mm/transparent_hugepage/enabled").read()).group(1)
-    except OSError:
-        thp = "never"
-    if thp != "never":  # (madvise or always: a madvise'd, touched 4 MiB region gets huge pages)
-        assert _anon_huge_kb(huge.ctypes.data) > 0, f"transparent huge pages are {thp!r}, yet none backs the array"
+    for a, flag in ((small, "nh"), (huge, "hg")):  # private (no "sh"), madvise'd as asked
+        flags = _smaps(a.ctypes.data)["VmFlags"].split()
+        assert "sh" not in flags and flag in flags, flags
+    assert _smaps(small.ctypes.data)["AnonHugePages"] == "0 kB"
+
+    def setting(name):
+        try:
+            return re.search(r"\[([\w+]+)\]", open(f"/sys/kernel/mm/transparent_hugepage/{name}").read()).group(1)
+        except OSError:
+            return "never"
+    # Where the kernel compacts memory at fault time for a madvise'd region,
+    # a touched 4 MiB one gets huge pages (elsewhere it may fall back to 4 KiB).
+    if setting("enabled") != "never" and setting("defrag") in ("always", "madvise", "defer+madvise"):
+        assert _smaps(huge.ctypes.data)["AnonHugePages"] != "0 kB", \
+            f"transparent huge pages are {setting('enabled')!r} (defrag {setting('defrag')!r}), yet none backs the array"
 
 
-def test_all_to_all_sender_pages_decide_single_copy_or_the_slots():
+def test_all_to_all_sender_pages_decide_single_copy_or_the_slots(tmp_path):
     # A block from the single-copy limit goes by single copy (one message per
     # peer) unless it lies in 4 KiB pages, which the sender asks the kernel
     # (arrays in mappings of their own, madvise'd for huge pages or against):
@@ -853,7 +874,7 @@ def test_all_to_all_sender_pages_decide_single_copy_or_the_slots():
     # per-peer splits alike; results exact.
     tests = os.path.dirname(os.path.abspath(__file__))
     res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", PAGES_SCRIPT.format(tests=tests)],
-                         capture_output=True, text=True, timeout=240, env=clean_env())
+                         capture_output=True, text=True, timeout=240, env=default_limits_env(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     got = lines(res)
     assert len(got) == 8, res.stdout + res.stderr
@@ -907,7 +928,7 @@ GATHER_PAGES_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_all_gather_decides_by_the_pages_alike(n):
+def test_all_gather_decides_by_the_pages_alike(n, tmp_path):
     # all_gather from the single-copy limit: single copy unless the array
     # its peers would pin (some rank's input) lies in 4 KiB pages, then
     # through the slots. Only the owner can ask the kernel, so every rank
@@ -920,7 +941,7 @@ def test_all_gather_decides_by_the_pages_alike(n):
     # 8 or more).
     tests = os.path.dirname(os.path.abspath(__file__))
     res = subprocess.run(RUN + ["-n", str(n), "--", sys.executable, "-c", GATHER_PAGES_SCRIPT.format(tests=tests)],
-                         capture_output=True, text=True, timeout=240, env=clean_env())
+                         capture_output=True, text=True, timeout=240, env=default_limits_env(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     got = lines(res)
     assert len(got) == 5 * n, res.stdout + res.stderr
@@ -935,6 +956,46 @@ def test_all_gather_decides_by_the_pages_alike(n):
             assert len(counts) == n - 1 and all((c > 2) == slots for c in counts), line
         if pagemap_scan and ("all small" in line or "rank 1 small" in line):
             assert slots, line  # MADV_NOHUGEPAGE: the kernel says 4 KiB pages (on some rank)
+
+
+LIMITS_DIFFER_SCRIPT = textwrap.dedent('''
+    import time
+    import numpy as np
+    import ringcomm
+    from ringcomm.tuning.tune import array_in_pages
+    comm = ringcomm.init(timeout=20)
+    r = comm.rank
+    if r == 1:  # on this rank alone: single copy whatever the pages (the others: the slots)
+        comm._engine.window.single_copy_min_4k = comm._engine.window.single_copy_min
+    x = array_in_pages(1 << 18, False)  # 1 MiB per rank, in 4 KiB pages
+    x[:] = r + 1
+    out = np.full((1 << 18) * comm.size, -1, np.float32)
+    t0 = time.monotonic()
+    try:
+        comm.all_gather(x, out=out, algorithm="shm")
+        ok = np.array_equal(out, np.repeat(np.arange(1, comm.size + 1, dtype=np.float32), 1 << 18))
+        print(f"RANK {r} NO ERROR correct={ok}", flush=True)
+    except ringcomm.RingcommError as e:
+        print(f"RANK {r} RAISED {type(e).__name__} after {time.monotonic() - t0:.1f} s: "
+              f"{str(e).splitlines()[0][:300]}", flush=True)
+''')
+
+
+def test_window_limits_that_differ_between_ranks_raise_not_hang(tmp_path):
+    # The window's limits are rank 0's on every rank (attach); a program
+    # that sets a property on one rank only breaks all_gather's agreement on
+    # the pages: the rank that asked finds the other's answer missing for
+    # this call (MismatchError), the other reads an address the first never
+    # published for it (here none: "Bad address"); whichever fails first,
+    # the other hears of it in the window: an error on every rank within the
+    # deadline, never a hang, never a result called good.
+    res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", LIMITS_DIFFER_SCRIPT],
+                         capture_output=True, text=True, timeout=120, env=default_limits_env(tmp_path))
+    got = lines(res)
+    assert len(got) == 2, res.stdout + res.stderr
+    for line in got:
+        assert "RAISED" in line and float(line.split(" after ")[1].split()[0]) < 15, line
+        assert "limits differ" in line or "single-copy read" in line, line
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -1438,6 +1499,13 @@ def test_tune_chooses_single_copy_or_the_slots():
     # the slots win up to 512 KiB blocks, single copy at 2 MiB: from 2 MiB
     r = rows(single=(20, 80, 300), slots=(15, 60, 400))
     assert choose_single_copy(table(r), 2) == 2 << 20
+    # where "shm" ran the slots (all_to_all, all_gather from 4 KiB pages),
+    # single copy's own row counts: here it wins everywhere
+    t = table(r)
+    t.update({("all_to_all", "shm", b): 15.0 for b in sizes})
+    t.update({("all_to_all", "shm_single", b): 1.0 for b in sizes})
+    t.update({("scatter", "shm", b): 1.0 for b in sizes})
+    assert choose_single_copy(t, 2) == 128 << 10
     # single copy everywhere: the smallest block measured
     assert choose_single_copy(table(rows((10, 50, 300), (15, 60, 400))), 2) == 128 << 10
     # the slots everywhere: single copy from twice the largest block
@@ -1592,12 +1660,14 @@ def test_tune_measures_the_window_in_process():
     # the four single copy moves, through the slots alone too, where a block reaches its limit
     slots = {(c, b) for c, a, b in got if a == "shm_slots"}
     pages = {(a, b) for c, a, b in got if a.startswith("shm_4k")}
+    single = {(c, b) for c, a, b in got if a == "shm_single"}
     if single_copy:
         assert slots == {(c, 1 << 20) for c in ("all_gather", "gather", "scatter", "all_to_all")}, sorted(got)
+        assert single == {(c, 1 << 20) for c in ("all_gather", "all_to_all")}, sorted(got)
         # and all_to_all from arrays in 4 KiB pages, both ways
         assert pages == {("shm_4k_single", 1 << 20), ("shm_4k_slots", 1 << 20)}, sorted(got)
     else:
-        assert not slots and not pages
+        assert not slots and not pages and not single
     lim = shm_limits(rows, 2)
     measured = {"all_reduce", "reduce_scatter", "all_gather", "reduce", "gather", "scatter", "all_to_all"}
     extra = {"single_copy_min", "single_copy_min_4k"} if single_copy else set()

@@ -31,6 +31,7 @@ struct Link::ControlMsg {
   int32_t peer = -1;   // abort: the peer involved (for a timeout: the one waited for)
   int32_t interrupted = 0;  // abort: `origin` was interrupted (Ctrl-C), not aborted by a call
   int32_t peer_died = 0;    // abort: a transport error because `peer`'s process is gone (RingError::peer_died)
+  int32_t reserved = 0;     // (no uninitialised bytes on the wire)
 };
 
 Link::Link(std::shared_ptr<Transport> t, Options opts)

@@ -260,12 +260,21 @@ void ShmWindow::publish(uint64_t seq, const void* in, const uintptr_t* places) {
   // (the sync that follows releases them)
 }
 
+// Tagged with the call: a rank whose window limits differ from the others'
+// (a property set on one rank only) would not say it for this call.
 void ShmWindow::publish_pages(uint64_t seq, bool small) {
-  area(rank_)->addr[seq % kCalls][2].store(small ? 1 : 0, std::memory_order_relaxed);  // (released by the sync)
+  area(rank_)->addr[seq % kCalls][2].store(seq << 1 | (small ? 1 : 0), std::memory_order_relaxed);  // (the sync releases it)
 }
 
 bool ShmWindow::peer_small_pages(int j, uint64_t seq) const {
-  return area(j)->addr[seq % kCalls][2].load(std::memory_order_relaxed) != 0;
+  const uint64_t word = area(j)->addr[seq % kCalls][2].load(std::memory_order_relaxed);
+  if (word >> 1 != seq)
+    throw RingError(ErrKind::mismatch, member(rank_), member(j), seq,
+                    "rank " + std::to_string(member(j)) + " did not say in which pages its array lies for call #" +
+                        std::to_string(seq) + ", as rank " + std::to_string(member(rank_)) +
+                        " did: the ranks' window limits differ (single_copy_min and single_copy_min_4k must be "
+                        "set alike on every rank)");
+  return word & 1;
 }
 
 void ShmWindow::throw_copy_failed(int j, uint64_t seq, const char* what, size_t bytes, int err) const {
@@ -273,12 +282,14 @@ void ShmWindow::throw_copy_failed(int j, uint64_t seq, const char* what, size_t 
   // more: it is exiting, and kill() still finds it until it is a zombie, so
   // death_of could not tell yet (a kill during the copy, in CI).
   const std::string dead = death_of(member(j), err == ESRCH);
-  throw RingError(ErrKind::transport, member(rank_), member(j), seq,
-                  !dead.empty() ? dead + " during a single-copy " + what
-                                : std::string("single-copy ") + what + " of " + std::to_string(bytes) + " bytes, rank " +
-                                      std::to_string(member(j)) + " (pid " + std::to_string(area(j)->pid) +
-                                      "), failed: " + std::strerror(err) +
-                                      " (RINGCOMM_SHM_SINGLE_COPY=off turns single copy off)");
+  RingError e(ErrKind::transport, member(rank_), member(j), seq,
+              !dead.empty() ? dead + " during a single-copy " + what
+                            : std::string("single-copy ") + what + " of " + std::to_string(bytes) + " bytes, rank " +
+                                  std::to_string(member(j)) + " (pid " + std::to_string(area(j)->pid) +
+                                  "), failed: " + std::strerror(err) +
+                                  " (RINGCOMM_SHM_SINGLE_COPY=off turns single copy off)");
+  e.peer_died = !dead.empty();
+  throw e;
 }
 
 // `bytes` between this process's `mine` and rank j's address `theirs`:

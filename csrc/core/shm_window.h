@@ -156,7 +156,8 @@ class ShmWindow {
   // when its blocks sit in arrays of their own, `places` (their addresses).
   void publish(uint64_t seq, const void* in, const uintptr_t* places);
   // Before a sync of call `seq`: whether this rank's array that its peers'
-  // single copy would pin lies in 4 KiB pages; after it, what rank j said.
+  // single copy would pin lies in 4 KiB pages; after it, what rank j said
+  // (MismatchError when j said nothing for this call: its limits differ).
   void publish_pages(uint64_t seq, bool small);
   bool peer_small_pages(int j, uint64_t seq) const;
   // `bytes` of rank j's data into `dst`: from `offset` bytes into the input

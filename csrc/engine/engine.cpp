@@ -412,6 +412,7 @@ Across Engine::between_hosts(const Task& t, uint64_t seq) {
       RingError err(e->kind, rank(), e->peer < 0 ? -1 : cross_members_[size_t(e->peer)], seq,
                     "between hosts (ranks there: " + legend + "): " + e->what());
       err.cause = e->cause;
+      err.peer_died = e->peer_died;
       // (the origin in this communicator's ranks, as the peer)
       if (e->origin >= 0 && size_t(e->origin) < cross_members_.size()) err.origin = cross_members_[size_t(e->origin)];
       throw err;

@@ -231,8 +231,9 @@ inline void bind_engine(py::module_& m) {
                     "Blocks of at least this many bytes are read straight from the peers' arrays (single copy; "
                     "2**64-1: never). Set alike on every rank, before any collective (ringcomm/shm.py).")
       .def_property("single_copy_min_4k", &ShmWindow::single_copy_min_4k, &ShmWindow::set_single_copy_min_4k,
-                    "The same for all_to_all's blocks that lie in 4 KiB pages (the sender asks the kernel; the "
-                    "slots below it). Set alike on every rank, before any collective (ringcomm/shm.py).")
+                    "The same for blocks that lie in 4 KiB pages: all_to_all's (the sender asks the kernel) and "
+                    "all_gather's (every rank asks of its input; all agree in one sync); the slots below it. Set "
+                    "alike on every rank, before any collective (ringcomm/shm.py).")
       .def(
           "small_pages",
           [](const ShmWindow& w, uintptr_t address, size_t bytes) {

@@ -69,9 +69,9 @@ def _slots_only(window, f) -> None:
 
 
 def _limit_4k(window, limit: int, f) -> None:
-    """f() with all_to_all's limit for blocks in 4 KiB pages at `limit`
-    (every rank calls it alike): the window's single-copy limit, or
-    UNLIMITED (such blocks through the slots, as shm_all_to_all_v runs them)."""
+    """f() with the window's limit for blocks in 4 KiB pages at `limit`
+    (every rank calls it alike): the single-copy limit (single copy whatever
+    the pages), or UNLIMITED (such blocks through the slots, as auto runs them)."""
     on = window.single_copy_min_4k
     window.single_copy_min_4k = limit
     try:
@@ -142,6 +142,11 @@ def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrie
                             ("scatter", lambda: comm.scatter(full, out=out_part, algorithm="shm")),
                             ("all_to_all", lambda: comm.all_to_all(full, out=out_full, algorithm="shm"))):
                 calls[(coll, "shm_slots")] = lambda f=f: _slots_only(window, f)
+                if coll in ("all_gather", "all_to_all"):
+                    # ("shm" is what auto runs, which for these numpy arrays
+                    # in 4 KiB pages (below 4 MiB) is the slots again: single
+                    # copy itself, with the 4 KiB limit at the other)
+                    calls[(coll, "shm_single")] = lambda f=f: _limit_4k(window, window.single_copy_min, f)
             # all_to_all from arrays in 4 KiB pages, by single copy and
             # through the slots (choose_single_copy_4k; the sender asks the
             # kernel where its block lies, ShmWindow::small_pages).
@@ -248,14 +253,19 @@ def choose_single_copy(t: dict, n: int) -> int | None:
     largest (the slots at every size measured; single copy stays on above,
     where nothing was measured). all_to_all's per-peer blocks follow the
     same limit. Ties go to the smaller limit. None when
-    nothing was measured both ways (single copy off, or an older tune)."""
+    nothing was measured both ways (single copy off, or an older tune).
+    Single copy's time is the "shm_single" row where there is one (all_gather
+    and all_to_all, whose "shm" may run the slots for arrays in 4 KiB pages)."""
     grid = [(c, b) for (c, a, b) in t if a == "shm_slots" and (c, "shm", b) in t]
     if not grid:
         return None
 
+    def single(c, b):
+        return t.get((c, "shm_single", b), t[(c, "shm", b)])
+
     def cost(limit):
-        return sum((t[(c, "shm", b)] if b // n >= limit else t[(c, "shm_slots", b)])
-                   / min(t[(c, "shm", b)], t[(c, "shm_slots", b)]) for c, b in grid)
+        return sum((single(c, b) if b // n >= limit else t[(c, "shm_slots", b)])
+                   / min(single(c, b), t[(c, "shm_slots", b)]) for c, b in grid)
     blocks = sorted({b // n for _, b in grid})
     return min([*blocks, 2 * blocks[-1]], key=cost)
 
