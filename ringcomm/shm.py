@@ -198,8 +198,9 @@ def _single_copy_limit(var: str, key: str, default: int, nranks: int | None) -> 
 # arrays from 4 MiB, torch's CPU allocator never. The sender asks the kernel
 # where its block lies (ShmWindow::small_pages). all_gather uses the same
 # limit for the array its single copy would pin (each rank's input), which
-# the ranks agree on in one sync (N = 4, 4 KiB pages, slots / single copy
-# 0.62-0.74 at 128 KiB-16 MiB; bench/README.md, "Pages for all_gather").
+# the ranks agree on in one sync (4 KiB pages, slots / single copy: N = 2
+# 0.79-0.85, N = 4 0.62-0.74 at 128 KiB-4 MiB; bench/README.md, "Pages for
+# all_gather"). tune chooses it from all_to_all's timings alone.
 DEFAULT_SINGLE_COPY_MIN_4K = 4 << 20
 
 
