@@ -118,7 +118,7 @@ std::string Link::abort_text(const ControlMsg& m) const {
   std::string why;
   ErrKind kind = ErrKind(m.kind);
   const bool other_unknown = m.other.coll == 0 && m.other.seq == 0;  // found by a message, not a fingerprint
-  if (coll_is_p2p(Coll(m.fp.coll))) {  // a send or recv failed at the origin (Engine::fail_p2p)
+  if (coll_is_p2p(Coll(m.fp.coll)) && m.fp.rank == m.origin) {  // a send or recv failed at the origin (fail_p2p)
     const bool send = Coll(m.fp.coll) == Coll::send;
     const std::string op = "rank " + std::to_string(m.origin) + "'s " + describe(m.fp);
     const std::string other = m.peer >= 0 ? "rank " + std::to_string(m.peer) : std::string("any rank");
@@ -139,8 +139,12 @@ std::string Link::abort_text(const ControlMsg& m) const {
                        : kind == ErrKind::timeout ? " timed out"
                        : kind == ErrKind::aborted ? " aborted the communicator"
                                                   : " failed";
-    why = "rank " + std::to_string(m.origin) + what + " (rank " + std::to_string(m.fp.rank) + " heard of it in " +
-          describe(m.fp) + ")";
+    why = "rank " + std::to_string(m.origin) + what +
+          (kind == ErrKind::transport && m.peer >= 0 && m.peer != m.origin
+               ? ": transport error with rank " + std::to_string(m.peer) +
+                     (m.peer_died ? " (rank " + std::to_string(m.peer) + " died)" : std::string())
+               : std::string()) +
+          " (rank " + std::to_string(m.fp.rank) + " heard of it in " + describe(m.fp) + ")";
   } else if (kind == ErrKind::mismatch && other_unknown && m.peer == rank_) {
     why = mismatch_text(m.fp, fp_);  // the message of another call was ours: we know both
   } else if (kind == ErrKind::mismatch && other_unknown) {
@@ -728,9 +732,9 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
     notice.fp.rank = rank_;
     notice.origin = heard ? e.origin : rank_;
     notice.kind = int32_t(heard ? e.cause : e.kind);
-    notice.peer = heard ? -1 : e.peer;  // (the window does not say which peer the origin waited for)
+    notice.peer = heard ? e.origin_peer : e.peer;
     notice.interrupted = !heard && user_interrupted_ ? 1 : 0;  // (a Ctrl-C here is not the origin's)
-    notice.peer_died = !heard && e.peer_died ? 1 : 0;
+    notice.peer_died = e.peer_died ? 1 : 0;
   }
   // Ranks waiting in the shared-memory window hear it there (the first
   // failure published wins), in the words the ring would use for news it
@@ -738,7 +742,7 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
   if (window_) {
     const bool told = received_abort_ || call;
     window_->fail(told ? notice.origin : (e.origin >= 0 ? e.origin : rank_), told ? ErrKind(notice.kind) : e.cause,
-                  told ? abort_text(notice) : std::string(e.what()), fp_.seq);
+                  told ? abort_text(notice) : std::string(e.what()), fp_.seq, notice.peer, notice.peer_died != 0);
   }
   // Both ways round the ring (each rank forwards away from where it heard
   // it), so one rank that is away (asleep, computing, a straggler) cannot

@@ -84,6 +84,8 @@ struct alignas(kLine) ShmWindow::Header {
   alignas(kLine) std::atomic<int32_t> claim;   // a failure is being written
   std::atomic<int32_t> failed;                 // 0: none; else its origin + 1 (reason below is complete)
   int32_t kind;
+  int32_t peer;                                // the peer the origin named (-1: none)
+  int32_t peer_died;                           // ... and whether it died (RingError::peer_died)
   uint64_t seq;                                // the publisher's call (reason and seq: before `failed`)
   char reason[1024];
   alignas(kLine) std::atomic<uint32_t> epoch;  // the futex word: bumped to wake sleepers
@@ -355,13 +357,15 @@ int ShmWindow::failed_origin() const {
   return f > 0 ? f - 1 : -1;
 }
 
-void ShmWindow::fail(int origin, ErrKind kind, const std::string& reason, uint64_t seq) {
+void ShmWindow::fail(int origin, ErrKind kind, const std::string& reason, uint64_t seq, int peer, bool peer_died) {
   Header* h = header();
   if (h->claim.exchange(1, std::memory_order_acq_rel) == 0) {
     const size_t n = std::min(reason.size(), sizeof(h->reason) - 1);
     std::memcpy(h->reason, reason.data(), n);
     h->reason[n] = 0;
     h->kind = int32_t(kind);
+    h->peer = peer;
+    h->peer_died = peer_died ? 1 : 0;
     h->seq = seq;
     h->failed.store(std::max(origin, 0) + 1, std::memory_order_release);
   }
@@ -384,6 +388,8 @@ void ShmWindow::throw_published(const Link& link, const Fingerprint& fp) {
               std::string(h->reason) + " (reported to rank " + std::to_string(link.rank()) + " through shared memory)");
   e.origin = origin;
   e.cause = kind;
+  e.origin_peer = h->peer;
+  e.peer_died = h->peer_died != 0;
   throw e;
 }
 

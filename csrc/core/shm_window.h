@@ -93,7 +93,9 @@ class ShmWindow {
   // Publish a failure for every rank (the first one wins) and wake the
   // sleepers. Any thread. `seq`: the call the publishing rank was in (or
   // last ran); it had finished every earlier one.
-  void fail(int origin, ErrKind kind, const std::string& reason, uint64_t seq);
+  // `peer`: the peer the origin named (-1: none), `peer_died`: it died.
+  void fail(int origin, ErrKind kind, const std::string& reason, uint64_t seq, int peer = -1,
+            bool peer_died = false);
   // Has a failure been published? (origin, or -1)
   int failed_origin() const;
   // Wake this window's sleepers (Engine::abort: they then see the interrupt).

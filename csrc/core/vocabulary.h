@@ -186,6 +186,9 @@ struct RingError : std::runtime_error {
   // unreachable): the ABORT notice carries it, so the ranks that hear of
   // the failure second-hand still say the peer died.
   bool peer_died = false;
+  // Heard second-hand (through the shared-memory window): the peer the
+  // origin named, whose death peer_died then tells (-1: none or unknown).
+  int origin_peer = -1;
   RingError(ErrKind k, int rank_, int peer_, uint64_t seq_, const std::string& msg)
       : std::runtime_error(msg), kind(k), rank(rank_), peer(peer_), seq(seq_), cause(k) {}
 };
