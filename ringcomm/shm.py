@@ -493,14 +493,38 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
     `make_between(group)`: an engine over a sub-group (the ranks with the same
     local index), over the same kind of transport as `engine`. Hierarchical
     reduce_scatter and all_gather run too where each local index's ranks grow
-    from host to host (blocked or round-robin placement). Collective
-    over `comm`. Returns which, or None."""
+    from host to host (blocked or round-robin placement). Where no window
+    watches the ranks of this host (transport "ucx", or no window could be
+    made), the engine watches their pids: a peer process that exits is
+    named within a slice, not at the deadline. Collective over `comm`.
+    Returns which, or None."""
     m = mode(transport)
     n = comm.Get_size()
-    if m in ("mpi", "ucx") or n == 1:
+    if m == "mpi" or n == 1:
         return None
-    got = comm.allgather((host_key(), sched_group()))
-    keys = [k for k, _ in got]
+    got = comm.allgather((host_key(), sched_group(), _process()))
+    how = None if m == "ucx" else _attach_shared(engine, comm, m, got, make_between)
+    if how is None:
+        # No window watches this host's ranks: the engine does, by pid.
+        here = got[comm.Get_rank()]
+        engine.watch_processes([pid if (key, ns) == (here[0], here[2][0]) and q != comm.Get_rank() else 0
+                                for q, (key, _, (ns, pid)) in enumerate(got)])
+    return how
+
+
+def _process() -> tuple[str, int]:
+    """This process's pid namespace and pid: its peers on this host watch
+    it (Link::watch_processes) where no window does."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = "?"
+    return ns, os.getpid()
+
+
+def _attach_shared(engine, comm, m, got, make_between) -> str | None:
+    n = comm.Get_size()
+    keys = [k for k, _, _ in got]
     order = list(dict.fromkeys(keys))
     slot = slot_bytes()
     here = [q for q in range(n) if keys[q] == keys[comm.Get_rank()]]  # this host's ranks
@@ -510,7 +534,7 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
             if m == "shm":
                 raise RingcommError("RINGCOMM_TRANSPORT=shm, but the shared-memory window failed: " + err)
             warnings.warn("ringcomm: no shared memory between the ranks of this host, using point-to-point "
-                          "messages: " + err, RuntimeWarning, stacklevel=3)
+                          "messages: " + err, RuntimeWarning, stacklevel=4)
             return None
         _say_if_split_scheduling([got[q][1] for q in here], here[0] == comm.Get_rank())
         # Rank 0's limits for everyone: every rank must choose alike. Single
@@ -559,7 +583,7 @@ def _attach_hierarchy(engine, comm, keys, order, slot, m, make_between) -> str |
                 raise RingcommError("RINGCOMM_TRANSPORT=shm, but a host's shared-memory window failed: "
                                     + errors[0])
             warnings.warn("ringcomm: no shared memory within a host, using point-to-point messages: " + errors[0],
-                          RuntimeWarning, stacklevel=4)
+                          RuntimeWarning, stacklevel=5)
             return None
         members, cross_members = local.allgather(rank), cross.allgather(rank)
         between = make_between(cross)

@@ -194,7 +194,7 @@ STORE_JOB = textwrap.dedent("""
         for _ in range(100):
             n = 1001 if fault == "mismatch" and rank == 1 else 1000
             # (the ring: rank 3 waits for rank 2 alone, which must tell it)
-            comm.all_reduce(np.ones(n), algorithm="ring" if fault == "die_over_ucx" else "auto")
+            comm.all_reduce(np.ones(n), algorithm="ring" if fault.startswith("die_over_ucx") else "auto")
         print("NO ERROR", flush=True)
     except (ringcomm.RingcommError, KeyboardInterrupt) as e:
         if fault == "none":
@@ -206,17 +206,24 @@ STORE_JOB = textwrap.dedent("""
     """)
 
 
-@pytest.mark.parametrize("fault", ["none", "die", "die_over_ucx", "mismatch", "interrupt"])
+@pytest.mark.parametrize("fault", ["none", "die", "die_over_ucx", "die_over_ucx_shm", "mismatch", "interrupt"])
 def test_init_with_a_store_in_plain_processes(tmp_path, fault):
     """The fault matrix's cases on a store launch (shared memory + UCX):
     a peer killed mid-job, ranks that disagree on the call, Ctrl-C.
-    die_over_ucx: four ranks over UCX alone (no window), so rank 3, which
-    has no connection to rank 1, hears of its death only through the ring's
-    ABORT notice, which must still say that rank 1 died (it said "transport
-    error with rank 1" alone: seen in CI with three ranks, where a rank
-    heard the notice before it saw the pid gone)."""
-    n = 4 if fault == "die_over_ucx" else 3
-    env = clean_env(RINGCOMM_TRANSPORT="ucx", UCX_TLS="tcp") if fault == "die_over_ucx" else clean_env()
+    die_over_ucx: four ranks over UCX alone (no window; TCP, whose kernel
+    resets the dead rank's connections), so rank 3, which has no connection
+    to rank 1, hears of its death only through the ring's ABORT notice,
+    which must still say that rank 1 died (it said "transport error with
+    rank 1" alone: seen in CI with three ranks, where a rank heard the
+    notice before it saw the pid gone). die_over_ucx_shm: the same over
+    UCX's shared-memory transports, which never report the dead peer
+    (UCX 1.20 here): the engine watches the pids itself (it waited for the
+    deadline before)."""
+    n = 4 if fault.startswith("die_over_ucx") else 3
+    env = clean_env()
+    if fault.startswith("die_over_ucx"):
+        env.pop("UCX_TLS", None)
+        env.update(RINGCOMM_TRANSPORT="ucx", **({"UCX_TLS": "tcp"} if fault == "die_over_ucx" else {}))
     before = shm_files()
     procs = [subprocess.Popen([sys.executable, "-c", STORE_JOB, str(tmp_path / "store"), str(r), str(n), fault],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -225,6 +232,8 @@ def test_init_with_a_store_in_plain_processes(tmp_path, fault):
     assert not shm_files() - before
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert f"OK {r} ucx" in out, out + err
+        if fault == "die_over_ucx_shm":  # (else the case tests TCP again)
+            assert "sysv" in out or "posix" in out, out
         if fault == "none":
             assert p.returncode == 0 and "NO ERROR" in out, out + err
             continue
@@ -235,7 +244,7 @@ def test_init_with_a_store_in_plain_processes(tmp_path, fault):
         kind, secs = out.split("RAISED ")[1].split()[0], float(out.split(" after ")[1].split()[0])
         if fault.startswith("die"):  # noticed by the peer's pid (or UCX), well before the 5 s deadline
             assert "rank 1" in out and "died" in out and secs < 4, out
-            if fault == "die_over_ucx" and r == 3:  # waited for rank 2 alone: told through the ring
+            if fault.startswith("die_over_ucx") and r == 3:  # waited for rank 2 alone: told through the ring
                 assert kind == "CommunicatorAborted" and "reported to rank 3 through the ring" in out, out
         elif fault == "mismatch":
             assert kind in ("MismatchError", "CommunicatorAborted") and "1001" in out and secs < 4, out

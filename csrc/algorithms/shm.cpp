@@ -288,8 +288,8 @@ bool single_copy(const ShmWindow& w, size_t block_bytes) {
 
 // Single copy has the kernel pin every page it copies out of a peer's
 // array; from 4 KiB pages that costs all_gather more than the slots' second
-// copy (at every size measured, 128 KiB-16 MiB, N = 2 and 4:
-// bench/a2a_pages.py, bench/README.md). Not gather or scatter: there the root
+// copy (at every block size measured under the 4 MiB limit, 128 KiB-4 MiB,
+// N = 2 and 4: bench/a2a_pages.py, bench/README.md). Not gather or scatter: there the root
 // alone copies every block out of (into) the slots, round after round, each
 // a sync of all ranks; measured, that was mixed (gather) or level and slower
 // (scatter) at N = 4. Whose pages matter (every rank's input) only their
@@ -302,9 +302,10 @@ bool slots_for_small_pages(Link& link, size_t block_bytes, const void* mine, siz
   const Fingerprint& fp = link.call();
   w.publish_pages(fp.seq, w.small_pages(mine, bytes));
   w.sync(link, fp, true);
-  for (int j = 0; j < w.size(); ++j)
-    if (w.peer_small_pages(j, fp.seq)) return true;
-  return false;
+  bool small = false;
+  for (int j = 0; j < w.size(); ++j)  // every rank's word: one whose limits differ raises here, on every rank
+    if (w.peer_small_pages(j, fp.seq)) small = true;
+  return small;
 }
 
 void sc_all_gather(Link& link, const RingPlan& plan, const char* own, char* out) {

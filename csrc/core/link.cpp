@@ -519,7 +519,7 @@ int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::ti
   // Ranks of one host are watched too: a peer process that died is named
   // within a slice, not at the deadline (a transport between processes of
   // one host, UCX's shared memory for one, may never notice).
-  const bool watch = window_ && window_->watches_processes();
+  const bool watch = (window_ && window_->watches_processes()) || !pids_.empty();
   if (!interrupt_check_ && !watch) return t_->wait_any(reqs, n, deadline);
   for (;;) {
     int i = t_->wait_any(reqs, n, std::min(deadline, now + kInterruptSlice));
@@ -534,17 +534,19 @@ int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::ti
 void Link::throw_if_dead(Request* const* reqs, int n) {
   for (int i = 0; i < n; ++i) {
     if (!reqs[i] || reqs[i]->done || reqs[i]->peer < 0) continue;
-    const std::string death = window_->death_of(reqs[i]->peer);
+    const std::string death = death_of(reqs[i]->peer);
     if (death.empty()) continue;
-    RingError e(ErrKind::transport, rank_, reqs[i]->peer, fp_.seq,
-                death + " while rank " + std::to_string(rank_) + " waited for it in " + describe(fp_) +
-                    " (its process is gone)");
-    e.peer_died = true;
-    throw e;
+    throw_peer_died(rank_, reqs[i]->peer, fp_.seq,
+                    death + " while rank " + std::to_string(rank_) + " waited for it in " + describe(fp_) +
+                        " (its process is gone)");
   }
 }
 
-std::string Link::death_of(int peer) const { return window_ ? window_->death_of(peer) : ""; }
+std::string Link::death_of(int peer) const {
+  if (window_) return window_->death_of(peer);
+  if (peer < 0 || size_t(peer) >= pids_.size() || pids_[peer] <= 0 || !process_gone(pids_[peer])) return "";
+  return "rank " + std::to_string(peer) + " (pid " + std::to_string(pids_[peer]) + ") died";
+}
 
 int Link::wait_or_control(Request* r, Clock::time_point now, Clock::time_point deadline) {
   Request* reqs[3] = {r, ctrl_req_[0].get(), ctrl_req_[1].get()};

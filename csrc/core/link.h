@@ -173,8 +173,15 @@ class Link {
   // there as well as told around the ring.
   void attach_window(std::shared_ptr<ShmWindow> w) { window_ = std::move(w); }
   ShmWindow* window() const { return window_.get(); }
-  // "rank P (pid X) died" when `peer` is a process of this host's window
-  // that has exited; "" otherwise (any thread).
+  // Ranks of this host with no window between them (transport "ucx", or
+  // the window failed): each rank's pid, 0 where not watched (this rank, or
+  // a rank of another host or pid namespace). Watched like the window's, as
+  // a transport may never notice such a peer gone (UCX's shared memory).
+  // Before the first collective.
+  void watch_processes(std::vector<int> pids) { pids_ = std::move(pids); }
+  // "rank P (pid X) died" when `peer` is a watched process of this host
+  // (the window's, or watch_processes') that has exited; "" otherwise (any
+  // thread).
   std::string death_of(int peer) const;
   std::shared_ptr<ShmWindow> shared_window() const { return window_; }
   // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work
@@ -303,6 +310,7 @@ class Link {
   Progress progress_;
 
   std::shared_ptr<ShmWindow> window_;
+  std::vector<int> pids_;  // watch_processes
   Tracer* tracer_ = nullptr;
   TraceStep open_step_;
 };

@@ -415,23 +415,6 @@ void ShmWindow::check_calls(const Link& link, const Fingerprint& fp, bool arrive
 
 // A peer that has not arrived: has it announced another call for this seq,
 // moved past it, or died?
-namespace {
-// Gone, or a zombie: a process that exited stays a zombie (kill() still
-// finds it) until its parent reaps it, which a launcher may do late, or,
-// for a program's own child processes, only when it waits for that child.
-bool process_gone(pid_t pid) {
-  if (kill(pid, 0) != 0) return errno == ESRCH;
-  char path[64], buf[512];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", int(pid));
-  FILE* f = std::fopen(path, "r");
-  if (!f) return false;  // (no /proc: only kill() can tell)
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = 0;
-  const char* close = std::strrchr(buf, ')');  // the state follows the command name, which may hold ')'
-  return close && (close[1] == ' ') && (close[2] == 'Z' || close[2] == 'X');
-}
-}  // namespace
 
 int ShmWindow::index_of(int member) const {
   int j = members_.empty() ? member : -1;
@@ -445,7 +428,7 @@ std::string ShmWindow::death_of(int member, bool gone) const {
   const int j = index_of(member);
   if (j < 0 || j == rank_) return "";
   const RankArea* a = area(j);
-  if (a->pid <= 0 || a->pidns != area(rank_)->pidns || !(gone || process_gone(pid_t(a->pid)))) return "";
+  if (a->pid <= 0 || a->pidns != area(rank_)->pidns || !(gone || process_gone(int(a->pid)))) return "";
   return "rank " + std::to_string(member) + " (pid " + std::to_string(a->pid) + ") died";
 }
 
@@ -461,12 +444,11 @@ void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, in
                     "rank " + std::to_string(member(missing)) + " went on to call #" + std::to_string(latest) +
                         " without joining " + describe(fp) + " on rank " + std::to_string(member(rank_)) +
                         " through shared memory: the ranks disagree on the call");
-  if (processes_ && a->pid > 0 && a->pidns == area(rank_)->pidns && process_gone(pid_t(a->pid))) {
-    RingError e(ErrKind::transport, member(rank_), member(missing), fp.seq,
-                "rank " + std::to_string(member(missing)) + " (pid " + std::to_string(a->pid) + ") died while rank " +
-                    std::to_string(member(rank_)) + " waited for it in " + describe(fp) + " (shared memory)");
-    e.peer_died = true;
-    throw e;
+  if (processes_ && a->pid > 0 && a->pidns == area(rank_)->pidns && process_gone(int(a->pid))) {
+    throw_peer_died(member(rank_), member(missing), fp.seq,
+                    "rank " + std::to_string(member(missing)) + " (pid " + std::to_string(a->pid) +
+                        ") died while rank " + std::to_string(member(rank_)) + " waited for it in " + describe(fp) +
+                        " (shared memory)");
   }
 }
 

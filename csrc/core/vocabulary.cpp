@@ -1,5 +1,11 @@
 #include "core/vocabulary.h"
 
+#include <signal.h>
+#include <sys/types.h>
+
+#include <cerrno>
+#include <cstdio>
+
 namespace ringcomm {
 
 size_t dtype_size(DType t) {
@@ -61,5 +67,27 @@ bool coll_has_root(Coll c) {
 }
 
 void throw_invalid(const std::string& msg) { throw RingError(ErrKind::invalid, -1, -1, 0, msg); }
+
+void throw_peer_died(int rank, int peer, uint64_t seq, const std::string& msg) {
+  RingError e(ErrKind::transport, rank, peer, seq, msg);
+  e.peer_died = true;
+  throw e;
+}
+
+// A zombie counts as gone: a process that exited stays one (kill() still
+// finds it) until its parent reaps it, which a launcher may do late, or,
+// for a program's own child processes, only when it waits for that child.
+bool process_gone(int pid) {
+  if (kill(pid_t(pid), 0) != 0) return errno == ESRCH;
+  char path[64], buf[512];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;  // (no /proc: only kill() can tell)
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* close = std::strrchr(buf, ')');  // the state follows the command name, which may hold ')'
+  return close && (close[1] == ' ') && (close[2] == 'Z' || close[2] == 'X');
+}
 
 }  // namespace ringcomm

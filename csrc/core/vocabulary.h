@@ -194,6 +194,11 @@ struct RingError : std::runtime_error {
 };
 
 [[noreturn]] void throw_invalid(const std::string& msg);
+// A transport error because `peer`'s process is gone (RingError::peer_died).
+[[noreturn]] void throw_peer_died(int rank, int peer, uint64_t seq, const std::string& msg);
+// The process `pid` (of this host and pid namespace) has exited: gone, or a
+// zombie its parent has not reaped yet.
+bool process_gone(int pid);
 
 // ---- small shared helpers ---------------------------------------------------
 using Clock = std::chrono::steady_clock;

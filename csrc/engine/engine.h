@@ -145,6 +145,8 @@ class Engine {
   // "rank P (pid X) died" when `peer` is a process of this host's window
   // that has exited, else "" (any thread: point-to-point's waits ask).
   std::string death_of(int peer) const { return link_.death_of(peer); }
+  // Link::watch_processes: this host's ranks' pids where no window watches them.
+  void watch_processes(std::vector<int> pids) { link_.watch_processes(std::move(pids)); }
   // ---- point-to-point (p2p.h): beside the queue, on the callers' threads ----
   std::shared_ptr<Transport> shared_transport() const { return link_.shared_transport(); }
   FlightRecorder& recorder() { return recorder_; }

@@ -498,6 +498,13 @@ inline void bind_engine(py::module_& m) {
              h.get().attach_window(std::move(w), for_auto, flat_max);
            },
            py::arg("window"), py::arg("for_auto"), py::arg("flat_max"))
+      .def("watch_processes",
+           [](EngineHandle& h, std::vector<int> pids) {
+             if (int(pids.size()) != h.get().size())
+               throw_invalid("watch_processes needs one pid per rank (0: not watched)");
+             h.get().watch_processes(std::move(pids));
+           },
+           py::arg("pids"))
       .def("set_shm_auto",
            [](EngineHandle& h, bool for_auto, size_t flat_max, std::vector<size_t> shm_max,
               std::vector<size_t> shm_from) {

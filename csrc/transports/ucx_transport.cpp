@@ -512,12 +512,10 @@ class UcxTransport final : public Transport {
   // what UCX saw (the endpoint's error; else that of the request).
   [[noreturn]] void throw_peer_failed(int peer, const char* doing, ucs_status_t st = UCS_OK) {
     if (w_->failed[peer] != UCS_OK) st = w_->failed[peer];
-    RingError e(ErrKind::transport, rank_, peer, 0,
-                "rank " + std::to_string(peer) + " died (or became unreachable) while rank " + std::to_string(rank_) +
-                    " " + doing + ": UCX reported " + ucx::status_text(st) + " on the endpoint to rank " +
-                    std::to_string(peer));
-    e.peer_died = true;
-    throw e;
+    throw_peer_died(rank_, peer, 0,
+                    "rank " + std::to_string(peer) + " died (or became unreachable) while rank " +
+                        std::to_string(rank_) + " " + doing + ": UCX reported " + ucx::status_text(st) +
+                        " on the endpoint to rank " + std::to_string(peer));
   }
 
   // Under mu (the statuses the calls above return are read under it).
@@ -641,10 +639,12 @@ namespace {
 // ones (sysv, posix) say they can only when told to (UCX 1.20: their
 // ERROR_HANDLING setting, off by default), so without it two ranks of one
 // host would talk over loopback TCP. They learn of a dead peer from UCP's
-// keepalive, which checks each endpoint once an interval (20 s by default):
-// 1 s bounds how late a dead peer on this host is seen, for a check per
-// endpoint and second. (TCP sees a dead process at once: its kernel resets
-// the connection.)
+// keepalive, which checks each endpoint once an interval (20 s by default),
+// set to 1 s here, for a check per endpoint and second. Measured, it is not
+// enough: over sysv/cma (UCX 1.20) a killed peer went unreported for the
+// whole 5 s deadline, so the engine watches the pids of this host's ranks
+// itself (Link::watch_processes, from shm.attach). (TCP sees a dead process
+// at once: its kernel resets the connection.)
 //
 // cma (a process reading another's memory directly: large messages within a
 // host, 2 to 5 times faster here at 4 to 16 MiB than through sysv) is kept
