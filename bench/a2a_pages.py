@@ -9,7 +9,7 @@ C: all_to_all (the default), scatter, gather or all_gather (root 0).
 IN, OUT: "huge" (transparent huge pages asked for, as numpy does for arrays
 from 4 MiB) or "small" (4 KiB pages, as torch's CPU tensors) for the input
 and the output arrays (scatter: the root's input; gather: the root's
-output); SIZE: bytes of one rank's all_to_all input, of scatter's input and
+output); SIZE (4096, 64K, 1M): bytes of one rank's all_to_all input, of scatter's input and
 gather's and all_gather's output (float32, equal blocks). Per size, 9
 interleaved repetitions (a barrier before every timed call), the median of
 the per-call medians (slowest rank), us:
@@ -31,6 +31,7 @@ from mpi4py import MPI
 
 import _timing  # (bench/, the script's folder)
 import ringcomm
+from ringcomm.config import parse_size
 from ringcomm.tuning.tune import array_in_pages
 
 w = MPI.COMM_WORLD
@@ -46,6 +47,10 @@ if coll not in ("all_to_all", "scatter", "gather", "all_gather") or len(args) < 
     raise SystemExit("usage: a2a_pages.py [--collective all_to_all|scatter|gather|all_gather] "
                      "huge|small huge|small SIZE [SIZE ...]")
 pages_in, pages_out = args[0], args[1]
+try:
+    sizes = [parse_size(a) for a in args[2:]]
+except ValueError as e:
+    raise SystemExit(f"a2a_pages.py: {e}") from None
 
 
 def limits(single: int, f) -> None:
@@ -94,7 +99,7 @@ if r == 0:
           f"median of 9 interleaved reps (us per call, slowest rank)")
     print(f"{'bytes':>10} {'single':>10} {'slots':>10} {'chosen':>10} {'mpi':>10} {'slots/single':>13} "
           f"{'chosen/mpi':>11}")
-for size in [int(float(a)) for a in args[2:]]:
+for size in sizes:
     total = max(n, size // 4 // n * n)
     ours, mpi, out, want = case(total)
     impls = {"single": lambda: limits(1, ours), "slots": lambda: limits(1 << 62, ours), "chosen": ours, "mpi": mpi}
