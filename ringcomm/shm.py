@@ -117,7 +117,7 @@ def _say_if_split_scheduling(groups: list, first: bool) -> None:
             "in its own session), so a rank that waits cannot hand its core to the peer it waits for: expect "
             "collectives up to about 1.5x slower than with the same ranks in one group (as under mpirun). "
             "Fewer ranks than cores, or `sysctl kernel.sched_autogroup_enabled=0`, avoids it.",
-            RuntimeWarning, stacklevel=4)
+            RuntimeWarning, stacklevel=5)
 
 
 def mode(value: str | None = None) -> str:
@@ -506,20 +506,28 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
     how = None if m == "ucx" else _attach_shared(engine, comm, m, got, make_between)
     if how is None:
         # No window watches this host's ranks: the engine does, by pid.
-        here = got[comm.Get_rank()]
-        engine.watch_processes([pid if (key, ns) == (here[0], here[2][0]) and q != comm.Get_rank() else 0
-                                for q, (key, _, (ns, pid)) in enumerate(got)])
+        # (host_key alone may be RINGCOMM_HOST_ID: the boot id too)
+        me = comm.Get_rank()
+        here = (got[me][0], *got[me][2][:2])
+        engine.watch_processes([proc[2] if (key, *proc[:2]) == here and q != me else 0
+                                for q, (key, _, proc) in enumerate(got)])
     return how
 
 
-def _process() -> tuple[str, int]:
-    """This process's pid namespace and pid: its peers on this host watch
-    it (Link::watch_processes) where no window does."""
+def _process() -> tuple[str, str, int]:
+    """This machine's boot id, this process's pid namespace and its pid:
+    its peers on this host watch it (Link::watch_processes) where no window
+    does."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
     try:
         ns = os.readlink("/proc/self/ns/pid")
     except OSError:
         ns = "?"
-    return ns, os.getpid()
+    return boot, ns, os.getpid()
 
 
 def _attach_shared(engine, comm, m, got, make_between) -> str | None:

@@ -113,7 +113,7 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     if device is None and shm.mode(transport) == "ucx":  # UCX moves every message; MPI only swaps the addresses
         from . import ucx
         engine = ucx.make_engine(comm.allgather, comm.Get_rank(), comm.Get_size(), s)
-        label, shared = "ucx", None
+        label, shared = "ucx", shm.attach_mpi(engine, comm, transport, s)  # (no window: the pids watched)
     elif device is None:
         engine = core.mpi_engine(MPI._handleof(comm), s.timeout, s.segment_bytes, s.window)
         label = "mpi"

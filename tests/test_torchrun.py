@@ -215,18 +215,21 @@ def test_init_with_a_store_in_plain_processes(tmp_path, fault):
     to rank 1, hears of its death only through the ring's ABORT notice,
     which must still say that rank 1 died (it said "transport error with
     rank 1" alone: seen in CI with three ranks, where a rank heard the
-    notice before it saw the pid gone). die_over_ucx_shm: the same over
-    UCX's shared-memory transports, which never report the dead peer
-    (UCX 1.20 here): the engine watches the pids itself (it waited for the
-    deadline before)."""
+    notice before it saw the pid gone). Each rank says it is a host of its
+    own (RINGCOMM_HOST_ID), so no rank watches another's pid: UCX's own
+    report is what is tested. die_over_ucx_shm: one host, over UCX's
+    shared-memory transports, which did not report the dead left neighbour
+    (UCX 1.20 here): the engine watches the pids itself (rank 2 waited for
+    the 5 s deadline before)."""
     n = 4 if fault.startswith("die_over_ucx") else 3
     env = clean_env()
     if fault.startswith("die_over_ucx"):
         env.pop("UCX_TLS", None)
         env.update(RINGCOMM_TRANSPORT="ucx", **({"UCX_TLS": "tcp"} if fault == "die_over_ucx" else {}))
     before = shm_files()
+    hosts = (lambda r: {"RINGCOMM_HOST_ID": f"node{r}"}) if fault == "die_over_ucx" else (lambda r: {})
     procs = [subprocess.Popen([sys.executable, "-c", STORE_JOB, str(tmp_path / "store"), str(r), str(n), fault],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, **hosts(r)})
              for r in range(n)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert not shm_files() - before
@@ -244,6 +247,9 @@ def test_init_with_a_store_in_plain_processes(tmp_path, fault):
         kind, secs = out.split("RAISED ")[1].split()[0], float(out.split(" after ")[1].split()[0])
         if fault.startswith("die"):  # noticed by the peer's pid (or UCX), well before the 5 s deadline
             assert "rank 1" in out and "died" in out and secs < 4, out
+            if fault.startswith("die_over_ucx") and r == 2:  # waited for rank 1: UCX's report, or the pid's
+                assert ("UCX reported" in out) == (fault == "die_over_ucx"), out
+                assert ("(pid " in out) == (fault == "die_over_ucx_shm"), out
             if fault.startswith("die_over_ucx") and r == 3:  # waited for rank 2 alone: told through the ring
                 assert kind == "CommunicatorAborted" and "reported to rank 3 through the ring" in out, out
         elif fault == "mismatch":

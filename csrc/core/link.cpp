@@ -542,6 +542,15 @@ void Link::throw_if_dead(Request* const* reqs, int n) {
   }
 }
 
+void Link::watch_processes(std::vector<int> pids) {
+  if (!pids_.empty() || fp_.seq != 0) throw_invalid("watch_processes: once, before the first collective");
+  for (int pid : pids)
+    if (pid > 0) {
+      pids_ = std::move(pids);
+      return;
+    }
+}
+
 std::string Link::death_of(int peer) const {
   if (window_) return window_->death_of(peer);
   if (peer < 0 || size_t(peer) >= pids_.size() || pids_[peer] <= 0 || !process_gone(pids_[peer])) return "";

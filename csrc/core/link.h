@@ -177,8 +177,9 @@ class Link {
   // the window failed): each rank's pid, 0 where not watched (this rank, or
   // a rank of another host or pid namespace). Watched like the window's, as
   // a transport may never notice such a peer gone (UCX's shared memory).
-  // Before the first collective.
-  void watch_processes(std::vector<int> pids) { pids_ = std::move(pids); }
+  // Once, before the first collective (death_of reads them from other
+  // threads without a lock). Nothing to watch (every pid 0): no table.
+  void watch_processes(std::vector<int> pids);
   // "rank P (pid X) died" when `peer` is a watched process of this host
   // (the window's, or watch_processes') that has exited; "" otherwise (any
   // thread).

@@ -6,7 +6,9 @@
 //     it is combined in, and the conversions between them (Plain, Half,
 //     BFloat16);
 //   * what each op does to two elements (ops::Sum, Prod, Min, Max);
-//   * the one error type every layer throws (RingError).
+//   * the one error type every layer throws (RingError), with the host's
+//     ways to throw it (throw_invalid, throw_peer_died) and to tell a dead
+//     peer process (process_gone).
 // g++ compiles it for the host (the host reducer and everything else), nvcc
 // for the device kernels (cuda/reducer_cuda.cu): the element traits and the
 // ops are __host__ __device__ there (RC_HD), so both reducers define every

@@ -142,8 +142,9 @@ class Engine {
   // null. Thread-safe.
   std::unique_ptr<RingError> check_peers();
   Ledger& ledger() { return link_.ledger(); }
-  // "rank P (pid X) died" when `peer` is a process of this host's window
-  // that has exited, else "" (any thread: point-to-point's waits ask).
+  // "rank P (pid X) died" when `peer` is a process of this host's window,
+  // or one watch_processes gave, that has exited, else "" (any thread:
+  // point-to-point's waits ask).
   std::string death_of(int peer) const { return link_.death_of(peer); }
   // Link::watch_processes: this host's ranks' pids where no window watches them.
   void watch_processes(std::vector<int> pids) { link_.watch_processes(std::move(pids)); }

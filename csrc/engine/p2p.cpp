@@ -286,11 +286,12 @@ Fingerprint P2POp::call() const {
   return f;
 }
 
-void P2POp::fail(ErrKind kind, const std::string& what) {
+void P2POp::fail(ErrKind kind, const std::string& what, bool peer_died) {
   const std::string peer = peer_ == kAnySource ? "any rank" : "rank " + std::to_string(peer_);
   RingError e(kind, rank_, peer_, 0,
               std::string(is_send_ ? "send to " : "recv from ") + peer + " (tag " + std::to_string(tag_) + ", " +
                   elems(bytes_, dtype_) + ") on rank " + std::to_string(rank_) + ": " + what);
+  e.peer_died = peer_died && peer_ >= 0;  // (any source: every rank gone, no one peer to name)
   throw e;
 }
 
@@ -437,7 +438,7 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
         // fails only once every other rank is gone: a living one may still send.
         if (is_send_ || !matched_.load(std::memory_order_acquire)) {
           const std::string death = peer_ >= 0 ? engine_->death_of(peer_) : every_peer_dead();
-          if (!death.empty()) fail(ErrKind::transport, death + " (its process is gone)");
+          if (!death.empty()) fail(ErrKind::transport, death + " (its process is gone)", true);
         }
         if (now >= deadline_) {
           const std::string waiting = is_send_ ? "rank " + std::to_string(peer_) + " to receive it"

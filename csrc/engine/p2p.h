@@ -121,7 +121,8 @@ class P2POp {
                                      int64_t t_issue_ns);
   bool progress(Clock::time_point until);  // true: done; throws RingError
   void finish(std::unique_ptr<RingError> err);
-  [[noreturn]] void fail(ErrKind kind, const std::string& what);
+  // `peer_died`: the peer's process is gone (RingError::peer_died, told to the ring).
+  [[noreturn]] void fail(ErrKind kind, const std::string& what, bool peer_died = false);
   // Device communicators: the op's payload goes through `staging_` (see
   // the top of this file). stage(): take it and, for a send, copy the
   // caller's buffer out (the host waits, up to the deadline). delivered():

@@ -640,10 +640,11 @@ namespace {
 // ERROR_HANDLING setting, off by default), so without it two ranks of one
 // host would talk over loopback TCP. They learn of a dead peer from UCP's
 // keepalive, which checks each endpoint once an interval (20 s by default),
-// set to 1 s here, for a check per endpoint and second. Measured, it is not
-// enough: over sysv/cma (UCX 1.20) a killed peer went unreported for the
-// whole 5 s deadline, so the engine watches the pids of this host's ranks
-// itself (Link::watch_processes, from shm.attach). (TCP sees a dead process
+// set to 1 s here, for a check per endpoint and second. It watches only
+// endpoints that have carried traffic from this side: over sysv/cma (UCX
+// 1.20) a ring's left neighbour, to which a rank never sends, went
+// unreported for the whole 5 s deadline. So the engine watches the pids of
+// this host's ranks itself (Link::watch_processes, from shm.attach). (TCP sees a dead process
 // at once: its kernel resets the connection.)
 //
 // cma (a process reading another's memory directly: large messages within a
