@@ -59,12 +59,15 @@ def host_key() -> str:
     override = os.environ.get("RINGCOMM_HOST_ID")
     if override:
         return "id:" + override
+    return f"{socket.gethostname()}:{_boot_id()}"
+
+
+def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
+            return f.read().strip()
     except OSError:
-        boot = "?"
-    return f"{socket.gethostname()}:{boot}"
+        return "?"
 
 
 def sched_group() -> str | None:
@@ -519,15 +522,10 @@ def _process() -> tuple[str, str, int]:
     its peers on this host watch it (Link::watch_processes) where no window
     does."""
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
-    try:
         ns = os.readlink("/proc/self/ns/pid")
     except OSError:
         ns = "?"
-    return boot, ns, os.getpid()
+    return _boot_id(), ns, os.getpid()
 
 
 def _attach_shared(engine, comm, m, got, make_between) -> str | None:

@@ -289,10 +289,10 @@ bool single_copy(const ShmWindow& w, size_t block_bytes) {
 // Single copy has the kernel pin every page it copies out of a peer's
 // array; from 4 KiB pages that costs all_gather more than the slots' second
 // copy (at every block size measured under the 4 MiB limit, 128 KiB-4 MiB,
-// N = 2 and 4: bench/a2a_pages.py, bench/README.md). Not gather or scatter: there the root
-// alone copies every block out of (into) the slots, round after round, each
-// a sync of all ranks; measured, that was mixed (gather) or level and slower
-// (scatter) at N = 4. Whose pages matter (every rank's input) only their
+// N = 2 and 4: bench/a2a_pages.py, bench/README.md). Not gather or
+// scatter: there the root alone copies every block out of (into) the
+// slots, round after round, each a sync of all ranks; measured, that was
+// mixed (gather) or level and slower (scatter) at N = 4. Whose pages matter (every rank's input) only their
 // owner can ask, so every rank says what it found and waits for all (one
 // sync): after it all decide alike. Only for blocks under the window's
 // 4 KiB limit, between processes.

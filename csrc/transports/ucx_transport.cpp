@@ -644,8 +644,8 @@ namespace {
 // endpoints that have carried traffic from this side: over sysv/cma (UCX
 // 1.20) a ring's left neighbour, to which a rank never sends, went
 // unreported for the whole 5 s deadline. So the engine watches the pids of
-// this host's ranks itself (Link::watch_processes, from shm.attach). (TCP sees a dead process
-// at once: its kernel resets the connection.)
+// this host's ranks itself (Link::watch_processes, from shm.attach). (TCP
+// sees a dead process at once: its kernel resets the connection.)
 //
 // cma (a process reading another's memory directly: large messages within a
 // host, 2 to 5 times faster here at 4 to 16 MiB than through sysv) is kept
