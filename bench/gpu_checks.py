@@ -73,10 +73,13 @@ def kernels(args) -> int:
                     if dtype in FLOATING:
                         a = (rng.standard_normal(n) * 100).astype(NUMPY[dtype])
                         b = (rng.standard_normal(n) * 100).astype(NUMPY[dtype])
-                    else:
+                    elif NUMPY[dtype] == np.bool_:
+                        a = rng.integers(0, 2, n).astype(np.bool_)
+                        b = rng.integers(0, 2, n).astype(np.bool_)
+                    else:  # dtype=: uint64's top half is out of int64's range
                         info = np.iinfo(NUMPY[dtype])
-                        a = rng.integers(info.min, info.max, n, endpoint=True).astype(NUMPY[dtype])
-                        b = rng.integers(info.min, info.max, n, endpoint=True).astype(NUMPY[dtype])
+                        a = rng.integers(info.min, info.max, n, endpoint=True, dtype=NUMPY[dtype])
+                        b = rng.integers(info.min, info.max, n, endpoint=True, dtype=NUMPY[dtype])
                     raw = [cupy.zeros((n + 16) * es, cupy.uint8) for _ in range(3)]
                     raw[1][sa * es:(sa + n) * es] = cupy.asarray(a.view(np.uint8))
                     raw[2][sb * es:(sb + n) * es] = cupy.asarray(b.view(np.uint8))

@@ -33,7 +33,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("--bytes", default="256M")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--segment-bytes", default="4M")
+    ap.add_argument("--segment-bytes", default=None,
+                    help="default: the library's for GPUs (config.DEFAULT_GPU_SEGMENT_BYTES)")
     args = ap.parse_args()
     if not rcuda.available():
         print(f"no GPU: ringcomm._cuda is {rcuda.status()}")
@@ -70,7 +71,7 @@ def main() -> int:
     per_rep = [max(times[r][k] for r in range(n)) - starts[k] for k in range(args.reps)]
     med = float(np.median(per_rep))
     print(f"# in-process ring all_reduce, N = {n} ranks on one GPU, {nbytes} B float32, "
-          f"segments {args.segment_bytes}, median of {args.reps}")
+          f"segments {args.segment_bytes or 'default'}, median of {args.reps}")
     print(f"# device copy bandwidth {copy_bw / 1e9:.0f} GB/s; bytes-moved bound {bound * 1e3:.2f} ms")
     print(f"measured {med * 1e3:.2f} ms [p10 {np.percentile(per_rep, 10) * 1e3:.2f}, "
           f"p90 {np.percentile(per_rep, 90) * 1e3:.2f}]; measured / bound = {med / bound:.2f} (target <= 1.3); "

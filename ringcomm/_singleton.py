@@ -45,15 +45,45 @@ def mpi():
     settings when no launcher started this process."""
     if "mpi4py.MPI" in sys.modules:
         return sys.modules["mpi4py.MPI"]
-    set_btl = not launched() and "OMPI_MCA_btl" not in os.environ
+    singleton = not launched()
+    set_btl = singleton and "OMPI_MCA_btl" not in os.environ
     if set_btl:
         os.environ["OMPI_MCA_btl"] = "self"
+    before = _c_environ() if singleton else None
     try:
         from mpi4py import MPI
     finally:
         if set_btl:
             os.environ.pop("OMPI_MCA_btl", None)
+        if before is not None:
+            _restore_c_environ(before)
     return MPI
+
+
+def _c_environ() -> dict:
+    """The process's C environment (what a child started with env=None gets;
+    os.environ is Python's copy from startup and misses a library's setenv)."""
+    import ctypes
+    env = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    out, i = {}, 0
+    while env[i]:
+        key, _, value = env[i].partition(b"=")
+        out[key] = value
+        i += 1
+    return out
+
+
+def _restore_c_environ(before: dict) -> None:
+    """Undo the variables a singleton's MPI_Init set in the C environment.
+    Open MPI 4 (Debian's 4.1.6) exports its runtime's (OMPI_MCA_orte_*, PMIX_*,
+    ...): a child such as `ringcomm run`'s mpirun inherits them, takes itself
+    for part of this job and exits 1 without a word. They were read during
+    MPI_Init; Open MPI 5 sets only two harmless PSM flags."""
+    for key, value in _c_environ().items():
+        if key not in before:
+            os.unsetenv(key)
+        elif before[key] != value:
+            os.putenv(key, before[key])
 
 
 def notice_once(size: int) -> None:

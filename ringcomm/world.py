@@ -108,7 +108,7 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
     MPI = _singleton.mpi()  # starts MPI (as a singleton: without /dev/shm files)
 
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-    s = config.settings(timeout, segment_bytes, window)
+    s = config.settings(timeout, segment_bytes, window, gpu=config.on_gpu(device))
     from . import shm
     if device is None and shm.mode(transport) == "ucx":  # UCX moves every message; MPI only swaps the addresses
         from . import ucx
@@ -179,7 +179,7 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport, de
     the payload over NCCL (its unique id through the store, as torch does)
     and the control messages over UCX."""
     from . import bootstrap as boot, shm, ucx
-    s = config.settings(timeout, segment_bytes, window)
+    s = config.settings(timeout, segment_bytes, window, gpu=config.on_gpu(device))
     if store is None:
         if rank is not None or size is not None:
             raise InvalidArgument("init(rank=..., size=...) needs store=... too")
@@ -306,7 +306,7 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
     if int(n) < 1:
         raise InvalidArgument(f"run_local needs at least one rank, got {n}")
     n = int(n)
-    s = config.settings(timeout, segment_bytes, window)
+    s = config.settings(timeout, segment_bytes, window, gpu=config.on_gpu(device))
     label = "inproc" if device is None else f"inproc({device if isinstance(device, str) else 'cuda'})"
     engines = _local_engines(n, s, device, jitter_us)
     for e in engines:

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+import ringcomm
 import ringcomm.cuda as rcuda
 from ringcomm.vocab import DTYPES, FLOATING, NUMPY, OPS
 from ringcomm._native import core
@@ -68,9 +69,11 @@ def random_pair(dtype, n, rng):
     dt = NUMPY[dtype]
     if dtype in FLOATING:
         return (rng.standard_normal(n) * 100).astype(dt), (rng.standard_normal(n) * 100).astype(dt)
-    info = np.iinfo(dt)
-    return (rng.integers(info.min, info.max, n, endpoint=True).astype(dt),
-            rng.integers(info.min, info.max, n, endpoint=True).astype(dt))
+    if dt == np.bool_:
+        return rng.integers(0, 2, n).astype(dt), rng.integers(0, 2, n).astype(dt)
+    info = np.iinfo(dt)  # dtype=: uint64's top half is out of int64's range
+    return (rng.integers(info.min, info.max, n, endpoint=True, dtype=dt),
+            rng.integers(info.min, info.max, n, endpoint=True, dtype=dt))
 
 
 @gpu
@@ -359,6 +362,14 @@ def test_array_on_another_gpu_is_rejected():
         return True
     import ringcomm
     assert all(ringcomm.run_local(2, body, device=[0, 1]))
+
+
+@gpu
+def test_gpu_communicators_default_to_64_MiB_segments(monkeypatch):
+    # config.DEFAULT_GPU_SEGMENT_BYTES: 4 MiB segments left an H200 ring 8.4x
+    # its bytes-moved bound, host-bound (bench/gpu_ring.py); 64 MiB 1.6x.
+    monkeypatch.delenv("RINGCOMM_SEGMENT_BYTES", raising=False)
+    assert on_gpu(2, lambda c: c.segment_bytes) == [64 << 20] * 2
 
 
 @gpu

@@ -256,6 +256,20 @@ def test_a_timeout_of_never_never_times_out(timeout):
     assert all(t == ringcomm.config.MAX_TIMEOUT for _, t in got), got
 
 
+def test_default_segment_is_1_MiB_on_hosts_and_64_MiB_on_gpus(monkeypatch):
+    # On a GPU each message costs the host far more than the device's copy of
+    # 1 MiB (config.DEFAULT_GPU_SEGMENT_BYTES); the emulated devices are host memory.
+    monkeypatch.delenv("RINGCOMM_SEGMENT_BYTES", raising=False)
+    assert ringcomm.run_local(2, lambda c: c.segment_bytes) == [1 << 20] * 2
+    assert ringcomm.run_local(2, lambda c: c.segment_bytes, device="emulated") == [1 << 20] * 2
+    assert ringcomm.config.settings(gpu=True).segment_bytes == 64 << 20
+    assert [ringcomm.config.on_gpu(d) for d in (None, "emulated", "emulated-nccl", "cuda", 0, [0, 1])] == \
+        [False, False, False, True, True, True]
+    monkeypatch.setenv("RINGCOMM_SEGMENT_BYTES", "2M")  # the environment wins over either default
+    assert ringcomm.config.settings(gpu=True).segment_bytes == 2 << 20
+    assert ringcomm.config.settings(segment_bytes="3K", gpu=True).segment_bytes == 3072  # and the argument over it
+
+
 def test_rank_that_never_joins_makes_the_others_time_out():
     def body(comm):
         if comm.rank == 2:

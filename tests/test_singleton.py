@@ -91,3 +91,34 @@ def test_launcher_detection():
     assert _singleton.launched({"OMPI_COMM_WORLD_SIZE": "2"})
     assert _singleton.launched({"PMIX_RANK": "0"})
     assert _singleton.launched({"PMI_RANK": "0"})
+
+
+# A singleton's MPI_Init may export its runtime's variables into the C
+# environment: Debian's Open MPI 4.1.6 adds PMIX_NAMESPACE, OMPI_MCA_ess and
+# 25 more (seen on the GPU machine), and a child `ringcomm run` then exited 1
+# without a word (its mpirun took itself for part of the singleton's job).
+# _singleton.mpi() takes them out again; os.environ cannot show them (Python's
+# copy from startup), so the child reads the C environment and a grandchild's.
+ENV_CHILD = r"""
+import json, os, subprocess, sys
+from ringcomm import _singleton
+before = _singleton._c_environ()
+os.putenv("RINGCOMM_TEST_SET_BY_A_LIBRARY", "1")  # what Open MPI 4 does, minus Open MPI
+os.putenv("HOME", "/changed")
+_singleton._restore_c_environ(before)
+restored = _singleton._c_environ() == before
+_singleton.mpi()
+after = _singleton._c_environ()
+seen = subprocess.run(["env", "-0"], capture_output=True).stdout.split(b"\0")
+keys = {kv.partition(b"=")[0].decode() for kv in seen if kv}
+print(json.dumps({"restored": restored, "same_after_init": after == before,
+                  "added": sorted(k.decode() for k in set(after) - set(before)),
+                  "grandchild_extra": sorted(keys - {k.decode() for k in before})}))
+"""
+
+
+def test_mpi_init_leaves_no_variable_for_children():
+    got, _ = run_child(clean_env(), [sys.executable, "-c", ENV_CHILD])
+    assert got["restored"], got
+    assert got["same_after_init"], got
+    assert got["grandchild_extra"] == [], got
