@@ -554,7 +554,7 @@ void Link::watch_processes(std::vector<int> pids) {
 std::string Link::death_of(int peer) const {
   if (window_) return window_->death_of(peer);
   if (peer < 0 || size_t(peer) >= pids_.size() || pids_[peer] <= 0 || !process_gone(pids_[peer])) return "";
-  return "rank " + std::to_string(peer) + " (pid " + std::to_string(pids_[peer]) + ") died";
+  return died(peer, pids_[peer]);
 }
 
 int Link::wait_or_control(Request* r, Clock::time_point now, Clock::time_point deadline) {

@@ -429,7 +429,7 @@ std::string ShmWindow::death_of(int member, bool gone) const {
   if (j < 0 || j == rank_) return "";
   const RankArea* a = area(j);
   if (a->pid <= 0 || a->pidns != area(rank_)->pidns || !(gone || process_gone(int(a->pid)))) return "";
-  return "rank " + std::to_string(member) + " (pid " + std::to_string(a->pid) + ") died";
+  return died(member, a->pid);
 }
 
 void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, int missing) {
@@ -444,12 +444,11 @@ void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, in
                     "rank " + std::to_string(member(missing)) + " went on to call #" + std::to_string(latest) +
                         " without joining " + describe(fp) + " on rank " + std::to_string(member(rank_)) +
                         " through shared memory: the ranks disagree on the call");
-  if (processes_ && a->pid > 0 && a->pidns == area(rank_)->pidns && process_gone(int(a->pid))) {
+  const std::string dead = death_of(member(missing));
+  if (!dead.empty())
     throw_peer_died(member(rank_), member(missing), fp.seq,
-                    "rank " + std::to_string(member(missing)) + " (pid " + std::to_string(a->pid) +
-                        ") died while rank " + std::to_string(member(rank_)) + " waited for it in " + describe(fp) +
+                    dead + " while rank " + std::to_string(member(rank_)) + " waited for it in " + describe(fp) +
                         " (shared memory)");
-  }
 }
 
 uint64_t ShmWindow::latest_call(int peer) const { return area(peer)->latest.load(std::memory_order_acquire); }

@@ -90,4 +90,8 @@ bool process_gone(int pid) {
   return close && (close[1] == ' ') && (close[2] == 'Z' || close[2] == 'X');
 }
 
+std::string died(int rank, long long pid) {
+  return "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") died";
+}
+
 }  // namespace ringcomm

@@ -201,6 +201,8 @@ struct RingError : std::runtime_error {
 // The process `pid` (of this host and pid namespace) has exited: gone, or a
 // zombie its parent has not reaped yet.
 bool process_gone(int pid);
+// "rank R (pid P) died": how every wait names a peer whose process is gone.
+std::string died(int rank, long long pid);
 
 // ---- small shared helpers ---------------------------------------------------
 using Clock = std::chrono::steady_clock;
