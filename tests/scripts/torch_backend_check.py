@@ -357,6 +357,18 @@ for dtype in (torch.float32, torch.int32, torch.float16):
         dist.all_to_all_single(ye, xe)
         dist.all_to_all_single(ge, xe, group=GLOO)
         case("all_to_all_single", equal(ye, ge, True), f"equal {dtype} rows={rows}")
+# What the synchronous fast lane hands back to the general path (InvalidArgument
+# before any byte moves): non-contiguous tensors, and the output being the input.
+xc = data(N * 2 * 3, torch.float32, R).reshape(N * 2, 3)
+want = torch.empty_like(xc)
+dist.all_to_all_single(want, xc)
+xt = xc.t().contiguous().t()  # the same values, column-major: not contiguous
+yt = torch.full((3, N * 2), -1.0).t()
+dist.all_to_all_single(yt, xt)
+case("all_to_all_single", not xt.is_contiguous() and equal(yt, want, True), "non-contiguous input and output")
+xi = xc.clone()
+dist.all_to_all_single(xi, xi)
+case("all_to_all_single", equal(xi, want, True), "in place (the output is the input)")
 xs = [data(3, torch.int64, R, salt=p) for p in range(N)]
 ys = [torch.empty(3, dtype=torch.int64) for _ in range(N)]
 gs = [torch.empty(3, dtype=torch.int64) for _ in range(N)]
