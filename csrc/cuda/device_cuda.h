@@ -20,6 +20,22 @@
 
 namespace ringcomm {
 
+// cudaEvents handed back by the events this device records, reused: shared
+// with the events, so it outlives the device while one is held (see
+// CudaDevice::record_on for why they are pooled).
+class EventPool {
+ public:
+  explicit EventPool(int gpu) : gpu_(gpu) {}
+  ~EventPool();
+  cudaEvent_t take();
+  void give(cudaEvent_t e);
+
+ private:
+  int gpu_;
+  std::mutex m_;
+  std::vector<cudaEvent_t> free_;
+};
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int gpu);
@@ -55,6 +71,8 @@ class CudaDevice final : public Device {
   };
   int gpu_;
   std::shared_ptr<PinnedPool> pinned_ = std::make_shared<PinnedPool>(gpu_);
+  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>(gpu_);
+  EventPtr record_on(cudaStream_t s);
   cudaStream_t stream_ = nullptr, xfer_ = nullptr;
   char* scratch_[2] = {nullptr, nullptr};
   size_t scratch_bytes_[2] = {0, 0};
