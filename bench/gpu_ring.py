@@ -23,6 +23,7 @@ with no host in the loop: the gap between it and the measured time is the
 library's (matching, events and launches from N threads on one context).
 """
 import argparse
+import os
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ import numpy as np
 import ringcomm
 import ringcomm.cuda as rcuda
 from ringcomm.benchmark import device_copy_gbps
-from ringcomm.config import parse_size
+from ringcomm.config import DEFAULT_GPU_SEGMENT_BYTES, parse_size
 
 
 HOLD = r"""
@@ -131,11 +132,14 @@ def main() -> int:
         return ok
 
     alone = schedule_alone(n, nbytes, args.reps)
+    env_seg = os.environ.get("RINGCOMM_SEGMENT_BYTES")
+    segments = args.segment_bytes or (f"{env_seg} (RINGCOMM_SEGMENT_BYTES)" if env_seg else
+                                      f"default ({DEFAULT_GPU_SEGMENT_BYTES >> 20} MiB)")
     ok = ringcomm.run_local(n, body, device="cuda", segment_bytes=args.segment_bytes, timeout=120)
     per_rep = [max(times[r][k] for r in range(n)) - starts[k] for k in range(args.reps)]
     med = float(np.median(per_rep))
     print(f"# in-process ring all_reduce, N = {n} ranks on one GPU, {nbytes} B float32, "
-          f"segments {args.segment_bytes or 'default'}, median of {args.reps}")
+          f"segments {segments}, median of {args.reps}")
     print(f"# device copy bandwidth {copy_bw / 1e9:.0f} GB/s; bytes-moved bound {bound * 1e3:.2f} ms")
     print(f"the same copies and reductions with no host in the loop: {alone * 1e3:.2f} ms, "
           f"{alone / bound:.2f}x the bound")

@@ -46,10 +46,10 @@ def mpi():
     if "mpi4py.MPI" in sys.modules:
         return sys.modules["mpi4py.MPI"]
     singleton = not launched()
+    before = _c_environ() if singleton else None  # first: if it fails, nothing is set yet
     set_btl = singleton and "OMPI_MCA_btl" not in os.environ
     if set_btl:
         os.environ["OMPI_MCA_btl"] = "self"
-    before = _c_environ() if singleton else None
     try:
         from mpi4py import MPI
     finally:
@@ -78,12 +78,17 @@ def _restore_c_environ(before: dict) -> None:
     Open MPI 4 (Debian's 4.1.6) exports its runtime's (OMPI_MCA_orte_*, PMIX_*,
     ...): a child such as `ringcomm run`'s mpirun inherits them, takes itself
     for part of this job and exits 1 without a word. They were read during
-    MPI_Init; Open MPI 5 sets only two harmless PSM flags."""
-    for key, value in _c_environ().items():
+    MPI_Init; Open MPI 5 sets only two harmless PSM flags. One it removed
+    comes back too."""
+    now = _c_environ()
+    for key, value in now.items():
         if key not in before:
             os.unsetenv(key)
         elif before[key] != value:
             os.putenv(key, before[key])
+    for key, value in before.items():
+        if key not in now:
+            os.putenv(key, value)
 
 
 def notice_once(size: int) -> None:

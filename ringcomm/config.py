@@ -3,26 +3,27 @@
 A keyword argument to :func:`ringcomm.init` / :func:`ringcomm.run_local` wins
 over the environment, which wins over the default.
 
-=========================  ==========  =====================================================
-variable                   default     meaning
-=========================  ==========  =====================================================
-``RINGCOMM_TIMEOUT``       ``300``     seconds any blocking wait inside a collective may
+============================  =======  =====================================================
+variable                      default  meaning
+============================  =======  =====================================================
+``RINGCOMM_TIMEOUT``          ``300``  seconds any blocking wait inside a collective may
                                        take before it raises CollectiveTimeout naming the
                                        peer it waited for (the communicator is then aborted)
-``RINGCOMM_SEGMENT_BYTES`` ``1048576`` largest message: each ring step is pipelined in
-                          (64 MiB on  segments of at most this many bytes. Must be equal
-                          GPUs)       on all ranks (checked). Suffixes K, M, G accepted.
-``RINGCOMM_WINDOW``        ``4``       receives kept in flight per ring pass (>= 2)
-``RINGCOMM_DEBUG``         unset       ``1``: log every collective call (rank, sequence
+``RINGCOMM_SEGMENT_BYTES``    ``1M``   largest message: each ring step is pipelined in
+                                       segments of at most this many bytes (64 MiB on
+                                       GPUs). Must be equal on all ranks (checked).
+                                       Suffixes K, M, G accepted.
+``RINGCOMM_WINDOW``           ``4``    receives kept in flight per ring pass (>= 2)
+``RINGCOMM_DEBUG``            unset    ``1``: log every collective call (rank, sequence
                                        number, arguments) to stderr
-``RINGCOMM_FLIGHT_RECORDER`` ``256``   collectives each communicator's flight recorder
+``RINGCOMM_FLIGHT_RECORDER``  ``256``  collectives each communicator's flight recorder
                                        keeps (``0``: off); ``Communicator.flight_record()``
-``RINGCOMM_DUMP_ON_ERROR`` unset       a directory: on its first error each communicator
+``RINGCOMM_DUMP_ON_ERROR``    unset    a directory: on its first error each communicator
                                        writes its flight record there as JSON (one file per
                                        rank); ``ringcomm analyze DIR`` explains them
-``RINGCOMM_LIBMPI``        unset       path of libmpi to load, when it is not in
+``RINGCOMM_LIBMPI``           unset    path of libmpi to load, when it is not in
                                        <sys.prefix>/lib
-=========================  ==========  =====================================================
+============================  =======  =====================================================
 """
 
 from __future__ import annotations

@@ -103,8 +103,9 @@ ENV_CHILD = r"""
 import json, os, subprocess, sys
 from ringcomm import _singleton
 before = _singleton._c_environ()
-os.putenv("RINGCOMM_TEST_SET_BY_A_LIBRARY", "1")  # what Open MPI 4 does, minus Open MPI
+os.putenv("RINGCOMM_TEST_SET_BY_A_LIBRARY", "1")  # what Open MPI 4 does (adds, changes), minus Open MPI
 os.putenv("HOME", "/changed")
+os.unsetenv("PATH")
 _singleton._restore_c_environ(before)
 restored = _singleton._c_environ() == before
 _singleton.mpi()

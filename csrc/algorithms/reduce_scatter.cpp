@@ -63,7 +63,9 @@ void ring_reduce_scatter(Link& link, const RingPlan& plan, const Reducer& red, c
     const int step = u / K, k = u % K, c = plan.rs_recv_chunk(rank, step);
     char* dst = acc_at(c, k);
     if (dst == in_at(c, k)) {
-      if (!slots) slots = link.scratch(0, size_t(window) * slot_bytes);
+      // (u % window < units: fewer units than the window need fewer slots,
+      // which matters with a GPU's 64 MiB segments, config.py)
+      if (!slots) slots = link.scratch(0, size_t(std::min(window, units)) * slot_bytes);
       dst = slots + size_t(u % window) * slot_bytes + reinterpret_cast<uintptr_t>(in_at(c, k)) % 16;
     }
     arrived[u % window] = dst;

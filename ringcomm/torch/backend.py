@@ -181,6 +181,21 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             w = self._done = DoneWork(result)
         return w.reuse(result)
 
+    def _sync(self, call, result: list) -> DoneWork | None:
+        """The synchronous fast lane (dist.all_reduce(t) and the like): `call`
+        runs the communicator's collective straight on the caller's tensors,
+        on this thread; the native checks take a contiguous CPU tensor as they
+        take a numpy array, and no flat copy, overlap test or pending Work is
+        built. What the communicator refuses (InvalidArgument, raised before
+        any byte moves: a non-contiguous or overlapping tensor, a dtype or op
+        it lacks) returns None: the caller then takes its general path, which
+        copies or raises torch's kind of error."""
+        try:
+            call()
+        except InvalidArgument:
+            return None
+        return self._done_work(result)
+
     def _go(self, async_op: bool, starts: list, result: list, finish=None) -> PendingWork:
         """Start the ringcomm collectives `starts` (communicator methods with
         their arguments bound, taking async_op), then hand torch one Work for
@@ -194,19 +209,11 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         if not opts.asyncOp and len(tensors) == 1 and tensors[0].layout == torch.strided:
-            # The common synchronous call (dist.all_reduce(t)): straight to
-            # the communicator, on this thread; its native fast lane checks
-            # and takes a contiguous CPU tensor as it takes a numpy array. What
-            # it refuses (InvalidArgument, raised before any byte moves: a
-            # non-contiguous tensor, a dtype or op it lacks) takes the general
-            # path below, which copies or raises torch's kind of error.
-            op = _OPS.get(opts.reduceOp.op.value)
+            op = _OPS.get(opts.reduceOp.op.value)  # (PREMUL_SUM has none: the general path scales first)
             if op is not None:
-                try:
-                    self.comm.all_reduce(tensors[0], op=op)
-                    return self._done_work(tensors)
-                except InvalidArgument:
-                    pass
+                done = self._sync(lambda: self.comm.all_reduce(tensors[0], op=op), tensors)
+                if done is not None:
+                    return done
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
@@ -256,11 +263,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             raise NotImplementedError("ringcomm backend: broadcast of several tensors per rank is not implemented")
         t = tensors[0]
         if not opts.asyncOp and t.layout == torch.strided:
-            try:  # the synchronous fast lane, as allreduce's (refusals take the general path)
-                self.comm.broadcast(t, root=opts.rootRank)
-                return self._done_work(tensors)
-            except InvalidArgument:
-                pass
+            done = self._sync(lambda: self.comm.broadcast(t, root=opts.rootRank), tensors)
+            if done is not None:
+                return done
         _check_dtype(t, "broadcast")
         buf, copied = _flat(t)
         # The root's tensor is only read: no copy back (an expanded tensor, whose
@@ -427,11 +432,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if not opts.asyncOp and tensors[0].layout == torch.strided:
             op = _OPS.get(opts.reduceOp.op.value)  # (PREMUL_SUM has none: the general path scales first)
             if op is not None:
-                try:  # the synchronous fast lane, as allreduce's (refusals take the general path)
-                    self.comm.reduce(tensors[0], root=opts.rootRank, op=op)
-                    return self._done_work(tensors)
-                except InvalidArgument:
-                    pass
+                done = self._sync(lambda: self.comm.reduce(tensors[0], root=opts.rootRank, op=op), tensors)
+                if done is not None:
+                    return done
         t = _real(tensors[0], opts.reduceOp, "reduce")
         _check_dtype(t, "reduce")
         op, factor = self._op(opts.reduceOp, t, "reduce")
@@ -533,20 +536,6 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         equal blocks); ringcomm's all_to_all takes element counts."""
         opts = opts if opts is not None else dist.AllToAllOptions()
         n = self.size()
-        if not opts.asyncOp and output.dtype == input.dtype and input.layout == output.layout == torch.strided:
-            # The common synchronous call (a mixture-of-experts dispatch):
-            # straight to the communicator, as allreduce's fast lane, skipping
-            # the flat copies, overlap tests and Work the general path below
-            # builds (17 us of an 8-byte call's 23 us here, N = 2). What the
-            # communicator refuses (InvalidArgument, before any byte moves:
-            # non-contiguous, overlapping, a dtype it lacks) takes that path.
-            splits = _elements(input, input_split_sizes, n, "input") or [input.numel() // n] * n
-            out_splits = _elements(output, output_split_sizes, n, "output") or [output.numel() // n] * n
-            try:
-                self.comm.all_to_all(input, splits, out_splits, out=output)
-                return self._done_work([output])
-            except InvalidArgument:
-                pass
         _check_dtype(input, "all_to_all_single")
         if output.dtype != input.dtype:
             raise TypeError(f"ringcomm backend: all_to_all_single: output dtype {output.dtype} != input dtype "
@@ -556,6 +545,10 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         # NCCL take that), and ringcomm's equal-blocks call differs on the wire.
         splits = _elements(input, input_split_sizes, n, "input") or [input.numel() // n] * n
         out_splits = _elements(output, output_split_sizes, n, "output") or [output.numel() // n] * n
+        if not opts.asyncOp and output.layout == torch.strided:  # (a mixture-of-experts dispatch)
+            done = self._sync(lambda: self.comm.all_to_all(input, splits, out_splits, out=output), [output])
+            if done is not None:
+                return done
         ibuf, _ = _flat(input)
         obuf, ocopied = _flat(output)
         if _overlaps(ibuf, obuf):
