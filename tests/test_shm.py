@@ -343,6 +343,78 @@ def test_many_rounds_with_a_small_slot(n, monkeypatch):
     assert not errs, "\n".join(errs[:20])
 
 
+def at_page_offset(count, dtype, off):
+    """A zeroed array of `count` elements starting `off` bytes into a page."""
+    nbytes = count * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + 8192, np.uint8)
+    i = (off - raw.ctypes.data) % 4096
+    return raw[i:i + nbytes].view(dtype)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_arrays_at_any_page_offset_through_the_window(n, monkeypatch):
+    # The slots follow each call's array to its offset in the page
+    # (ShmWindow::align_slots_to). Ranks here use different offsets, so a
+    # writer's slot and a reader's array disagree; 4 KiB slots make every
+    # call many rounds over both parities, each parity written at the
+    # offset of the call that last used it.
+    monkeypatch.setenv("RINGCOMM_SHM_SLOT", "4096")
+    offsets = [0, 8, 16, 48, 4080]
+
+    def body(comm):
+        r, errs = comm.rank, []
+        for i, off in enumerate(offsets):
+            mine = offsets[(i + r) % len(offsets)] if off else 0  # (offset 0 on every rank once)
+            for dtype in ("float64", "float32", "int8"):
+                es = np.dtype(dtype).itemsize
+                o = mine // es * es
+                k = 1000 + 7 * n  # a multiple of n would hide a short last piece
+                k -= k % n
+
+                def data(rank, count=k):
+                    return ((np.arange(count) * (rank + 3) + rank) % 101).astype(dtype)
+
+                def arr(count, values=None):
+                    a = at_page_offset(count, dtype, o)
+                    if values is not None:
+                        a[...] = values
+                    return a
+                want_sum = sum(data(q).astype(np.int64) for q in range(n))
+                got = {}
+                x = arr(k, data(r))
+                comm.broadcast(x, 1 % n, algorithm="shm")
+                got["broadcast"] = (x, data(1 % n))
+                out = arr(k)
+                comm.all_reduce(arr(k, data(r)), out=out, algorithm="shm")
+                got["all_reduce"] = (out, want_sum.astype(dtype))
+                out = arr(k)
+                comm.reduce(arr(k, data(r)), 0, out=out, algorithm="shm")
+                if r == 0:
+                    got["reduce"] = (out, want_sum.astype(dtype))
+                out = arr(k)
+                comm.all_gather(arr(k // n, data(r, k // n)), out=out, algorithm="shm")
+                got["all_gather"] = (out, np.concatenate([data(q, k // n) for q in range(n)]))
+                out = arr(k)
+                comm.gather(arr(k // n, data(r, k // n)), 0, out=out if r == 0 else None, algorithm="shm")
+                if r == 0:
+                    got["gather"] = (out, np.concatenate([data(q, k // n) for q in range(n)]))
+                out = arr(k // n)
+                comm.scatter(arr(k, data(0)) if r == 0 else None, 0, out=out, algorithm="shm")
+                got["scatter"] = (out, data(0)[r * (k // n):(r + 1) * (k // n)])
+                out = arr(k)
+                comm.all_to_all(arr(k, data(r)), out=out, algorithm="shm")
+                b = k // n
+                got["all_to_all"] = (out, np.concatenate([data(q)[r * b:(r + 1) * b] for q in range(n)]))
+                for name, (g, w) in got.items():
+                    bad = np.flatnonzero(g != w)
+                    if bad.size:
+                        errs.append(f"rank {r} {name} {dtype} page offset {o}: {bad.size} wrong, first at index "
+                                    f"{bad[0]}: {g[bad[0]]} != {w[bad[0]]}")
+        return errs
+    errs = flat(ringcomm.run_local(n, body))
+    assert not errs, "\n".join(errs[:20])
+
+
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 def test_zero_copy_suite_in_process(n):
     # Arrays from comm.empty (the shared arena): auto runs zero_copy, peers

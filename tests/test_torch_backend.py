@@ -90,3 +90,69 @@ dist.destroy_process_group()
                          capture_output=True, text=True, timeout=300)
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")), "")
     assert line.split()[1:] == ["True", "True", "True"], res.stdout + res.stderr
+
+
+def test_synchronous_calls_take_the_fast_lane():
+    # Each synchronous op goes straight to the communicator (backend._sync: a
+    # DoneWork, no flat copies), on the root and off it; one the communicator
+    # refuses (non-contiguous outputs) takes the general path. Results checked
+    # against the rank-dependent inputs either way.
+    code = """
+import json, torch, torch.distributed as dist, ringcomm.torch
+from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
+dist.init_process_group("ringcomm")
+pg = dist.distributed_c10d._get_default_group()
+R, N = dist.get_rank(), dist.get_world_size()
+
+def o(cls, **kw):
+    x = cls()
+    x.asyncOp = False
+    for k, v in kw.items():
+        setattr(x, k, v)
+    return x
+
+kinds, ok = {}, {}
+x = torch.arange(4.0) + 10 * R
+w = pg.allreduce([x], o(dist.AllreduceOptions)); kinds["allreduce"] = type(w).__name__
+ok["allreduce"] = torch.equal(x, sum(torch.arange(4.0) + 10 * r for r in range(N)))
+x = torch.arange(4.0) + 10 * R
+w = pg.broadcast([x], o(dist.BroadcastOptions, rootRank=1)); kinds["broadcast"] = type(w).__name__
+ok["broadcast"] = torch.equal(x, torch.arange(4.0) + 10)
+x = torch.arange(4.0) + 10 * R
+w = pg.reduce([x], o(dist.ReduceOptions, rootRank=0)); kinds["reduce"] = type(w).__name__
+ok["reduce"] = R != 0 or torch.equal(x, sum(torch.arange(4.0) + 10 * r for r in range(N)))
+x, y = torch.arange(2.0 * N) + 100 * R, torch.empty(2 * N)
+w = pg.alltoall_base(y, x, [], [], o(dist.AllToAllOptions)); kinds["alltoall_base"] = type(w).__name__
+ok["alltoall_base"] = torch.equal(y, torch.tensor([float(100 * q + 2 * R + j) for q in range(N) for j in range(2)]))
+x, y = torch.arange(3.0) + 10 * R, torch.empty(N, 3)
+w = pg._allgather_base(y, x, o(AllgatherOptions)); kinds["_allgather_base"] = type(w).__name__
+ok["_allgather_base"] = torch.equal(y, torch.stack([torch.arange(3.0) + 10 * r for r in range(N)]))
+x, y = (torch.arange(3.0 * N) + 1) * (R + 1), torch.empty(3)
+w = pg._reduce_scatter_base(y, x, o(ReduceScatterOptions)); kinds["_reduce_scatter_base"] = type(w).__name__
+ok["_reduce_scatter_base"] = torch.equal(y, (torch.arange(3.0 * R, 3.0 * R + 3) + 1) * (N * (N + 1) // 2))
+x = torch.arange(3.0) + 10 * R
+outs = [torch.empty(3) for _ in range(N)] if R == 0 else []
+w = pg.gather([outs] if R == 0 else [], [x], o(dist.GatherOptions, rootRank=0)); kinds[f"gather"] = type(w).__name__
+ok["gather"] = R != 0 or all(torch.equal(outs[r], torch.arange(3.0) + 10 * r) for r in range(N))
+y = torch.empty(3)
+ins = [torch.arange(3.0) + 10 * r for r in range(N)] if R == 1 else []
+w = pg.scatter([y], [ins] if R == 1 else [], o(dist.ScatterOptions, rootRank=1)); kinds["scatter"] = type(w).__name__
+ok["scatter"] = torch.equal(y, torch.arange(3.0) + 10 * R)
+# refused by the communicator (non-contiguous outputs): the general path, same results
+x = torch.arange(3.0) + 10 * R
+outs = [torch.empty(3, 2)[:, 0] for _ in range(N)] if R == 0 else []
+w = pg.gather([outs] if R == 0 else [], [x], o(dist.GatherOptions, rootRank=0)); w.wait()
+kinds["gather (non-contiguous)"] = type(w).__name__
+ok["gather (non-contiguous)"] = R != 0 or all(torch.equal(outs[r], torch.arange(3.0) + 10 * r) for r in range(N))
+print("RESULT", json.dumps({"rank": R, "kinds": kinds, "ok": ok}), flush=True)
+dist.destroy_process_group()
+"""
+    res = subprocess.run([sys.executable, "-m", "ringcomm.cli", "run", "-n", "3", "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=300)
+    lines = [json.loads(ln.split(" ", 1)[1]) for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
+    assert len(lines) == 3, res.stdout + res.stderr
+    for got in lines:
+        rank = got["rank"]
+        assert all(got["ok"].values()), (rank, got)
+        slow = {op for op, kind in got["kinds"].items() if kind != "DoneWork"}
+        assert slow == ({"gather (non-contiguous)"} if rank == 0 else set()), (rank, got["kinds"])  # (the root's)

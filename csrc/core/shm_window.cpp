@@ -101,6 +101,7 @@ struct alignas(kLine) ShmWindow::RankArea {
   // a sync at p + 2 (every call ends with one) or earlier, which needs every
   // rank past p. So four words.
   std::atomic<uint64_t> at[kPhases];
+  std::atomic<uint32_t> slot_offset[2];  // where its slot of each parity starts in its page (next_parity)
   alignas(kLine) int64_t pid;     // 0: in process
   uint64_t pidns;                 // its pid namespace (a pid means something only in the same one)
   std::atomic<uint64_t> latest;   // seq of the newest call it announced
@@ -116,7 +117,7 @@ struct alignas(kLine) ShmWindow::RankArea {
 
 size_t ShmWindow::bytes_for(int nranks, size_t slot_bytes) {
   const size_t head = round_up(sizeof(Header) + size_t(nranks) * sizeof(RankArea), 4096);
-  return head + size_t(nranks) * 2 * round_up(slot_bytes, 4096);
+  return head + size_t(nranks) * 2 * round_up(slot_bytes + 4096, 4096);  // (+ its offset in the page)
 }
 
 ShmWindow::ShmWindow(void* base, size_t bytes, int rank, int nranks, size_t slot_bytes, bool creator,
@@ -161,7 +162,14 @@ ShmWindow::RankArea* ShmWindow::area(int r) const {
 
 char* ShmWindow::slot(int r, int parity) const {
   const size_t head = round_up(sizeof(Header) + size_t(n_) * sizeof(RankArea), 4096);
-  return base_ + head + (size_t(r) * 2 + size_t(parity)) * round_up(slot_bytes_, 4096);
+  return base_ + head + (size_t(r) * 2 + size_t(parity)) * round_up(slot_bytes_ + 4096, 4096) +
+         area(r)->slot_offset[parity].load(std::memory_order_relaxed);
+}
+
+int ShmWindow::next_parity() {
+  const int parity = int(round_++ & 1);
+  area(rank_)->slot_offset[parity].store(uint32_t(align_), std::memory_order_relaxed);
+  return parity;
 }
 
 void ShmWindow::announce(const Fingerprint& fp) {

@@ -578,6 +578,11 @@ void Engine::perform(const Task& t, Work& w) {
                              (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
   const bool shared = Algo(t.algo) == Algo::shm || Algo(t.algo) == Algo::shm_flat || zero_copy ||
                       Algo(t.algo) == Algo::hierarchical;
+  if (shared && link_.window()) {  // the slots at the page offset of this call's array (align_slots_to)
+    const void* arr = t.in ? t.in : t.out ? t.out : !t.in_places.empty() ? reinterpret_cast<const void*>(t.in_places[0])
+                      : !t.out_places.empty() ? reinterpret_cast<const void*>(t.out_places[0]) : nullptr;
+    link_.window()->align_slots_to(arr);
+  }
   if (shared) link_.begin_shared(fp);
   else link_.begin(fp, inline_header);
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work

@@ -323,6 +323,13 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
         opts = opts if opts is not None else _allgather_opts()
+        # (torch's size rule first: the communicator would also take the
+        # split rule's uneven chunks, where one rank may match and another not)
+        if not opts.asyncOp and output.numel() == input.numel() * self.size() and \
+                input.layout == output.layout == torch.strided:
+            done = self._sync(lambda: self.comm.all_gather(input, out=output), [output])
+            if done is not None:
+                return done
         start, finish = self._gather_into(output, input, opts.asyncOp, "all_gather_into_tensor")
         return self._go(opts.asyncOp, [start], [output], finish)
 
@@ -396,6 +403,13 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = opts if opts is not None else _reduce_scatter_opts()
+        if not opts.asyncOp and input.numel() == output.numel() * self.size() and \
+                input.layout == output.layout == torch.strided:  # (the size rule first: as _allgather_base's)
+            op = _OPS.get(opts.reduceOp.op.value)  # (PREMUL_SUM has none; complex is refused: _real below)
+            if op is not None:
+                done = self._sync(lambda: self.comm.reduce_scatter(input, op=op, out=output), [output])
+                if done is not None:
+                    return done
         start, finish = self._scatter_from(output, input, opts, "reduce_scatter_tensor")
         return self._go(opts.asyncOp, [start], [output], finish)
 
@@ -460,8 +474,19 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if len(input_tensors) != 1:
             raise NotImplementedError("ringcomm backend: gather of several tensors per rank is not implemented")
         inp = input_tensors[0]
-        _check_dtype(inp, "gather")
         root, n = opts.rootRank, self.size()
+        if not opts.asyncOp and inp.layout == torch.strided:  # the fast lane (_sync), torch's rules first
+            done = None
+            if self.rank() != root:
+                if not any(len(o) for o in output_tensors):
+                    done = self._sync(lambda: self.comm.gather(inp, root=root), [])
+            elif len(output_tensors) == 1 and len(output_tensors[0]) == n and \
+                    all(o.dtype == inp.dtype and o.numel() == inp.numel() for o in output_tensors[0]):
+                outs = list(output_tensors[0])  # (each block straight into its tensor: the engine takes a list)
+                done = self._sync(lambda: self.comm.gather(inp, root=root, out=outs), outs)
+            if done is not None:
+                return done
+        _check_dtype(inp, "gather")
         ibuf, _ = _flat(inp)
         if self.rank() != root:
             if output_tensors and any(len(o) for o in output_tensors):
@@ -498,8 +523,19 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if len(output_tensors) != 1:
             raise NotImplementedError("ringcomm backend: scatter of several tensors per rank is not implemented")
         out = output_tensors[0]
-        _check_dtype(out, "scatter")
         root, n = opts.rootRank, self.size()
+        if not opts.asyncOp and out.layout == torch.strided:  # the fast lane (_sync), torch's rules first
+            done = None
+            if self.rank() != root:
+                if not (input_tensors and any(len(i) for i in input_tensors)):
+                    done = self._sync(lambda: self.comm.scatter(None, root=root, out=out), [out])
+            elif len(input_tensors) == 1 and len(input_tensors[0]) == n and \
+                    all(i.dtype == out.dtype and i.numel() == out.numel() for i in input_tensors[0]):
+                ins = list(input_tensors[0])  # (each block read from its tensor: the engine takes a list)
+                done = self._sync(lambda: self.comm.scatter(ins, root=root, out=out), [out])
+            if done is not None:
+                return done
+        _check_dtype(out, "scatter")
         obuf, ocopied = _flat(out)
         finish = (lambda: out.detach().copy_(obuf.view_as(out))) if ocopied else None
         if self.rank() != root:
