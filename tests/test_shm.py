@@ -357,7 +357,8 @@ def test_arrays_at_any_page_offset_through_the_window(n, monkeypatch):
     # (ShmWindow::align_slots_to). Ranks here use different offsets, so a
     # writer's slot and a reader's array disagree; 4 KiB slots make every
     # call many rounds over both parities, each parity written at the
-    # offset of the call that last used it.
+    # offset of the call that last used it. (Between processes:
+    # test_over_mpi_one_host_uses_shared_memory_and_leaves_nothing.)
     monkeypatch.setenv("RINGCOMM_SHM_SLOT", "4096")
     offsets = [0, 8, 16, 48, 4080]
 
@@ -405,6 +406,21 @@ def test_arrays_at_any_page_offset_through_the_window(n, monkeypatch):
                 comm.all_to_all(arr(k, data(r)), out=out, algorithm="shm")
                 b = k // n
                 got["all_to_all"] = (out, np.concatenate([data(q)[r * b:(r + 1) * b] for q in range(n)]))
+                out = arr(k // n)  # (the one path without a trailing sync)
+                comm.reduce_scatter(arr(k, data(r)), out=out, algorithm="shm")
+                got["reduce_scatter"] = (out, want_sum.astype(dtype)[r * b:(r + 1) * b])
+
+                def split(q, p):  # what rank q sends rank p: uneven, some empty
+                    return (q * 7 + p * 13) % 9 * 40
+                sends = [split(r, p) for p in range(n)]
+                recvs = [split(q, r) for q in range(n)]
+                out = arr(sum(recvs))
+                comm.all_to_all(arr(sum(sends), data(r, sum(sends))), sends, recvs, out=out, algorithm="shm")
+
+                def block(q, p):  # rank q's block for rank p
+                    start = sum(split(q, x) for x in range(p))
+                    return data(q, sum(split(q, x) for x in range(n)))[start:start + split(q, p)]
+                got["all_to_all (per-peer splits)"] = (out, np.concatenate([block(q, r) for q in range(n)]))
                 for name, (g, w) in got.items():
                     bad = np.flatnonzero(g != w)
                     if bad.size:

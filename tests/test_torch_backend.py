@@ -132,7 +132,7 @@ w = pg._reduce_scatter_base(y, x, o(ReduceScatterOptions)); kinds["_reduce_scatt
 ok["_reduce_scatter_base"] = torch.equal(y, (torch.arange(3.0 * R, 3.0 * R + 3) + 1) * (N * (N + 1) // 2))
 x = torch.arange(3.0) + 10 * R
 outs = [torch.empty(3) for _ in range(N)] if R == 0 else []
-w = pg.gather([outs] if R == 0 else [], [x], o(dist.GatherOptions, rootRank=0)); kinds[f"gather"] = type(w).__name__
+w = pg.gather([outs] if R == 0 else [], [x], o(dist.GatherOptions, rootRank=0)); kinds["gather"] = type(w).__name__
 ok["gather"] = R != 0 or all(torch.equal(outs[r], torch.arange(3.0) + 10 * r) for r in range(N))
 y = torch.empty(3)
 ins = [torch.arange(3.0) + 10 * r for r in range(N)] if R == 1 else []

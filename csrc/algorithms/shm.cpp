@@ -206,6 +206,9 @@ void gather(Link& link, const Plan& plan, const char* own, char* out) {
   Ledger& ledger = link.ledger();
   char* own_out = out + plan.chunk_begin(r) * es;
   if (own != own_out && plan.chunk_count(r)) std::memmove(own_out, own, plan.chunk_count(r) * es);
+  // The slot at own_out's page offset: readers copy into the same place of
+  // their `out` (ShmWindow::align_slots_to).
+  w.align_slots_to(own_out);
   for (size_t t = 0; t < rounds; ++t) {
     const int par = w.next_parity();
     const size_t len = piece_len(plan.chunk_count(r), t, W);

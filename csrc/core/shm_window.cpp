@@ -36,7 +36,7 @@ namespace ringcomm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x72696e67736d3031ull;  // "ringsm01"
+constexpr uint64_t kMagic = 0x72696e67736d3032ull;  // "ringsm02" (02: slots one page longer, at an offset)
 constexpr size_t kLine = 64;
 constexpr int kCalls = 4;  // announced calls kept per rank (seq % 4)
 constexpr int kPhases = 4;  // the calls of the phases kept per rank (RankArea::at)
@@ -117,7 +117,7 @@ struct alignas(kLine) ShmWindow::RankArea {
 
 size_t ShmWindow::bytes_for(int nranks, size_t slot_bytes) {
   const size_t head = round_up(sizeof(Header) + size_t(nranks) * sizeof(RankArea), 4096);
-  return head + size_t(nranks) * 2 * round_up(slot_bytes + 4096, 4096);  // (+ its offset in the page)
+  return head + size_t(nranks) * 2 * slot_stride(slot_bytes);
 }
 
 ShmWindow::ShmWindow(void* base, size_t bytes, int rank, int nranks, size_t slot_bytes, bool creator,
@@ -148,8 +148,8 @@ ShmWindow::ShmWindow(void* base, size_t bytes, int rank, int nranks, size_t slot
   area(rank)->pidns = pid_namespace();
   area(rank)->self = reinterpret_cast<uint64_t>(area(rank));
   // First touch on the owning rank: its slots' pages are faulted in here.
-  std::memset(slot(rank, 0), 0, slot_bytes_);
-  std::memset(slot(rank, 1), 0, slot_bytes_);
+  std::memset(slot(rank, 0), 0, slot_stride(slot_bytes_));  // (the offsets are 0 yet: the whole stride)
+  std::memset(slot(rank, 1), 0, slot_stride(slot_bytes_));
 }
 
 ShmWindow::~ShmWindow() = default;
@@ -162,7 +162,7 @@ ShmWindow::RankArea* ShmWindow::area(int r) const {
 
 char* ShmWindow::slot(int r, int parity) const {
   const size_t head = round_up(sizeof(Header) + size_t(n_) * sizeof(RankArea), 4096);
-  return base_ + head + (size_t(r) * 2 + size_t(parity)) * round_up(slot_bytes_ + 4096, 4096) +
+  return base_ + head + (size_t(r) * 2 + size_t(parity)) * slot_stride(slot_bytes_) +
          area(r)->slot_offset[parity].load(std::memory_order_relaxed);
 }
 

@@ -8,7 +8,9 @@
 //               futex word sleepers wait on, the count of sleepers
 //   per rank    its arrival counter (own cache line, one writer), its pid,
 //               the calls it announced (a ring of 4: seq, stamp, fingerprint)
-//   per rank    two staging slots of slot_bytes (parity 0 and 1)
+//   per rank    two staging slots of slot_bytes (parity 0 and 1), each in
+//               a page more than it needs: it starts at the page offset its
+//               writer chose for that round (align_slots_to)
 //
 // The shared-memory algorithms (algorithms/shm.cpp) run in rounds: each
 // rank writes its slot of the round's parity, everyone sync()s, then reads
@@ -46,6 +48,8 @@ class ShmWindow {
  public:
   // Bytes a block for `nranks` ranks with slots of `slot_bytes` needs.
   static size_t bytes_for(int nranks, size_t slot_bytes);
+  // The room of one slot: slot_bytes and the page it may be shifted by.
+  static size_t slot_stride(size_t slot_bytes) { return (slot_bytes + 2 * 4096 - 1) / 4096 * 4096; }
   // `base`: the block (bytes_for() bytes, zero-filled when new); `keep`
   // owns the mapping. `creator`: this rank lays the header out (before any
   // other rank attaches: the bootstrap orders it). `shared_pid`: the ranks
@@ -66,11 +70,14 @@ class ShmWindow {
   // at `p`'s offset in its page (rounded down to 16 bytes). The copies
   // between an array and a slot run at memcpy's speed only when the two
   // share their offset in the page: on this machine's Xeon a 1 MiB broadcast
-  // took 606 us into arrays at offset 16 (numpy's, for any array of 128 KiB
-  // or more: malloc's mmap header) against 56 us at offset 0, with the slots
-  // at 0; rep movsb at a distance of 16 bytes modulo 4 KiB. The engine aligns
-  // to each call's array; ranks that allocate alike (the usual case) then
-  // share the offset on both sides of every copy.
+  // of N = 2 took 606 us into arrays at offset 16 (numpy's large arrays from
+  // a fresh process: malloc's mmap header) against 56 us at offset 0, with
+  // the slots at 0 (memcpy's rep movsb; bench/README.md, "The slots at the
+  // array's page offset"). The engine aligns to each call's array, an
+  // algorithm may align to the exact piece it copies (all_gather); ranks
+  // that allocate alike then share the offset on both sides of a copy whose
+  // piece sits at the same offset in the slot as in the array (not every
+  // piece of the direct reduce-scatter's, whose slot parts are 1/N of a slot).
   void align_slots_to(const void* p) { align_ = (reinterpret_cast<uintptr_t>(p) % 4096) / 16 * 16; }
   // The communicator's rank of window rank j (the ledger books by it):
   // j itself unless set_members() said otherwise.
@@ -78,8 +85,9 @@ class ShmWindow {
   void set_members(std::vector<int> m) { members_ = std::move(m); }
   // The parity of the next round (every rank runs the same rounds).
   // Also publishes this rank's slot offset for that parity (align_slots_to):
-  // nobody reads its slot of that parity until the round's sync, which
-  // orders the offset before them, as it does the slot's bytes.
+  // nobody reads its slot of that parity until the round's sync (or
+  // arrive/await_any), which orders the offset before them, as it does the
+  // slot's bytes.
   int next_parity();
 
   // Announce this rank's current call (every collective, whichever path it
