@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                       + (f"tuned: {selection.tune_path()}" if lim["tuned"] else
                          "built-in limits: ringcomm tune measures them") + "; single copy "
                       + (f"from blocks of {sc} B" if lim["single_copy"] else "off")
-                      + ("" if not lim["single_copy"] else "; blocks in 4 KiB pages (all_to_all, all_gather) "
+                      + ("" if not lim["single_copy"] else " in any pages" if sc4k <= sc else
+                         "; blocks in 4 KiB pages (all_to_all, all_gather) "
                          + ("through the slots" if sc4k >= selection.UNLIMITED else f"by single copy from {sc4k} B"))
                       + "):")
                 for line in describe_shm_limits({k: v for k, v in lim.items() if k not in ("tuned",

@@ -191,20 +191,26 @@ def _single_copy_limit(var: str, key: str, default: int, nranks: int | None) -> 
 
 # all_to_all's blocks that lie in 4 KiB pages move by single copy only from
 # this many bytes (and from single_copy_min's): the kernel pins each page it
-# copies out of the sender's array, so such a block went faster through the
-# slots up to blocks of 2 MiB here (an AMD EPYC VM, bench/a2a_pages.py,
-# bench/README.md "The sender's pages"; all_to_all, us, single copy / slots
-# / MPI: N = 2, 1 MiB from 4 KiB pages 99.8 / 76.7 / 93.6, from huge pages
-# 49.2 / 64.5 / 48.9; 4 MiB 717.9 / 602.1 / 778.1 and 250.5 / 320.4 /
-# 266.4), level from 4 MiB (16 MiB: N = 2 4596 / 4733 and 4048 / 3771, N = 4
-# 7615 / 11481 and 9762 / 9721, two runs). numpy asks for huge pages for
-# arrays from 4 MiB, torch's CPU allocator never. The sender asks the kernel
-# where its block lies (ShmWindow::small_pages). all_gather uses the same
-# limit for the array its single copy would pin (each rank's input), which
-# the ranks agree on in one sync (4 KiB pages, slots / single copy: N = 2
-# 0.79-0.85, N = 4 0.62-0.74 at 128 KiB-4 MiB; bench/README.md, "Pages for
-# all_gather"). tune chooses it from all_to_all's timings alone.
-DEFAULT_SINGLE_COPY_MIN_4K = 4 << 20
+# copies out of the sender's array, which can make the slots' two copies the
+# faster way (an AMD EPYC VM, bench/a2a_pages.py, bench/README.md "The
+# sender's pages": N = 2, 1 MiB, single copy / slots / MPI 99.8 / 76.7 /
+# 93.6 us). That held only while the two cores hand freshly written cache
+# lines to each other quickly, which on that machine changes from one launch
+# to the next: a 256 KiB write-then-read between two processes took 27-30 us
+# in some launches and 83-128 us in most (bench/README.md, "The slots'
+# handoff"), and the slots' every round is such a handoff, where single copy
+# reads the sender's array once. Side by side in one launch, eight launches
+# (N = 2, us, slots / single copy / MPI_Alltoall): 1 MiB 114-263 / 106-125 /
+# 106-121, 256 KiB 52-84 / 37-50 / 35-49; N = 4 on 2 cores, 1 MiB 539-621 /
+# 318-366 / 332-356; all_gather N = 2, 1 MiB 234-252 / 101-111 / 109-115,
+# N = 4 at 4-16 MiB within 0.87-1.19 of each other. So by default the same
+# limit as any block; ringcomm tune may still set a higher one. numpy asks
+# for huge pages for arrays from 4 MiB, torch's CPU allocator never. The
+# sender asks the kernel where its block lies (ShmWindow::small_pages).
+# all_gather uses the same limit for the array its single copy would pin
+# (each rank's input), which the ranks agree on in one sync. tune chooses
+# it from all_to_all's timings alone.
+DEFAULT_SINGLE_COPY_MIN_4K = DEFAULT_SINGLE_COPY_MIN
 
 
 def single_copy_min_4k(nranks: int | None = None) -> int:

@@ -75,7 +75,7 @@ class Expected:
 
 
 def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: int = 0,
-             algorithm: str = "ring", counts=None, splits=None) -> Expected:
+             algorithm: str = "ring", counts=None, splits=None, single_copy_min: int | None = None) -> Expected:
     """Exact payload bytes `rank` sends to / receives from each peer in one call.
 
     algorithm="naive" (all_reduce only): the master-centric scheme, where rank 0
@@ -95,6 +95,12 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     the others send or receive their own once. all_to_all: `count` is one
     rank's input length (equal blocks of count // n), or `splits` the n x n
     matrix splits[q][p] of elements rank q sends to rank p.
+
+    single_copy_min: the window's single-copy limit (bytes), where the call
+    ran in one (``comm._engine.window.single_copy_min``): reduce "shm" with
+    chunks (count / n, rounded up) of at least that many bytes runs by
+    single copy, in the parts of ``sc_reduce_parts``. None: the direct
+    algorithm's chunks.
     """
     if collective not in vocab.COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
@@ -115,6 +121,9 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
         return e
     if n == 1:
         return Expected()
+    if (collective == "reduce" and algorithm == "shm" and single_copy_min is not None
+            and vocab.chunk_count(count, n, 0) * size >= single_copy_min):
+        return _sc_reduce(count, size, n, rank, root)
     if collective in _ROOTED:
         return _ROOTED[collective](count, size, n, rank, root, algorithm, counts, splits)
     if algorithm == "naive":
@@ -316,6 +325,37 @@ def _reduce(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
             c = vocab.chunk_count(count, n, q)
             if q != root and c:
                 received[q] = received.get(q, 0) + c * size
+    return Expected(sent, received)
+
+
+def sc_reduce_parts(count: int, n: int, root: int) -> list[int]:
+    """The elements each rank reduces in the window's single-copy reduce, in
+    rank order (csrc/algorithms/shm.cpp, ReduceParts): the root's part
+    larger, as it writes nothing into a peer (root : leaf = 1.4(n-1) + 1 :
+    1.4(n-1)), the leaves' split alike."""
+    if n == 1:
+        return [count]
+    leaf = 7 * (n - 1)
+    mine = leaf + 5
+    at_root = count * mine // (mine + leaf * (n - 1))
+    leaves = iter(vocab.chunk_counts(count - at_root, n - 1))
+    return [at_root if q == root else next(leaves) for q in range(n)]
+
+
+def _sc_reduce(count, size, n, rank, root) -> Expected:
+    """reduce by single copy: rank r reads its part of every peer's input
+    (each peer j reads part j of r's: booked as sent to j), and writes its
+    reduced part into the root's output."""
+    parts = sc_reduce_parts(count, n, root)
+    sent = {q: parts[q] * size for q in range(n) if q != rank and parts[q]}
+    received = {q: parts[rank] * size for q in range(n) if q != rank and parts[rank]}
+    if rank != root:
+        if parts[rank]:
+            sent[root] = sent.get(root, 0) + parts[rank] * size
+    else:
+        for q in range(n):
+            if q != root and parts[q]:
+                received[q] = received.get(q, 0) + parts[q] * size
     return Expected(sent, received)
 
 

@@ -31,8 +31,9 @@ def values(dtype: str, n: int, count: int, rank: int) -> np.ndarray:
 
 def ledger(comm, before, coll, count, dtype, what, root=0, counts=None, splits=None) -> list[str]:
     delta = comm.traffic() - before
+    window = getattr(comm._engine, "window", None)  # (reduce "shm": its single-copy limit decides the parts)
     exp = traffic.expected(coll, count, dtype, comm.size, comm.rank, root=root, algorithm=comm.last_algorithm,
-                           counts=counts, splits=splits)
+                           counts=counts, splits=splits, single_copy_min=window.single_copy_min if window else None)
     sent, recv = delta.per_peer("bytes_sent", coll), delta.per_peer("bytes_received", coll)
     errs = []
     if sent != exp.sent or recv != exp.received:

@@ -927,6 +927,13 @@ def default_limits_env(tmp_path) -> dict:
     return env
 
 
+def pages_limit_env(tmp_path) -> dict:
+    """The built-in limits but a limit for blocks in 4 KiB pages of 4 MiB
+    (as ringcomm tune may choose; built in, it is the single-copy limit
+    itself, so no call asks where its pages lie)."""
+    return dict(default_limits_env(tmp_path), RINGCOMM_SHM_SINGLE_COPY_4K=str(4 << 20))
+
+
 def test_arrays_in_chosen_pages():
     # tune.array_in_pages backs the tune's 4 KiB rows, the pages test below
     # and two benchmarks: its arrays must have the pages it says. (It once
@@ -958,11 +965,11 @@ def test_all_to_all_sender_pages_decide_single_copy_or_the_slots(tmp_path):
     # peer) unless it lies in 4 KiB pages, which the sender asks the kernel
     # (arrays in mappings of their own, madvise'd for huge pages or against):
     # then through the slots (a piece per round), below the limit for 4 KiB
-    # pages (4 MiB blocks by default: 4 MiB - 4 KiB here). Equal blocks and
+    # pages (set to 4 MiB blocks: 4 MiB - 4 KiB here). Equal blocks and
     # per-peer splits alike; results exact.
     tests = os.path.dirname(os.path.abspath(__file__))
     res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", PAGES_SCRIPT.format(tests=tests)],
-                         capture_output=True, text=True, timeout=240, env=default_limits_env(tmp_path))
+                         capture_output=True, text=True, timeout=240, env=pages_limit_env(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     got = lines(res)
     assert len(got) == 8, res.stdout + res.stderr
@@ -1029,7 +1036,7 @@ def test_all_gather_decides_by_the_pages_alike(n, tmp_path):
     # 8 or more).
     tests = os.path.dirname(os.path.abspath(__file__))
     res = subprocess.run(RUN + ["-n", str(n), "--", sys.executable, "-c", GATHER_PAGES_SCRIPT.format(tests=tests)],
-                         capture_output=True, text=True, timeout=240, env=default_limits_env(tmp_path))
+                         capture_output=True, text=True, timeout=240, env=pages_limit_env(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     got = lines(res)
     assert len(got) == 5 * n, res.stdout + res.stderr
@@ -1078,7 +1085,7 @@ def test_window_limits_that_differ_between_ranks_raise_not_hang(tmp_path):
     # the other hears of it in the window: an error on every rank within the
     # deadline, never a hang, never a result called good.
     res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", LIMITS_DIFFER_SCRIPT],
-                         capture_output=True, text=True, timeout=120, env=default_limits_env(tmp_path))
+                         capture_output=True, text=True, timeout=120, env=pages_limit_env(tmp_path))
     got = lines(res)
     assert len(got) == 2, res.stdout + res.stderr
     for line in got:
@@ -1710,10 +1717,16 @@ def test_ringcomm_info_says_what_auto_runs_in_the_window(tmp_path, monkeypatch):
     for c in ("all_reduce", "reduce", "gather", "scatter", "all_to_all"):
         assert (got["2"][c], got["2"]["from"][c]) == (measured[c], measured["from"][c]), c
     assert got["2"]["single_copy_min"] == 1 << 20 and got["4"]["single_copy_min"] == shm_mod.DEFAULT_SINGLE_COPY_MIN
-    assert got["2"]["single_copy_min_4k"] == got["4"]["single_copy_min_4k"] == shm_mod.DEFAULT_SINGLE_COPY_MIN_4K
+    # the limit for blocks in 4 KiB pages: built in, the single-copy limit itself (never below it)
+    assert got["2"]["single_copy_min_4k"] == 1 << 20, got["2"]
+    assert got["4"]["single_copy_min_4k"] == shm_mod.DEFAULT_SINGLE_COPY_MIN_4K == shm_mod.DEFAULT_SINGLE_COPY_MIN
     text = info()
     two = text[text.index("on 2 ranks"):text.index("on 4 ranks")]
-    assert "tuned: " + str(tmp_path) in two and "single copy from blocks of 1048576 B" in two, two
+    assert "tuned: " + str(tmp_path) in two and "single copy from blocks of 1048576 B in any pages" in two, two
+    measured["single_copy_min_4k"] = 4 << 20  # (as tune chooses where the slots won from 4 KiB pages)
+    selection.save_entry("shm", {"limits": {"2": measured}})
+    two = info()
+    two = two[two.index("on 2 ranks"):two.index("on 4 ranks")]
     assert "blocks in 4 KiB pages (all_to_all, all_gather) by single copy from 4194304 B" in two, two
     for line in ("all_reduce      up to 65536 B", "all_gather      at any size", "broadcast       at any size",
                  "reduce          up to 4096 B and from 262144 B", "gather          from 65536 B",

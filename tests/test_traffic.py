@@ -35,6 +35,33 @@ def test_what_is_sent_is_received(coll, n, count):
         assert all(e.bytes_sent == 0 and e.bytes_received == 0 for e in exp)
 
 
+@pytest.mark.parametrize("n,count,root", [(2, 262144, 0), (2, 262144, 1), (3, 7, 2), (4, 10, 2), (5, 100003, 0),
+                                          (8, 3, 5)])
+def test_single_copy_reduce_parts(n, count, root):
+    # the window's single-copy reduce: every element in one part, the root's
+    # the largest (it writes into no peer), the leaves' alike within one;
+    # each rank's sends are what its peers receive
+    parts = traffic.sc_reduce_parts(count, n, root)
+    assert sum(parts) == count and len(parts) == n
+    leaves = [c for q, c in enumerate(parts) if q != root]
+    assert max(leaves) - min(leaves) <= 1 and parts[root] >= max(leaves) - 1
+    if count >= 1000:
+        assert parts[root] > max(leaves)
+    if n == 2 and count == 262144:
+        assert parts[root] == 262144 * 12 // 19  # root : leaf = 1.4 + 1 : 1.4
+    exp = [traffic.expected("reduce", count, "float32", n, r, root=root, algorithm="shm", single_copy_min=4)
+           for r in range(n)]
+    for r in range(n):
+        for peer, b in exp[r].sent.items():
+            assert exp[peer].received.get(r) == b
+    leaf = (root + 1) % n
+    assert exp[leaf].sent.get(root, 0) == (4 * (parts[root] + parts[leaf]) if parts[leaf] else 4 * parts[root])
+    # under the limit: the direct algorithm's equal chunks
+    direct = traffic.expected("reduce", count, "float32", n, root, root=root, algorithm="shm")
+    assert traffic.expected("reduce", count, "float32", n, root, root=root, algorithm="shm",
+                            single_copy_min=4 * count + 1) == direct
+
+
 def test_broadcast_chain():
     exp = [traffic.expected("broadcast", 10, "int64", 4, r, root=2) for r in range(4)]
     assert [e.bytes_sent for e in exp] == [80, 0, 80, 80]      # rank 1 = root-1 ends the chain

@@ -567,7 +567,104 @@ void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 //               its block for rank j; rank j copies part j of every slot
 // The ledger books what the linear and pairwise algorithms send and receive:
 // the same bytes per peer (a peer reading this rank's slot is "sent").
+// reduce by single copy (when the direct algorithm's chunks would reach the
+// window's single-copy limit): rank r reduces part r (ReduceParts: the
+// root's larger). It reads that part of every peer's input straight from
+// the peer's array (process_vm_readv) into its own slot, a piece at a
+// time, reduces it in rank order (each element's sum the same bits as the
+// direct algorithm's and all_reduce's), and writes it into the root's
+// output (process_vm_writev; the root: into its own). Through the slots
+// every round hands cache lines one core just wrote to another, which on
+// the machine measured took 3-4x longer in most launches than in the
+// others (bench/README.md, "The slots' handoff"). N = 2, float32 sum, one
+// launch each, us, slots / single copy / MPI_Reduce: 1 MiB 423-670 /
+// 150-172 / 187-205, 4 MiB 1440-2707 / 514-671 / 606-875. Every rank
+// publishes its input (the root also its output), arrives, and reads once
+// all have arrived (a piece needs every peer's); the closing sync means no
+// peer reads this rank's input or writes its output any more.
+//   rank r: received part r from every peer (its reads), sent part j to
+//   every peer j (their reads of ours), and a leaf its part to the root
+//   (its write), booked per piece as the direct algorithm's rounds
+namespace {
+
+// The parts of sc_reduce, in rank order: the root's larger, as it writes
+// nothing into a peer. Each rank's time is about its part times (n-1)
+// reads (process_vm_readv: pinning and copying, R per byte) and reductions
+// (about 0.4 R), plus one write for a leaf (process_vm_writev: about R;
+// N = 2, 512 KiB parts, us: read 76-107, reduce 28-35, write 78-104), so
+// parts in the ratio root : leaf = 1.4(n-1) + 1 : 1.4(n-1) end together
+// (N = 2: 63 % for the root). The same on every rank: from count, n, root.
+class ReduceParts {
+ public:
+  ReduceParts(size_t count, int n, int root) : count_(size_t(n)), begin_(size_t(n)) {
+    const uint64_t leaf = 7 * uint64_t(n - 1), mine = leaf + 5;  // (x5: 1.4 = 7 / 5)
+    const size_t at_root = n == 1 ? count : size_t((unsigned __int128)count * mine / (mine + leaf * uint64_t(n - 1)));
+    size_t at = 0;
+    for (int j = 0, k = 0; j < n; ++j) {
+      count_[size_t(j)] = j == root ? at_root : split_size(count - at_root, n - 1, k++);
+      begin_[size_t(j)] = at;
+      at += count_[size_t(j)];
+    }
+  }
+  size_t chunk_count(int j) const { return count_[size_t(j)]; }
+  size_t chunk_begin(int j) const { return begin_[size_t(j)]; }
+
+ private:
+  std::vector<size_t> count_, begin_;
+};
+
+void sc_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  const Fingerprint& fp = link.call();
+  const int n = w.size(), r = w.rank();
+  const size_t es = plan.elem_size();
+  const size_t P = piece_elems(w, es);
+  Ledger& ledger = link.ledger();
+  const ReduceParts parts(plan.count(), n, root);
+  w.publish(fp.seq, in, nullptr, r == root ? out : nullptr);
+  const uint64_t phase = w.arrive(link, fp);
+  Peers peers(n, r);
+  while (!peers.empty()) peers.take(w.await_any(link, fp, phase, peers.data(), peers.size()));
+  char* scratch = w.slot(r, w.next_parity());  // (ours alone: no peer reads it)
+  // The root reduces straight into its output unless that is its input (a
+  // piece of the sum would overwrite a source of a later rank's term).
+  const bool direct_out = r == root && out != in;
+  size_t longest = 0;
+  for (int j = 0; j < n; ++j) longest = std::max(longest, parts.chunk_count(j));
+  for (size_t t = 0, rounds = rounds_for(longest, P); t < rounds; ++t) {
+    for (int j = 0; j < n; ++j) {  // the ledger, per piece as the direct algorithm's
+      const size_t lj = piece_len(parts.chunk_count(j), t, P);
+      if (j == r || !lj) continue;
+      ledger.sent(Coll::reduce, w.member(j), false, lj * es);  // j reads it from our input
+      if (r == root) ledger.received(Coll::reduce, w.member(j), false, lj * es);  // j writes its sum
+    }
+    const size_t len = piece_len(parts.chunk_count(r), t, P), at = (parts.chunk_begin(r) + t * P) * es;
+    if (!len) continue;
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
+      w.read_peer(j, fp.seq, at, 0, scratch + size_t(j) * P * es, len * es);
+      ledger.received(Coll::reduce, w.member(j), false, len * es);
+    }
+    char* acc = direct_out ? out + at : scratch + size_t(r) * P * es;
+    auto src = [&](int j) -> const char* { return j == r ? in + at : scratch + size_t(j) * P * es; };
+    reduce_in_rank_order(red, acc, n, len, es, src);
+    red.finalize(acc, len, n);
+    if (r != root) {
+      w.write_output(root, fp.seq, at, acc, len * es);
+      ledger.sent(Coll::reduce, w.member(root), false, len * es);
+    } else if (!direct_out) {
+      std::memcpy(out + at, acc, len * es);
+    }
+  }
+  w.sync(link, fp, false);
+}
+
+}  // namespace
+
 void shm_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out) {
+  ShmWindow& w = window_of(link);
+  if (single_copy(w, plan.chunk_count(0) * plan.elem_size()))  // (the largest chunk: alike on every rank)
+    return sc_reduce(link, plan, red, root, in, out);
   direct(link, plan, red, in, Then::gather_root, out, root);
 }
 

@@ -36,7 +36,7 @@ namespace ringcomm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x72696e67736d3032ull;  // "ringsm02" (02: slots one page longer, at an offset)
+constexpr uint64_t kMagic = 0x72696e67736d3033ull;  // "ringsm03" (02: slots one page longer, at an offset; 03: an output address per call)
 constexpr size_t kLine = 64;
 constexpr int kCalls = 4;  // announced calls kept per rank (seq % 4)
 constexpr int kPhases = 4;  // the calls of the phases kept per rank (RankArea::at)
@@ -109,10 +109,11 @@ struct alignas(kLine) ShmWindow::RankArea {
   Fingerprint fp[kCalls];
   // Single copy: this area's address in its owner's process (the probe reads
   // `pid` through it), and per call (at seq % kCalls, like fp) the owner's
-  // input and block table addresses, valid while it is in that call, and
-  // whether its array lies in 4 KiB pages (publish_pages).
+  // input and block table addresses, valid while it is in that call,
+  // whether its array lies in 4 KiB pages (publish_pages), and its output
+  // (reduce's root: where the others write their reduced chunks).
   uint64_t self;
-  std::atomic<uint64_t> addr[kCalls][3];
+  std::atomic<uint64_t> addr[kCalls][4];
 };
 
 size_t ShmWindow::bytes_for(int nranks, size_t slot_bytes) {
@@ -262,11 +263,12 @@ bool ShmWindow::probe_single_copy() const {
   return true;
 }
 
-void ShmWindow::publish(uint64_t seq, const void* in, const uintptr_t* places) {
+void ShmWindow::publish(uint64_t seq, const void* in, const uintptr_t* places, void* out) {
   RankArea* me = area(rank_);
   const int k = int(seq % kCalls);
   me->addr[k][0].store(reinterpret_cast<uint64_t>(in), std::memory_order_relaxed);
   me->addr[k][1].store(reinterpret_cast<uint64_t>(places), std::memory_order_relaxed);
+  me->addr[k][3].store(reinterpret_cast<uint64_t>(out), std::memory_order_relaxed);
   // (the sync that follows releases them)
 }
 
@@ -349,6 +351,11 @@ void ShmWindow::write_peer(int j, uint64_t seq, size_t offset, int block, const 
   // (process_vm_writev's local iovec is not const; it is only read)
   if (bytes)
     cross_copy(j, seq, true, const_cast<char*>(static_cast<const char*>(src)), peer_address(j, seq, offset, block), bytes);
+}
+
+void ShmWindow::write_output(int j, uint64_t seq, size_t offset, const void* src, size_t bytes) const {
+  const uint64_t out = area(j)->addr[seq % kCalls][3].load(std::memory_order_relaxed);
+  if (bytes) cross_copy(j, seq, true, const_cast<char*>(static_cast<const char*>(src)), out + offset, bytes);
 }
 
 bool ShmWindow::all_arrived(uint64_t phase, int* missing) const {

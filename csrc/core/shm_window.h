@@ -177,8 +177,9 @@ class ShmWindow {
   bool probe_single_copy() const;
   // Before the call's first sync: where peers find this rank's data for call
   // `seq`, in this process's addresses: `in` (its blocks back to back) or,
-  // when its blocks sit in arrays of their own, `places` (their addresses).
-  void publish(uint64_t seq, const void* in, const uintptr_t* places);
+  // when its blocks sit in arrays of their own, `places` (their addresses);
+  // `out`: where peers may write (write_output).
+  void publish(uint64_t seq, const void* in, const uintptr_t* places, void* out = nullptr);
   // Before a sync of call `seq`: whether this rank's array that its peers'
   // single copy would pin lies in 4 KiB pages; after it, what rank j said
   // (MismatchError when j said nothing for this call: its limits differ).
@@ -195,6 +196,9 @@ class ShmWindow {
   // The same the other way: `bytes` from `src` into rank j's published
   // array (process_vm_writev; gather's leaves into the root's output).
   void write_peer(int j, uint64_t seq, size_t offset, int block, const void* src, size_t bytes) const;
+  // `bytes` from `src` to `offset` bytes into the output rank j published
+  // (reduce's leaves into the root's).
+  void write_output(int j, uint64_t seq, size_t offset, const void* src, size_t bytes) const;
 
   // The newest call window rank `peer` announced in the window (0: none yet).
   uint64_t latest_call(int peer) const;

@@ -330,7 +330,9 @@ class Bench:
                     self.fill(c, impl)
                     sent = self.w.allreduce(impl.sent_bytes(c), op=_mpi_max())
                     algorithm = impl.last_algorithm  # what ran (auto's choice), alike on every rank
-                    expected = max(expected_sent(coll, count, dtype, self.n, r, algorithm) for r in range(self.n))
+                    window = getattr(impl.comm._engine, "window", None)
+                    limit = window.single_copy_min if window is not None else None
+                    expected = max(expected_sent(coll, count, dtype, self.n, r, algorithm, limit) for r in range(self.n))
                 cases[impl.name] = (impl, c, wrong, sent, expected, algorithm)
             if cases:  # the reference: every rank copies the full buffer at once
                 cases[self.memcpy.name] = (self.memcpy, self.alloc("memcpy", count, dtype, op, False),
@@ -379,14 +381,16 @@ class Bench:
                 "reuse_distance_bytes": self.pool.reuse_distance}
 
 
-def expected_sent(coll, count, dtype, n, rank, algorithm) -> int:
-    """Payload bytes `rank` sends in one call, by traffic.expected (the ledger check)."""
+def expected_sent(coll, count, dtype, n, rank, algorithm, single_copy_min=None) -> int:
+    """Payload bytes `rank` sends in one call, by traffic.expected (the ledger
+    check); `single_copy_min`: the window's limit (reduce "shm")."""
     from ..traffic import expected
     if coll == "sendrecv":  # one send to rank+1 (the receive is booked apart)
         return expected("send", count, dtype, n, rank, root=(rank + 1) % n).bytes_sent if n > 1 else 0
     if coll in ("reduce", "gather", "scatter", "all_to_all"):
         alg = algorithm if coll == "reduce" else "ring"
-        return expected(coll, count, dtype, n, rank, root=ROOT, algorithm=alg).bytes_sent
+        return expected(coll, count, dtype, n, rank, root=ROOT, algorithm=alg,
+                        single_copy_min=single_copy_min).bytes_sent
     return expected(coll, count, dtype, n, rank, algorithm=algorithm).bytes_sent
 
 
