@@ -5,23 +5,25 @@ machine).
 
     ringcomm run -n 2 -- python bench/a2a_pages.py [--collective C] IN OUT SIZE [SIZE ...]
 
-C: all_to_all (the default), scatter, gather or all_gather (root 0).
+C: all_to_all (the default), scatter, gather, all_gather or reduce (root 0;
+float32 sum, out of place).
 IN, OUT: "huge" (transparent huge pages asked for, as numpy does for arrays
 from 4 MiB) or "small" (4 KiB pages, as torch's CPU tensors) for the input
 and the output arrays (scatter: the root's input; gather: the root's
-output); SIZE (4096, 64K, 1M): bytes of one rank's all_to_all input, of scatter's input and
-gather's and all_gather's output (float32, equal blocks). Per size, 9
+output); SIZE (4096, 64K, 1M): bytes of one rank's all_to_all and reduce
+input, of scatter's input and gather's and all_gather's output (float32,
+equal blocks). Per size, 9
 interleaved repetitions (a barrier before every timed call), the median of
 the per-call medians (slowest rank), us:
   single  algorithm="shm" with every block by single copy (process_vm_readv,
-          gather's process_vm_writev)
+          gather's process_vm_writev; reduce: its single-copy parts)
   slots   algorithm="shm" with single copy off: every block through the slots
           (all_to_all: the equal blocks' rounds; the per-peer rounds auto runs
           for a block in 4 KiB pages from the limit measured the same within
           4 %: bench/README.md, "The sender's pages")
   chosen  algorithm="shm" with the window's own limits: what auto runs in
           the window at that size (the 4 KiB rule: shm.cpp)
-  mpi     MPI_Alltoall, MPI_Scatter, MPI_Gather, MPI_Allgather
+  mpi     MPI_Alltoall, MPI_Scatter, MPI_Gather, MPI_Allgather, MPI_Reduce
 Every implementation's result is checked against numpy once.
 """
 import sys
@@ -42,9 +44,9 @@ args = sys.argv[1:]
 coll = "all_to_all"
 if args[:1] == ["--collective"]:
     coll, args = args[1], args[2:]
-if coll not in ("all_to_all", "scatter", "gather", "all_gather") or len(args) < 3 or \
+if coll not in ("all_to_all", "scatter", "gather", "all_gather", "reduce") or len(args) < 3 or \
         {args[0], args[1]} - {"huge", "small"}:
-    raise SystemExit("usage: a2a_pages.py [--collective all_to_all|scatter|gather|all_gather] "
+    raise SystemExit("usage: a2a_pages.py [--collective all_to_all|scatter|gather|all_gather|reduce] "
                      "huge|small huge|small SIZE [SIZE ...]")
 pages_in, pages_out = args[0], args[1]
 try:
@@ -75,6 +77,13 @@ def case(total: int):
         x[:] = data(total, r)
         want = np.concatenate([data(total, q)[r * k:(r + 1) * k] for q in range(n)])
         return (lambda: comm.all_to_all(x, out=out, algorithm="shm")), (lambda: w.Alltoall(x, out)), out, want
+    if coll == "reduce":  # (values small enough that every float32 sum is exact)
+        x, out = array_in_pages(total, pages_in == "huge"), array_in_pages(total, pages_out == "huge")
+        x[:] = data(total, r)
+        want = sum(data(total, q) for q in range(n)) if r == 0 else np.full(total, -1, np.float32)
+        root_out = out if r == 0 else None
+        return (lambda: comm.reduce(x, 0, out=root_out, algorithm="shm")), \
+            (lambda: w.Reduce(x, root_out, root=0)), out, want
     if coll == "scatter":
         x = array_in_pages(total, pages_in == "huge") if r == 0 else None
         if r == 0:

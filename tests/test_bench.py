@@ -494,6 +494,7 @@ def test_algorithm_fit_leaves_out_what_the_model_does_not_know():
     ("a2a_pages.py", ["--collective", "scatter", "huge", "small", "300000"]),
     ("a2a_pages.py", ["--collective", "gather", "small", "small", "300000"]),
     ("a2a_pages.py", ["--collective", "all_gather", "small", "huge", "300000"]),
+    ("a2a_pages.py", ["--collective", "reduce", "small", "small", "300000"]),
 ])
 def test_window_benchmarks_run_and_check_their_results(script, args):
     # The window's benchmark scripts (bench/README.md's tables come from
@@ -509,3 +510,18 @@ def test_window_benchmarks_run_and_check_their_results(script, args):
     if script == "a2a_pages.py":  # bytes, single, slots, chosen, mpi and two ratios: every time measured
         assert len(rows) == len(args) - args.index(next(a for a in args if a[0].isdigit())), res.stdout
         assert all(len(r) == 7 and all(float(v) > 0 for v in r) for r in rows), res.stdout
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="bench/handoff.py pins its two processes to cores 0 and 1")
+def test_handoff_measures_both_modes_per_launch():
+    # bench/handoff.py (bench/README.md, "The slots' handoff"): one row per
+    # launch, both modes timed (positive), the ratio their quotient.
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    res = subprocess.run([sys.executable, os.path.join(bench, "handoff.py"), "64K", "--launches", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line.split() for line in res.stdout.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert [r[0] for r in rows] == ["1", "2"], res.stdout
+    for _, written, unchanged, ratio in rows:
+        assert float(written) > 0 and float(unchanged) > 0, res.stdout
+        assert float(ratio) == pytest.approx(float(written) / float(unchanged), abs=0.01), res.stdout
