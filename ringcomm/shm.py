@@ -196,11 +196,11 @@ def _single_copy_limit(var: str, key: str, default: int, nranks: int | None) -> 
 # sender's pages": N = 2, 1 MiB, single copy / slots / MPI 99.8 / 76.7 /
 # 93.6 us). That held only while the two cores hand freshly written cache
 # lines to each other quickly, which on that machine changes from one launch
-# to the next: a 256 KiB write-then-read between two processes took 27-30 us
-# in some launches and 83-128 us in most (bench/README.md, "The slots'
-# handoff"), and the slots' every round is such a handoff, where single copy
-# reads the sender's array once. Side by side in one launch, eight launches
-# (N = 2, us, slots / single copy / MPI_Alltoall): 1 MiB 114-263 / 106-125 /
+# to the next: a 256 KiB write-then-read between two processes took 22-35 us
+# in some launches and 86-99 us in most (bench/handoff.py, bench/README.md
+# "The slots' handoff"), and the slots' every round is such a handoff, where
+# single copy reads the sender's array once. Side by side in one launch, five
+# launches (N = 2, us, slots / single copy / MPI_Alltoall): 1 MiB 114-263 / 106-125 /
 # 106-121, 256 KiB 52-84 / 37-50 / 35-49; N = 4 on 2 cores, 1 MiB 539-621 /
 # 318-366 / 332-356; all_gather N = 2, 1 MiB 234-252 / 101-111 / 109-115,
 # N = 4 at 4-16 MiB within 0.87-1.19 of each other. So by default the same
