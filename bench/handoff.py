@@ -5,7 +5,7 @@ copy in a benchmark that sends the same array again).
 
     python bench/handoff.py [SIZE] [--launches K]
 
-Two processes on cores 0 and 1 share a mapping of SIZE bytes (default
+Two processes on two cores (the first two this process may run on) share a mapping of SIZE bytes (default
 256 KiB, a slot). Per repetition, timed on the writer:
   written    the writer copies SIZE bytes into the mapping, raises a flag;
              the reader copies them out and answers (a slot's round: one
@@ -29,7 +29,7 @@ from ringcomm.config import parse_size
 REPS = 400
 
 
-def one_launch(size: int) -> tuple[float, float]:
+def one_launch(size: int, cores: tuple[int, int]) -> tuple[float, float]:
     shared = mmap.mmap(-1, size + 4096)
     flag = np.frombuffer(shared, np.int64, 2, 0)  # [request, answer]
     buf = np.frombuffer(shared, np.uint8, size, 4096)
@@ -37,20 +37,24 @@ def one_launch(size: int) -> tuple[float, float]:
     flag[:] = 0
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the reader, on core 1
+    if pid == 0:  # the reader, on the second core
         os.close(r)
-        os.sched_setaffinity(0, {1})
+        os.sched_setaffinity(0, {cores[1]})
         mine = np.empty(size, np.uint8)
         mine[:] = 1
         os.write(w, b"x")
+        give_up = time.monotonic() + 60  # (the writer died: never spin on forever)
         for k in range(1, 2 * REPS + 1):
+            spins = 0
             while flag[0] != k:
-                pass
+                spins += 1
+                if spins % 100000 == 0 and time.monotonic() > give_up:
+                    os._exit(1)
             np.copyto(mine, buf)
             flag[1] = k
         os._exit(0)
     os.close(w)
-    os.sched_setaffinity(0, {0})
+    os.sched_setaffinity(0, {cores[0]})
     os.read(r, 1)
     src = np.full(size, 2, np.uint8)
     times = {"written": [], "unchanged": []}
@@ -74,13 +78,15 @@ def main() -> None:
     p.add_argument("size", nargs="?", default="256K")
     p.add_argument("--launches", type=int, default=1)
     a = p.parse_args()
-    if len(os.sched_getaffinity(0)) < 2:
-        raise SystemExit("bench/handoff.py needs two cores (0 and 1)")
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        raise SystemExit("bench/handoff.py needs two cores")
+    cores = (allowed[0], allowed[1])
     size = parse_size(a.size)
-    print(f"# {size} B, {REPS} repetitions per mode, medians, us")
+    print(f"# {size} B, cores {cores[0]} and {cores[1]}, {REPS} repetitions per mode, medians, us")
     print(f"{'launch':>6} {'written':>9} {'unchanged':>10} {'ratio':>6}")
     for i in range(a.launches):
-        written, unchanged = one_launch(size)
+        written, unchanged = one_launch(size, cores)
         print(f"{i + 1:>6} {written:>9.1f} {unchanged:>10.1f} {written / unchanged:>6.2f}", flush=True)
 
 

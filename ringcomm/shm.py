@@ -162,8 +162,9 @@ def arena_bytes() -> int:
 # Blocks of at least this many bytes (a call's bytes over its ranks) move
 # by single copy in the window: all_gather, scatter and all_to_all read them
 # straight from the peers' arrays, gather's leaves write them into the
-# root's (csrc/algorithms/shm.cpp, process_vm_readv / writev), instead of
-# through the slots.
+# root's, reduce's ranks read their parts of the peers' inputs and write
+# the sums into the root's output (csrc/algorithms/shm.cpp,
+# process_vm_readv / writev), instead of through the slots.
 DEFAULT_SINGLE_COPY_MIN = 64 << 10
 
 
@@ -218,10 +219,12 @@ def single_copy_min_4k(nranks: int | None = None) -> int:
     all_to_all or all_gather moved by single copy when it lies in 4 KiB
     pages (the side single copy pins), or "off"
     (never: the slots); else what ``ringcomm tune`` chose on `nranks` ranks;
-    else DEFAULT_SINGLE_COPY_MIN_4K. Never below single_copy_min(nranks).
+    else single_copy_min(nranks) itself (DEFAULT_SINGLE_COPY_MIN_4K where
+    that is the built-in one). Never below single_copy_min(nranks).
     Returns UNLIMITED for off."""
-    b = _single_copy_limit("RINGCOMM_SHM_SINGLE_COPY_4K", "single_copy_min_4k", DEFAULT_SINGLE_COPY_MIN_4K, nranks)
-    return max(b, single_copy_min(nranks))
+    any_pages = single_copy_min(nranks)
+    b = _single_copy_limit("RINGCOMM_SHM_SINGLE_COPY_4K", "single_copy_min_4k", any_pages, nranks)
+    return max(b, any_pages)
 
 
 # The largest buffer auto runs in the window, per collective, while the
@@ -310,7 +313,7 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduc
 
 # The collectives whose large blocks single copy moves: what tune measured
 # for them holds only with single copy as it was then (on or off).
-_SINGLE_COPY_COLLECTIVES = ("all_gather", "gather", "scatter", "all_to_all")
+_SINGLE_COPY_COLLECTIVES = ("all_gather", "gather", "scatter", "all_to_all", "reduce")
 
 
 def tuned(nranks: int | None, single_copy: bool = True) -> dict | None:

@@ -288,7 +288,9 @@ def _reduce(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
     v with bit k set sends the whole buffer to v - 2^k and stops; v below
     it receives from v + 2^k when that is < n), "ring" (the ring
     reduce-scatter, then every chunk but the root's to the root), or "shm"
-    (the window's direct reduce-scatter, then the same chunks to the root),
+    (the window's direct reduce-scatter, then the same chunks to the root;
+    from the window's single-copy limit the parts of sc_reduce_parts:
+    ``expected``'s single_copy_min),
     or "shm_flat" (every other rank's whole input to the root).
     gather, scatter and all_to_all book the same bytes in the window ("shm")
     as linearly and pairwise."""

@@ -512,7 +512,7 @@ def test_window_benchmarks_run_and_check_their_results(script, args):
         assert all(len(r) == 7 and all(float(v) > 0 for v in r) for r in rows), res.stdout
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="bench/handoff.py pins its two processes to cores 0 and 1")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="bench/handoff.py pins its two processes to two cores")
 def test_handoff_measures_both_modes_per_launch():
     # bench/handoff.py (bench/README.md, "The slots' handoff"): one row per
     # launch, both modes timed (positive), the ratio their quotient.
@@ -524,4 +524,5 @@ def test_handoff_measures_both_modes_per_launch():
     assert [r[0] for r in rows] == ["1", "2"], res.stdout
     for _, written, unchanged, ratio in rows:
         assert float(written) > 0 and float(unchanged) > 0, res.stdout
-        assert float(ratio) == pytest.approx(float(written) / float(unchanged), abs=0.01), res.stdout
+        # (the ratio is of the unrounded medians, the columns rounded to 0.1 us)
+        assert float(ratio) == pytest.approx(float(written) / float(unchanged), rel=0.05, abs=0.02), res.stdout

@@ -507,8 +507,9 @@ def test_zero_copy_needs_arena_arrays_and_frees_them():
 
 def test_sums_agree_bitwise_across_the_shm_algorithms():
     # Every rank sums in rank order 0..n-1: the reduce-scatter's chunk, the
-    # direct all_reduce and the one-sync all_reduce give the same bits
-    # (what makes ZeRO's sums equal DDP's on this path too).
+    # direct all_reduce, the one-sync all_reduce and reduce by single copy
+    # (its parts not the chunks) give the same bits (what makes ZeRO's sums
+    # equal DDP's on this path too).
     def body(comm):
         rng = np.random.default_rng(1000 + comm.rank)
         x = rng.standard_normal(10007).astype(np.float32)
@@ -516,10 +517,18 @@ def test_sums_agree_bitwise_across_the_shm_algorithms():
         b = comm.all_reduce(x.copy(), algorithm="shm_flat")
         c = comm.reduce_scatter(x.copy(), algorithm="shm")
         lo = ringcomm.vocab.chunk_offset(x.size, comm.size, comm.rank)
-        return a, b, c, lo
-    for r, (a, b, c, lo) in enumerate(ringcomm.run_local(5, body)):
+        window = comm._engine.window
+        limit, window.single_copy_min = window.single_copy_min, 1  # (every rank: reduce by single copy)
+        try:
+            d = comm.reduce(x.copy(), root=2, algorithm="shm")
+        finally:
+            window.single_copy_min = limit
+        return a, b, c, lo, d
+    for r, (a, b, c, lo, d) in enumerate(ringcomm.run_local(5, body)):
         assert a.tobytes() == b.tobytes(), f"rank {r}: shm and shm_flat differ"
         assert a[lo:lo + c.size].tobytes() == c.tobytes(), f"rank {r}: reduce_scatter differs from all_reduce"
+        if r == 2:
+            assert d.tobytes() == a.tobytes(), "rank 2: reduce by single copy differs from all_reduce"
     ref = sum(np.random.default_rng(1000 + q).standard_normal(10007).astype(np.float32) for q in range(5))
     assert np.allclose(a, ref, rtol=1e-5, atol=1e-5)
 
@@ -1074,6 +1083,43 @@ LIMITS_DIFFER_SCRIPT = textwrap.dedent('''
         print(f"RANK {r} RAISED {type(e).__name__} after {time.monotonic() - t0:.1f} s: "
               f"{str(e).splitlines()[0][:300]}", flush=True)
 ''')
+
+
+REDUCE_LIMITS_DIFFER_SCRIPT = textwrap.dedent('''
+    import sys, time
+    import numpy as np
+    import ringcomm
+    comm = ringcomm.init(timeout=20)
+    r = comm.rank
+    if r == int(sys.argv[1]):  # this rank alone: the slots (the other: single copy, reading and writing its peer)
+        comm._engine.window.single_copy_min = 1 << 40
+    x = np.full(1 << 18, r + 1, np.float32)
+    out = np.full(1 << 18, -1, np.float32)
+    t0 = time.monotonic()
+    try:
+        comm.reduce(x, 0, out=out, algorithm="shm")
+        print(f"RANK {r} NO ERROR correct={bool((out == 3).all()) if r == 0 else None}", flush=True)
+    except ringcomm.RingcommError as e:
+        print(f"RANK {r} RAISED {type(e).__name__} after {time.monotonic() - t0:.1f} s: "
+              f"{str(e).splitlines()[0][:300]} out untouched={bool((out == -1).all())}", flush=True)
+''')
+
+
+@pytest.mark.parametrize("deviant", [0, 1])
+def test_reduce_with_window_limits_that_differ_raises_and_writes_nothing(deviant, tmp_path):
+    # reduce by single copy reads the peers' inputs and writes into the
+    # root's output at the addresses they published for this call: a rank
+    # whose limits differ (here set on one rank only) published none, so
+    # its old addresses are neither read nor written. Both ranks raise
+    # within the deadline, naming the cause; the root's output is untouched.
+    res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", REDUCE_LIMITS_DIFFER_SCRIPT, str(deviant)],
+                         capture_output=True, text=True, timeout=120, env=default_limits_env(tmp_path))
+    got = lines(res)
+    assert len(got) == 2, res.stdout + res.stderr
+    for line in got:
+        assert "RAISED" in line and float(line.split(" after ")[1].split()[0]) < 15, line
+        assert "out untouched=True" in line, line
+    assert any("limits differ" in line for line in got), got
 
 
 def test_window_limits_that_differ_between_ranks_raise_not_hang(tmp_path):
@@ -1667,6 +1713,11 @@ def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
     assert shm_mod.single_copy_min(2) == 1 << 20 and shm_mod.single_copy_min(3) == shm_mod.DEFAULT_SINGLE_COPY_MIN
     assert shm_mod.single_copy_min_4k(2) == 2 << 20
     assert shm_mod.single_copy_min_4k(3) == shm_mod.DEFAULT_SINGLE_COPY_MIN_4K
+    # a tune that chose a lower single-copy limit and none for 4 KiB pages: that limit for both
+    selection.save_entry("shm", {"limits": {"2": {k: v for k, v in dict(measured, single_copy_min=16384).items()
+                                                  if k != "single_copy_min_4k"}}})
+    assert shm_mod.single_copy_min(2) == shm_mod.single_copy_min_4k(2) == 16384
+    selection.save_entry("shm", {"limits": {"2": measured}})
     monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", "4096")
     assert shm_mod.single_copy_min(2) == 4096  # the variable wins
     monkeypatch.setenv("RINGCOMM_SHM_SINGLE_COPY", "off")
@@ -1680,12 +1731,12 @@ def test_tuned_limits_are_what_auto_uses(tmp_path, monkeypatch):
         else:
             assert (got_max[c], got_from[c]) == (measured[c], measured["from"][c]), c
     # single copy off now (measured on): what it moves is not what was
-    # measured, so those four take the built-in limits; the rest stay tuned
+    # measured, so those five take the built-in limits; the rest stay tuned
     got_max = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_max(2, False)))
     got_from = dict(zip(shm_mod.COLLECTIVES, shm_mod.shm_from(2, False)))
-    for c in ("all_reduce", "reduce_scatter", "reduce"):
+    for c in ("all_reduce", "reduce_scatter"):
         assert (got_max[c], got_from[c]) == (measured[c], measured["from"][c]), c
-    for c in ("all_gather", "gather", "scatter", "all_to_all"):
+    for c in ("all_gather", "gather", "scatter", "all_to_all", "reduce"):  # (reduce: by single copy when large)
         assert got_max[c] == shm_mod.SHM_MAX[c], c
         assert got_from[c] == shm_mod.SHM_FROM.get(c, U), c
 

@@ -290,9 +290,11 @@ bool single_copy(const ShmWindow& w, size_t block_bytes) {
 }
 
 // Single copy has the kernel pin every page it copies out of a peer's
-// array; from 4 KiB pages that costs all_gather more than the slots' second
-// copy (at every block size measured under the 4 MiB limit, 128 KiB-4 MiB,
-// N = 2 and 4: bench/a2a_pages.py, bench/README.md). Not gather or
+// array; from 4 KiB pages that can cost all_gather more than the slots'
+// second copy, where one core reads what another just wrote quickly (on
+// the machine measured, in a minority of launches: bench/handoff.py, so the
+// built-in limit for such blocks is the single-copy limit itself and this
+// runs only where tune or the variable set a higher one). Not gather or
 // scatter: there the root alone copies every block out of (into) the
 // slots, round after round, each a sync of all ranks; measured, that was
 // mixed (gather) or level and slower (scatter) at N = 4. Whose pages matter (every rank's input) only their
@@ -558,7 +560,8 @@ void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 //   reduce      the direct reduce-scatter, then the root alone gathers the
 //               reduced pieces (all_reduce's sums, bit for bit); or, small,
 //               every rank's input to the root, which reduces them all
-//               ("shm_flat", shm_flat all_reduce's sums)
+//               ("shm_flat", shm_flat all_reduce's sums); from the
+//               single-copy limit, no slots between the ranks (sc_reduce)
 //   gather      every rank's block through its whole slot, piece by piece;
 //               the root copies them out (per-rank counts: the same list on
 //               every rank, so every rank counts the same rounds)
@@ -583,8 +586,11 @@ void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 // all have arrived (a piece needs every peer's); the closing sync means no
 // peer reads this rank's input or writes its output any more.
 //   rank r: received part r from every peer (its reads), sent part j to
-//   every peer j (their reads of ours), and a leaf its part to the root
-//   (its write), booked per piece as the direct algorithm's rounds
+//   every peer j (their reads of ours); a leaf sent its part to the root
+//   (its write), the root received each leaf's part (their writes); booked
+//   per piece as the direct algorithm's rounds. A leaf looks for a failure
+//   published in the window before each write: a root that failed may
+//   return to its caller, who may free its output.
 namespace {
 
 // The parts of sc_reduce, in rank order: the root's larger, as it writes
@@ -650,6 +656,7 @@ void sc_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, c
     reduce_in_rank_order(red, acc, n, len, es, src);
     red.finalize(acc, len, n);
     if (r != root) {
+      w.throw_if_failed(link, fp);
       w.write_output(root, fp.seq, at, acc, len * es);
       ledger.sent(Coll::reduce, w.member(root), false, len * es);
     } else if (!direct_out) {

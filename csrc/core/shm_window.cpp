@@ -36,7 +36,7 @@ namespace ringcomm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x72696e67736d3033ull;  // "ringsm03" (02: slots one page longer, at an offset; 03: an output address per call)
+constexpr uint64_t kMagic = 0x72696e67736d3033ull;  // "ringsm03" (02: slots one page longer, at an offset; 03: an output address per call, tagged)
 constexpr size_t kLine = 64;
 constexpr int kCalls = 4;  // announced calls kept per rank (seq % 4)
 constexpr int kPhases = 4;  // the calls of the phases kept per rank (RankArea::at)
@@ -111,9 +111,10 @@ struct alignas(kLine) ShmWindow::RankArea {
   // `pid` through it), and per call (at seq % kCalls, like fp) the owner's
   // input and block table addresses, valid while it is in that call,
   // whether its array lies in 4 KiB pages (publish_pages), and its output
-  // (reduce's root: where the others write their reduced chunks).
+  // (reduce's root: where the others write their sums) with the call that
+  // published it (a stale address is never written to).
   uint64_t self;
-  std::atomic<uint64_t> addr[kCalls][4];
+  std::atomic<uint64_t> addr[kCalls][5];
 };
 
 size_t ShmWindow::bytes_for(int nranks, size_t slot_bytes) {
@@ -269,6 +270,7 @@ void ShmWindow::publish(uint64_t seq, const void* in, const uintptr_t* places, v
   me->addr[k][0].store(reinterpret_cast<uint64_t>(in), std::memory_order_relaxed);
   me->addr[k][1].store(reinterpret_cast<uint64_t>(places), std::memory_order_relaxed);
   me->addr[k][3].store(reinterpret_cast<uint64_t>(out), std::memory_order_relaxed);
+  me->addr[k][4].store(seq << 1 | 1, std::memory_order_relaxed);  // (never 0: the call these are for)
   // (the sync that follows releases them)
 }
 
@@ -330,6 +332,7 @@ void ShmWindow::cross_copy(int j, uint64_t seq, bool write, char* mine, uint64_t
 }
 
 uint64_t ShmWindow::peer_address(int j, uint64_t seq, size_t offset, int block) const {
+  check_published(j, seq, "array");
   const RankArea* a = area(j);
   const int k = int(seq % kCalls);
   const uint64_t base = a->addr[k][0].load(std::memory_order_relaxed);
@@ -353,8 +356,21 @@ void ShmWindow::write_peer(int j, uint64_t seq, size_t offset, int block, const 
     cross_copy(j, seq, true, const_cast<char*>(static_cast<const char*>(src)), peer_address(j, seq, offset, block), bytes);
 }
 
+void ShmWindow::check_published(int j, uint64_t seq, const char* what) const {
+  if (area(j)->addr[seq % kCalls][4].load(std::memory_order_relaxed) != (seq << 1 | 1))
+    throw RingError(ErrKind::mismatch, member(rank_), member(j), seq,
+                    "rank " + std::to_string(member(j)) + " published no " + what + " for call #" +
+                        std::to_string(seq) + ", which rank " + std::to_string(member(rank_)) +
+                        " would copy by single copy: the ranks' window limits differ (single_copy_min and "
+                        "single_copy_min_4k must be set alike on every rank)");
+}
+
 void ShmWindow::write_output(int j, uint64_t seq, size_t offset, const void* src, size_t bytes) const {
+  check_published(j, seq, "output");
   const uint64_t out = area(j)->addr[seq % kCalls][3].load(std::memory_order_relaxed);
+  if (!out)  // (the callers write only into the root's, which published one for this call)
+    throw RingError(ErrKind::mismatch, member(rank_), member(j), seq,
+                    "rank " + std::to_string(member(j)) + " published no output for call #" + std::to_string(seq));
   if (bytes) cross_copy(j, seq, true, const_cast<char*>(static_cast<const char*>(src)), out + offset, bytes);
 }
 

@@ -120,6 +120,10 @@ class ShmWindow {
             bool peer_died = false);
   // Has a failure been published? (origin, or -1)
   int failed_origin() const;
+  // Throw it (as a wait would) if one has been published.
+  void throw_if_failed(const Link& link, const Fingerprint& fp) {
+    if (failed_origin() >= 0) throw_published(link, fp);
+  }
   // Wake this window's sleepers (Engine::abort: they then see the interrupt).
   void wake();
   // "rank R (pid P) died" when the process of the communicator's rank
@@ -197,7 +201,8 @@ class ShmWindow {
   // array (process_vm_writev; gather's leaves into the root's output).
   void write_peer(int j, uint64_t seq, size_t offset, int block, const void* src, size_t bytes) const;
   // `bytes` from `src` to `offset` bytes into the output rank j published
-  // (reduce's leaves into the root's).
+  // for call `seq` (reduce's leaves into the root's); MismatchError when j
+  // published none for it (its window limits differ: it took another path).
   void write_output(int j, uint64_t seq, size_t offset, const void* src, size_t bytes) const;
 
   // The newest call window rank `peer` announced in the window (0: none yet).
@@ -218,6 +223,10 @@ class ShmWindow {
   void check_arrived(const Link& link, const Fingerprint& fp, uint64_t phase, int j);
   void wait_until(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count, int missing);
   [[noreturn]] void throw_published(const Link& link, const Fingerprint& fp);
+  // MismatchError unless rank j published its arrays for call `seq` (a rank
+  // whose window limits differ took another path and published none: its
+  // old addresses are never read or written).
+  void check_published(int j, uint64_t seq, const char* what) const;
   void check_calls(const Link& link, const Fingerprint& fp, bool arrived_only);
   void check_slow(Link& link, const Fingerprint& fp, uint64_t phase, int missing);
   std::string peer_state(Link& link, int peer, const Fingerprint& fp);

@@ -144,8 +144,9 @@ def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrie
                 calls[(coll, "shm_slots")] = lambda f=f: _slots_only(window, f)
                 if coll in ("all_gather", "all_to_all"):
                     # ("shm" is what auto runs, which for these numpy arrays
-                    # in 4 KiB pages (below 4 MiB) is the slots again: single
-                    # copy itself, with the 4 KiB limit at the other)
+                    # in 4 KiB pages follows the 4 KiB limit (built in: the
+                    # same as any block's, so the two rows agree there);
+                    # single copy itself, with the 4 KiB limit at the other)
                     calls[(coll, "shm_single")] = lambda f=f: _limit_4k(window, window.single_copy_min, f)
             # all_to_all from arrays in 4 KiB pages, by single copy and
             # through the slots (choose_single_copy_4k; the sender asks the
@@ -394,7 +395,8 @@ def main(argv=None) -> int:
         sc, sc4k = lim.get("single_copy_min"), lim.get("single_copy_min_4k")
         print(f"shared memory on {n} ranks of one host (single copy " +
               ("off" if not lim["single_copy"] else "on" if sc is None else f"from blocks of {sc} B") +
-              ("" if sc4k is None else "; blocks in 4 KiB pages (all_to_all, all_gather) " +
+              ("" if sc4k is None else " in any pages" if sc is not None and sc4k <= sc else
+               "; blocks in 4 KiB pages (all_to_all, all_gather) " +
                ("through the slots" if sc4k >= selection.UNLIMITED else f"by single copy from {sc4k} B")) +
               "), auto runs the window:")
         for line in describe_shm_limits(lim):
