@@ -377,13 +377,29 @@ def test_every_timed_iteration_of_every_impl_follows_its_own_barrier(mode):
     per_impl = {name: sum(1 for e in timed if e[0] == name) for name in ("a", "b", "memcpy")}
     assert per_impl == {"a": 2 * 15, "b": 2 * 15, "memcpy": 2 * 15}, per_impl
     addrs = {name: [e[2] for e in timed if e[0] == name] for name in ("a", "b", "memcpy")}
-    if mode == "hot":  # the same buffers every iteration (one pair per pass)
+    if mode == "hot":  # the same buffers every iteration (one pair per pass), and every impl the same ones
         assert all(len(set(a)) == 2 for a in addrs.values()), addrs
+        assert set(addrs["a"]) == set(addrs["b"]), addrs
     else:  # cold: every iteration on buffers no other iteration used lately
         every = [e[2] for e in timed]
         assert all(x != y for x, y in zip(every, every[1:]))
         assert b.cold_info()["reuse_distance_bytes"] >= 1 << 20
     assert all(r["mode"] == mode for r in results.values())
+
+
+def test_an_impl_that_writes_nothing_is_wrong_after_one_that_was_right():
+    """The implementations share their buffers (so their pages are the same):
+    the output is cleared before each one's check, so a result left by the
+    one before does not pass for the next one's."""
+    b, log = _fake_bench()
+
+    class Idle(b.impls[0].__class__):
+        def run(self, c):
+            pass
+    b.impls = [b.impls[0], Idle("idle")]
+    count, results = b.measure("all_reduce", 4096, "float32", "sum", "hot")
+    assert results[("a", False)]["wrong"] == 0
+    assert results[("idle", False)]["wrong"] == count, results[("idle", False)]
 
 
 def test_mode_options():

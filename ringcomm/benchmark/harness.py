@@ -22,6 +22,7 @@ runs in the same mode, interleaved with the implementations.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -247,6 +248,7 @@ class Bench:
         """Reset buffers to the check data (also before timing: same data every run)."""
         data = self.xp.asarray(check_data(c.dtype, c.op, self.rank, c.count))
         off, ln = c.chunk
+        c.recv[...] = 0  # (the buffers are shared: not the last implementation's result)
         if c.collective in ("all_gather", "gather"):
             c.input_view()[...] = data[off:off + ln]
         elif c.collective in ("all_reduce", "reduce") and c.inplace:
@@ -317,8 +319,14 @@ class Bench:
         results, ref_samples = {}, []
         for inplace in (False, True):
             cases = {}
+            # One pair of buffers for every implementation: arrays allocated
+            # apart lie apart (glibc's heap or mmap, at varying 2 MiB offsets),
+            # so in transparent huge pages to varying extents, and the kernel
+            # copies between processes (single copy, Open MPI's CMA) pin every
+            # 4 KiB page (bench/README.md, "--mode hot").
+            shared = self.alloc(coll, count, dtype, op, inplace)
             for impl in self.impls:
-                c = self.alloc(coll, count, dtype, op, inplace)
+                c = dataclasses.replace(shared)  # (its own Case: an impl may keep views in it)
                 if not impl.supports(c):
                     continue
                 # correctness, outside the timed loop (on buffers of its own, not the pool's)
