@@ -69,16 +69,12 @@ def main(argv: list[str] | None = None) -> int:
             for row in table:
                 print(f"{row['n']:>3} {row['recursive_doubling_max']:>10} {row['halving_doubling_max']:>10}"
                       + (" *" if row["measured_here"] else ""))
-            from .tuning.tune import describe_shm_limits
+            from .tuning.tune import describe_shm_limits, describe_single_copy
             for n, lim in windows.items():
-                sc, sc4k = lim["single_copy_min"], lim["single_copy_min_4k"]
                 print(f"\nalgorithm='auto' on {n} ranks of one host runs in the shared-memory window ("
                       + (f"tuned: {selection.tune_path()}" if lim["tuned"] else
-                         "built-in limits: ringcomm tune measures them") + "; single copy "
-                      + (f"from blocks of {sc} B" if lim["single_copy"] else "off")
-                      + ("" if not lim["single_copy"] else " in any pages" if sc4k <= sc else
-                         "; blocks in 4 KiB pages (all_to_all, all_gather) "
-                         + ("through the slots" if sc4k >= selection.UNLIMITED else f"by single copy from {sc4k} B"))
+                         "built-in limits: ringcomm tune measures them") + "; "
+                      + describe_single_copy(lim["single_copy"], lim["single_copy_min"], lim["single_copy_min_4k"])
                       + "):")
                 for line in describe_shm_limits({k: v for k, v in lim.items() if k not in ("tuned",
                                                                                           "single_copy_min_4k")}):

@@ -289,6 +289,21 @@ def choose_single_copy_4k(t: dict, n: int) -> int | None:
     return min([*blocks, 2 * blocks[-1]], key=cost)
 
 
+def describe_single_copy(on: bool, sc: int | None, sc4k: int | None) -> str:
+    """The window's single-copy limits in words (`ringcomm info`, `ringcomm
+    tune`): `sc` the limit for any block (None: on, not measured), `sc4k` the
+    one for blocks in 4 KiB pages (None: not measured)."""
+    if not on:
+        return "single copy off"
+    said = "single copy " + ("on" if sc is None else f"from blocks of {sc} B")
+    if sc4k is None:
+        return said
+    if sc is not None and sc4k <= sc:
+        return said + " in any pages"
+    return (said + "; blocks in 4 KiB pages (all_to_all, all_gather) " +
+            ("through the slots" if sc4k >= selection.UNLIMITED else f"by single copy from {sc4k} B"))
+
+
 def describe_shm_limits(lim: dict) -> list[str]:
     """shm_limits' result in words, a line per collective."""
     U = selection.UNLIMITED
@@ -392,13 +407,9 @@ def main(argv=None) -> int:
     limits = {}
     for n in sorted({r["n"] for r in shm_rows}):
         limits[str(n)] = lim = shm_limits(shm_rows, n)
-        sc, sc4k = lim.get("single_copy_min"), lim.get("single_copy_min_4k")
-        print(f"shared memory on {n} ranks of one host (single copy " +
-              ("off" if not lim["single_copy"] else "on" if sc is None else f"from blocks of {sc} B") +
-              ("" if sc4k is None else " in any pages" if sc is not None and sc4k <= sc else
-               "; blocks in 4 KiB pages (all_to_all, all_gather) " +
-               ("through the slots" if sc4k >= selection.UNLIMITED else f"by single copy from {sc4k} B")) +
-              "), auto runs the window:")
+        print(f"shared memory on {n} ranks of one host ("
+              + describe_single_copy(lim["single_copy"], lim.get("single_copy_min"), lim.get("single_copy_min_4k"))
+              + "), auto runs the window:")
         for line in describe_shm_limits(lim):
             print("  " + line)
         print(f"  {'collective':<16}{'algorithm':<20}{'bytes':>10}{'measured us':>13}")
