@@ -369,13 +369,14 @@ def test_every_timed_iteration_of_every_impl_follows_its_own_barrier(mode):
     count, results = b.measure("all_reduce", 4096, "float32", "sum", mode)
     assert {k for k in results} == {("a", False), ("a", True), ("b", False), ("b", True), ("memcpy", False)}
     assert all(r["wrong"] == 0 for r in results.values())
-    # per pass and impl: 1 check run, then warm-up 2 + estimate 1 + reps 3 x iters 4, each after a barrier
+    # per pass and impl: 1 check run, then warm-up 2 + estimate 1 + reps 3 x (1 untimed + iters 4), each
+    # after a barrier
     timed = [e for e in log if e[3]]
     assert len(log) - len(timed) == 4  # the correctness runs: one per impl and pass, outside the loops
     barriers = [e[1] for e in timed]
     assert barriers == sorted(barriers) and len(set(barriers)) == len(barriers), "two runs shared a barrier"
     per_impl = {name: sum(1 for e in timed if e[0] == name) for name in ("a", "b", "memcpy")}
-    assert per_impl == {"a": 2 * 15, "b": 2 * 15, "memcpy": 2 * 15}, per_impl
+    assert per_impl == {"a": 2 * 18, "b": 2 * 18, "memcpy": 2 * 18}, per_impl
     addrs = {name: [e[2] for e in timed if e[0] == name] for name in ("a", "b", "memcpy")}
     if mode == "hot":  # the same buffers every iteration (one pair per pass), and every impl the same ones
         assert all(len(set(a)) == 2 for a in addrs.values()), addrs
@@ -385,6 +386,24 @@ def test_every_timed_iteration_of_every_impl_follows_its_own_barrier(mode):
         assert all(x != y for x, y in zip(every, every[1:]))
         assert b.cold_info()["reuse_distance_bytes"] >= 1 << 20
     assert all(r["mode"] == mode for r in results.values())
+
+
+def test_each_impl_runs_about_target_ms_a_repetition():
+    """--iters 0: the iteration count is each implementation's own (from its
+    one-iteration estimate, the slowest rank's), not the slowest
+    implementation's for all: a fast one ran a handful of iterations next to
+    gloo, where what the block before it left weighed."""
+    b, log = _fake_bench()
+    b.args.iters, b.args.target_ms = 0, 10
+    est = {"a": 1e-3, "b": 1e-4, "memcpy": 2e-4}  # seconds per iteration, as timed() would say
+    timed = b.timed
+
+    def fake_timed(impl, next_case, iters):
+        timed(impl, next_case, iters)
+        return est[impl.name]
+    b.timed = fake_timed
+    count, results = b.measure("all_reduce", 4096, "float32", "sum", "hot")
+    assert {k[0]: r["iters"] for k, r in results.items() if k[0] != "memcpy"} == {"a": 10, "b": 100}, results
 
 
 def test_an_impl_that_writes_nothing_is_wrong_after_one_that_was_right():

@@ -355,25 +355,35 @@ class Bench:
                 return lambda: self.alloc(coll_of, count, dtype, op, inplace, pool_offset=pool.take(slot))
 
             feeds = {name: next_case(name, "memcpy" if name == self.memcpy.name else coll) for name in cases}
-            # warm-up and iteration count (from the slowest implementation)
-            est = 0.0
+            # Warm-up, and each implementation's iteration count: about
+            # --target-ms a repetition each (the estimate is the slowest rank's,
+            # so every rank counts alike). From the slowest implementation's
+            # time, gloo's, the others ran about 5 iterations a repetition at
+            # 4 MiB, in which what the block before left (the memcpy's dirty
+            # lines) weighed: listed first, ringcomm lost to Open MPI by up to
+            # 1.4x, listed second it won (bench/README.md, "--mode hot").
+            iters = {}
             for name, (impl, *_) in cases.items():
                 if self.args.warmup:
                     self.timed(impl, feeds[name], self.args.warmup)
-                est = max(est, self.timed(impl, feeds[name], 1))
-            iters = self.args.iters or max(1, min(1000, int(self.args.target_ms * 1e-3 / max(est, 1e-7))))
+                est = self.timed(impl, feeds[name], 1)
+                iters[name] = self.args.iters or max(1, min(1000, int(self.args.target_ms * 1e-3 / max(est, 1e-7))))
             samples = {name: [] for name in cases}
             names = list(cases)
             for rep in range(self.args.reps):
                 order = names[rep % len(names):] + names[:rep % len(names)] if names else []
                 for name in order:
-                    samples[name].append(self.timed(cases[name][0], feeds[name], iters))
+                    # One untimed call first: the caches as this implementation
+                    # leaves them, not as the one before (the memcpy, on its own
+                    # buffers; or another on the same ones) did.
+                    self.timed(cases[name][0], feeds[name], 1)
+                    samples[name].append(self.timed(cases[name][0], feeds[name], iters[name]))
             for name, (_, _, wrong, sent, expected, algorithm) in cases.items():
                 if name == self.memcpy.name:
                     ref_samples += samples[name]
                     continue
                 s = summarize(samples[name])
-                results[(name, inplace)] = dict(s, wrong=wrong, sent=sent, expected=expected, iters=iters,
+                results[(name, inplace)] = dict(s, wrong=wrong, sent=sent, expected=expected, iters=iters[name],
                                                 algorithm=algorithm, mode=mode)
         if ref_samples:  # one reference per size: the memcpy's repetitions of both passes
             results[(self.memcpy.name, False)] = dict(summarize(ref_samples), wrong=0, sent=None, expected=None,
