@@ -1105,6 +1105,62 @@ REDUCE_LIMITS_DIFFER_SCRIPT = textwrap.dedent('''
 ''')
 
 
+LATE_WRITE_SCRIPT = textwrap.dedent('''
+    import time, threading
+    import numpy as np
+    import ringcomm
+    comm = ringcomm.init(timeout=20)
+    r = comm.rank
+    k = 64 << 20  # float32 per block: the leaf writes 256 MiB into the root's output
+    if r == 0:
+        out = np.full(2 * k, -1, np.float32)
+        x = out[:k]  # in place: the root copies nothing of its own, it waits while the leaf writes
+        x[:] = 0
+        def frontier():  # the first element of the leaf's block not written yet (it writes in order)
+            lo, hi = k, 2 * k
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if out[mid] == -1:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return lo
+        def abort_once_the_leaf_writes():
+            while out[k] == -1:
+                time.sleep(0)
+            comm.abort(wait=False)
+        threading.Thread(target=abort_once_the_leaf_writes, daemon=True).start()
+    else:
+        x, out = np.ones(k, np.float32), None
+    try:
+        comm.gather(x, 0, out=out, algorithm="shm")
+        print(f"RANK {r} NO ERROR", flush=True)
+    except ringcomm.RingcommError as e:
+        if r == 0:
+            f1 = frontier()
+            time.sleep(0.5)
+            print(f"RANK {r} RAISED {type(e).__name__}: written {f1 - k} of {k}, late {frontier() - f1}", flush=True)
+        else:
+            print(f"RANK {r} RAISED {type(e).__name__}", flush=True)
+''')
+
+
+def test_no_write_lands_in_the_roots_output_after_it_failed():
+    # gather's (and reduce's) leaves write into the root's output by single
+    # copy (ShmWindow::write_into). The root aborts (another thread) once the
+    # leaf's first bytes land: when its call returns the error, no more may
+    # land (its caller may free that output). Before, the leaf's write of its
+    # whole block (256 MiB, one process_vm_writev) went on landing for tens
+    # of ms after the root had returned: 60 M of 67 M floats late, three
+    # runs of three. Now a writer stops at the next 4 MiB piece and the
+    # failing root waits for the piece in flight.
+    res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", LATE_WRITE_SCRIPT],
+                         capture_output=True, text=True, timeout=120)
+    got = sorted(lines(res))
+    assert len(got) == 2 and all("RAISED CommunicatorAborted" in line for line in got), res.stdout + res.stderr
+    assert got[0].endswith("late 0"), got[0]
+
+
 @pytest.mark.parametrize("deviant", [0, 1])
 def test_reduce_with_window_limits_that_differ_raises_and_writes_nothing(deviant, tmp_path):
     # reduce by single copy reads the peers' inputs and writes into the

@@ -359,7 +359,7 @@ void sc_gather(Link& link, const BlockSplit& blocks, size_t es, int root, const 
   }
   if (r != root) {
     w.await_any(link, fp, phase, &root, 1);
-    if (blocks.count(r)) w.write_peer(root, fp.seq, blocks.offset(r) * es, r, in, blocks.count(r) * es);
+    if (blocks.count(r)) w.write_peer(link, fp, root, blocks.offset(r) * es, r, in, blocks.count(r) * es);
   }
   w.sync(link, fp, false);  // every block is in the root's output
 }
@@ -588,9 +588,9 @@ void shm_barrier(Link& link) { window_of(link).sync(link, link.call(), true); }
 //   rank r: received part r from every peer (its reads), sent part j to
 //   every peer j (their reads of ours); a leaf sent its part to the root
 //   (its write), the root received each leaf's part (their writes); booked
-//   per piece as the direct algorithm's rounds. A leaf looks for a failure
-//   published in the window before each write: a root that failed may
-//   return to its caller, who may free its output.
+//   per piece as the direct algorithm's rounds. A root that failed may
+//   return to its caller, who may free its output: no leaf's write lands
+//   after that (ShmWindow::write_into, as gather's).
 namespace {
 
 // The parts of sc_reduce, in rank order: the root's larger, as it writes
@@ -656,8 +656,7 @@ void sc_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, c
     reduce_in_rank_order(red, acc, n, len, es, src);
     red.finalize(acc, len, n);
     if (r != root) {
-      w.throw_if_failed(link, fp);
-      w.write_output(root, fp.seq, at, acc, len * es);
+      w.write_output(link, fp, root, at, acc, len * es);
       ledger.sent(Coll::reduce, w.member(root), false, len * es);
     } else if (!direct_out) {
       std::memcpy(out + at, acc, len * es);

@@ -36,7 +36,7 @@ namespace ringcomm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x72696e67736d3033ull;  // "ringsm03" (02: slots one page longer, at an offset; 03: an output address per call, tagged)
+constexpr uint64_t kMagic = 0x72696e67736d3034ull;  // "ringsm04" (02: slots one page longer, at an offset; 03: an output address per call, tagged; 04: `writing`)
 constexpr size_t kLine = 64;
 constexpr int kCalls = 4;  // announced calls kept per rank (seq % 4)
 constexpr int kPhases = 4;  // the calls of the phases kept per rank (RankArea::at)
@@ -102,6 +102,7 @@ struct alignas(kLine) ShmWindow::RankArea {
   // rank past p. So four words.
   std::atomic<uint64_t> at[kPhases];
   std::atomic<uint32_t> slot_offset[2];  // where its slot of each parity starts in its page (next_parity)
+  std::atomic<uint32_t> writing;  // 1 + the rank whose memory it is writing into (0: none; write_into)
   alignas(kLine) int64_t pid;     // 0: in process
   uint64_t pidns;                 // its pid namespace (a pid means something only in the same one)
   std::atomic<uint64_t> latest;   // seq of the newest call it announced
@@ -350,10 +351,60 @@ void ShmWindow::read_address(int j, uint64_t seq, uint64_t theirs, void* dst, si
   if (bytes) cross_copy(j, seq, false, static_cast<char*>(dst), theirs, bytes);
 }
 
-void ShmWindow::write_peer(int j, uint64_t seq, size_t offset, int block, const void* src, size_t bytes) const {
-  // (process_vm_writev's local iovec is not const; it is only read)
-  if (bytes)
-    cross_copy(j, seq, true, const_cast<char*>(static_cast<const char*>(src)), peer_address(j, seq, offset, block), bytes);
+void ShmWindow::write_peer(const Link& link, const Fingerprint& fp, int j, size_t offset, int block,
+                           const void* src, size_t bytes) {
+  if (bytes) write_into(link, fp, j, peer_address(j, fp.seq, offset, block), static_cast<const char*>(src), bytes);
+}
+
+// ---- Writes into a peer ---------------------------------------------------
+// gather's and reduce's leaves write into the root's output. A root that
+// fails (a peer died, the deadline, an abort) returns its error to a caller
+// who may free that output at once, so no write may land after: found in a
+// test, a leaf's process_vm_writev of 256 MiB went on landing for tens of
+// milliseconds after the root had returned. So a writer says whom it writes
+// into (`writing`, seq_cst) and then looks for a published failure (seq_cst)
+// before each piece; a failing rank publishes its failure (seq_cst) and then
+// waits until no live peer says it writes into it (await_writers, from
+// fail()). Of the two stores, each side loads the other's after its own: a
+// writer either sees the failure and writes no more, or the failing rank sees
+// it writing and waits for its piece (at most kWritePiece) to land.
+namespace {
+constexpr size_t kWritePiece = size_t(4) << 20;
+}  // namespace
+
+void ShmWindow::write_into(const Link& link, const Fingerprint& fp, int j, uint64_t theirs, const char* src,
+                           size_t bytes) {
+  std::atomic<uint32_t>& mine = area(rank_)->writing;
+  struct Done {
+    std::atomic<uint32_t>& w;
+    ~Done() { w.store(0, std::memory_order_seq_cst); }
+  } done{mine};
+  mine.store(uint32_t(j + 1), std::memory_order_seq_cst);
+  for (size_t at = 0; at < bytes; at += kWritePiece) {
+    if (header()->failed.load(std::memory_order_seq_cst) > 0) throw_published(link, fp);
+    // (process_vm_writev's local iovec is not const; it is only read)
+    cross_copy(j, fp.seq, true, const_cast<char*>(src + at), theirs + at, std::min(kWritePiece, bytes - at));
+  }
+}
+
+void ShmWindow::await_writers() const {
+  // Bounded: a writer's piece lands in milliseconds; one that is stopped
+  // (SIGSTOP) after its last piece would otherwise hold this rank forever.
+  const auto start = Clock::now(), until = start + std::chrono::seconds(10);
+  for (int j = 0; j < n_; ++j) {
+    if (j == rank_) continue;
+    auto last_check = start;
+    for (unsigned i = 0; area(j)->writing.load(std::memory_order_seq_cst) == uint32_t(rank_ + 1); ++i) {
+      const auto now = Clock::now();
+      if (now >= until) return;
+      if (now - last_check >= std::chrono::milliseconds(1)) {  // a dead writer writes no more
+        last_check = now;
+        if (!death_of(member(j)).empty()) break;
+      }
+      if (i < 1000) sched_yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 }
 
 void ShmWindow::check_published(int j, uint64_t seq, const char* what) const {
@@ -365,13 +416,13 @@ void ShmWindow::check_published(int j, uint64_t seq, const char* what) const {
                         "single_copy_min_4k must be set alike on every rank)");
 }
 
-void ShmWindow::write_output(int j, uint64_t seq, size_t offset, const void* src, size_t bytes) const {
-  check_published(j, seq, "output");
-  const uint64_t out = area(j)->addr[seq % kCalls][3].load(std::memory_order_relaxed);
-  if (!out)  // (the callers write only into the root's, which published one for this call)
-    throw RingError(ErrKind::mismatch, member(rank_), member(j), seq,
-                    "rank " + std::to_string(member(j)) + " published no output for call #" + std::to_string(seq));
-  if (bytes) cross_copy(j, seq, true, const_cast<char*>(static_cast<const char*>(src)), out + offset, bytes);
+void ShmWindow::write_output(const Link& link, const Fingerprint& fp, int j, size_t offset, const void* src,
+                             size_t bytes) {
+  // (check_published: j published an output for this call; only the root,
+  // the only one the callers write into, publishes one)
+  check_published(j, fp.seq, "output");
+  const uint64_t out = area(j)->addr[fp.seq % kCalls][3].load(std::memory_order_relaxed);
+  if (bytes) write_into(link, fp, j, out + offset, static_cast<const char*>(src), bytes);
 }
 
 bool ShmWindow::all_arrived(uint64_t phase, int* missing) const {
@@ -398,9 +449,15 @@ void ShmWindow::fail(int origin, ErrKind kind, const std::string& reason, uint64
     h->peer = peer;
     h->peer_died = peer_died ? 1 : 0;
     h->seq = seq;
-    h->failed.store(std::max(origin, 0) + 1, std::memory_order_release);
+    h->failed.store(std::max(origin, 0) + 1, std::memory_order_seq_cst);
+  } else {
+    // Another rank claimed it: its store of `failed` may not have landed
+    // yet, and a writer into this rank that does not see it writes on.
+    const auto until = Clock::now() + std::chrono::milliseconds(100);
+    while (h->failed.load(std::memory_order_seq_cst) == 0 && Clock::now() < until) sched_yield();
   }
   wake();
+  await_writers();
 }
 
 void ShmWindow::wake() {

@@ -113,17 +113,14 @@ class ShmWindow {
   // j is still in it): what j passed for it (zero copy: its arena offsets).
   Fingerprint peer_call(int j, const Fingerprint& mine) const;
   // Publish a failure for every rank (the first one wins) and wake the
-  // sleepers. Any thread. `seq`: the call the publishing rank was in (or
-  // last ran); it had finished every earlier one.
+  // sleepers; then wait until no live peer writes into this rank's arrays
+  // (await_writers). Any thread. `seq`: the call the publishing rank was in
+  // (or last ran); it had finished every earlier one.
   // `peer`: the peer the origin named (-1: none), `peer_died`: it died.
   void fail(int origin, ErrKind kind, const std::string& reason, uint64_t seq, int peer = -1,
             bool peer_died = false);
   // Has a failure been published? (origin, or -1)
   int failed_origin() const;
-  // Throw it (as a wait would) if one has been published.
-  void throw_if_failed(const Link& link, const Fingerprint& fp) {
-    if (failed_origin() >= 0) throw_published(link, fp);
-  }
   // Wake this window's sleepers (Engine::abort: they then see the interrupt).
   void wake();
   // "rank R (pid P) died" when the process of the communicator's rank
@@ -199,11 +196,14 @@ class ShmWindow {
   void read_address(int j, uint64_t seq, uint64_t theirs, void* dst, size_t bytes) const;
   // The same the other way: `bytes` from `src` into rank j's published
   // array (process_vm_writev; gather's leaves into the root's output).
-  void write_peer(int j, uint64_t seq, size_t offset, int block, const void* src, size_t bytes) const;
+  // Throws the failure published in the window, if any, before each piece
+  // (write_into).
+  void write_peer(const Link& link, const Fingerprint& fp, int j, size_t offset, int block, const void* src,
+                  size_t bytes);
   // `bytes` from `src` to `offset` bytes into the output rank j published
-  // for call `seq` (reduce's leaves into the root's); MismatchError when j
+  // for call fp.seq (reduce's leaves into the root's); MismatchError when j
   // published none for it (its window limits differ: it took another path).
-  void write_output(int j, uint64_t seq, size_t offset, const void* src, size_t bytes) const;
+  void write_output(const Link& link, const Fingerprint& fp, int j, size_t offset, const void* src, size_t bytes);
 
   // The newest call window rank `peer` announced in the window (0: none yet).
   uint64_t latest_call(int peer) const;
@@ -223,6 +223,10 @@ class ShmWindow {
   void check_arrived(const Link& link, const Fingerprint& fp, uint64_t phase, int j);
   void wait_until(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count, int missing);
   [[noreturn]] void throw_published(const Link& link, const Fingerprint& fp);
+  // Writes into a peer's memory, and the wait that keeps them from landing
+  // after that peer failed (shm_window.cpp, "Writes into a peer").
+  void write_into(const Link& link, const Fingerprint& fp, int j, uint64_t theirs, const char* src, size_t bytes);
+  void await_writers() const;
   // MismatchError unless rank j published its arrays for call `seq` (a rank
   // whose window limits differ took another path and published none: its
   // old addresses are never read or written).
