@@ -1154,10 +1154,14 @@ def test_no_write_lands_in_the_roots_output_after_it_failed():
     # of ms after the root had returned: 60 M of 67 M floats late, three
     # runs of three. Now a writer stops at the next 4 MiB piece and the
     # failing root waits for the piece in flight.
+    # (No spinning: a wait's spin looks at arrivals alone, up to 50 ms, in
+    # which the leaf could write its whole block.)
     res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", LATE_WRITE_SCRIPT],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=clean_env(RINGCOMM_SHM_SPIN_US="0"))
     got = sorted(lines(res))
     assert len(got) == 2 and all("RAISED CommunicatorAborted" in line for line in got), res.stdout + res.stderr
+    written = int(got[0].split("written ")[1].split()[0])
+    assert written < 64 << 20, got[0]  # cut off: the abort came while the leaf wrote
     assert got[0].endswith("late 0"), got[0]
 
 

@@ -418,10 +418,11 @@ void ShmWindow::check_published(int j, uint64_t seq, const char* what) const {
 
 void ShmWindow::write_output(const Link& link, const Fingerprint& fp, int j, size_t offset, const void* src,
                              size_t bytes) {
-  // (check_published: j published an output for this call; only the root,
-  // the only one the callers write into, publishes one)
   check_published(j, fp.seq, "output");
   const uint64_t out = area(j)->addr[fp.seq % kCalls][3].load(std::memory_order_relaxed);
+  if (!out)  // (j published for this call, but no output: only a root does)
+    throw RingError(ErrKind::mismatch, member(rank_), member(j), fp.seq,
+                    "rank " + std::to_string(member(j)) + " published no output for call #" + std::to_string(fp.seq));
   if (bytes) write_into(link, fp, j, out + offset, static_cast<const char*>(src), bytes);
 }
 
@@ -455,6 +456,8 @@ void ShmWindow::fail(int origin, ErrKind kind, const std::string& reason, uint64
     // yet, and a writer into this rank that does not see it writes on.
     const auto until = Clock::now() + std::chrono::milliseconds(100);
     while (h->failed.load(std::memory_order_seq_cst) == 0 && Clock::now() < until) sched_yield();
+    int32_t none = 0;  // it stalled or died in between: the writers need `failed` set, whoever says why
+    h->failed.compare_exchange_strong(none, std::max(origin, 0) + 1, std::memory_order_seq_cst);
   }
   wake();
   await_writers();

@@ -1,6 +1,6 @@
 """Measurement, on every rank: the copy-bandwidth references, and ``Bench``,
-which allocates the buffers of one case per implementation, checks the
-result outside the timed loop (exact count of wrong elements, ringcomm's
+which allocates the buffers of one case (one pair, every implementation
+on it: the same pages for all), checks each one's result outside the timed loop (exact count of wrong elements, ringcomm's
 traffic ledger against traffic.expected), then times interleaved
 repetitions (round-robin, rotating the order) and summarizes them (median,
 p10, p90).
@@ -245,7 +245,9 @@ class Bench:
         return c
 
     def fill(self, c: Case, impl: Impl):
-        """Reset buffers to the check data (also before timing: same data every run)."""
+        """Reset the buffers to the check data, the output cleared (before
+        each implementation's check and its ledger's count; the timed loops
+        then run on what the calls leave)."""
         data = self.xp.asarray(check_data(c.dtype, c.op, self.rank, c.count))
         off, ln = c.chunk
         c.recv[...] = 0  # (the buffers are shared: not the last implementation's result)
@@ -329,7 +331,7 @@ class Bench:
                 c = dataclasses.replace(shared)  # (its own Case: an impl may keep views in it)
                 if not impl.supports(c):
                     continue
-                # correctness, outside the timed loop (on buffers of its own, not the pool's)
+                # correctness, outside the timed loop (on the shared buffers, not the pool's)
                 self.fill(c, impl)
                 impl.run(c)
                 wrong = self.w.allreduce(self.count_wrong(c, impl))
