@@ -52,6 +52,7 @@ class Communicator:
         self._settings = settings
         self._label = label
         self._inflight: collections.deque = collections.deque()
+        self._sweep_at = 64  # _track: past this many Works in flight, look for done ones behind the head
         self._lock = threading.Lock()
         self._trace = None  # (Trace, native Tracer) while comm.trace() is active
         self._index = index  # which communicator of its kind in this process (names its dumps)
@@ -647,6 +648,16 @@ class Communicator:
 
     def _track(self, work: Work) -> None:
         with self._lock:  # keep the arrays of queued collectives alive until they complete
-            while self._inflight and self._inflight[0]._done_with_arrays():
-                self._inflight.popleft()
-            self._inflight.append(work)
+            inflight = self._inflight
+            while inflight and inflight[0]._done_with_arrays():
+                inflight.popleft()
+            inflight.append(work)
+            if len(inflight) > self._sweep_at:
+                # A Work nobody waits for (a dropped isend: only waits progress
+                # a p2p op) would stay at the head, and every later one behind
+                # it, arrays and all: now and then progress such ones and drop
+                # whatever is done, wherever it stands.
+                kept = [w for w in inflight if not w._done_with_arrays(progress=True)]
+                inflight.clear()
+                inflight.extend(kept)
+                self._sweep_at = max(64, 2 * len(kept))

@@ -38,6 +38,8 @@ class P2PWork:
     has completed (a send: its peer). The array is kept alive until then.
     """
 
+    __slots__ = ("_native", "_result", "_keep", "_on_failure")
+
     def __init__(self, native, result, keep, on_failure):
         self._native = native
         self._result = result
@@ -71,8 +73,12 @@ class P2PWork:
     def result(self):
         return self.wait()
 
-    def _done_with_arrays(self) -> bool:
-        if not self._native.is_completed():
+    def _done_with_arrays(self, progress: bool = False) -> bool:
+        """Nothing touches the arrays any more. `progress`: first progress an
+        op nobody waits for (only waits progress a p2p op)."""
+        if self._keep is None:  # waited for, successfully: nothing touches the arrays any more
+            return True
+        if not self._native.is_completed() and not (progress and self._native.poll()):
             return False
         hold = self._native.hold()
         return hold is None or not hold.pending

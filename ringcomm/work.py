@@ -105,8 +105,9 @@ class Work:
         """Alias of wait() without a timeout."""
         return self.wait()
 
-    def _done_with_arrays(self) -> bool:
-        """Nothing (host or device) will touch this collective's arrays any more."""
+    def _done_with_arrays(self, progress: bool = False) -> bool:
+        """Nothing (host or device) will touch this collective's arrays any more
+        (`progress`: unused; the engine's worker progresses a collective)."""
         if not self._native.is_completed():
             return False
         hold = self._native.hold()

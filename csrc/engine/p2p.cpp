@@ -404,6 +404,16 @@ bool P2POp::progress(Clock::time_point until) {
 
 bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, bool* fired) {
   std::lock_guard<std::mutex> g(m_);
+  return wait_locked(timeout_s, interrupted, fired);
+}
+
+bool P2POp::poll() {
+  std::unique_lock<std::mutex> g(m_, std::try_to_lock);
+  if (!g.owns_lock()) return false;
+  return wait_locked(0.0, nullptr, nullptr);
+}
+
+bool P2POp::wait_locked(double timeout_s, const std::function<bool()>* interrupted, bool* fired) {
   if (done_.load(std::memory_order_relaxed)) return true;
   const auto start = Clock::now();
   const auto mine = timeout_s < 0 ? Clock::time_point::max()

@@ -98,6 +98,10 @@ class P2POp {
   // aborts the communicator (Ctrl-C), and sets *fired.
   bool wait(double timeout_s, const std::function<bool()>* interrupted = nullptr, bool* fired = nullptr);
   bool test() { return wait(0.0); }
+  // test() unless another thread is waiting for this op (then false at
+  // once): how the communicator progresses Works nobody waits for (a
+  // dropped isend) without blocking behind a wait of the caller's.
+  bool poll();
   bool is_completed();
   const RingError* error();
   bool is_send() const { return is_send_; }
@@ -119,6 +123,7 @@ class P2POp {
   static std::shared_ptr<P2POp> make(const std::shared_ptr<Engine>& e, std::shared_ptr<Transport> t, bool send,
                                      int peer, void* buf, size_t count, DType dtype, int tag, uint64_t id,
                                      int64_t t_issue_ns);
+  bool wait_locked(double timeout_s, const std::function<bool()>* interrupted, bool* fired);  // under m_
   bool progress(Clock::time_point until);  // true: done; throws RingError
   void finish(std::unique_ptr<RingError> err);
   // `peer_died`: the peer's process is gone (RingError::peer_died, told to the ring).

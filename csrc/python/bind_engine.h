@@ -272,6 +272,9 @@ inline void bind_engine(py::module_& m) {
            "Progress and block (GIL released) until complete or `timeout` s (negative: until it ends, bounded by "
            "the communicator's deadline); raises its failure; True when complete.")
       .def("is_completed", &P2POp::is_completed)
+      .def("poll", &P2POp::poll, py::call_guard<py::gil_scoped_release>(),
+           "Progress without blocking unless another thread waits for it; True when complete (a failure is "
+           "kept in error(), not raised).")
       .def("test", [](P2POp& op) { return wait_p2p(op, 0.0); }, "Progress without blocking; True when complete.")
       .def_property_readonly("source", &P2POp::source, "The sender's rank (after completion; a send: its peer).")
       .def_property_readonly("is_send", &P2POp::is_send)
