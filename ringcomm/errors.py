@@ -105,3 +105,28 @@ def _from_native(kind: int, message: str, rank: int, peer: int, seq: int, origin
     return cls(message, rank=None if rank < 0 else rank, peer=None if peer < 0 else peer,
                seq=None if seq == 0 else seq, origin=None if origin < 0 else origin,
                cause=_CAUSES[cause] if 0 <= cause < len(_CAUSES) else None)
+
+
+def from_rank0(bcast, is_rank0: bool, compute, what: str):
+    """``compute()`` on rank 0, its result handed to every rank by
+    ``bcast(obj, root=0)`` (mpi4py's, or a store group's). An error of
+    compute (a bad environment variable, an unreadable tune file) is raised
+    on every rank alike, not on rank 0 alone, whose peers would otherwise
+    wait in the broadcast forever (found: a bad RINGCOMM_SHM_SINGLE_COPY
+    hung ``ringcomm.init()`` under mpirun)."""
+    if is_rank0:
+        try:
+            value = compute()
+        except Exception as exc:
+            bcast(("error", type(exc).__name__, str(exc)), root=0)
+            raise
+        bcast(("ok", value), root=0)
+        return value
+    got = bcast(None, root=0)
+    if got[0] == "ok":
+        return got[1]
+    cls = globals().get(got[1])
+    if not (isinstance(cls, type) and issubclass(cls, RingcommError)):
+        cls = RingcommError
+    raise cls(f"rank 0 failed to {what}: {got[1]}: {got[2]}")
+

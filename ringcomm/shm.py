@@ -36,7 +36,7 @@ import threading
 import warnings
 
 from ._native import core
-from .errors import InvalidArgument, RingcommError
+from .errors import InvalidArgument, RingcommError, from_rank0
 from .tuning.selection import UNLIMITED
 
 __all__ = ["host_key", "mode", "slot_bytes", "flat_max", "arena_bytes", "attach_mpi", "attach_local", "empty"]
@@ -556,7 +556,8 @@ def _attach_shared(engine, comm, m, got, make_between) -> str | None:
         # copy where every rank can read every peer's memory (the kernel may
         # refuse: ptrace restrictions, seccomp).
         readable = all(comm.allgather(window.probe_single_copy()))
-        lim = comm.bcast(auto_limits(n, readable) if comm.Get_rank() == 0 else None, root=0)
+        lim = from_rank0(comm.bcast, comm.Get_rank() == 0, lambda: auto_limits(n, readable),
+                         "choose the shared-memory window's limits")
         window.single_copy_min = lim["single_copy_min"]
         window.single_copy_min_4k = lim["single_copy_min_4k"]
         engine.attach_window(window, True, lim["flat_max"])
@@ -602,7 +603,8 @@ def _attach_hierarchy(engine, comm, keys, order, slot, m, make_between) -> str |
             return None
         members, cross_members = local.allgather(rank), cross.allgather(rank)
         between = make_between(cross)
-        costs = comm.bcast(selection.costs_for("mpi", cross.Get_size()) if rank == 0 else None, root=0)
+        costs = from_rank0(comm.bcast, rank == 0, lambda: selection.costs_for("mpi", cross.Get_size()),
+                           "read the cost model")
         rd, hd = selection.auto_limits(costs, cross.Get_size())
         between.set_auto_limits(rd, hd, selection.reduce_limit(costs, cross.Get_size()))
         # every host's ranks in rank order, hosts in the order between hosts

@@ -15,7 +15,7 @@ from typing import Callable
 from . import config, quarantine
 from ._native import core
 from .comm import Communicator
-from .errors import CommunicatorAborted, InvalidArgument, RingcommError
+from .errors import CommunicatorAborted, InvalidArgument, RingcommError, from_rank0
 
 __all__ = ["init", "run_local", "local_rank"]
 
@@ -131,7 +131,8 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
         c._arena_maker = lambda: shm.make_arena(engine.window, comm)
     from .tuning import selection
     # Rank 0's constants for everyone: all ranks must make the same choices.
-    c.set_costs(comm.bcast(selection.costs_for(label, comm.Get_size()) if comm.Get_rank() == 0 else None, root=0))
+    c.set_costs(from_rank0(comm.bcast, comm.Get_rank() == 0, lambda: selection.costs_for(label, comm.Get_size()),
+                           "read the cost model"))
     _mpi_comms.add(c)
     _failfast.register(c, comm)  # a rank dying of an exception aborts c: its peers fail at once
     _singleton.notice_once(comm.Get_size())
@@ -208,7 +209,8 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport, de
     if shared == "shm":
         c._arena_maker = lambda: shm.make_arena(engine.window, group)
     from .tuning import selection
-    c.set_costs(group.bcast(selection.costs_for("ucx", group.size) if group.rank == 0 else None, root=0))
+    c.set_costs(from_rank0(group.bcast, group.rank == 0, lambda: selection.costs_for("ucx", group.size),
+                           "read the cost model"))
     c._bootstrap = group  # keeps the store alive as long as the communicator
     _mpi_comms.add(c)
     return c
@@ -227,7 +229,8 @@ def _init_store_emulated(group, s, index, jitter_us: float) -> Communicator:
                                  s.window, jitter_us))
     c = Communicator(engine, s, "ucx(emulated-nccl)", index=index)
     from .tuning import selection
-    c.set_costs(group.bcast(selection.costs_for("ucx", group.size) if group.rank == 0 else None, root=0))
+    c.set_costs(from_rank0(group.bcast, group.rank == 0, lambda: selection.costs_for("ucx", group.size),
+                           "read the cost model"))
     c._bootstrap = group
     _mpi_comms.add(c)
     return c
@@ -238,7 +241,8 @@ def _init_store_device(group, device, s, index) -> Communicator:
     keys = group.allgather(shm.host_key())
     mine = [r for r, k in enumerate(keys) if k == keys[group.rank]]
     gpu = _gpu_for(device, mine.index(group.rank), len(mine))
-    uid = group.bcast(bytes(cuda._cuda.nccl_unique_id()) if group.rank == 0 else None, root=0)
+    uid = from_rank0(group.bcast, group.rank == 0, lambda: bytes(cuda._cuda.nccl_unique_id()),
+                     "make NCCL's unique id")
     engine = ucx.make_engine(group.allgather, group.rank, group.size, s,
                              lambda w, addresses: cuda._cuda.nccl_engine_ucx(
                                  w, addresses, group.rank, gpu, uid, s.timeout, s.segment_bytes, s.window),
@@ -246,7 +250,8 @@ def _init_store_device(group, device, s, index) -> Communicator:
     cuda._cuda.set_device(gpu)
     c = Communicator(engine, s, "nccl", index=index)
     from .tuning import selection
-    c.set_costs(group.bcast(selection.costs_for("nccl", group.size) if group.rank == 0 else None, root=0))
+    c.set_costs(from_rank0(group.bcast, group.rank == 0, lambda: selection.costs_for("nccl", group.size),
+                           "read the cost model"))
     c._bootstrap = group
     _mpi_comms.add(c)
     return c

@@ -1182,6 +1182,33 @@ def test_reduce_with_window_limits_that_differ_raises_and_writes_nothing(deviant
     assert any("limits differ" in line for line in got), got
 
 
+BAD_LIMIT_SCRIPT = textwrap.dedent('''
+    import os
+    import ringcomm
+    r = os.environ["OMPI_COMM_WORLD_RANK"]
+    try:
+        ringcomm.init(timeout=20)
+        print(f"RANK {r} NO ERROR", flush=True)
+    except ringcomm.RingcommError as e:
+        print(f"RANK {r} RAISED {type(e).__name__}: {e}", flush=True)
+''')
+
+
+def test_a_bad_limit_variable_raises_on_every_rank_not_hang(tmp_path):
+    # Rank 0 reads the window's limits for everyone (attach): a bad value
+    # raised on rank 0 alone, and rank 1 waited for rank 0's broadcast
+    # forever (found by hand: `RINGCOMM_SHM_SINGLE_COPY=on ringcomm bench`).
+    env = default_limits_env(tmp_path)
+    env["RINGCOMM_SHM_SINGLE_COPY"] = "on"
+    res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", BAD_LIMIT_SCRIPT],
+                         capture_output=True, text=True, timeout=120, env=env)
+    got = sorted(lines(res))
+    assert len(got) == 2, res.stdout + res.stderr
+    for line in got:
+        assert "RAISED InvalidArgument" in line and "RINGCOMM_SHM_SINGLE_COPY must be an integer" in line, line
+    assert "rank 0 failed to choose the shared-memory window's limits" in got[1], got[1]
+
+
 def test_window_limits_that_differ_between_ranks_raise_not_hang(tmp_path):
     # The window's limits are rank 0's on every rank (attach); a program
     # that sets a property on one rank only breaks all_gather's agreement on
