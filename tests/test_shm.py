@@ -1154,8 +1154,8 @@ def test_no_write_lands_in_the_roots_output_after_it_failed():
     # of ms after the root had returned: 60 M of 67 M floats late, three
     # runs of three. Now a writer stops at the next 4 MiB piece and the
     # failing root waits for the piece in flight.
-    # (No spinning: a wait's spin looks at arrivals alone, up to 50 ms, in
-    # which the leaf could write its whole block.)
+    # (No spinning: a wait's spin looks at arrivals alone, in which the
+    # leaf could write much of its block.)
     res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", LATE_WRITE_SCRIPT],
                          capture_output=True, text=True, timeout=120, env=clean_env(RINGCOMM_SHM_SPIN_US="0"))
     got = sorted(lines(res))
@@ -1163,6 +1163,57 @@ def test_no_write_lands_in_the_roots_output_after_it_failed():
     written = int(got[0].split("written ")[1].split()[0])
     assert written < 64 << 20, got[0]  # cut off: the abort came while the leaf wrote
     assert got[0].endswith("late 0"), got[0]
+
+
+STOPPED_WRITER_SCRIPT = textwrap.dedent('''
+    import os, signal, time, threading
+    import numpy as np
+    import ringcomm
+    import ringcomm.quarantine
+    comm = ringcomm.init(timeout=20)
+    r = comm.rank
+    leaf = int(comm.all_gather(np.array([os.getpid()], np.int64))[1])
+    k = 64 << 20  # float32 per block: the leaf writes 256 MiB into the root's output
+    if r == 0:
+        out = np.full(2 * k, -1, np.float32)
+        x = out[:k]  # in place: the root waits while the leaf writes
+        x[:] = 0
+        t_abort = []
+        def stop_the_leaf_then_abort():
+            while out[k] == -1:
+                time.sleep(0)
+            os.kill(leaf, signal.SIGSTOP)  # stopped while it says it writes into rank 0
+            t_abort.append(time.monotonic())
+            comm.abort(wait=False)
+        threading.Thread(target=stop_the_leaf_then_abort, daemon=True).start()
+    else:
+        x, out = np.ones(k, np.float32), None
+    try:
+        comm.gather(x, 0, out=out, algorithm="shm")
+        print(f"RANK {r} NO ERROR", flush=True)
+    except ringcomm.RingcommError as e:
+        if r == 0:
+            took = time.monotonic() - t_abort[0]
+            held = ringcomm.quarantine.held_arrays()  # the failed call's arrays, kept
+            os.kill(leaf, signal.SIGCONT)  # its piece in flight lands in the output kept for it
+            print(f"RANK {r} RAISED {type(e).__name__} after {took:.1f} s held={held}", flush=True)
+        else:
+            print(f"RANK {r} RAISED {type(e).__name__}", flush=True)
+''')
+
+
+def test_a_stopped_writer_keeps_the_roots_output_held():
+    # A leaf stopped (SIGSTOP) while it writes into the root's output: the
+    # failing root waits for it only so long (2 s, within the engine's 5 s
+    # grace for a Ctrl-C), then returns its error with the output held for
+    # good, since the stopped write may still land (after SIGCONT, it does).
+    res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", STOPPED_WRITER_SCRIPT],
+                         capture_output=True, text=True, timeout=120, env=clean_env(RINGCOMM_SHM_SPIN_US="0"))
+    got = sorted(lines(res))
+    assert len(got) == 2 and all("RAISED CommunicatorAborted" in line for line in got), res.stdout + res.stderr
+    took = float(got[0].split(" after ")[1].split()[0])
+    assert 1.5 <= took < 4.5, got[0]
+    assert got[0].endswith("held=1"), got[0]
 
 
 @pytest.mark.parametrize("deviant", [0, 1])

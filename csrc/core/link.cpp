@@ -767,6 +767,14 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
     } catch (const std::exception&) {
     }
   }
+  // Then (the notices need not wait for it) until no peer writes into this
+  // rank's arrays any more, so none lands after the failed call returns.
+  // Past the bound a stopped writer may still write: the caller's arrays
+  // are held for good, as for a request that cannot be withdrawn.
+  if (window_ && !window_->await_writers()) {
+    if (!hold_) hold_ = std::make_shared<Hold>();
+    hold_->pending.fetch_add(1);  // never released
+  }
   // With stamps, a peer that got a payload message from us may have found it
   // belongs to another call: our fingerprint lets it name ours
   // (throw_foreign_message). Host memory only, where the check channel is

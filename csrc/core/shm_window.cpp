@@ -293,6 +293,11 @@ bool ShmWindow::peer_small_pages(int j, uint64_t seq) const {
 }
 
 void ShmWindow::throw_copy_failed(int j, uint64_t seq, const char* what, size_t bytes, int err) const {
+  // A peer that failed (and published why) may have returned and freed the
+  // array this rank reads: its reason, not "Bad address". (No write lands
+  // there: write_into looks for the failure first, and the failing rank
+  // waits for writers before it returns.)
+  if (header()->failed.load(std::memory_order_seq_cst) > 0) throw_published_as(member(rank_), seq);
   // ESRCH: no process has j's pid, or the one that has it has no memory any
   // more: it is exiting, and kill() still finds it until it is a zombie, so
   // death_of could not tell yet (a kill during the copy, in CI).
@@ -365,11 +370,12 @@ void ShmWindow::write_peer(const Link& link, const Fingerprint& fp, int j, size_
 // into (`writing`, seq_cst) and then looks for a published failure (seq_cst)
 // before each piece; a failing rank publishes its failure (seq_cst) and then
 // waits until no live peer says it writes into it (await_writers, from
-// fail()). Of the two stores, each side loads the other's after its own: a
+// Link::fail()). Of the two stores, each side loads the other's after its own: a
 // writer either sees the failure and writes no more, or the failing rank sees
 // it writing and waits for its piece (at most kWritePiece) to land.
 namespace {
 constexpr size_t kWritePiece = size_t(4) << 20;
+constexpr auto kAwaitWriters = std::chrono::seconds(2);
 }  // namespace
 
 void ShmWindow::write_into(const Link& link, const Fingerprint& fp, int j, uint64_t theirs, const char* src,
@@ -387,16 +393,19 @@ void ShmWindow::write_into(const Link& link, const Fingerprint& fp, int j, uint6
   }
 }
 
-void ShmWindow::await_writers() const {
+bool ShmWindow::await_writers() const {
   // Bounded: a writer's piece lands in milliseconds; one that is stopped
-  // (SIGSTOP) after its last piece would otherwise hold this rank forever.
-  const auto start = Clock::now(), until = start + std::chrono::seconds(10);
+  // (SIGSTOP) would otherwise hold this rank forever. Within the engine's
+  // grace for a Ctrl-C (5 s), so an interrupted caller's failed call ends
+  // in it; past the bound the caller's arrays are held for good
+  // (Link::fail), as a request that cannot be withdrawn holds them.
+  const auto start = Clock::now(), until = start + kAwaitWriters;
   for (int j = 0; j < n_; ++j) {
     if (j == rank_) continue;
     auto last_check = start;
     for (unsigned i = 0; area(j)->writing.load(std::memory_order_seq_cst) == uint32_t(rank_ + 1); ++i) {
       const auto now = Clock::now();
-      if (now >= until) return;
+      if (now >= until) return false;
       if (now - last_check >= std::chrono::milliseconds(1)) {  // a dead writer writes no more
         last_check = now;
         if (!death_of(member(j)).empty()) break;
@@ -405,6 +414,7 @@ void ShmWindow::await_writers() const {
       else std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
+  return true;
 }
 
 void ShmWindow::check_published(int j, uint64_t seq, const char* what) const {
@@ -460,7 +470,6 @@ void ShmWindow::fail(int origin, ErrKind kind, const std::string& reason, uint64
     h->failed.compare_exchange_strong(none, std::max(origin, 0) + 1, std::memory_order_seq_cst);
   }
   wake();
-  await_writers();
 }
 
 void ShmWindow::wake() {
@@ -469,14 +478,18 @@ void ShmWindow::wake() {
   futex_wake_all(&h->epoch);
 }
 
-void ShmWindow::throw_published(const Link& link, const Fingerprint& fp) {
-  Header* h = header();
-  const int origin = failed_origin();
-  const ErrKind kind = ErrKind(h->kind);
+void ShmWindow::throw_published(const Link& link, const Fingerprint& fp) const {
   // The communicator's rank (link's), not the index in this host's window:
   // they differ when the window is one host's part of a larger job.
-  RingError e(kind == ErrKind::mismatch ? ErrKind::mismatch : ErrKind::aborted, link.rank(), origin, fp.seq,
-              std::string(h->reason) + " (reported to rank " + std::to_string(link.rank()) + " through shared memory)");
+  throw_published_as(link.rank(), fp.seq);
+}
+
+void ShmWindow::throw_published_as(int rank, uint64_t seq) const {
+  const Header* h = header();
+  const int origin = failed_origin();
+  const ErrKind kind = ErrKind(h->kind);
+  RingError e(kind == ErrKind::mismatch ? ErrKind::mismatch : ErrKind::aborted, rank, origin, seq,
+              std::string(h->reason) + " (reported to rank " + std::to_string(rank) + " through shared memory)");
   e.origin = origin;
   e.cause = kind;
   e.origin_peer = h->peer;

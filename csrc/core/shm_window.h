@@ -113,12 +113,17 @@ class ShmWindow {
   // j is still in it): what j passed for it (zero copy: its arena offsets).
   Fingerprint peer_call(int j, const Fingerprint& mine) const;
   // Publish a failure for every rank (the first one wins) and wake the
-  // sleepers; then wait until no live peer writes into this rank's arrays
-  // (await_writers). Any thread. `seq`: the call the publishing rank was in
+  // sleepers. Any thread. `seq`: the call the publishing rank was in
   // (or last ran); it had finished every earlier one.
   // `peer`: the peer the origin named (-1: none), `peer_died`: it died.
+  // The caller then waits for writers (await_writers) before its failed
+  // call returns.
   void fail(int origin, ErrKind kind, const std::string& reason, uint64_t seq, int peer = -1,
             bool peer_died = false);
+  // After fail(): wait until no live peer writes into this rank's arrays
+  // (shm_window.cpp, "Writes into a peer"). False when one still says it
+  // does after kAwaitWriters (stopped, SIGSTOP): its write may yet land.
+  bool await_writers() const;
   // Has a failure been published? (origin, or -1)
   int failed_origin() const;
   // Wake this window's sleepers (Engine::abort: they then see the interrupt).
@@ -222,11 +227,12 @@ class ShmWindow {
   int first_arrived(uint64_t phase, const int* peers, int count, int* missing) const;
   void check_arrived(const Link& link, const Fingerprint& fp, uint64_t phase, int j);
   void wait_until(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count, int missing);
-  [[noreturn]] void throw_published(const Link& link, const Fingerprint& fp);
+  [[noreturn]] void throw_published(const Link& link, const Fingerprint& fp) const;
+  // The failure published in the header, raised on communicator rank `rank` in call `seq`.
+  [[noreturn]] void throw_published_as(int rank, uint64_t seq) const;
   // Writes into a peer's memory, and the wait that keeps them from landing
   // after that peer failed (shm_window.cpp, "Writes into a peer").
   void write_into(const Link& link, const Fingerprint& fp, int j, uint64_t theirs, const char* src, size_t bytes);
-  void await_writers() const;
   // MismatchError unless rank j published its arrays for call `seq` (a rank
   // whose window limits differ took another path and published none: its
   // old addresses are never read or written).

@@ -30,7 +30,17 @@ EventPtr Work::done_event() {
 
 std::shared_ptr<Hold> Work::hold() {
   std::lock_guard<std::mutex> g(m_);
-  return hold_;
+  return hold_ ? hold_ : until_finished_;
+}
+
+std::shared_ptr<Hold> Work::hold_until_finished() {
+  std::lock_guard<std::mutex> g(m_);
+  if (done_) return hold_;
+  if (!until_finished_) {
+    until_finished_ = std::make_shared<Hold>();
+    until_finished_->pending.fetch_add(1);
+  }
+  return until_finished_;
 }
 
 void Work::reset() {
@@ -41,12 +51,17 @@ void Work::reset() {
   done_event_.reset();
   device_.reset();
   hold_.reset();
+  until_finished_.reset();
 }
 
 void Work::finish(std::unique_ptr<RingError> err) {
   std::lock_guard<std::mutex> g(m_);
   err_ = std::move(err);
   done_ = true;
+  if (until_finished_) {  // the caller left early: its arrays may go now
+    until_finished_->pending.fetch_sub(1);
+    until_finished_.reset();
+  }
   cv_.notify_all();
 }
 
@@ -385,7 +400,7 @@ bool Engine::wait_interruptible(Work& w, double timeout_s, const std::function<b
     if (interrupted()) {
       *fired = true;
       abort(true);  // the waiting collective fails at once and tells the ring
-      w.wait(std::min(opts_.timeout_s, 5.0));
+      if (!w.wait(std::min(opts_.timeout_s, 5.0))) w.hold_until_finished();  // still running: keep the arrays
       return false;
     }
   }

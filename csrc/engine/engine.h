@@ -38,6 +38,10 @@ class Work {
   // A failed collective whose requests could not all be withdrawn: its claim
   // on the caller's arrays (quarantine.h). Null when nothing outlived it.
   std::shared_ptr<Hold> hold();
+  // The caller stops waiting before it completes (a Ctrl-C, after the
+  // grace): a claim on the caller's arrays, released when it finishes
+  // (hold() returns it meanwhile), so the worker never runs on freed ones.
+  std::shared_ptr<Hold> hold_until_finished();
 
  private:
   friend class Engine;
@@ -51,6 +55,7 @@ class Work {
   EventPtr done_event_;
   std::shared_ptr<Device> device_;
   std::shared_ptr<Hold> hold_;
+  std::shared_ptr<Hold> until_finished_;
 };
 
 struct Task {
