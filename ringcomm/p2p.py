@@ -36,6 +36,9 @@ class P2PWork:
     CommunicatorAborted), or WaitTimeout if `timeout` s pass first (the
     operation keeps going). ``source`` is the sender's rank once a receive
     has completed (a send: its peer). The array is kept alive until then.
+    A Work dropped without a wait still completes (only waits progress a
+    point-to-point op, so the communicator progresses such ones now and
+    then, when many Works are in flight) and then lets its array go.
     """
 
     __slots__ = ("_native", "_result", "_keep", "_on_failure")
@@ -78,7 +81,11 @@ class P2PWork:
         op nobody waits for (only waits progress a p2p op)."""
         if self._keep is None:  # waited for, successfully: nothing touches the arrays any more
             return True
-        if not self._native.is_completed() and not (progress and self._native.poll()):
-            return False
+        if not self._native.is_completed():
+            try:
+                if not (progress and self._native.poll()):
+                    return False
+            except Exception:  # (not the caller's business here: its wait raises it)
+                return False
         hold = self._native.hold()
         return hold is None or not hold.pending

@@ -715,8 +715,8 @@ void Link::begin_shared(const Fingerprint& fp) {
   window_->announce(fp_);
 }
 
-void Link::fail(const RingError& e, const Fingerprint* call) {
-  if (aborted_) return;
+std::shared_ptr<Hold> Link::fail(const RingError& e, const Fingerprint* call) {
+  if (aborted_) return nullptr;
   aborted_ = true;
   abort_reason_ = e.what();
   t_->on_fail();
@@ -729,7 +729,7 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
       quarantine(std::move(r), holds_caller_memory);
     }
   live_.clear();
-  if (size_ == 1) return;
+  if (size_ == 1) return nullptr;
   ControlMsg notice;
   if (received_abort_) {
     notice = *received_abort_;
@@ -769,23 +769,25 @@ void Link::fail(const RingError& e, const Fingerprint* call) {
   }
   // Then (the notices need not wait for it) until no peer writes into this
   // rank's arrays any more, so none lands after the failed call returns.
-  // Past the bound a stopped writer may still write: the caller's arrays
-  // are held for good, as for a request that cannot be withdrawn.
+  // Past the bound a stopped writer may still write: that call's arrays are
+  // held for good (its own claim: later calls, which fail at once, keep theirs).
+  std::shared_ptr<Hold> stalled;
   if (window_ && !window_->await_writers()) {
-    if (!hold_) hold_ = std::make_shared<Hold>();
-    hold_->pending.fetch_add(1);  // never released
+    stalled = std::make_shared<Hold>();
+    stalled->pending.fetch_add(1);  // never released
   }
   // With stamps, a peer that got a payload message from us may have found it
   // belongs to another call: our fingerprint lets it name ours
   // (throw_foreign_message). Host memory only, where the check channel is
   // otherwise unused.
-  if (!stamp_mask_) return;
-  for (int peer : told_) {
-    try {
-      send_fingerprint(peer);
-    } catch (const std::exception&) {
+  if (stamp_mask_)
+    for (int peer : told_) {
+      try {
+        send_fingerprint(peer);
+      } catch (const std::exception&) {
+      }
     }
-  }
+  return stalled;
 }
 
 static int64_t now_ns() {

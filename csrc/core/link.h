@@ -106,7 +106,10 @@ class Link {
   // they may touch), pass an ABORT notice to the right, and mark this link
   // as dead. `call` (a failed p2p op, which never begins on the link): the
   // notice names it, with e's kind and peer, instead of the last collective.
-  void fail(const RingError& e, const Fingerprint* call = nullptr);
+  // Returns a claim never released when a peer still wrote into this rank's
+  // arrays after the wait for writers (ShmWindow::await_writers): the failed
+  // collective's arrays are kept for good (null otherwise).
+  std::shared_ptr<Hold> fail(const RingError& e, const Fingerprint* call = nullptr);
   // After fail(): the claim on the failed collective's caller arrays (null
   // when no request that may touch them outlived it).
   std::shared_ptr<Hold> hold() const { return hold_; }

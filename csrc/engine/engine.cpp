@@ -58,8 +58,12 @@ void Work::finish(std::unique_ptr<RingError> err) {
   std::lock_guard<std::mutex> g(m_);
   err_ = std::move(err);
   done_ = true;
-  if (until_finished_) {  // the caller left early: its arrays may go now
-    until_finished_->pending.fetch_sub(1);
+  if (until_finished_) {
+    // The caller left early (its Python error took this claim): its arrays
+    // may go now, unless the failure left something that may still use
+    // them (hold_): then they are kept for good (rare: a Ctrl-C's collective
+    // still running after the grace, and failing with a request in flight).
+    if (!hold_ || hold_->pending.load() == 0) until_finished_->pending.fetch_sub(1);
     until_finished_.reset();
   }
   cv_.notify_all();
@@ -502,12 +506,13 @@ void Engine::execute(const Task& t, Work& w) {
     err.reset();
   }
   link_.set_interrupt_check(nullptr);
+  std::shared_ptr<Hold> stalled;  // link_.fail's claim for good (a writer into our arrays stalled)
   if (err) {
     if (err->seq == 0) err->seq = w.seq();
     if (err->rank < 0) err->rank = rank();
     if (err->origin < 0) err->origin = err->rank;
     if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
-      link_.fail(*err);
+      stalled = link_.fail(*err);
       record_abort(err->what(), err->origin, err->cause);
       if (cross_ && !cross_->aborted()) cross_->abort();  // ranks of other hosts waiting between hosts hear of it
     }
@@ -521,7 +526,8 @@ void Engine::execute(const Task& t, Work& w) {
     }
   }
   if (err) {
-    if (auto h = link_.hold()) {  // requests that outlived it may still use the caller's arrays
+    // Requests that outlived it, or a peer's write into them, may still use the caller's arrays.
+    if (auto h = stalled ? stalled : link_.hold()) {
       std::lock_guard<std::mutex> g(w.m_);
       w.hold_ = h;
     }

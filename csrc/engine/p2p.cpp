@@ -395,7 +395,7 @@ bool P2POp::progress(Clock::time_point until) {
   }
   // Back off: spin first (the message may be microseconds away), then yield,
   // then sleep (a receive posted long before its send should not cost a core).
-  if (polls_ > 64) {
+  if (polls_ > 64 && !polling_) {
     if (polls_ < 2000) sched_yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(polls_ < 4000 ? 20 : 200));
   }
@@ -410,6 +410,11 @@ bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, boo
 bool P2POp::poll() {
   std::unique_lock<std::mutex> g(m_, std::try_to_lock);
   if (!g.owns_lock()) return false;
+  polling_ = true;  // no back-off: a sweep polls many ops in turn, none may sleep
+  struct Reset {
+    bool& b;
+    ~Reset() { b = false; }
+  } reset{polling_};
   return wait_locked(0.0, nullptr, nullptr);
 }
 

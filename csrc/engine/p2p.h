@@ -161,6 +161,7 @@ class P2POp {
   int rank_ = -1;
   Clock::time_point deadline_;
   long polls_ = 0;
+  bool polling_ = false;  // under m_: in poll() (no back-off)
   bool by_interrupt_ = false;  // it failed on Ctrl-C
   std::atomic<bool> done_{false};
   std::unique_ptr<RingError> err_;

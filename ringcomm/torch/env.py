@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import socket
 
+from ..errors import from_rank0
+
 __all__ = ["launcher_env"]
 
 
@@ -48,11 +50,11 @@ def launcher_env() -> None:
         from mpi4py import MPI
         world = MPI.COMM_WORLD
         hosts = world.allgather(socket.gethostname())
-        here = None
-        if world.rank == 0:
+
+        def rendezvous():
             addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(socket.gethostname())
-            here = (addr, _free_port())
-        addr, port = world.bcast(here, root=0)
+            return addr, _free_port()
+        addr, port = from_rank0(world.bcast, world.rank == 0, rendezvous, "choose MASTER_ADDR and MASTER_PORT")
     else:
         addr, port = "127.0.0.1", _free_port()
     env.setdefault("MASTER_ADDR", addr)
