@@ -3,6 +3,7 @@ against rank-dependent numpy references, the ledger's closed form, and the
 failure model (sizes, dtypes, bad peers, deadlines)."""
 
 import gc
+import time
 import weakref
 
 import ml_dtypes
@@ -214,6 +215,22 @@ def test_a_dropped_work_still_completes_and_holds_no_later_one():
     assert held, "rank 0: the array of a send in flight was let go"
     assert released, "rank 0: the dropped send's array is still held after it completed"
     assert inflight0 <= 64 and inflight1 <= 64, f"Works in flight after {rounds} rounds: {inflight0}, {inflight1}"
+
+
+def test_a_dropped_receive_that_never_matches_aborts_nothing():
+    """A dropped irecv whose message never comes stays pending (as in MPI):
+    the communicator's sweeps progress it but never fail it at its deadline,
+    which would abort the communicator with no Work left to say why."""
+    def body(comm):
+        comm.irecv(np.zeros(3), 1 - comm.rank, tag=5)  # dropped; no rank ever sends with tag 5
+        time.sleep(1.0)  # past the deadline (timeout 0.5 s)
+        for i in range(100):  # well past a sweep
+            s = comm.isend(np.full(2, float(i)), 1 - comm.rank)
+            got = comm.irecv(np.empty(2), 1 - comm.rank).wait()
+            s.wait()
+            assert got.tolist() == [float(i)] * 2, f"rank {comm.rank}, round {i}: {got.tolist()}"
+        return float(comm.all_reduce(np.full(4, comm.rank + 1.0))[0])
+    assert ringcomm.run_local(2, body, timeout=0.5) == [3.0, 3.0]
 
 
 def test_torch_tensors():

@@ -455,7 +455,9 @@ bool P2POp::wait_locked(double timeout_s, const std::function<bool()>* interrupt
           const std::string death = peer_ >= 0 ? engine_->death_of(peer_) : every_peer_dead();
           if (!death.empty()) fail(ErrKind::transport, death + " (its process is gone)", true);
         }
-        if (now >= deadline_) {
+        // (Not in poll(): a Work dropped unwaited fails no one at its deadline;
+        // a receive that never matches just stays, as in MPI.)
+        if (now >= deadline_ && !polling_) {
           const std::string waiting = is_send_ ? "rank " + std::to_string(peer_) + " to receive it"
                                      : delivering_ ? "the device to copy the message from rank " +
                                                          std::to_string(source_) + " in (is the caller's stream stuck?)"

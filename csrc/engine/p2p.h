@@ -99,8 +99,9 @@ class P2POp {
   bool wait(double timeout_s, const std::function<bool()>* interrupted = nullptr, bool* fired = nullptr);
   bool test() { return wait(0.0); }
   // test() unless another thread is waiting for this op (then false at
-  // once): how the communicator progresses Works nobody waits for (a
-  // dropped isend) without blocking behind a wait of the caller's.
+  // once), without back-off and without failing it at its deadline: how
+  // the communicator progresses Works nobody waits for (a dropped isend)
+  // without blocking behind a wait of the caller's.
   bool poll();
   bool is_completed();
   const RingError* error();
