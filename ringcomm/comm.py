@@ -652,6 +652,8 @@ class Communicator:
             while inflight and inflight[0]._done_with_arrays():
                 inflight.popleft()
             inflight.append(work)
+            if len(inflight) * 4 < self._sweep_at:  # after a burst: sweep early again
+                self._sweep_at = max(64, 2 * len(inflight))
             if len(inflight) > self._sweep_at:
                 # A Work nobody waits for (a dropped isend: only waits progress
                 # a p2p op) would stay at the head, and every later one behind
