@@ -1212,6 +1212,64 @@ def test_a_stopped_writer_keeps_the_roots_output_held():
     assert "held=1 then 1:" in got[0], got[0]  # that call's arrays, not the next one's
 
 
+CTRL_C_AFTER_GRACE_SCRIPT = textwrap.dedent('''
+    import os, signal, time, threading
+    import numpy as np
+    import ringcomm
+    import ringcomm.quarantine
+    comm = ringcomm.init(timeout=1)  # the engine's grace for a Ctrl-C: min(timeout, 5 s) = 1 s
+    r = comm.rank
+    leaf = int(comm.all_gather(np.array([os.getpid()], np.int64))[1])
+    k = 64 << 20
+    if r == 0:
+        out = np.full(2 * k, -1, np.float32)
+        x = out[:k]
+        x[:] = 0
+        main = threading.main_thread().ident
+        def stop_the_leaf_then_interrupt():
+            while out[k] == -1:
+                time.sleep(0)
+            os.kill(leaf, signal.SIGSTOP)  # the worker's gather then waits 2 s for it after the abort
+            signal.pthread_kill(main, signal.SIGINT)
+        threading.Thread(target=stop_the_leaf_then_interrupt, daemon=True).start()
+        try:
+            g = comm.gather(x, 0, out=out, algorithm="shm", async_op=True)  # on the worker
+            y = np.arange(4, dtype=np.float32)
+            try:
+                comm.all_reduce(y)  # queued behind it: the Ctrl-C comes while this waits
+                print("RANK 0 NO INTERRUPT", flush=True)
+            except KeyboardInterrupt:
+                held = ringcomm.quarantine.held_arrays()  # y, until the all_reduce has ended on the worker
+                time.sleep(3)
+                ringcomm.quarantine.quarantined()  # releases what has completed
+                print(f"RANK 0 INTERRUPTED held={held} later={ringcomm.quarantine.held_arrays()}", flush=True)
+        finally:
+            os.kill(leaf, signal.SIGCONT)
+    else:
+        try:
+            comm.gather(np.ones(k, np.float32), 0, algorithm="shm")
+            print("RANK 1 NO ERROR", flush=True)
+        except ringcomm.RingcommError as e:
+            print(f"RANK 1 RAISED {type(e).__name__}", flush=True)
+''')
+
+
+def test_a_ctrl_c_that_outlasts_the_grace_keeps_the_arrays_until_the_call_ends():
+    # A Ctrl-C while a synchronous all_reduce waits behind a gather on the
+    # worker: the caller waits the engine's grace (min(timeout, 5 s): 1 s
+    # here) for its call to end, and the gather, whose leaf is stopped
+    # mid-write, takes 2 s to give up on it. The KeyboardInterrupt then comes
+    # with the all_reduce's array kept (before: released while the call was
+    # still queued on the worker), and released once the call has ended.
+    for _ in range(3):  # the watcher must stop the leaf while it writes (a loaded machine may wake it late)
+        res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", CTRL_C_AFTER_GRACE_SCRIPT],
+                             capture_output=True, text=True, timeout=120, env=clean_env(RINGCOMM_SHM_SPIN_US="0"))
+        got = sorted(lines(res))
+        if got and "held=1 " in got[0]:
+            break
+    assert got and got[0] == "RANK 0 INTERRUPTED held=1 later=0", res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("deviant", [0, 1])
 def test_reduce_with_window_limits_that_differ_raises_and_writes_nothing(deviant, tmp_path):
     # reduce by single copy reads the peers' inputs and writes into the
