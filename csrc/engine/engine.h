@@ -35,8 +35,10 @@ class Work {
   // and that device. Null for host collectives and failed ones.
   EventPtr done_event();
   std::shared_ptr<Device> device() const { return device_; }
-  // A failed collective whose requests could not all be withdrawn: its claim
-  // on the caller's arrays (quarantine.h). Null when nothing outlived it.
+  // A failed collective whose requests could not all be withdrawn (or whose
+  // peer's write into them stalled): its claim on the caller's arrays
+  // (quarantine.h); before it finishes, hold_until_finished's. Null when
+  // nothing outlived it.
   std::shared_ptr<Hold> hold();
   // The caller stops waiting before it completes (a Ctrl-C, after the
   // grace): a claim on the caller's arrays, released when it finishes

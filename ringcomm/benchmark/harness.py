@@ -1,7 +1,8 @@
 """Measurement, on every rank: the copy-bandwidth references, and ``Bench``,
 which allocates the buffers of one case (one pair, every implementation
-on it: the same pages for all), checks each one's result outside the timed loop (exact count of wrong elements, ringcomm's
-traffic ledger against traffic.expected), then times interleaved
+on it: the same pages for all), checks each one's result outside the
+timed loop (exact count of wrong elements, ringcomm's traffic ledger
+against traffic.expected), then times interleaved
 repetitions (round-robin, rotating the order) and summarizes them (median,
 p10, p90).
 
