@@ -425,6 +425,37 @@ class Communicator:
         xb, peer, tag = self._door.p2p(x, src, tag, False)
         return self._p2p_run(False, xb, peer, tag)
 
+    def sendrecv(self, x, dst: int, out, src: int | None = None, tag: int = 0, recv_tag: int | None = None) -> int:
+        """Send `x` to rank `dst` and receive into `out` from rank `src`
+        (None: any rank) together, as MPI_Sendrecv; returns the sender's
+        rank once both have completed.
+
+        Ranks may call it toward each other (a ring shift, a halo exchange)
+        without deadlock, at the cost of one call instead of isend + irecv
+        + two waits. The send's tag is `tag`, the receive's `recv_tag`
+        (default: `tag`); each side follows :meth:`send` and :meth:`recv`
+        (exact sizes, errors on both ranks). Both are checked before either
+        is posted; `x` and `out` must not overlap (InvalidArgument).
+        """
+        if recv_tag is None:
+            recv_tag = tag
+        if self._fast_lane:  # numpy arrays and torch CPU tensors: described and run natively
+            try:
+                source = self._engine.p2p_sendrecv_now(x, dst, out, src, tag, recv_tag)
+            except BaseException as exc:
+                self._failed(exc, (x, out))
+                raise
+            if source != -2:
+                return source
+        xb, dst, tag = self._door.p2p(x, dst, tag, True)
+        ob, src, recv_tag = self._door.p2p(out, src, recv_tag, False)
+        try:
+            return self._engine.p2p_sendrecv(xb.ptr, xb.count, vocab.DTYPES[xb.dtype], dst, tag, ob.ptr, ob.count,
+                                             vocab.DTYPES[ob.dtype], src, recv_tag, xb.stream())
+        except BaseException as exc:
+            self._failed(exc, (xb, ob))
+            raise
+
     def isend(self, x, dst: int, tag: int = 0) -> P2PWork:
         """Start a send (see :meth:`send`); returns a Work whose ``wait()``
         returns once `x` may be reused."""

@@ -36,7 +36,8 @@ def hold_arrays(exc: BaseException, arrays) -> None:
     hold = getattr(exc, "_hold", None)
     if hold is not None:
         del exc._hold
-        keep(hold, arrays)
+        for h in hold if isinstance(hold, tuple) else (hold,):  # (a tuple: sendrecv, one per op in flight)
+            keep(h, arrays)
 
 
 def _reap() -> int:

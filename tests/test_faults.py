@@ -156,7 +156,7 @@ def test_analyze_the_documented_example():
 
 
 # ---------------------------------------------------------------- Ctrl-C
-@pytest.mark.parametrize("mode", ["sync", "async", "handler", "recv"])
+@pytest.mark.parametrize("mode", ["sync", "async", "handler", "recv", "sendrecv"])
 def test_sigint_during_a_waiting_collective_over_mpi(mode):
     # 3 ranks, timeout 60 s; rank 1 joins 4 s late; rank 0 gets SIGINT 0.5 s
     # into its wait. It must raise KeyboardInterrupt within 0.5 s; rank 2
@@ -191,9 +191,11 @@ def test_sigint_during_a_waiting_collective_over_mpi(mode):
     assert delay < 0.5, f"{expected} {delay:.3f} s after SIGINT"
     # The send to the late rank that was in flight is quarantined with its array held.
     assert r[0]["quarantined"] == 0 or r[0]["held_arrays"] >= 1, r[0]
+    if mode == "sendrecv":  # its send (400 KB: MPI's rendezvous, never received, not cancellable) is kept
+        assert r[0]["quarantined"] >= 1 and r[0]["held_arrays"] >= 1, r[0]
     assert r[2]["outcome"] == "CommunicatorAborted" and r[2]["origin"] == 0, r[2]
     assert ("interrupted" in r[2]["message"]) == (mode != "handler"), r[2]
-    if mode == "recv":  # the ring names the op that was interrupted, not a collective
+    if mode in ("recv", "sendrecv"):  # the ring names the op that was interrupted, not a collective
         assert "rank 0's recv(" in r[2]["message"] and "tag 7" in r[2]["message"], r[2]
     peer_delay = r[2]["raised_at"] - t_sig
     assert peer_delay < 1.0, f"rank 2 failed {peer_delay:.3f} s after the SIGINT"

@@ -461,6 +461,109 @@ def test_torch_tensors_blocking():
     assert ringcomm.run_local(2, body) == ["done", "done"]
 
 
+# ---- sendrecv ----------------------------------------------------------------
+@pytest.mark.parametrize("device", [None, "emulated", "emulated-nccl"])
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("count", [0, 1, 97, 40000])
+def test_sendrecv_ring_shift_both_ways(device, n, count):
+    """Every rank sends right and receives from the left in one call, then
+    the other way round with another dtype and tags apart; host arrays take
+    the native fast lane, a device communicator the staged path."""
+    def body(comm):
+        r = comm.rank
+        comm.segment_bytes = 1024
+        left, right = (r - 1) % n, (r + 1) % n
+        y = np.full(count, -1, np.float32)
+        src = comm.sendrecv(data(r, count, "float32"), right, y, left)
+        check(y, data(left, count, "float32"), r, "sendrecv to the right")
+        z = np.full(count, -1, np.int64)
+        src2 = comm.sendrecv(data(r, count, "int64", 1), left, z, None, tag=5, recv_tag=5)  # (any source)
+        check(z, data(right, count, "int64", 1), r, "sendrecv to the left, any source")
+        assert (src, src2) == (left, right), f"rank {r}: sources {src}, {src2}"
+        t = comm.traffic()
+        assert t.bytes_sent("send") == count * 12 and t.bytes_received("recv") == count * 12, f"rank {r}: {t}"
+        want = {}  # per peer, from the closed forms of its two sends and two receives
+        for dt, to, frm in (("float32", right, left), ("int64", left, right)):
+            for p, b in traffic.expected("send", count, dt, n, r, root=to).sent.items():
+                want.setdefault(p, [0, 0])[0] += b
+            for p, b in traffic.expected("recv", count, dt, n, r, root=frm).received.items():
+                want.setdefault(p, [0, 0])[1] += b
+        for p, (s_, r_) in want.items():
+            got = (t.bytes_sent("send", peer=p), t.bytes_received("recv", peer=p))
+            assert got == (s_, r_), f"rank {r}, peer {p}: (sent, received) {got} != {(s_, r_)}"
+        return [rec["collective"] for rec in comm.flight_record()]
+    out = ringcomm.run_local(n, body, device=device, timeout=60)
+    assert all(recs == ["send", "recv"] * 2 for recs in out), out
+
+
+def test_sendrecv_fallbacks_and_torch():
+    """Numpy ints, a bytearray and torch tensors: the Door's path and the fast lane agree."""
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        r, o = comm.rank, 1 - comm.rank
+        y = bytearray(12)
+        x = bytearray(np.full(3, 10 + r, np.int32).tobytes())  # (a buffer: bytes, as the receive's)
+        assert comm.sendrecv(x, np.int64(o), y, np.int32(o), tag=np.int32(2)) == o
+        t = torch.zeros(5, dtype=torch.bfloat16)
+        assert comm.sendrecv(torch.arange(5, dtype=torch.bfloat16) + r, o, t, o) == o
+        return np.frombuffer(bytes(y), np.int32).tolist(), t.float().tolist()
+    a, b = ringcomm.run_local(2, body)
+    assert a == ([11] * 3, [1.0, 2.0, 3.0, 4.0, 5.0]) and b == ([10] * 3, [0.0, 1.0, 2.0, 3.0, 4.0])
+
+
+def test_sendrecv_bad_input_posts_nothing():
+    """Each error is raised before either side is posted: the exchange that
+    follows, with other sizes, would take a stray message (a MismatchError)."""
+    def body(comm):
+        r, o = comm.rank, 1 - comm.rank
+        x = np.arange(8, dtype=np.float32)
+        for call, match in [(lambda: comm.sendrecv(x, o, x[4:], o), "overlap"),
+                            (lambda: comm.sendrecv(x, o, np.zeros(8, np.float32), 2), "out of range"),
+                            (lambda: comm.sendrecv(x, o, np.zeros(8, np.float32), r), "itself"),
+                            (lambda: comm.sendrecv(x, o, np.zeros(8, np.float32), o, recv_tag=-1), "tag"),
+                            (lambda: comm.sendrecv(x, 5, np.zeros(8, np.float32), o), "out of range"),
+                            (lambda: comm.sendrecv(x, o, np.zeros((4, 4), np.float32)[:, 0], o), "contiguous")]:
+            with pytest.raises(ringcomm.InvalidArgument, match=match):
+                call()
+        ro = np.zeros(8, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(ringcomm.InvalidArgument, match="read-only"):
+            comm.sendrecv(x, o, ro, o)
+        y = np.zeros(3, np.float64)
+        assert comm.sendrecv(np.full(3, r + 0.5), o, y, o) == o
+        assert not comm.aborted
+        return y.tolist()
+    assert ringcomm.run_local(2, body) == [[1.5] * 3, [0.5] * 3]
+
+
+def test_sendrecv_failures_name_the_peer_on_both_sides():
+    """A receive of the wrong size fails the receiver and the sender; a
+    peer that never sends: a timeout naming it."""
+    def body(comm):
+        r, o = comm.rank, 1 - comm.rank
+        comm.timeout = 5
+        try:  # rank 1 expects 8 floats, rank 0 sends 10 (and may be done: it hears at the barrier)
+            comm.sendrecv(np.arange(10 if r == 0 else 8, dtype=np.float32), o, np.zeros(8, np.float32), o)
+            comm.barrier()
+            first = "no error"
+        except ringcomm.RingcommError as e:
+            first = f"{type(e).__name__}: {e}"
+        return first
+    m0, m1 = ringcomm.run_local(2, body)
+    assert m1.startswith("MismatchError") and "40 bytes" in m1 and "rank 0" in m1, m1
+    assert m0 != "no error", "rank 0 never heard of the mismatch"
+
+    def lonely(comm):
+        comm.timeout = 0.5
+        if comm.rank == 1:
+            return None
+        with pytest.raises(ringcomm.CollectiveTimeout, match="rank 1"):
+            comm.sendrecv(np.zeros(3, np.float32), 1, np.zeros(3, np.float32), 1)
+        return comm.aborted
+    assert ringcomm.run_local(2, lonely)[0] is True
+
+
 # ---- device communicators -------------------------------------------------
 # The payload goes through host memory, copied out of and into the device
 # buffer on the caller's stream (csrc/engine/p2p.h; on the emulated device

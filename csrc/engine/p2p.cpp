@@ -183,6 +183,37 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
   return -1;
 }
 
+SendRecv p2p_sendrecv(const std::shared_ptr<Engine>& e, void* sbuf, size_t scount, DType sdtype, int dst, int stag,
+                      void* rbuf, size_t rcount, DType rdtype, int src, int rtag, uintptr_t stream) {
+  const std::shared_ptr<Transport> t = e->shared_transport();
+  check_post(*e, true, dst, scount, sdtype, stag, *t);
+  check_post(*e, false, src, rcount, rdtype, rtag, *t);
+  const auto s0 = reinterpret_cast<uintptr_t>(sbuf), r0 = reinterpret_cast<uintptr_t>(rbuf);
+  const size_t sb = scount * dtype_size(sdtype), rb = rcount * dtype_size(rdtype);
+  if (sb && rb && s0 < r0 + rb && r0 < s0 + sb)
+    throw_invalid("sendrecv: the send buffer (" + std::to_string(sb) + " bytes) and the receive buffer (" +
+                  std::to_string(rb) + " bytes) overlap: the message may land while the send still reads; use two "
+                  "arrays");
+  SendRecv sr;
+  if (e->device()) {
+    sr.send = p2p_post(e, true, dst, sbuf, scount, sdtype, stag, stream);
+    try {
+      sr.recv = p2p_post(e, false, src, rbuf, rcount, rdtype, rtag, stream);
+    } catch (...) {
+      sr.error = std::current_exception();
+    }
+    return sr;
+  }
+  p2p_run_now(e, true, dst, sbuf, scount, sdtype, stag, &sr.send);
+  try {
+    sr.source = p2p_run_now(e, false, src, rbuf, rcount, rdtype, rtag, &sr.recv);
+  } catch (...) {  // (aborted since the check): the send may be in flight, so its wait comes first
+    if (!sr.send) throw;
+    sr.error = std::current_exception();
+  }
+  return sr;
+}
+
 bool P2PPending::idle() {
   // Called under m_: drop receives that are gone or done; true when none waits.
   size_t keep = 0;

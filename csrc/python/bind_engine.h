@@ -91,6 +91,33 @@ inline bool wait_p2p(P2POp& op, double timeout) {
   return done;
 }
 
+// Wait for a sendrecv's ops, the receive first (each wait progresses both),
+// then raise the first failure. A failure of one aborts the communicator,
+// which ends the other's wait within 100 ms; the error raised carries, as
+// `_hold`, the claim of each op whose request is still in flight (a tuple:
+// quarantine.hold_arrays keeps both arrays for either).
+inline int wait_sendrecv(SendRecv& sr) {
+  std::exception_ptr first;
+  std::vector<std::shared_ptr<Hold>> holds;
+  for (P2POp* op : {sr.recv.get(), sr.send.get()}) {
+    if (!op) continue;
+    try {
+      wait_p2p(*op, -1.0);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+    if (auto h = op->hold(); h && h->pending.load() > 0) holds.push_back(std::move(h));
+  }
+  if (!first) first = sr.error;
+  if (!first) return sr.recv ? sr.recv->source() : sr.source;
+  try {
+    std::rethrow_exception(first);
+  } catch (py::error_already_set& e) {
+    if (!holds.empty()) e.value().attr("_hold") = py::tuple(py::cast(holds));
+    throw;
+  }
+}
+
 // A block of the shared arena, as Python's arrays view it (comm.empty).
 struct ArenaBlock {
   ArenaBlock(std::shared_ptr<ShmWindow> w, size_t off, size_t n) : window(std::move(w)), offset(off), bytes(n) {}
@@ -344,6 +371,46 @@ inline void bind_engine(py::module_& m) {
            py::arg("send"), py::arg("x"), py::arg("peer"), py::arg("tag"),
            "Blocking send/recv of a numpy array or torch CPU tensor described natively; returns the source rank, "
            "or -2 when the arguments need the Python adapter (ringcomm/door.py).")
+      .def("p2p_sendrecv",
+           [](EngineHandle& h, uintptr_t sptr, size_t scount, int sdtype, int dst, int stag, uintptr_t rptr,
+              size_t rcount, int rdtype, int src, int rtag, uintptr_t stream) {
+             auto e = h.shared();
+             SendRecv sr;
+             {
+               py::gil_scoped_release nogil;  // a device op waits for its copy out here
+               sr = p2p_sendrecv(e, reinterpret_cast<void*>(sptr), scount, DType(sdtype), dst, stag,
+                                 reinterpret_cast<void*>(rptr), rcount, DType(rdtype), src, rtag, stream);
+               e.reset();
+             }
+             return wait_sendrecv(sr);
+           },
+           py::arg("sptr"), py::arg("scount"), py::arg("sdtype"), py::arg("dst"), py::arg("stag"), py::arg("rptr"),
+           py::arg("rcount"), py::arg("rdtype"), py::arg("src"), py::arg("rtag"), py::arg("stream") = 0,
+           "Send to `dst` and receive from `src` (-1: any source) together (p2p_sendrecv), wait for both; returns "
+           "the sender's rank. Raises the first failure.")
+      .def("p2p_sendrecv_now",
+           [](EngineHandle& h, py::handle x, py::handle dst, py::handle out, py::handle src, py::handle stag,
+              py::handle rtag) -> int {
+             // Communicator.sendrecv's fast lane (host_p2p_call for each
+             // side): -2 means "not described here", and the Python adapter
+             // runs instead. Else the receive's source rank.
+             std::shared_ptr<Engine> e = h.engine;
+             if (!e || e->device()) return -2;
+             int sd = 0, p = 0, st = 0, rd = 0, q = 0, rt = 0;
+             size_t sc = 0, rc = 0;
+             uintptr_t sp = 0, rp = 0;
+             if (!host_p2p_call(x, dst, stag, true, e->rank(), e->size(), sd, sc, sp, p, st) ||
+                 !host_p2p_call(out, src, rtag, false, e->rank(), e->size(), rd, rc, rp, q, rt))
+               return -2;
+             SendRecv sr = p2p_sendrecv(e, reinterpret_cast<void*>(sp), sc, DType(sd), p, st,
+                                        reinterpret_cast<void*>(rp), rc, DType(rd), q, rt);
+             if (!sr.send && !sr.recv && !sr.error) return sr.source;  // both done on the spot
+             e.reset();  // the ops hold the engine while they wait
+             return wait_sendrecv(sr);
+           },
+           py::arg("x"), py::arg("dst"), py::arg("out"), py::arg("src"), py::arg("tag"), py::arg("recv_tag"),
+           "Communicator.sendrecv of numpy arrays or torch CPU tensors described natively; returns the source "
+           "rank, or -2 when the arguments need the Python adapter (ringcomm/door.py).")
       .def("p2p_post_now",
            [](EngineHandle& h, bool send, py::handle x, py::handle peer, py::handle tag) -> py::object {
              // isend/irecv's fast lane (host_p2p_call, then p2p_post): None

@@ -122,11 +122,8 @@ class RingcommImpl(Impl):
             self.comm.scatter(c.send if c.rank == ROOT else None, ROOT, out=c.recv)
         elif coll == "all_to_all":
             self.comm.all_to_all(c.send, out=c.recv)
-        elif coll == "sendrecv":  # the ring shift: to rank+1, from rank-1
-            s = self.comm.isend(c.send, (c.rank + 1) % c.n)
-            r = self.comm.irecv(c.recv, (c.rank - 1) % c.n)
-            r.wait()
-            s.wait()
+        elif coll == "sendrecv":  # the ring shift: to rank+1, from rank-1 (as MPI_Sendrecv)
+            self.comm.sendrecv(c.send, (c.rank + 1) % c.n, c.recv, (c.rank - 1) % c.n)
         elif coll == "all_reduce":
             if c.inplace:
                 self.comm.all_reduce(c.recv, c.op, algorithm=self.algorithm)

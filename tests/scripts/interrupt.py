@@ -4,7 +4,7 @@ Rank 1 joins late (LATE seconds); rank 0 waits in a collective (MODE: "sync"
 all_reduce, "async": all_reduce(async_op=True).wait(), or "handler": a sync
 all_reduce with a SIGINT handler of its own that calls comm.abort(), which
 must neither hang nor be ignored; "recv": a blocking recv from rank 1, which
-never sends) and is sent SIGINT by the test, which reads
+never sends; "sendrecv": a sendrecv with rank 1) and is sent SIGINT by the test, which reads
 each rank's "PID" line first. Rank 0 must raise
 KeyboardInterrupt within 0.5 s of the signal; the other ranks must fail
 within one trip of the ring, not at their deadline (timeout=60 here).
@@ -42,6 +42,8 @@ try:
         comm.all_reduce(x, async_op=True).wait()
     elif mode == "recv" and comm.rank == 0:  # a point-to-point wait (rank 1 never sends)
         comm.recv(np.zeros(100_000, np.float32), 1, tag=7)
+    elif mode == "sendrecv" and comm.rank == 0:  # both ways with rank 1 (its send too large to go eagerly)
+        comm.sendrecv(x, 1, np.zeros(100_000, np.float32), 1, tag=7)
     else:
         comm.all_reduce(x)
     out["outcome"] = "completed"

@@ -1,5 +1,5 @@
 """Point-to-point over MPI (run by tests/test_p2p_mpi.py under `ringcomm run -n N`):
-ring shifts, all pairs, any source (also behind a receive from one rank), a
+ring shifts (isend/irecv and sendrecv), all pairs, any source (also behind a receive from one rank), a
 large batch both ways, messages over the transport's limit, a size mismatch.
 Prints one RESULT line per rank: {"rank", "errors": [...], "mismatch": text}."""
 
@@ -39,6 +39,12 @@ def main():
             check(y, data((r - 1) % n, count, dtype), f"shift count={count} {dtype}")
             if ws[0].source != (r - 1) % n:
                 errs.append(f"rank {r}: source {ws[0].source}")
+            # sendrecv both ways round (rendezvous-sized at 300001: each rank's send waits for its receiver)
+            z = np.zeros(count, vocab.NUMPY[dtype])
+            src = comm.sendrecv(data(r, count, dtype, 1), (r - 1) % n, z, (r + 1) % n, tag=4)
+            check(z, data((r + 1) % n, count, dtype, 1), f"sendrecv count={count} {dtype}")
+            if src != (r + 1) % n:
+                errs.append(f"rank {r}: sendrecv source {src}")
     ops, outs = [], {}
     for p in range(n):
         if p != r:
