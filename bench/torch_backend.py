@@ -16,13 +16,15 @@ time of a repetition being the slowest rank's):
   dist.all_to_all_single and dist.all_to_all (the list form) of float32
   buffers (``--rooted-sizes``, default 4 MiB: the full buffer, i.e.
   the reduced tensor, the root's gathered / scattered total, each rank's
-  all_to_all input) over "ringcomm" and over gloo;
+  all_to_all input) over "ringcomm" and over gloo, and the ring shift of
+  pipeline parallelism (dist.batch_isend_irecv: isend to rank+1, irecv
+  from rank-1, both waited);
 * torch DDP training steps (forward, backward, SGD step) of an 8-layer MLP
   (about 2.1 M parameters) over each backend.
 
 Goals (issue 14): all_reduce >= 2x gloo at 4 MiB and 64 MiB; DDP step over
 ringcomm no slower than over gloo; 8-byte call through the backend within 2x
-of ringcomm with numpy. Issue 23: reduce, gather, scatter, all_to_all >= 2x
+of ringcomm with numpy. Issue 23: reduce, gather, scatter, all_to_all, sendrecv >= 2x
 gloo at 4 MiB.
 """
 
@@ -112,13 +114,23 @@ def main() -> None:
         sl = list(torch.ones(count).chunk(n)) if rank == 0 else None
         a2a_out = torch.empty(count)
         a2a_ins, a2a_outs = [torch.ones(count // n) for _ in range(n)], [torch.empty(count // n) for _ in range(n)]
-        return {
+        shifted = torch.empty(count)
+
+        def sendrecv():  # the ring shift, as pipeline parallelism moves activations
+            ops = [dist.P2POp(dist.isend, full, (rank + 1) % n, group=group),
+                   dist.P2POp(dist.irecv, shifted, (rank - 1) % n, group=group)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        ops = {
             "reduce": lambda: dist.reduce(full, dst=0, group=group),
             "gather": lambda: dist.gather(block, gl, dst=0, group=group),
             "scatter": lambda: dist.scatter(block, sl, src=0, group=group),
             "all_to_all": lambda: dist.all_to_all_single(a2a_out, full, group=group),
             "all_to_all_list": lambda: dist.all_to_all(a2a_outs, a2a_ins, group=group),
         }
+        if n > 1:  # (no peer to shift to on one rank)
+            ops["sendrecv"] = sendrecv
+        return ops
 
     rooted = [parse_size(s) for s in args.rooted_sizes.split(",") if s]
     for nbytes in rooted:
@@ -185,11 +197,12 @@ def report(args, results, n, comm, init_s) -> None:
         print(f"{'':>10} {'':>15} ringcomm is {r_g:.2f}x gloo's speed; backend call costs {r_n:.2f}x "
               "ringcomm with numpy")
     if results["new_ops"]:
-        print("# reduce / gather / scatter (root 0) / all_to_all_single: bytes = the full buffer; "
-              "busbw factor 1 for reduce, (n-1)/n for the others (nccl-tests)")
+        print("# reduce / gather / scatter (root 0) / all_to_all_single / sendrecv (batch_isend_irecv: isend to "
+              "rank+1, irecv from rank-1): bytes = the full buffer; busbw factor 1 for reduce and sendrecv, "
+              "(n-1)/n for the others (nccl-tests)")
     for op, per_size in results["new_ops"].items():
         for nbytes, d in per_size.items():
-            f = 1.0 if op == "reduce" else (n - 1) / n
+            f = 1.0 if op in ("reduce", "sendrecv") else (n - 1) / n
             for k, (med, lo, hi) in d.items():
                 print(f"{nbytes:>10} {op + ' ' + k:>20} {med * 1e6:>10.1f} {lo * 1e6:>9.1f} {hi * 1e6:>9.1f} "
                       f"{nbytes / med * f / 1e9:>11.2f}")
