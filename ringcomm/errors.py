@@ -113,11 +113,12 @@ def from_rank0(bcast, is_rank0: bool, compute, what: str):
     compute (a bad environment variable, an unreadable tune file) is raised
     on every rank alike, not on rank 0 alone, whose peers would otherwise
     wait in the broadcast forever (found: a bad RINGCOMM_SHM_SINGLE_COPY
-    hung ``ringcomm.init()`` under mpirun)."""
+    hung ``ringcomm.init()`` under mpirun); a Ctrl-C on rank 0 too (its
+    peers raise RingcommError naming the KeyboardInterrupt)."""
     if is_rank0:
         try:
             value = compute()
-        except Exception as exc:
+        except BaseException as exc:
             bcast(("error", type(exc).__name__, str(exc)), root=0)
             raise
         bcast(("ok", value), root=0)

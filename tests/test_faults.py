@@ -397,3 +397,29 @@ def test_flight_record_shows_a_running_collective():
     assert r["state"] == "running" and r["waiting_for"] == 1 and r["waiting_to"] == "receive"
     assert r["waiting_what"] == "its header" and time.time() - r["waiting_since"] > 0.2
     assert threading.active_count() >= 1
+
+
+@pytest.mark.parametrize("exc, peer_type", [(ringcomm.InvalidArgument("must be an integer"), ringcomm.InvalidArgument),
+                                            (OSError("unreadable tune file"), ringcomm.RingcommError),
+                                            (KeyboardInterrupt(), ringcomm.RingcommError)])
+def test_from_rank0_raises_rank0s_failure_on_every_rank(exc, peer_type):
+    """What rank 0 alone computes for everyone (window limits, cost models,
+    ports): its failure, a Ctrl-C included, reaches the peers waiting in the
+    broadcast instead of leaving them there."""
+    from ringcomm.errors import from_rank0
+    sent = []
+
+    def bcast(obj, root=0):  # rank 0 runs first here, so the peer finds what it broadcast
+        if obj is not None:
+            sent.append(obj)
+            return obj
+        return sent[-1]
+
+    def compute():
+        raise exc
+    with pytest.raises(type(exc)):
+        from_rank0(bcast, True, compute, "choose the limits")
+    with pytest.raises(peer_type) as ei:
+        from_rank0(bcast, False, compute, "choose the limits")
+    assert str(ei.value).startswith(f"rank 0 failed to choose the limits: {type(exc).__name__}: {exc}"), ei.value
+    assert from_rank0(bcast, True, lambda: 7, "x") == 7 and from_rank0(bcast, False, None, "x") == 7

@@ -15,6 +15,7 @@ import tempfile
 
 from .. import vocab
 from ..config import parse_size
+from ..errors import from_rank0
 from ..launch import mpirun_command
 from .checks import COLLECTIVES, NEW_COLLECTIVES, OPS, REDUCING, RING_COLLECTIVES, size_list
 from .harness import Bench, device_copy_gbps, memcpy_gbps
@@ -129,13 +130,9 @@ def run_mpi(argv=None) -> int:
     w = MPI.COMM_WORLD
     n, rank = w.size, w.rank
     bench = Bench(args, w)
-    if rank == 0:
-        w.Barrier()
-        memcpy = memcpy_gbps() if args.device == "host" else device_copy_gbps()
-    else:
-        w.Barrier()
-        memcpy = None
-    memcpy = w.bcast(memcpy)
+    w.Barrier()
+    memcpy = from_rank0(w.bcast, rank == 0, memcpy_gbps if args.device == "host" else device_copy_gbps,
+                        "measure the memcpy rate")
     tty = args.progress  # under mpirun stdout may be a pty even when piped: the launcher decides
     show = rank == 0 and not args.rows_only
     if show:

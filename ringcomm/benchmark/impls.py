@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import vocab
+from ..errors import from_rank0
 from .checks import BLOCKED, REDUCING, RING_COLLECTIVES, ROOT, split
 
 # Open MPI (coll/tuned) parameters that force its ring algorithm per collective.
@@ -233,7 +234,7 @@ class GlooImpl(Impl):
         from mpi4py import MPI
         self.torch, self.dist = torch, dist
         w = MPI.COMM_WORLD
-        port = w.bcast(_free_port() if w.rank == 0 else None)
+        port = from_rank0(w.bcast, w.rank == 0, _free_port, "find a free port for gloo")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=w.rank, world_size=w.size)
         self._OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
                      "max": dist.ReduceOp.MAX}
