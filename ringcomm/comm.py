@@ -451,7 +451,7 @@ class Communicator:
         ob, src, recv_tag = self._door.p2p(out, src, recv_tag, False)
         try:
             return self._engine.p2p_sendrecv(xb.ptr, xb.count, vocab.DTYPES[xb.dtype], dst, tag, ob.ptr, ob.count,
-                                             vocab.DTYPES[ob.dtype], src, recv_tag, xb.stream())
+                                             vocab.DTYPES[ob.dtype], src, recv_tag, xb.stream(), ob.stream())
         except BaseException as exc:
             self._failed(exc, (xb, ob))
             raise

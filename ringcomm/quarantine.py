@@ -19,15 +19,21 @@ from ._native import core
 
 __all__ = ["quarantined", "held_arrays", "hold_arrays", "keep", "drain_at_exit"]
 
-_held: list = []  # [(native Hold, arrays)]
+_held: list = []  # [(native Holds, arrays)]
 _held_lock = threading.Lock()
 
 
+def _pending(holds) -> bool:
+    return any(h.pending for h in holds)
+
+
 def keep(hold, arrays) -> None:
-    """Keep `arrays` referenced while `hold` (a native Hold) has requests pending."""
-    if hold is not None and hold.pending:
+    """Keep `arrays` referenced while `hold` (a native Hold, or a tuple of
+    them: one call's requests on several ops) has requests pending."""
+    holds = tuple(h for h in (hold if isinstance(hold, tuple) else (hold,)) if h is not None)
+    if _pending(holds):
         with _held_lock:
-            _held.append((hold, arrays))
+            _held.append((holds, arrays))
 
 
 def hold_arrays(exc: BaseException, arrays) -> None:
@@ -36,13 +42,12 @@ def hold_arrays(exc: BaseException, arrays) -> None:
     hold = getattr(exc, "_hold", None)
     if hold is not None:
         del exc._hold
-        for h in hold if isinstance(hold, tuple) else (hold,):  # (a tuple: sendrecv, one per op in flight)
-            keep(h, arrays)
+        keep(hold, arrays)  # (a tuple: sendrecv's, one per op in flight)
 
 
 def _reap() -> int:
     with _held_lock:
-        _held[:] = [(h, a) for h, a in _held if h.pending]
+        _held[:] = [(h, a) for h, a in _held if _pending(h)]
         return len(_held)
 
 

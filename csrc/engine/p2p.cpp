@@ -66,6 +66,33 @@ FlightRecord p2p_record(uint64_t id, bool send, int peer, size_t count, DType dt
   r.state = FlightState::running;
   return r;
 }
+
+// What the ring is told failed (Engine::fail_p2p; describe() names it).
+Fingerprint p2p_call(bool send, size_t count, DType dtype, int peer, int tag, int rank) {
+  Fingerprint f;
+  f.coll = int32_t(send ? Coll::send : Coll::recv);
+  f.count = int64_t(count);
+  f.dtype = int32_t(dtype);
+  f.root = peer;  // -1: any source
+  f.algo = tag;
+  f.rank = rank;
+  return f;
+}
+
+// Run `post` (what hands an op to the transport); a transport failure there
+// (an MPI error in the send or the matched probe) aborts the communicator
+// and tells the ring, as a failure in a wait does, so no peer waits for
+// this op until its deadline.
+template <class F>
+auto posting(Engine& e, bool send, int peer, size_t count, DType dtype, int tag, F&& post) -> decltype(post()) {
+  try {
+    return post();
+  } catch (const RingError& err) {
+    if (err.kind != ErrKind::invalid && err.kind != ErrKind::aborted)
+      e.fail_p2p(err, p2p_call(send, count, dtype, peer, tag, e.rank()));
+    throw;
+  }
+}
 }  // namespace
 
 std::shared_ptr<P2POp> P2POp::make(const std::shared_ptr<Engine>& e, std::shared_ptr<Transport> t, bool send,
@@ -108,12 +135,14 @@ std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int
       throw err;
     }
   }
-  if (send) {
-    op->req_ = t->p2p_send(peer, op->buf_, op->bytes_, op->wire_);  // (the staging copy on a device)
-  } else {
-    e->p2p_pending().add(op);
-    e->p2p_pending().match(*t);
-  }
+  posting(*e, send, peer, count, dtype, tag, [&] {
+    if (send) {
+      op->req_ = t->p2p_send(peer, op->buf_, op->bytes_, op->wire_);  // (the staging copy on a device)
+    } else {
+      e->p2p_pending().add(op);
+      e->p2p_pending().match(*t);
+    }
+  });
   return op;
 }
 
@@ -123,68 +152,71 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
   const std::shared_ptr<Transport> tp = e->shared_transport();
   Transport& t = *tp;
   check_post(*e, send, peer, count, dtype, tag, t);
-  const size_t bytes = count * dtype_size(dtype);
-  const uint32_t wire = (uint32_t(tag) << kDtypeBits) | uint32_t(dtype);
-  const uint64_t id = kP2PIds + e->next_p2p_id();
-  const int64_t t0 = wall_ns();
-  // Done on the spot: the ledger counts it and its record goes in ended
-  // (one lock, no search); nothing was allocated.
-  auto done = [&](int source) {
-    if (send) e->ledger().sent_shared(Coll::send, peer, bytes);
-    else e->ledger().received_shared(Coll::recv, source, bytes);
-    FlightRecorder& fr = e->recorder();
-    if (fr.capacity()) {
-      FlightRecord r = p2p_record(id, send, peer, count, dtype, tag, t0);
-      r.state = FlightState::done;
-      r.t_end_ns = wall_ns();
-      fr.issued(r);
-    }
-    return source;
-  };
-  RequestPtr pending;
-  if (send) {
-    if (t.p2p_send_now(peer, buf, bytes, wire, &pending)) return done(peer);
-    *posted = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
-    (*posted)->req_ = std::move(pending);
-    return -1;
-  }
-  // A receive takes a message here only while no earlier receive of this
-  // communicator waits unmatched (P2PPending's order), under its lock.
-  P2PPending& pend = e->p2p_pending();
-  const bool spin = t.p2p_spin();
-  Clock::time_point until{};
-  for (long i = 0;; ++i) {
-    int got = Transport::kP2PNone;
-    {
-      std::unique_lock<std::mutex> g(pend.m_, std::try_to_lock);
-      if (!g.owns_lock() || !pend.idle()) break;
-      got = t.p2p_take_now(peer, wire, buf, bytes, &pending);
-    }
-    if (got >= 0) return done(got);
-    if (got == Transport::kP2PPending) {  // taken; still arriving, or of another size (wait() says so)
-      auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
-      op->req_ = std::move(pending);
-      op->matched_.store(true, std::memory_order_release);
-      *posted = std::move(op);
+  return posting(*e, send, peer, count, dtype, tag, [&]() -> int {
+    const size_t bytes = count * dtype_size(dtype);
+    const uint32_t wire = (uint32_t(tag) << kDtypeBits) | uint32_t(dtype);
+    const uint64_t id = kP2PIds + e->next_p2p_id();
+    const int64_t t0 = wall_ns();
+    // Done on the spot: the ledger counts it and its record goes in ended
+    // (one lock, no search); nothing was allocated.
+    auto done = [&](int source) {
+      if (send) e->ledger().sent_shared(Coll::send, peer, bytes);
+      else e->ledger().received_shared(Coll::recv, source, bytes);
+      FlightRecorder& fr = e->recorder();
+      if (fr.capacity()) {
+        FlightRecord r = p2p_record(id, send, peer, count, dtype, tag, t0);
+        r.state = FlightState::done;
+        r.t_end_ns = wall_ns();
+        fr.issued(r);
+      }
+      return source;
+    };
+    RequestPtr pending;
+    if (send) {
+      if (t.p2p_send_now(peer, buf, bytes, wire, &pending)) return done(peer);
+      *posted = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
+      (*posted)->req_ = std::move(pending);
       return -1;
     }
-    // Not here yet: poll a few microseconds (a neighbour's answer), then wait as any receive.
-    if (!spin) break;
-    if ((i & 15) == 0) {
-      const auto now = Clock::now();
-      if (i == 0) until = now + std::chrono::microseconds(kSpinUs);
-      else if (now >= until) break;
+    // A receive takes a message here only while no earlier receive of this
+    // communicator waits unmatched (P2PPending's order), under its lock.
+    P2PPending& pend = e->p2p_pending();
+    const bool spin = t.p2p_spin();
+    Clock::time_point until{};
+    for (long i = 0;; ++i) {
+      int got = Transport::kP2PNone;
+      {
+        std::unique_lock<std::mutex> g(pend.m_, std::try_to_lock);
+        if (!g.owns_lock() || !pend.idle()) break;
+        got = t.p2p_take_now(peer, wire, buf, bytes, &pending);
+      }
+      if (got >= 0) return done(got);
+      if (got == Transport::kP2PPending) {  // taken; still arriving, or of another size (wait() says so)
+        auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
+        op->req_ = std::move(pending);
+        op->matched_.store(true, std::memory_order_release);
+        *posted = std::move(op);
+        return -1;
+      }
+      // Not here yet: poll a few microseconds (a neighbour's answer), then wait as any receive.
+      if (!spin) break;
+      if ((i & 15) == 0) {
+        const auto now = Clock::now();
+        if (i == 0) until = now + std::chrono::microseconds(kSpinUs);
+        else if (now >= until) break;
+      }
     }
-  }
-  auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
-  pend.add(op);
-  pend.match(t);
-  *posted = std::move(op);
-  return -1;
+    auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
+    pend.add(op);
+    pend.match(t);
+    *posted = std::move(op);
+    return -1;
+  });
 }
 
 SendRecv p2p_sendrecv(const std::shared_ptr<Engine>& e, void* sbuf, size_t scount, DType sdtype, int dst, int stag,
-                      void* rbuf, size_t rcount, DType rdtype, int src, int rtag, uintptr_t stream) {
+                      void* rbuf, size_t rcount, DType rdtype, int src, int rtag, uintptr_t sstream,
+                      uintptr_t rstream) {
   const std::shared_ptr<Transport> t = e->shared_transport();
   check_post(*e, true, dst, scount, sdtype, stag, *t);
   check_post(*e, false, src, rcount, rdtype, rtag, *t);
@@ -196,9 +228,9 @@ SendRecv p2p_sendrecv(const std::shared_ptr<Engine>& e, void* sbuf, size_t scoun
                   "arrays");
   SendRecv sr;
   if (e->device()) {
-    sr.send = p2p_post(e, true, dst, sbuf, scount, sdtype, stag, stream);
+    sr.send = p2p_post(e, true, dst, sbuf, scount, sdtype, stag, sstream);
     try {
-      sr.recv = p2p_post(e, false, src, rbuf, rcount, rdtype, rtag, stream);
+      sr.recv = p2p_post(e, false, src, rbuf, rcount, rdtype, rtag, rstream);
     } catch (...) {
       sr.error = std::current_exception();
     }
@@ -207,7 +239,7 @@ SendRecv p2p_sendrecv(const std::shared_ptr<Engine>& e, void* sbuf, size_t scoun
   p2p_run_now(e, true, dst, sbuf, scount, sdtype, stag, &sr.send);
   try {
     sr.source = p2p_run_now(e, false, src, rbuf, rcount, rdtype, rtag, &sr.recv);
-  } catch (...) {  // (aborted since the check): the send may be in flight, so its wait comes first
+  } catch (...) {  // (aborted since the check, or posting failed and aborted it): the send may be in flight
     if (!sr.send) throw;
     sr.error = std::current_exception();
   }
@@ -306,16 +338,7 @@ int P2POp::source() {
   return source_;
 }
 
-Fingerprint P2POp::call() const {
-  Fingerprint f;
-  f.coll = int32_t(is_send_ ? Coll::send : Coll::recv);
-  f.count = int64_t(count_);
-  f.dtype = int32_t(dtype_);
-  f.root = peer_;  // -1: any source
-  f.algo = tag_;
-  f.rank = rank_;
-  return f;
-}
+Fingerprint P2POp::call() const { return p2p_call(is_send_, count_, dtype_, peer_, tag_, rank_); }
 
 void P2POp::fail(ErrKind kind, const std::string& what, bool peer_died) {
   const std::string peer = peer_ == kAnySource ? "any rank" : "rank " + std::to_string(peer_);

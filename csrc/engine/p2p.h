@@ -210,18 +210,21 @@ int p2p_run_now(const std::shared_ptr<Engine>& engine, bool send, int peer, void
 // together, as MPI_Sendrecv: both are checked before either is posted (and
 // the two buffers must not overlap: the send may still be read while the
 // receive lands), the send first, then the receive, each done on the spot
-// when it can be (p2p_run_now; a device communicator posts both, staged).
-// Each op not yet done is returned for the caller to wait on (a wait
-// progresses every pending receive, so the order of the waits is free);
-// `source` is the receive's sender when it was done here. `error`: the
-// receive failed to post after the send was (the communicator aborted in
-// between): wait for the send (its failure keeps the array), then raise it.
+// when it can be (p2p_run_now; a device communicator posts both, staged,
+// each after the work queued on its own array's stream). Each op not yet
+// done is returned for the caller to wait on, in any order (a wait
+// progresses the transport, and with it the other op, and matches every
+// pending receive); `source` is the receive's sender when it was done here.
+// `error`: the receive failed to post after the send was (the communicator
+// aborted in between, or by that failure): wait for the send (its failure
+// keeps the array), then raise it.
 struct SendRecv {
   std::shared_ptr<P2POp> send, recv;
   int source = -1;
   std::exception_ptr error;
 };
 SendRecv p2p_sendrecv(const std::shared_ptr<Engine>& engine, void* sbuf, size_t scount, DType sdtype, int dst,
-                      int stag, void* rbuf, size_t rcount, DType rdtype, int src, int rtag, uintptr_t stream = 0);
+                      int stag, void* rbuf, size_t rcount, DType rdtype, int src, int rtag, uintptr_t sstream = 0,
+                      uintptr_t rstream = 0);
 
 }  // namespace ringcomm

@@ -91,31 +91,43 @@ inline bool wait_p2p(P2POp& op, double timeout) {
   return done;
 }
 
-// Wait for a sendrecv's ops, the receive first (each wait progresses both),
-// then raise the first failure. A failure of one aborts the communicator,
-// which ends the other's wait within 100 ms; the error raised carries, as
-// `_hold`, the claim of each op whose request is still in flight (a tuple:
-// quarantine.hold_arrays keeps both arrays for either).
+// Wait for a sendrecv's ops, the receive first, then raise: a Ctrl-C
+// either wait caught, else the first failure. A failure of one aborts the
+// communicator, which ends the other's wait within 100 ms. The error raised
+// carries, as `_hold`, the claims of the ops whose requests are still in
+// flight (a tuple: quarantine.keep holds both arrays while any is).
 inline int wait_sendrecv(SendRecv& sr) {
-  std::exception_ptr first;
+  std::exception_ptr raise;
+  bool ctrl_c = false;
   std::vector<std::shared_ptr<Hold>> holds;
   for (P2POp* op : {sr.recv.get(), sr.send.get()}) {
     if (!op) continue;
     try {
       wait_p2p(*op, -1.0);
+    } catch (py::error_already_set& e) {
+      const bool interrupt = e.matches(PyExc_KeyboardInterrupt);
+      if (!raise || (interrupt && !ctrl_c)) raise = std::current_exception();
+      ctrl_c = ctrl_c || interrupt;
     } catch (...) {
-      if (!first) first = std::current_exception();
+      if (!raise) raise = std::current_exception();
     }
     if (auto h = op->hold(); h && h->pending.load() > 0) holds.push_back(std::move(h));
   }
-  if (!first) first = sr.error;
-  if (!first) return sr.recv ? sr.recv->source() : sr.source;
+  if (!raise) raise = sr.error;
+  if (!raise) return sr.recv ? sr.recv->source() : sr.source;
+  if (holds.empty()) std::rethrow_exception(raise);
+  py::object err;
   try {
-    std::rethrow_exception(first);
+    std::rethrow_exception(raise);
   } catch (py::error_already_set& e) {
-    if (!holds.empty()) e.value().attr("_hold") = py::tuple(py::cast(holds));
-    throw;
+    err = e.value();
+  } catch (const RingError& e) {
+    err = error_object(e);
+  } catch (const std::exception& e) {  // (a device error in a wait: no RingcommError, but arrays in use)
+    err = py::module_::import("builtins").attr("RuntimeError")(e.what());
   }
+  err.attr("_hold") = py::tuple(py::cast(holds));
+  raise_object(err);
 }
 
 // A block of the shared arena, as Python's arrays view it (comm.empty).
@@ -373,21 +385,23 @@ inline void bind_engine(py::module_& m) {
            "or -2 when the arguments need the Python adapter (ringcomm/door.py).")
       .def("p2p_sendrecv",
            [](EngineHandle& h, uintptr_t sptr, size_t scount, int sdtype, int dst, int stag, uintptr_t rptr,
-              size_t rcount, int rdtype, int src, int rtag, uintptr_t stream) {
+              size_t rcount, int rdtype, int src, int rtag, uintptr_t sstream, uintptr_t rstream) {
              auto e = h.shared();
              SendRecv sr;
              {
                py::gil_scoped_release nogil;  // a device op waits for its copy out here
                sr = p2p_sendrecv(e, reinterpret_cast<void*>(sptr), scount, DType(sdtype), dst, stag,
-                                 reinterpret_cast<void*>(rptr), rcount, DType(rdtype), src, rtag, stream);
+                                 reinterpret_cast<void*>(rptr), rcount, DType(rdtype), src, rtag, sstream, rstream);
                e.reset();
              }
              return wait_sendrecv(sr);
            },
            py::arg("sptr"), py::arg("scount"), py::arg("sdtype"), py::arg("dst"), py::arg("stag"), py::arg("rptr"),
-           py::arg("rcount"), py::arg("rdtype"), py::arg("src"), py::arg("rtag"), py::arg("stream") = 0,
+           py::arg("rcount"), py::arg("rdtype"), py::arg("src"), py::arg("rtag"), py::arg("sstream") = 0,
+           py::arg("rstream") = 0,
            "Send to `dst` and receive from `src` (-1: any source) together (p2p_sendrecv), wait for both; returns "
-           "the sender's rank. Raises the first failure.")
+           "the sender's rank. Raises a Ctrl-C, else the first failure. `sstream`, `rstream`: on a device "
+           "communicator, the streams each array's copy is ordered after.")
       .def("p2p_sendrecv_now",
            [](EngineHandle& h, py::handle x, py::handle dst, py::handle out, py::handle src, py::handle stag,
               py::handle rtag) -> int {
