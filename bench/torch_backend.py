@@ -50,8 +50,13 @@ def slowest(seconds: float, group) -> float:
     return float(t)
 
 
-def timed(fn, iters: int, group) -> float:
-    dist.barrier(group=group)
+def timed(fn, iters: int, group, align) -> float:
+    """Seconds per call of `fn`, the slowest rank's (reduced over `group`).
+    The ranks start together out of `align`'s barrier: ringcomm's, whose
+    ranks leave it within microseconds (gloo's let them go up to about 100 us
+    apart, which the first timed call absorbed: it inflated the faster
+    backend's time most)."""
+    dist.barrier(group=align)
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
@@ -102,7 +107,7 @@ def main() -> None:
         for rep in range(args.reps):
             order = list(impls) if rep % 2 == 0 else list(reversed(impls))
             for k in order:
-                times[k].append(timed(impls[k], iters, gloo))
+                times[k].append(timed(impls[k], iters, gloo, ring))
         results["all_reduce"][nbytes] = {k: stats(v) for k, v in times.items()}
 
     # reduce, gather, scatter, all_to_all_single (issue 23): each over both
@@ -135,14 +140,16 @@ def main() -> None:
     rooted = [parse_size(s) for s in args.rooted_sizes.split(",") if s]
     for nbytes in rooted:
         impls = {"ringcomm": new_ops(nbytes, ring), "gloo": new_ops(nbytes, gloo)}
-        iters = 500 if nbytes <= 1024 else max(2, int(2e8 // max(nbytes, 1) // 8))  # (small: per-call cost)
+        # (small: the per-call cost; large: about 23 calls of 4 MiB per repetition, as with 5 the first
+        # calls' page faults and the start skew made scatter's p10-p90 at N = 2 267-409 us, with 23 230-274)
+        iters = 500 if nbytes <= 1024 else max(2, int(8e8 // max(nbytes, 1) // 8))
         for op in impls["ringcomm"]:
             for k in impls:
                 impls[k][op]()  # warm up
             times = {k: [] for k in impls}
             for rep in range(args.reps):
                 for k in (list(impls) if rep % 2 == 0 else list(reversed(impls))):
-                    times[k].append(timed(impls[k][op], iters, gloo))
+                    times[k].append(timed(impls[k][op], iters, gloo, ring))
             results["new_ops"].setdefault(op, {})[nbytes] = {k: stats(v) for k, v in times.items()}
 
     # DDP over each backend: the same model and data (--ddp-steps 0: skipped).
@@ -178,7 +185,7 @@ def ddp_step_times(args, results, ring, gloo) -> None:
     ddp_times: dict = {k: [] for k in models}
     for rep in range(args.reps):
         for k in (list(models) if rep % 2 == 0 else list(reversed(models))):
-            ddp_times[k].append(timed(lambda: step(k), args.ddp_steps, gloo))
+            ddp_times[k].append(timed(lambda: step(k), args.ddp_steps, gloo, ring))
     results["ddp"] = {k: stats(v) for k, v in ddp_times.items()}
     results["ddp_params"] = sum(p.numel() for p in models["ringcomm"][0].parameters())
 
