@@ -512,6 +512,26 @@ def test_sendrecv_fallbacks_and_torch():
     assert a == ([11] * 3, [1.0, 2.0, 3.0, 4.0, 5.0]) and b == ([10] * 3, [0.0, 1.0, 2.0, 3.0, 4.0])
 
 
+def test_sendrecv_of_host_arrays_never_takes_the_adapter():
+    """numpy arrays and torch CPU tensors with int peers and tags are described
+    natively (one call): the Python adapter, made to fail here, is never asked."""
+    torch = pytest.importorskip("torch")
+
+    class NoDoor:
+        def p2p(self, *a):
+            raise AssertionError("sendrecv went through the Python adapter")
+
+    def body(comm):
+        r, o = comm.rank, 1 - comm.rank
+        comm._door = NoDoor()
+        y, t = np.zeros(4, np.int16), torch.zeros(3, dtype=torch.float64)
+        srcs = (comm.sendrecv(np.arange(4, dtype=np.int16) * (r + 1), o, y, o, tag=9),
+                comm.sendrecv(torch.full((3,), 0.5 + r, dtype=torch.float64), o, t, None))
+        return srcs, y.tolist(), t.tolist()
+    a, b = ringcomm.run_local(2, body)
+    assert a == ((1, 1), [0, 2, 4, 6], [1.5] * 3) and b == ((0, 0), [0, 1, 2, 3], [0.5] * 3)
+
+
 def test_sendrecv_bad_input_posts_nothing():
     """Each error is raised before either side is posted: the exchange that
     follows, with other sizes, would take a stray message (a MismatchError)."""
