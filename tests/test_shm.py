@@ -2001,12 +2001,13 @@ def test_tune_measures_the_window_in_process():
             assert (c, a, b) in got, (c, a, b, sorted(got))
     assert ("all_reduce", "shm_flat", 4096) in got and ("all_reduce", "shm_flat", 1 << 20) not in got
     assert all(r["seconds"] > 0 and r["single_copy"] is single_copy for r in rows)
-    # the four single copy moves, through the slots alone too, where a block reaches its limit
+    # the five single copy moves, through the slots alone too, where a block reaches its limit
     slots = {(c, b) for c, a, b in got if a == "shm_slots"}
     pages = {(a, b) for c, a, b in got if a.startswith("shm_4k")}
     single = {(c, b) for c, a, b in got if a == "shm_single"}
     if single_copy:
-        assert slots == {(c, 1 << 20) for c in ("all_gather", "gather", "scatter", "all_to_all")}, sorted(got)
+        assert slots == {(c, 1 << 20) for c in ("reduce", "all_gather", "gather", "scatter", "all_to_all")}, \
+            sorted(got)
         assert single == {(c, 1 << 20) for c in ("all_gather", "all_to_all")}, sorted(got)
         # and all_to_all from arrays in 4 KiB pages, both ways
         assert pages == {("shm_4k_single", 1 << 20), ("shm_4k_slots", 1 << 20)}, sorted(got)

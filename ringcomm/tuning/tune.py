@@ -134,10 +134,11 @@ def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrie
         # outside the window (ROOTED_RIVALS), as bench/shm_rooted.py times them.
         root_out = out_full if comm.rank == 0 else None
         if single_copy and 4 * count // n >= window.single_copy_min:
-            # The same four through the slots alone (single copy off for the
+            # The same five through the slots alone (single copy off for the
             # call, on every rank alike): which is faster moves with the
             # machine and with the arrays' pages (choose_single_copy).
-            for coll, f in (("all_gather", lambda: comm.all_gather(part, out=out_full, algorithm="shm")),
+            for coll, f in (("reduce", lambda: comm.reduce(full, out=out_full, algorithm="shm")),
+                            ("all_gather", lambda: comm.all_gather(part, out=out_full, algorithm="shm")),
                             ("gather", lambda: comm.gather(part, out=root_out, algorithm="shm")),
                             ("scatter", lambda: comm.scatter(full, out=out_part, algorithm="shm")),
                             ("all_to_all", lambda: comm.all_to_all(full, out=out_full, algorithm="shm"))):
@@ -246,7 +247,7 @@ def shm_limits(rows: list[dict], n: int) -> dict:
 
 def choose_single_copy(t: dict, n: int) -> int | None:
     """The window's single-copy limit (the smallest block, in bytes, read
-    straight from a peer) that made all_gather, gather, scatter and
+    straight from a peer) that made reduce, all_gather, gather, scatter and
     all_to_all fastest over the sizes measured both ways (single copy and
     the slots alone: measure_shm's "shm" and "shm_slots"), summing each
     size's time relative to the faster of the two, so that no size weighs
