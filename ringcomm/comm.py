@@ -613,8 +613,12 @@ class Communicator:
     def _failed(self, exc: BaseException, arrays) -> None:
         """A collective of this communicator raised `exc` (a RingcommError, or
         KeyboardInterrupt): keep the arrays a request still in flight may use,
-        and dump the flight record once."""
+        and dump the flight record once (not for a bad argument, raised
+        before any byte moved: it must not use up the dump a later failure
+        would write)."""
         quarantine.hold_arrays(exc, arrays)
+        if isinstance(exc, InvalidArgument):
+            return
         from ._failfast import explain
         explain(self, exc)  # a peer died of an exception: name it
         if self._settings.dump_dir and not self._dumped:

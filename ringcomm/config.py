@@ -18,9 +18,10 @@ variable                      default  meaning
                                        number, arguments) to stderr
 ``RINGCOMM_FLIGHT_RECORDER``  ``256``  collectives each communicator's flight recorder
                                        keeps (``0``: off); ``Communicator.flight_record()``
-``RINGCOMM_DUMP_ON_ERROR``    unset    a directory: on its first error each communicator
-                                       writes its flight record there as JSON (one file per
-                                       rank); ``ringcomm analyze DIR`` explains them
+``RINGCOMM_DUMP_ON_ERROR``    unset    a directory: on its first error (not a bad
+                                       argument) each communicator writes its flight
+                                       record there as JSON (one file per rank);
+                                       ``ringcomm analyze DIR`` explains them
 ``RINGCOMM_LIBMPI``           unset    path of libmpi to load, when it is not in
                                        <sys.prefix>/lib
 ============================  =======  =====================================================

@@ -423,3 +423,27 @@ def test_from_rank0_raises_rank0s_failure_on_every_rank(exc, peer_type):
         from_rank0(bcast, False, compute, "choose the limits")
     assert str(ei.value).startswith(f"rank 0 failed to choose the limits: {type(exc).__name__}: {exc}"), ei.value
     assert from_rank0(bcast, True, lambda: 7, "x") == 7 and from_rank0(bcast, False, None, "x") == 7
+
+
+def test_a_bad_argument_leaves_the_flight_record_dump_to_a_real_failure(tmp_path, monkeypatch):
+    """Each communicator dumps its flight record once, on its first error:
+    a bad argument (nothing moved) must not use that up."""
+    monkeypatch.setenv("RINGCOMM_DUMP_ON_ERROR", str(tmp_path))
+
+    def body(comm):
+        comm.timeout = 0.5
+        x = np.zeros(4, np.float32)
+        for call in (lambda: comm.send(x, 5), lambda: comm.sendrecv(x, 1 - comm.rank, x[2:], 1 - comm.rank),
+                     lambda: comm.recv(x, comm.rank)):
+            with pytest.raises(ringcomm.InvalidArgument):
+                call()
+        after_bad = sorted(os.listdir(tmp_path))
+        comm.barrier()
+        if comm.rank == 1:  # a real failure: rank 0 never sends
+            with pytest.raises(ringcomm.CollectiveTimeout):
+                comm.recv(x, 0)
+        return after_bad
+    assert ringcomm.run_local(2, body) == [[], []]
+    dumped = sorted(os.listdir(tmp_path))
+    assert len(dumped) == 1 and dumped[0].endswith("rank1.json"), dumped
+    assert json.load(open(tmp_path / dumped[0]))["error"]["type"] == "CollectiveTimeout"
