@@ -297,7 +297,7 @@ void ShmWindow::throw_copy_failed(int j, uint64_t seq, const char* what, size_t 
   // array this rank reads: its reason, not "Bad address". (No write lands
   // there: write_into looks for the failure first, and the failing rank
   // waits for writers before it returns.)
-  if (header()->failed.load(std::memory_order_seq_cst) > 0) throw_published_as(member(rank_), seq);
+  if (header()->failed.load(std::memory_order_seq_cst) > 0) throw_published(member(rank_), seq);
   // ESRCH: no process has j's pid, or the one that has it has no memory any
   // more: it is exiting, and kill() still finds it until it is a zombie, so
   // death_of could not tell yet (a kill during the copy, in CI).
@@ -387,7 +387,7 @@ void ShmWindow::write_into(const Link& link, const Fingerprint& fp, int j, uint6
   } done{mine};
   mine.store(uint32_t(j + 1), std::memory_order_seq_cst);
   for (size_t at = 0; at < bytes; at += kWritePiece) {
-    if (header()->failed.load(std::memory_order_seq_cst) > 0) throw_published(link, fp);
+    if (header()->failed.load(std::memory_order_seq_cst) > 0) throw_published(link.rank(), fp.seq);
     // (process_vm_writev's local iovec is not const; it is only read)
     cross_copy(j, fp.seq, true, const_cast<char*>(src + at), theirs + at, std::min(kWritePiece, bytes - at));
   }
@@ -478,13 +478,7 @@ void ShmWindow::wake() {
   futex_wake_all(&h->epoch);
 }
 
-void ShmWindow::throw_published(const Link& link, const Fingerprint& fp) const {
-  // The communicator's rank (link's), not the index in this host's window:
-  // they differ when the window is one host's part of a larger job.
-  throw_published_as(link.rank(), fp.seq);
-}
-
-void ShmWindow::throw_published_as(int rank, uint64_t seq) const {
+void ShmWindow::throw_published(int rank, uint64_t seq) const {
   const Header* h = header();
   const int origin = failed_origin();
   const ErrKind kind = ErrKind(h->kind);
@@ -576,7 +570,7 @@ std::string ShmWindow::peer_state(Link& link, int peer, const Fingerprint& fp) {
 
 uint64_t ShmWindow::arrive(const Link& link, const Fingerprint& fp) {
   Header* h = header();
-  if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
+  if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link.rank(), fp.seq);
   const uint64_t p = ++phase_;
   area(rank_)->at[p % kPhases].store(call_word(fp), std::memory_order_relaxed);
   area(rank_)->arrived.store(p, std::memory_order_seq_cst);  // (publishes `at` too)
@@ -624,7 +618,7 @@ int ShmWindow::first_arrived(uint64_t phase, const int* peers, int count, int* m
 void ShmWindow::check_arrived(const Link& link, const Fingerprint& fp, uint64_t p, int j) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   Header* h = header();
-  if (h->failed.load(std::memory_order_acquire) > 0 && h->seq <= fp.seq) throw_published(link, fp);
+  if (h->failed.load(std::memory_order_acquire) > 0 && h->seq <= fp.seq) throw_published(link.rank(), fp.seq);
   const uint64_t theirs = area(j)->at[p % kPhases].load(std::memory_order_acquire);
   if (theirs != call_word(fp)) throw_other_call(j, theirs, fp);
 }
@@ -667,7 +661,7 @@ void ShmWindow::wait_until(Link& link, const Fingerprint& fp, uint64_t p, const 
         shown = missing;
         link.publish_wait(member(missing), 1, "its part in shared memory", start);
       }
-      if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link, fp);
+      if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link.rank(), fp.seq);
       const auto now = Clock::now();
       if (link.transport().interrupted())
         throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,

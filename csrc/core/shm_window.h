@@ -227,9 +227,10 @@ class ShmWindow {
   int first_arrived(uint64_t phase, const int* peers, int count, int* missing) const;
   void check_arrived(const Link& link, const Fingerprint& fp, uint64_t phase, int j);
   void wait_until(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count, int missing);
-  [[noreturn]] void throw_published(const Link& link, const Fingerprint& fp) const;
-  // The failure published in the header, raised on communicator rank `rank` in call `seq`.
-  [[noreturn]] void throw_published_as(int rank, uint64_t seq) const;
+  // The failure published in the header, raised on communicator rank `rank`
+  // (link.rank(): not the index in this host's window, which differs when
+  // the window is one host's part of a larger job) in call `seq`.
+  [[noreturn]] void throw_published(int rank, uint64_t seq) const;
   // Writes into a peer's memory, and the wait that keeps them from landing
   // after that peer failed (shm_window.cpp, "Writes into a peer").
   void write_into(const Link& link, const Fingerprint& fp, int j, uint64_t theirs, const char* src, size_t bytes);

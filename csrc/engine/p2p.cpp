@@ -226,19 +226,17 @@ SendRecv p2p_sendrecv(const std::shared_ptr<Engine>& e, void* sbuf, size_t scoun
     throw_invalid("sendrecv: the send buffer (" + std::to_string(sb) + " bytes) and the receive buffer (" +
                   std::to_string(rb) + " bytes) overlap: the message may land while the send still reads; use two "
                   "arrays");
+  // One side: done on the spot when it can be (the source), else posted into *op (-1).
+  auto post = [&](bool send, int peer, void* buf, size_t count, DType dtype, int tag, uintptr_t stream,
+                  std::shared_ptr<P2POp>* op) {
+    if (!e->device()) return p2p_run_now(e, send, peer, buf, count, dtype, tag, op);
+    *op = p2p_post(e, send, peer, buf, count, dtype, tag, stream);
+    return -1;
+  };
   SendRecv sr;
-  if (e->device()) {
-    sr.send = p2p_post(e, true, dst, sbuf, scount, sdtype, stag, sstream);
-    try {
-      sr.recv = p2p_post(e, false, src, rbuf, rcount, rdtype, rtag, rstream);
-    } catch (...) {
-      sr.error = std::current_exception();
-    }
-    return sr;
-  }
-  p2p_run_now(e, true, dst, sbuf, scount, sdtype, stag, &sr.send);
+  post(true, dst, sbuf, scount, sdtype, stag, sstream, &sr.send);
   try {
-    sr.source = p2p_run_now(e, false, src, rbuf, rcount, rdtype, rtag, &sr.recv);
+    sr.source = post(false, src, rbuf, rcount, rdtype, rtag, rstream, &sr.recv);
   } catch (...) {  // (aborted since the check, or posting failed and aborted it): the send may be in flight
     if (!sr.send) throw;
     sr.error = std::current_exception();

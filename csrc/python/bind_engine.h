@@ -124,7 +124,7 @@ inline int wait_sendrecv(SendRecv& sr) {
   } catch (const RingError& e) {
     err = error_object(e);
   } catch (const std::exception& e) {  // (a device error in a wait: no RingcommError, but arrays in use)
-    err = py::module_::import("builtins").attr("RuntimeError")(e.what());
+    err = py::reinterpret_borrow<py::object>(PyExc_RuntimeError)(e.what());
   }
   err.attr("_hold") = py::tuple(py::cast(holds));
   raise_object(err);
