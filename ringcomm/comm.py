@@ -436,6 +436,10 @@ class Communicator:
         (default: `tag`); each side follows :meth:`send` and :meth:`recv`
         (exact sizes, errors on both ranks). Both are checked before either
         is posted; `x` and `out` must not overlap (InvalidArgument).
+
+        With itself (``dst == rank``, then `src` is the rank or None, as a
+        ring shift at world size 1): a copy of `x` into `out`, which must
+        match it in dtype, size and tag; nothing is booked in the ledger.
         """
         if recv_tag is None:
             recv_tag = tag
@@ -447,8 +451,8 @@ class Communicator:
                 raise
             if source != -2:
                 return source
-        xb, dst, tag = self._door.p2p(x, dst, tag, True)
-        ob, src, recv_tag = self._door.p2p(out, src, recv_tag, False)
+        xb, dst, tag = self._door.p2p(x, dst, tag, True, to_self=True)
+        ob, src, recv_tag = self._door.p2p(out, src, recv_tag, False, to_self=True)
         try:
             return self._engine.p2p_sendrecv(xb.ptr, xb.count, vocab.DTYPES[xb.dtype], dst, tag, ob.ptr, ob.count,
                                              vocab.DTYPES[ob.dtype], src, recv_tag, xb.stream(), ob.stream())

@@ -338,9 +338,10 @@ class Door:
                           in_places=ins, out_places=outs)
 
     # ---- point-to-point ------------------------------------------------------
-    def p2p(self, x, peer, tag, send: bool) -> tuple[Buf, int, int]:
+    def p2p(self, x, peer, tag, send: bool, to_self: bool = False) -> tuple[Buf, int, int]:
         """Check one send (`x` is read) or receive (`x` is written; peer None:
-        any source). Returns (x's view, peer (-1: any), tag); the engine posts it (csrc/engine/p2p.h)."""
+        any source). Returns (x's view, peer (-1: any), tag); the engine posts it (csrc/engine/p2p.h).
+        `to_self`: sendrecv, where the peer may be this rank (the engine checks the pair)."""
         what = "send" if send else "recv"
         xb = self.view(x, f"{what} buffer")  # (on a device communicator: that device's memory)
         if not send:
@@ -354,7 +355,7 @@ class Door:
             peer = int(peer)
             if not 0 <= peer < self.size:
                 raise InvalidArgument(f"{what} peer {peer} is out of range (expected 0 <= peer < {self.size})")
-            if peer == self.rank:
+            if peer == self.rank and not to_self:
                 raise InvalidArgument(f"{what} to/from itself (rank {self.rank}): point-to-point needs another rank")
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
             raise InvalidArgument(f"{what} tag must be an int >= 0, got {tag!r}")

@@ -496,6 +496,40 @@ def test_sendrecv_ring_shift_both_ways(device, n, count):
     assert all(recs == ["send", "recv"] * 2 for recs in out), out
 
 
+@pytest.mark.parametrize("device", [None, "emulated", "emulated-nccl"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_sendrecv_with_itself_is_a_copy(device, n):
+    """dst == rank (a ring shift at world size 1; MPI_Sendrecv allows it):
+    `x` copied into `out`, src the rank or None, through the fast lane and
+    the adapter; no message, nothing in the ledger, no flight record; the
+    ranks' exchanges with peers that follow still match."""
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        r = comm.rank
+        for count in (0, 1, 97, 40000):
+            for k, dt in enumerate(("float32", "int64", "float16")):
+                y = np.full(count, -1, dt)
+                src = comm.sendrecv(data(r, count, dt, k), r, y, r if k % 2 else None, tag=k, recv_tag=k)
+                assert src == r, f"rank {r}: source {src}"
+                check(y, data(r, count, dt, k), r, f"sendrecv with itself, {count} {dt}")
+        t = torch.zeros(6, dtype=torch.bfloat16)
+        assert comm.sendrecv(torch.arange(6, dtype=torch.bfloat16) + r, r, t, r) == r  # (fast lane)
+        b = bytearray(8)
+        assert comm.sendrecv(bytearray(np.full(2, 7 + r, np.int32).tobytes()), np.int64(r), b, None) == r  # (adapter)
+        tr = comm.traffic()
+        assert tr.bytes_sent() == 0 and tr.bytes_received() == 0, f"rank {r}: {tr}"
+        records = [rec["collective"] for rec in comm.flight_record()]
+        z = np.zeros(5, np.int32)
+        right, left = (r + 1) % comm.size, (r - 1) % comm.size
+        assert comm.sendrecv(np.full(5, r, np.int32), right, z, left) == left
+        return records, t.float().tolist(), np.frombuffer(bytes(b), np.int32).tolist(), z.tolist()
+    out = ringcomm.run_local(n, body, device=device, timeout=60)
+    for r, (records, t, b, z) in enumerate(out):
+        assert records == [], f"rank {r}: {records}"
+        assert (t, b, z) == ([float(i + r) for i in range(6)], [7 + r] * 2, [(r - 1) % n] * 5), f"rank {r}"
+
+
 def test_sendrecv_fallbacks_and_torch():
     """Numpy ints, a bytearray and torch tensors: the Door's path and the fast lane agree."""
     torch = pytest.importorskip("torch")
@@ -541,6 +575,11 @@ def test_sendrecv_bad_input_posts_nothing():
         for call, match in [(lambda: comm.sendrecv(x, o, x[4:], o), "overlap"),
                             (lambda: comm.sendrecv(x, o, np.zeros(8, np.float32), 2), "out of range"),
                             (lambda: comm.sendrecv(x, o, np.zeros(8, np.float32), r), "itself"),
+                            (lambda: comm.sendrecv(x, r, np.zeros(8, np.float32), o), "itself"),
+                            (lambda: comm.sendrecv(x, r, np.zeros(8, np.float32), r, recv_tag=1), "never be received"),
+                            (lambda: comm.sendrecv(x, r, np.zeros(7, np.float32), r), "does not match"),
+                            (lambda: comm.sendrecv(x, r, np.zeros(8, np.int32), None), "does not match"),
+                            (lambda: comm.sendrecv(x, r, x, r), "overlap"),
                             (lambda: comm.sendrecv(x, o, np.zeros(8, np.float32), o, recv_tag=-1), "tag"),
                             (lambda: comm.sendrecv(x, 5, np.zeros(8, np.float32), o), "out of range"),
                             (lambda: comm.sendrecv(x, o, np.zeros((4, 4), np.float32)[:, 0], o), "contiguous")]:

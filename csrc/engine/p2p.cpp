@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include <thread>
 
@@ -28,14 +29,16 @@ P2PLimits p2p_limits(const Transport& t) {
 
 namespace {
 // The argument and communicator checks every p2p op passes first.
-void check_post(Engine& e, bool send, int peer, size_t count, DType dtype, int tag, const Transport& t) {
+// `to_self`: sendrecv's exchange with itself, where the peer may be this rank.
+void check_post(Engine& e, bool send, int peer, size_t count, DType dtype, int tag, const Transport& t,
+                bool to_self = false) {
   const int n = e.size(), rank = e.rank();
   const char* what = send ? "send" : "recv";
   const size_t es = dtype_size(dtype);  // throws on an unknown code
   if (!(peer == kAnySource && !send) && (peer < 0 || peer >= n))
     throw_invalid(std::string(what) + " peer " + std::to_string(peer) + " is out of range (expected 0 <= peer < " +
                   std::to_string(n) + (send ? ")" : ", or None for any source)"));
-  if (peer == rank)
+  if (peer == rank && !to_self)
     throw_invalid(std::string(what) + " to/from itself (rank " + std::to_string(rank) +
                   "): point-to-point needs another rank (use a copy)");
   const P2PLimits lim = p2p_limits(t);
@@ -214,18 +217,57 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
   });
 }
 
+namespace {
+// sendrecv's exchange with itself: no message, no ledger entry (no bytes
+// between ranks), the copy done before it returns. On a device, after the
+// work queued on both arrays' streams.
+void copy_to_self(Engine& e, const void* from, void* to, size_t bytes, uintptr_t sstream, uintptr_t rstream) {
+  if (!bytes) return;
+  const auto dev = e.device();
+  if (!dev) {
+    std::memcpy(to, from, bytes);
+    return;
+  }
+  if (sstream != rstream) dev->wait_external(rstream, dev->record_external(sstream));
+  const EventPtr done = dev->copy_external(rstream, to, from, bytes);
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(e.options().timeout_s));
+  if (done && !done->synchronize(deadline))
+    throw RingError(ErrKind::timeout, e.rank(), e.rank(), 0,
+                    "sendrecv with itself: the device copy of " + std::to_string(bytes) + " bytes did not finish "
+                    "within the timeout");
+}
+}  // namespace
+
 SendRecv p2p_sendrecv(const std::shared_ptr<Engine>& e, void* sbuf, size_t scount, DType sdtype, int dst, int stag,
                       void* rbuf, size_t rcount, DType rdtype, int src, int rtag, uintptr_t sstream,
                       uintptr_t rstream) {
   const std::shared_ptr<Transport> t = e->shared_transport();
-  check_post(*e, true, dst, scount, sdtype, stag, *t);
-  check_post(*e, false, src, rcount, rdtype, rtag, *t);
+  const int me = e->rank();
+  const bool to_self = dst == me;  // the exchange with itself: a copy (MPI_Sendrecv allows it; a ring shift at N = 1)
+  const bool from_self = src == me || (to_self && src == kAnySource);
+  if (to_self != from_self)
+    throw_invalid("sendrecv with itself (rank " + std::to_string(me) + ") needs dst and src both " +
+                  std::to_string(me) + " (src None: itself), got dst " + std::to_string(dst) + ", src " +
+                  (src == kAnySource ? std::string("None") : std::to_string(src)));
+  check_post(*e, true, dst, scount, sdtype, stag, *t, to_self);
+  check_post(*e, false, src, rcount, rdtype, rtag, *t, to_self);
   const auto s0 = reinterpret_cast<uintptr_t>(sbuf), r0 = reinterpret_cast<uintptr_t>(rbuf);
   const size_t sb = scount * dtype_size(sdtype), rb = rcount * dtype_size(rdtype);
   if (sb && rb && s0 < r0 + rb && r0 < s0 + sb)
     throw_invalid("sendrecv: the send buffer (" + std::to_string(sb) + " bytes) and the receive buffer (" +
                   std::to_string(rb) + " bytes) overlap: the message may land while the send still reads; use two "
                   "arrays");
+  if (to_self) {
+    if (stag != rtag || sdtype != rdtype || sb != rb)
+      throw_invalid("sendrecv with itself (rank " + std::to_string(me) + "): the send (" + elems(sb, sdtype) +
+                    ", tag " + std::to_string(stag) + ") does not match the receive (" + elems(rb, rdtype) +
+                    ", tag " + std::to_string(rtag) + "), so it would never be received");
+    copy_to_self(*e, sbuf, rbuf, sb, sstream, rstream);
+    SendRecv sr;
+    sr.source = me;
+    return sr;
+  }
   // One side: done on the spot when it can be (the source), else posted into *op (-1).
   auto post = [&](bool send, int peer, void* buf, size_t count, DType dtype, int tag, uintptr_t stream,
                   std::shared_ptr<P2POp>* op) {

@@ -413,8 +413,8 @@ inline void bind_engine(py::module_& m) {
              int sd = 0, p = 0, st = 0, rd = 0, q = 0, rt = 0;
              size_t sc = 0, rc = 0;
              uintptr_t sp = 0, rp = 0;
-             if (!host_p2p_call(x, dst, stag, true, e->rank(), e->size(), sd, sc, sp, p, st) ||
-                 !host_p2p_call(out, src, rtag, false, e->rank(), e->size(), rd, rc, rp, q, rt))
+             if (!host_p2p_call(x, dst, stag, true, e->rank(), e->size(), sd, sc, sp, p, st, true) ||
+                 !host_p2p_call(out, src, rtag, false, e->rank(), e->size(), rd, rc, rp, q, rt, true))
                return -2;
              SendRecv sr = p2p_sendrecv(e, reinterpret_cast<void*>(sp), sc, DType(sd), p, st,
                                         reinterpret_cast<void*>(rp), rc, DType(rd), q, rt);

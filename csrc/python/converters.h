@@ -356,8 +356,9 @@ inline bool host_all_to_all_v_call(py::handle x, py::handle out, py::handle spli
 // `peer` an int in range and not this rank (a receive: or None, any source),
 // `tag` a non-negative int. False for anything else or unusual: the caller
 // takes the Python adapter, whose errors say what is wrong.
+// `to_self`: sendrecv, where the peer may be this rank (a copy).
 inline bool host_p2p_call(py::handle x, py::handle peer, py::handle tag, bool send, int rank, int size, int& dtype,
-                          size_t& count, uintptr_t& ptr, int& p, int& t) {
+                          size_t& count, uintptr_t& ptr, int& p, int& t, bool to_self = false) {
   if (peer.is_none()) {
     if (send) return false;
     p = kAnySource;
@@ -365,7 +366,7 @@ inline bool host_p2p_call(py::handle x, py::handle peer, py::handle tag, bool se
     if (!PyLong_CheckExact(peer.ptr())) return false;  // bool, numpy ints: the adapter
     int overflow = 0;
     const long v = PyLong_AsLongAndOverflow(peer.ptr(), &overflow);
-    if (overflow || v < 0 || v >= size || v == rank) return false;
+    if (overflow || v < 0 || v >= size || (v == rank && !to_self)) return false;
     p = int(v);
   }
   if (!PyLong_CheckExact(tag.ptr())) return false;
