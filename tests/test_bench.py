@@ -1,7 +1,9 @@
 """The benchmark harness: pure parts, a smoke run through `ringcomm bench`, a planted error."""
 
+import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -561,3 +563,35 @@ def test_handoff_measures_both_modes_per_launch():
         assert float(written) > 0 and float(unchanged) > 0, res.stdout
         # (the ratio is of the unrounded medians, the columns rounded to 0.1 us)
         assert float(ratio) == pytest.approx(float(written) / float(unchanged), rel=0.05, abs=0.02), res.stdout
+
+
+def test_launches_reports_every_launchs_ratio_and_fails_on_a_bad_row(tmp_path):
+    # bench/launches.py (bench/README.md, "The same over six launches
+    # each"): one ratio per launch for every collective, size and baseline,
+    # median and range from them; a wrong row or a ledger off its closed
+    # form makes it fail.
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    out = tmp_path / "l.json"
+    res = subprocess.run([sys.executable, os.path.join(bench, "launches.py"), "-k", "2", "--json", str(out), "--",
+                          "-n", "2", "-b", "64K", "-e", "64K", "--reps", "2", "--target-ms", "2", "--impl",
+                          "ringcomm,mpi", "--collective", "reduce,sendrecv"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["faults"] == [] and got["launches"] == 2
+    keys = {(r["collective"], r["size"], r["inplace"], r["baseline"]) for r in got["rows"]}
+    assert keys == {("reduce", 65536, False, "mpi"), ("reduce", 65536, True, "mpi"), ("sendrecv", 65536, False, "mpi")}
+    for r in got["rows"]:
+        assert len(r["ratios"]) == 2 and all(v > 0 for v in r["ratios"]), r
+        line = next(x for x in res.stdout.splitlines() if x.split()[:4] == [
+            r["collective"], str(r["size"]), "in" if r["inplace"] else "out", r["baseline"]])
+        assert float(line.split()[4]) == pytest.approx(statistics.median(r["ratios"]), abs=0.006), line
+    spec = importlib.util.spec_from_file_location("launches", os.path.join(bench, "launches.py"))
+    launches = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launches)
+    rows = [{"collective": "reduce", "size": 8, "inplace": False, "impl": "ringcomm", "time_us": 2.0, "wrong": 0,
+             "sent_per_rank": 8, "expected_sent": 8},
+            {"collective": "reduce", "size": 8, "inplace": False, "impl": "mpi", "time_us": 3.0, "wrong": 0}]
+    assert launches.ratios(rows) == {("reduce", 8, False, "mpi"): 1.5} and launches.faults(rows) == []
+    rows[0]["sent_per_rank"], rows[1]["wrong"] = 16, 2
+    assert len(launches.faults(rows)) == 2
