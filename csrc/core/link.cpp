@@ -13,6 +13,7 @@ constexpr int kUserInterrupt = -3;  // wait_for(): the interrupt check said stop
 constexpr int kControl = 1;         // wait_or_control(): a control message came, and was handled
 // How often a blocked wait polls the interrupt check (Ctrl-C is seen within this).
 constexpr auto kInterruptSlice = std::chrono::milliseconds(100);
+constexpr auto kP2PSlice = std::chrono::milliseconds(1);  // while a p2p receive waits (set_p2p_progress)
 constexpr size_t kFpBytes = sizeof(Fingerprint);
 // How long a rank that found a message of another call waits for that
 // peer's fingerprint, to name its call (throw_foreign_message).
@@ -278,6 +279,7 @@ void Link::poll_control() {
   if (aborted_) return;
   t_->check_async();
   if (size_ == 1) return;
+  progress_p2p();
   if (t_->interrupted()) throw_aborted(*ctrl_req_[0], false);
   // One test per message and side: cheap enough for the start of a collective.
   for (int side = 0; side < (size_ > 2 ? 2 : 1); ++side)
@@ -520,12 +522,17 @@ int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::ti
   // within a slice, not at the deadline (a transport between processes of
   // one host, UCX's shared memory for one, may never notice).
   const bool watch = (window_ && window_->watches_processes()) || !pids_.empty();
-  if (!interrupt_check_ && !watch) return t_->wait_any(reqs, n, deadline);
+  bool p2p = progress_p2p();
+  if (!interrupt_check_ && !watch && !p2p) return t_->wait_any(reqs, n, deadline);
+  auto next_check = now + kInterruptSlice;
   for (;;) {
-    int i = t_->wait_any(reqs, n, std::min(deadline, now + kInterruptSlice));
+    int i = t_->wait_any(reqs, n, std::min(deadline, p2p ? std::min(next_check, now + kP2PSlice) : next_check));
     if (i != -1) return i;
     now = Clock::now();
     if (now >= deadline) return i;
+    if (p2p) p2p = progress_p2p();
+    if (now < next_check) continue;
+    next_check = now + kInterruptSlice;
     if (interrupt_check_ && (*interrupt_check_)()) return kUserInterrupt;
     if (watch) throw_if_dead(reqs, n);
   }

@@ -158,6 +158,16 @@ class Link {
   // Says what a peer is doing, for timeout messages (in-process worlds can
   // tell; null elsewhere).
   void set_peer_state(std::function<std::string(int)> f) { peer_state_ = std::move(f); }
+  // What keeps this rank's point-to-point receives moving while a
+  // collective waits (the Engine's: match those still pending; true while
+  // one still waits for its message). Called at each slow wait's start,
+  // every kP2PSlice while one waits, and from poll_control(): a receive
+  // posted before the collective must take its message during it, or its
+  // sender, blocked in a send of the rendezvous size, never reaches the
+  // collective (a deadlock; MPI's progress engine moves its posted receives
+  // the same way).
+  void set_p2p_progress(std::function<bool()> f) { p2p_progress_ = std::move(f); }
+  bool progress_p2p() { return p2p_progress_ && p2p_progress_(); }
   // " Rank j: what it is doing." for a timeout message (empty when unknown):
   // peer_report() from the peer itself (in-process worlds), else what the
   // control stream has told about the left neighbour.
@@ -311,6 +321,7 @@ class Link {
 
   const std::function<bool()>* interrupt_check_ = nullptr;
   std::function<std::string(int)> peer_state_;
+  std::function<bool()> p2p_progress_;
   Progress progress_;
 
   std::shared_ptr<ShmWindow> window_;

@@ -1,6 +1,6 @@
 """Point-to-point over MPI (run by tests/test_p2p_mpi.py under `ringcomm run -n N`):
 ring shifts (isend/irecv and sendrecv), all pairs, any source (also behind a receive from one rank), a
-large batch both ways, messages over the transport's limit, a size mismatch.
+receive posted before a collective and waited after it, a large batch both ways, messages over the transport's limit, a size mismatch.
 Prints one RESULT line per rank: {"rank", "errors": [...], "mismatch": text}."""
 
 import json
@@ -69,6 +69,23 @@ def main():
         got = suite.any_source_behind_one_rank(comm)
         if r == 0 and got != suite.ANY_SOURCE_BEHIND_ONE_RANK:
             errs.append(f"any source behind a receive from rank 1: {got}")
+    # A receive posted before a collective takes its message during it: rank 0's
+    # blocking send (rendezvous-sized) returns only once rank 1 has matched it,
+    # and rank 1 is in the collective by then (in the window's waits, or the
+    # ring's over MPI messages). Before the fix: a deadlock until the timeout.
+    for algorithm in ("auto", "ring"):
+        x = np.arange(300001, dtype=np.float32) + r
+        if r == 1:
+            y = np.zeros(300001, np.float32)
+            w = comm.irecv(y, 0, tag=11)
+            s = comm.all_reduce(x, algorithm=algorithm)
+            w.wait()
+            check(y, np.arange(300001, dtype=np.float32), f"irecv across an all_reduce ({algorithm})")
+        else:
+            if r == 0:
+                comm.send(np.arange(300001, dtype=np.float32), 1, tag=11)
+            s = comm.all_reduce(x, algorithm=algorithm)
+        check(s, np.arange(300001, dtype=np.float32) * n + n * (n - 1) // 2, f"all_reduce ({algorithm})")
     # Over 1 GiB (MPI's counts are ints): refused on both sides before a byte moves.
     big = np.empty(2**30 + 8, np.uint8)  # (never touched: no memory used)
     for what, call in (("send", comm.send), ("recv", comm.recv)):
