@@ -448,6 +448,8 @@ def test_all_to_all_block_larger_than_expected_names_both_sizes_and_lands_nothin
     res = ringcomm.run_local(n, body, device=device)
     assert all(past == 0 for _, past in res), res
     assert res[0][0].startswith("MismatchError") and "rank 1 sends 10240 bytes to rank 0, which expects 5120" in res[0][0], res
+    # The call is named without a count (each rank's total is its own; it used to say count=0).
+    assert "all_to_all(dtype=float32) with per-peer splits" in res[0][0] and "count=" not in res[0][0], res
     assert all(e != "no error" for e, _ in res), res
 
 

@@ -28,8 +28,12 @@ std::string describe(const Fingerprint& f) {
                     coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), op_name(Op(f.op)), f.root);
       break;
     case Coll::all_to_all:
-      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s)", (unsigned long long)f.seq,
-                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)));
+      if (f.counts == kPerPeer)  // (no count: each rank's total is its own)
+        std::snprintf(buf, sizeof buf, "#%llu %s(dtype=%s)", (unsigned long long)f.seq, coll_name(c),
+                      dtype_name(DType(f.dtype)));
+      else
+        std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s)", (unsigned long long)f.seq,
+                      coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)));
       break;
     case Coll::broadcast: case Coll::gather: case Coll::scatter:
       std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, root=%d)", (unsigned long long)f.seq,
