@@ -34,7 +34,8 @@ def launch(bench_args, path):
 
 def ratios(rows):
     """{(collective, size, inplace, baseline): baseline time / ringcomm time} of one launch."""
-    mine = {(r["collective"], r["size"], r["inplace"]): r["time_us"] for r in rows if r["impl"] == "ringcomm"}
+    mine = {(r["collective"], r["size"], r["inplace"]): r["time_us"] for r in rows
+            if r["impl"] == "ringcomm" and r.get("time_us")}
     out = {}
     for r in rows:
         key = (r["collective"], r["size"], r["inplace"])
@@ -49,8 +50,8 @@ def faults(rows):
     for r in rows:
         if r.get("wrong"):
             bad.append(f"{r['collective']} {r['size']} {r['impl']}: {r['wrong']} wrong")
-        if r["impl"] == "ringcomm" and r.get("expected_sent") is not None and r["sent_per_rank"] != r["expected_sent"]:
-            bad.append(f"{r['collective']} {r['size']}: sent/rank {r['sent_per_rank']} != {r['expected_sent']}")
+        if r["impl"] == "ringcomm" and r.get("expected_sent") is not None and r.get("sent_per_rank") != r["expected_sent"]:
+            bad.append(f"{r['collective']} {r['size']}: sent/rank {r.get('sent_per_rank')} != {r['expected_sent']}")
     return bad
 
 

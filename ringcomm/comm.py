@@ -440,6 +440,9 @@ class Communicator:
         With itself (``dst == rank``, then `src` is the rank or None, as a
         ring shift at world size 1): a copy of `x` into `out`, which must
         match it in dtype, size and tag; nothing is booked in the ledger.
+        None then means the rank itself, not any source as in MPI (where
+        another rank's message could match). On a device it returns once
+        the copy is done, after the work queued on both arrays' streams.
         """
         if recv_tag is None:
             recv_tag = tag

@@ -13,7 +13,11 @@ constexpr int kUserInterrupt = -3;  // wait_for(): the interrupt check said stop
 constexpr int kControl = 1;         // wait_or_control(): a control message came, and was handled
 // How often a blocked wait polls the interrupt check (Ctrl-C is seen within this).
 constexpr auto kInterruptSlice = std::chrono::milliseconds(100);
-constexpr auto kP2PSlice = std::chrono::milliseconds(1);  // while a p2p receive waits (set_p2p_progress)
+// How often a wait matches the rank's pending p2p receives (set_p2p_progress):
+// after 1 ms, then at doubling intervals up to kInterruptSlice (a message
+// usually arrives within the first; a long wait should not spin up the
+// transport's back-off again every millisecond).
+constexpr auto kP2PSlice = std::chrono::milliseconds(1);
 constexpr size_t kFpBytes = sizeof(Fingerprint);
 // How long a rank that found a message of another call waits for that
 // peer's fingerprint, to name its call (throw_foreign_message).
@@ -522,15 +526,23 @@ int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::ti
   // within a slice, not at the deadline (a transport between processes of
   // one host, UCX's shared memory for one, may never notice).
   const bool watch = (window_ && window_->watches_processes()) || !pids_.empty();
-  bool p2p = progress_p2p();
-  if (!interrupt_check_ && !watch && !p2p) return t_->wait_any(reqs, n, deadline);
+  // Not one wait to the deadline even when no receive is pending now: another
+  // thread may post one meanwhile (an irecv while an async collective waits).
+  if (!interrupt_check_ && !watch && !p2p_progress_) return t_->wait_any(reqs, n, deadline);
+  progress_p2p();
   auto next_check = now + kInterruptSlice;
+  Clock::duration p2p_slice = kP2PSlice;
+  auto next_p2p = now + p2p_slice;
   for (;;) {
-    int i = t_->wait_any(reqs, n, std::min(deadline, p2p ? std::min(next_check, now + kP2PSlice) : next_check));
+    int i = t_->wait_any(reqs, n, std::min({deadline, next_check, p2p_progress_ ? next_p2p : next_check}));
     if (i != -1) return i;
     now = Clock::now();
     if (now >= deadline) return i;
-    if (p2p) p2p = progress_p2p();
+    if (p2p_progress_ && now >= next_p2p) {
+      progress_p2p();
+      p2p_slice = std::min<Clock::duration>(2 * p2p_slice, kInterruptSlice);
+      next_p2p = now + p2p_slice;
+    }
     if (now < next_check) continue;
     next_check = now + kInterruptSlice;
     if (interrupt_check_ && (*interrupt_check_)()) return kUserInterrupt;

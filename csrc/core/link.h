@@ -160,8 +160,9 @@ class Link {
   void set_peer_state(std::function<std::string(int)> f) { peer_state_ = std::move(f); }
   // What keeps this rank's point-to-point receives moving while a
   // collective waits (the Engine's: match those still pending; true while
-  // one still waits for its message). Called at each slow wait's start,
-  // every kP2PSlice while one waits, and from poll_control(): a receive
+  // one still waits for its message). Called at each slow wait's start and
+  // 1, 3, 7, ... ms into it (the gaps doubling up to 100 ms), from
+  // poll_control(), and about every 30 us of the window's spin: a receive
   // posted before the collective must take its message during it, or its
   // sender, blocked in a send of the rendezvous size, never reaches the
   // collective (a deadlock; MPI's progress engine moves its posted receives

@@ -637,10 +637,8 @@ void ShmWindow::wait_until(Link& link, const Fingerprint& fp, uint64_t p, const 
   for (unsigned i = 1; !done; ++i) {
     RC_PAUSE();
     done = there(&missing);
-    if (!done && (i & 63) == 0) {
-      if (Clock::now() >= spin_until) break;
-      link.progress_p2p();  // (a receive posted before this collective: Link::set_p2p_progress)
-    }
+    if (!done && (i & 63) == 0 && Clock::now() >= spin_until) break;
+    if (!done && (i & 1023) == 0) link.progress_p2p();  // (about every 30 us: Link::set_p2p_progress)
   }
   // Then yield the core for a while: with more ranks than cores the rank
   // we wait for needs this time slice, and a futex round trip (sleep, the

@@ -73,12 +73,11 @@ Engine::Engine(std::unique_ptr<Transport> transport, Options opts, size_t flight
     : link_(std::move(transport), opts), recorder_(flight_records), opts_(opts), worker_([this] { loop(); }) {
   for (auto& m : shm_max_) m.store(SIZE_MAX);  // (read only by choose_algorithm, on callers' threads)
   for (auto& m : shm_from_) m.store(SIZE_MAX);
+  // (A transport error while matching, an MPI failure, fails the collective
+  // that waits, which aborts the communicator as any transport failure does.)
   link_.set_p2p_progress([this] {
     if (!p2p_pending_.waiting()) return false;
-    try {
-      p2p_pending_.match(link_.transport());
-    } catch (const std::exception&) {  // (the receive's own wait meets it again and raises it, naming the op,
-    }                                  // where here it would fail the collective)
+    p2p_pending_.match(link_.transport());
     return p2p_pending_.waiting();
   });
 }
@@ -91,6 +90,7 @@ Engine::~Engine() {
   cv_.notify_all();
   worker_.join();
   link_.set_p2p_progress(nullptr);  // (p2p_pending_ goes before link_)
+  if (cross_) cross_->link_.set_p2p_progress(nullptr);  // (cross_ may outlive this engine)
   // Device work of finished collectives may still be queued (Works can hold
   // the device past this point): let it end before the caller frees buffers,
   // but never wait forever on a peer that is gone.

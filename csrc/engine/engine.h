@@ -215,6 +215,9 @@ class Engine {
                         std::vector<int> cross_members, HostLayout layout) {
     link_.attach_window(std::move(local));
     cross_ = std::move(cross);
+    // The step between hosts waits in cross_'s link: it moves this
+    // communicator's pending p2p receives too (Link::set_p2p_progress).
+    cross_->link_.set_p2p_progress([this] { return link_.progress_p2p(); });
     cross_members_ = std::move(cross_members);
     layout_ = std::move(layout);
     hier_halves_ = layout_.ordered();
