@@ -272,6 +272,38 @@ def run_barrier(comm, algorithm="auto") -> list[str]:
     return []
 
 
+def irecv_across_a_collective(comm, how: str, src: int = 0, dst: int = 1, count: int = 300001) -> list[str]:
+    """Point-to-point beside a collective (tests/test_p2p.py, scripts/p2p_mpi.py,
+    test_shm.py's hierarchical script): rank `dst` posts an irecv from `src`,
+    runs an all_reduce, then waits; `src` sends (blocking, rendezvous-sized:
+    it returns only once matched) and then joins the all_reduce. The
+    collective's waits must match the pending receive (Link::set_p2p_progress),
+    else a deadlock until the timeout. `how`: the all_reduce's algorithm, or
+    "async" (issued with async_op=True first, the irecv posted while it runs).
+    Returns this rank's errors."""
+    r, n = comm.rank, comm.size
+    algorithm = "auto" if how == "async" else how
+    x = np.arange(count, dtype=np.float32) + r
+    message = np.arange(count, dtype=np.float32) * 2 + 1
+    errs = []
+    if r == dst:
+        y = np.zeros(count, np.float32)
+        if how == "async":
+            h = comm.all_reduce(x, async_op=True)
+            w = comm.irecv(y, src, tag=21)
+            s = h.wait()
+        else:
+            w = comm.irecv(y, src, tag=21)
+            s = comm.all_reduce(x, algorithm=algorithm)
+        w.wait()
+        errs += compare(y, message, f"irecv across an all_reduce ({how})", r)
+    else:
+        if r == src:
+            comm.send(message, dst, tag=21)
+        s = comm.all_reduce(x, algorithm=algorithm)
+    return errs + compare(s, np.arange(count, dtype=np.float32) * n + n * (n - 1) // 2, f"all_reduce ({how})", r)
+
+
 def any_source_behind_one_rank(comm):
     """Point-to-point, MPI's matching order (3 ranks or more; tests/test_p2p.py
     and scripts/p2p_mpi.py): rank 0 posts a receive from rank 1, then one from

@@ -463,38 +463,14 @@ def test_torch_tensors_blocking():
 
 @pytest.mark.parametrize("device", [None, "emulated"])
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("algorithm", ["auto", "ring", "async"])
-def test_a_receive_posted_before_a_collective_takes_its_message_during_it(device, n, algorithm):
-    """Rank 1 posts an irecv, runs a collective, then waits; rank 0 sends
-    (blocking, 1.2 MB) and then joins the collective. The collective's waits
-    match the pending receive (as MPI's progress engine moves posted
-    receives), so the send returns: before, a deadlock until the timeout.
-    "async": rank 1 issues the all_reduce with async_op=True first and posts
-    the irecv while it runs (on the engine's thread), then waits for both."""
-    count = 300001
-
-    def body(comm):
-        r = comm.rank
-        x = data(r, count, "float32")
-        if r == 1:
-            y = np.zeros(count, np.float32)
-            if algorithm == "async":
-                h = comm.all_reduce(x, async_op=True)
-                w = comm.irecv(y, 0, tag=4)
-                s = h.wait()
-            else:
-                w = comm.irecv(y, 0, tag=4)
-                s = comm.all_reduce(x, algorithm=algorithm)
-            w.wait()
-            check(y, data(0, count, "float32", 1), r, "irecv across an all_reduce")
-        else:
-            if r == 0:
-                comm.send(data(0, count, "float32", 1), 1, tag=4)
-            s = comm.all_reduce(x, algorithm="auto" if algorithm == "async" else algorithm)
-        check(s, sum(data(q, count, "float32").astype(np.float64) for q in range(n)).astype(np.float32), r,
-              "all_reduce")
-        return True
-    assert ringcomm.run_local(n, body, device=device, timeout=10) == [True] * n
+@pytest.mark.parametrize("how", ["auto", "ring", "async"])
+def test_a_receive_posted_before_a_collective_takes_its_message_during_it(device, n, how):
+    """Rank 1 posts an irecv, runs an all_reduce, then waits; rank 0 sends
+    (blocking, 1.2 MB) and then joins it (suite.irecv_across_a_collective).
+    The collective's waits match the pending receive, as MPI's progress
+    engine moves posted receives: before, a deadlock until the timeout."""
+    errs = ringcomm.run_local(n, lambda comm: suite.irecv_across_a_collective(comm, how), device=device, timeout=10)
+    assert not [e for es in errs for e in es], errs
 
 
 # ---- sendrecv ----------------------------------------------------------------

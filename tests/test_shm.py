@@ -1684,19 +1684,8 @@ HIER = textwrap.dedent('''
             if "grow from host to host" not in str(e):
                 errs.append(f"rank {{r}}: unexpected error {{e}}")
     # a receive posted before a hierarchical all_reduce takes its message during it
-    # (the waits in the window and between hosts move pending receives: Link::set_p2p_progress)
-    big = 300001
-    if r == 1:
-        y = np.zeros(big, np.float32)
-        w = comm.irecv(y, n - 1, tag=21)
-        s = comm.all_reduce(np.ones(big, np.float32), algorithm="hierarchical")
-        w.wait()
-        errs += suite.compare(y, np.arange(big, dtype=np.float32), "irecv across a hierarchical all_reduce", r)
-    else:
-        if r == n - 1:
-            comm.send(np.arange(big, dtype=np.float32), 1, tag=21)
-        s = comm.all_reduce(np.ones(big, np.float32), algorithm="hierarchical")
-    errs += suite.compare(s, np.full(big, float(n), np.float32), "hierarchical all_reduce beside p2p", r)
+    # (the waits in the window and between hosts move pending receives), from another host
+    errs += suite.irecv_across_a_collective(comm, "hierarchical", src=n - 1, dst=1)
     # broadcast runs over MPI point-to-point between every rank
     b = np.arange(10.0) * (r + 1)
     comm.broadcast(b, root=n - 1)

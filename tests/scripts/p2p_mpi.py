@@ -69,29 +69,10 @@ def main():
         got = suite.any_source_behind_one_rank(comm)
         if r == 0 and got != suite.ANY_SOURCE_BEHIND_ONE_RANK:
             errs.append(f"any source behind a receive from rank 1: {got}")
-    # A receive posted before a collective takes its message during it: rank 0's
-    # blocking send (rendezvous-sized) returns only once rank 1 has matched it,
-    # and rank 1 is in the collective by then (in the window's waits, or the
-    # ring's over MPI messages). Before the fix: a deadlock until the timeout.
-    # "async": the all_reduce issued first with async_op=True, the irecv posted while it runs.
-    for algorithm in ("auto", "ring", "async"):
-        x = np.arange(300001, dtype=np.float32) + r
-        if r == 1:
-            y = np.zeros(300001, np.float32)
-            if algorithm == "async":
-                h = comm.all_reduce(x, algorithm="ring", async_op=True)
-                w = comm.irecv(y, 0, tag=11)
-                s = h.wait()
-            else:
-                w = comm.irecv(y, 0, tag=11)
-                s = comm.all_reduce(x, algorithm=algorithm)
-            w.wait()
-            check(y, np.arange(300001, dtype=np.float32), f"irecv across an all_reduce ({algorithm})")
-        else:
-            if r == 0:
-                comm.send(np.arange(300001, dtype=np.float32), 1, tag=11)
-            s = comm.all_reduce(x, algorithm="ring" if algorithm == "async" else algorithm)
-        check(s, np.arange(300001, dtype=np.float32) * n + n * (n - 1) // 2, f"all_reduce ({algorithm})")
+    # A receive posted before a collective takes its message during it (in the
+    # window's waits, the ring's over MPI messages, an async one's).
+    for how in ("auto", "ring", "async"):
+        errs += suite.irecv_across_a_collective(comm, how)
     # Over 1 GiB (MPI's counts are ints): refused on both sides before a byte moves.
     big = np.empty(2**30 + 8, np.uint8)  # (never touched: no memory used)
     for what, call in (("send", comm.send), ("recv", comm.recv)):
