@@ -290,6 +290,39 @@ def test_point_to_point_on_gpus_ordered_after_the_producer():
 
 
 @gpu
+def test_a_copy_with_itself_past_its_deadline_keeps_the_arrays():
+    """sendrecv with itself on a GPU is a copy queued after a slow producer
+    (torch.cuda._sleep, about a second) on the caller's stream; with a 0.2 s
+    timeout it raises CollectiveTimeout while the copy stays queued. The
+    error's claim keeps both tensors referenced, so the late copy lands in
+    live memory, with the produced values."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    import gc
+    import weakref
+    from ringcomm import quarantine
+
+    def body(comm):
+        held = quarantine.held_arrays()
+        x, out = torch.zeros(1 << 18, device="cuda"), torch.full((1 << 18,), -1.0, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda._sleep(2_000_000_000)  # (cycles: about a second at 1.5-2 GHz)
+        x.fill_(5)
+        gone = weakref.ref(out)
+        with pytest.raises(ringcomm.CollectiveTimeout, match="sendrecv with itself"):
+            comm.sendrecv(x, 0, out, 0)
+        del x, out
+        gc.collect()
+        kept = gone()
+        assert kept is not None, "out was let go while the copy was queued"
+        assert quarantine.held_arrays() == held + 1, quarantine.held_arrays()
+        torch.cuda.synchronize()
+        return float(kept.min()), float(kept.max())
+    assert on_gpu(1, body, timeout=0.2) == [(5.0, 5.0)]
+
+
+@gpu
 def test_synchronous_call_is_ordered_on_the_current_stream():
     cupy = pytest.importorskip("cupy")
 

@@ -220,8 +220,10 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
 namespace {
 // sendrecv's exchange with itself: no message, no ledger entry (no bytes
 // between ranks), the copy done before it returns. On a device, after the
-// work queued on both arrays' streams.
-void copy_to_self(Engine& e, const void* from, void* to, size_t bytes, uintptr_t sstream, uintptr_t rstream) {
+// work queued on both arrays' streams; a copy that misses the deadline
+// raises and leaves `sr.hold`, as it may still run.
+void copy_to_self(Engine& e, const void* from, void* to, size_t bytes, uintptr_t sstream, uintptr_t rstream,
+                  SendRecv& sr) {
   if (!bytes) return;
   const auto dev = e.device();
   if (!dev) {
@@ -232,10 +234,13 @@ void copy_to_self(Engine& e, const void* from, void* to, size_t bytes, uintptr_t
   const EventPtr done = dev->copy_external(rstream, to, from, bytes);
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(e.options().timeout_s));
-  if (done && !done->synchronize(deadline))
+  if (done && !done->synchronize(deadline)) {
+    sr.hold = std::make_shared<Hold>();
+    sr.hold->pending.fetch_add(1);  // never released: nothing tells when a stalled queue runs the copy
     throw RingError(ErrKind::timeout, e.rank(), e.rank(), 0,
                     "sendrecv with itself: the device copy of " + std::to_string(bytes) + " bytes did not finish "
                     "within the timeout");
+  }
 }
 }  // namespace
 
@@ -263,9 +268,14 @@ SendRecv p2p_sendrecv(const std::shared_ptr<Engine>& e, void* sbuf, size_t scoun
       throw_invalid("sendrecv with itself (rank " + std::to_string(me) + "): the send (" + elems(sb, sdtype) +
                     ", tag " + std::to_string(stag) + ") does not match the receive (" + elems(rb, rdtype) +
                     ", tag " + std::to_string(rtag) + "), so it would never be received");
-    copy_to_self(*e, sbuf, rbuf, sb, sstream, rstream);
     SendRecv sr;
     sr.source = me;
+    try {
+      copy_to_self(*e, sbuf, rbuf, sb, sstream, rstream, sr);
+    } catch (...) {
+      if (!sr.hold) throw;
+      sr.error = std::current_exception();  // (raised by wait_sendrecv with the hold attached)
+    }
     return sr;
   }
   // One side: done on the spot when it can be (the source), else posted into *op (-1).

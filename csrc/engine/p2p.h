@@ -222,6 +222,10 @@ struct SendRecv {
   std::shared_ptr<P2POp> send, recv;
   int source = -1;
   std::exception_ptr error;
+  // A copy with itself that missed its deadline stays queued on the device
+  // and will still read and write the arrays: this claim is never released,
+  // so Python keeps both arrays for the process's life.
+  std::shared_ptr<Hold> hold;
 };
 SendRecv p2p_sendrecv(const std::shared_ptr<Engine>& engine, void* sbuf, size_t scount, DType sdtype, int dst,
                       int stag, void* rbuf, size_t rcount, DType rdtype, int src, int rtag, uintptr_t sstream = 0,

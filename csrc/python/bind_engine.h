@@ -114,6 +114,7 @@ inline int wait_sendrecv(SendRecv& sr) {
     if (auto h = op->hold(); h && h->pending.load() > 0) holds.push_back(std::move(h));
   }
   if (!raise) raise = sr.error;
+  if (sr.hold) holds.push_back(sr.hold);
   if (!raise) return sr.recv ? sr.recv->source() : sr.source;
   if (holds.empty()) std::rethrow_exception(raise);
   py::object err;
