@@ -386,3 +386,54 @@ def test_ringcomm_tune_measures_writes_and_auto_reads_it(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.split() == ["Measured", "2", str(len(__import__("ringcomm.tuning.tune").tuning.tune.SIZES)), "Measured",
                                   "Costs"], out.stdout + out.stderr
+
+
+def _with_nans(r, count, dtype):
+    """Rank r's values (exact in every floating dtype), with NaN where
+    (i + 3r) % 7 == 0: some indices have a NaN on one rank, some on none."""
+    i = np.arange(count)
+    x = ((i * 5 + r * 11) % 23 - 11).astype(np.float64)
+    x[(i + 3 * r) % 7 == 0] = np.nan
+    return x.astype(ringcomm.vocab.NUMPY[dtype])
+
+
+@pytest.mark.parametrize("device", [None, "emulated"])
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_min_and_max_return_nan_wherever_a_rank_has_one(n, device):
+    """min/max with NaN are numpy's minimum/maximum (and torch's): NaN wherever
+    any rank has one, the same bits on every rank, whatever the algorithm. With
+    `<` alone a NaN survived only as the first operand: ranks disagreed, and
+    halving-doubling could even return a value smaller than a third rank's."""
+    count = 2 * n + 9
+    runs = [("all_reduce", a) for a in ["ring", "naive"] + PAIRWISE] + [("reduce_scatter", "ring"),
+                                                                          ("reduce", "binomial"), ("reduce", "ring")]
+    if device is None:
+        runs += [("all_reduce", "shm"), ("all_reduce", "shm_flat"), ("reduce_scatter", "shm"), ("reduce", "shm")]
+
+    def body(comm):
+        r, errs = comm.rank, []
+        for dtype in ringcomm.vocab.FLOATING:
+            for op, red in (("max", np.maximum), ("min", np.minimum)):
+                want = red.reduce([_with_nans(q, count, dtype).astype(np.float64) for q in range(n)])
+                lo = ringcomm.vocab.chunk_offset(count, n, r)
+                for coll, algorithm in runs:
+                    x = _with_nans(r, count, dtype)
+                    if coll == "all_reduce":
+                        got, ref = comm.all_reduce(x, op=op, algorithm=algorithm), want
+                    elif coll == "reduce_scatter":
+                        got = comm.reduce_scatter(x, op=op, algorithm=algorithm)
+                        ref = want[lo:lo + got.size]
+                    else:
+                        got, ref = comm.reduce(x, root=n - 1, op=op, algorithm=algorithm), want
+                        if r != n - 1:
+                            continue
+                    got = np.asarray(got).astype(np.float64)
+                    bad = np.flatnonzero(~((got == ref) | (np.isnan(got) & np.isnan(ref))))
+                    if bad.size:
+                        i = int(bad[0])
+                        errs.append(f"rank {r}: {coll} {algorithm} {dtype} {op}: index {i} is {got[i]}, want {ref[i]}"
+                                    f" ({bad.size} wrong)")
+        return errs
+    kw = {"device": device, "jitter_us": 20} if device else {}
+    errs = flat(ringcomm.run_local(n, body, timeout=60, **kw))
+    assert not errs, "\n".join(errs[:20])

@@ -113,3 +113,26 @@ def test_avg_rejected_for_integers(dtype):
     x = np.zeros(4, NUMPY[dtype])
     with pytest.raises(InvalidArgument, match="avg"):
         reduce(dtype, "avg", x, x, x)
+
+
+@pytest.mark.parametrize("dtype", FLOATING)
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_min_and_max_return_nan_if_either_operand_is_nan(dtype, op):
+    """numpy's minimum/maximum (and torch's): NaN in a, in b or in both gives
+    NaN, whichever side it is on; otherwise the picked operand's bits (-0.0
+    and +0.0 included: equal values keep a)."""
+    dt = NUMPY[dtype]
+    vals = np.array([1.5, -2.0, np.nan, np.inf, -np.inf, 0.0, -0.0], np.float64)
+    a, b = (np.repeat(vals, vals.size).astype(dt), np.tile(vals, vals.size).astype(dt))
+    dst = np.empty_like(a)
+    reduce(dtype, op, dst, a, b)
+    got, x, y = dst.astype(np.float64), a.astype(np.float64), b.astype(np.float64)
+    nan = np.isnan(x) | np.isnan(y)
+    bad = np.flatnonzero(np.isnan(got) != nan)
+    assert not bad.size, f"{dtype} {op}: index {bad[0]}: {x[bad[0]]} {op} {y[bad[0]]} = {got[bad[0]]}"
+    pick_b = (y < x) if op == "min" else (x < y)
+    want = np.where(pick_b, b, a)
+    width = dt.itemsize
+    same = np.all(dst.view(np.uint8).reshape(-1, width) == want.view(np.uint8).reshape(-1, width), axis=1)
+    bad = np.flatnonzero(~same & ~nan)
+    assert not bad.size, f"{dtype} {op}: index {bad[0]}: {x[bad[0]]} {op} {y[bad[0]]} = {got[bad[0]]}"

@@ -1,7 +1,8 @@
 // Host reducers: one plain loop per (dtype, op), written so that the compiler
 // vectorizes it (no branches in the body, no calls, unit stride). Half types
 // are widened to float, combined, and rounded back (round-to-nearest-even, as
-// numpy and ml_dtypes do), so each ring step rounds exactly once.
+// numpy and ml_dtypes do), so each ring step rounds exactly once; min and max
+// copy the operand they pick (ops::combine).
 //
 // The element types and the ops themselves (integer wrap-around included)
 // are in core/vocabulary.h, shared with the device kernels.
@@ -36,7 +37,7 @@ RC_INLINE void loop(void* dst, const void* a, const void* b, size_t n) {
   S* d = static_cast<S*>(dst);
   const S* x = static_cast<const S*>(a);
   const S* y = static_cast<const S*>(b);
-  for (size_t i = 0; i < n; ++i) d[i] = E::store(F::apply(E::load(x[i]), E::load(y[i])));
+  for (size_t i = 0; i < n; ++i) d[i] = ops::combine<E, F>(x[i], y[i]);
 }
 
 template <class E>

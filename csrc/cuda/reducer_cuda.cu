@@ -4,9 +4,11 @@
 // load from a, one from b, one store), which is what reaches the memory
 // bandwidth; a scalar head brings the three pointers to a 16-byte boundary
 // when they share their misalignment (vector_split.h), and the tail (or
-// pointers that disagree) goes through a scalar loop. Half types are widened to
-// float, combined and rounded once (round-to-nearest-even), exactly as the
-// host reducer does, so host and device give bit-identical results. Integer
+// pointers that disagree) goes through a scalar loop. Each element is
+// ops::combine (core/vocabulary.h), the host reducer's own: half types are
+// widened to float, combined and rounded once (round-to-nearest-even; min and
+// max copy the operand they pick), so host and device give bit-identical
+// results. Integer
 // sum and prod wrap modulo 2^bits (computed unsigned). avg = sum, then one
 // division by nranks in the compute type (finalize).
 #include <cuda_bf16.h>
@@ -28,10 +30,7 @@ using ops::Min;
 using ops::Prod;
 using ops::Sum;
 
-template <class E, class F>
-__device__ __forceinline__ typename E::S combine(typename E::S x, typename E::S y) {
-  return E::store(F::apply(E::load(x), E::load(y)));
-}
+using ops::combine;
 
 // Vectorized part: 16-byte words; i indexes words.
 template <class E, class F>
