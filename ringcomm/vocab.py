@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 __all__ = [
-    "DTYPES", "FLOATING", "OPS", "COLLECTIVES", "ALGORITHMS", "NUMPY", "DLPACK", "SUPPORTED",
+    "DTYPES", "FLOATING", "OPS", "BITWISE", "op_fits", "COLLECTIVES", "ALGORITHMS", "NUMPY", "DLPACK", "SUPPORTED",
     "numpy_name", "torch_name", "torch_dtype", "itemsize", "op_code", "algorithm_code",
     "chunk_count", "chunk_offset", "chunk_range", "chunk_counts",
 ]
@@ -32,7 +32,9 @@ DTYPES = {
 FLOATING = ("float16", "bfloat16", "float32", "float64")
 # bool's ops are logical: sum and max are "or", prod and min are "and" (a sum
 # of bools is a bool, as in gloo and numpy's add.reduce on bool); avg is refused.
-OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
+OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4, "band": 5, "bor": 6, "bxor": 7}
+# Bitwise ops: integer and bool dtypes only (on bool: and, or, xor).
+BITWISE = ("band", "bor", "bxor")
 COLLECTIVES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "barrier": 4,
                "reduce": 5, "gather": 6, "scatter": 7, "all_to_all": 8,
                # point-to-point: not collectives (no call sequence number); their
@@ -151,7 +153,15 @@ def op_code(op: str, dtype: str) -> int:
     if op == "avg" and dtype not in FLOATING:
         raise InvalidArgument(f"op 'avg' needs a floating dtype, got {dtype} "
                               "(use 'sum' and divide, or convert to a floating type)")
+    if op in BITWISE and dtype in FLOATING:
+        raise InvalidArgument(f"op {op!r} needs an integer or bool dtype, got {dtype}")
     return OPS[op]
+
+
+def op_fits(dtype: str, op: str) -> bool:
+    """Whether `op` is defined on `dtype` (avg: floating types; band, bor,
+    bxor: integers and bool): the pairs the tests and the benchmark cover."""
+    return (op != "avg" or dtype in FLOATING) and (op not in BITWISE or dtype not in FLOATING)
 
 
 def algorithm_code(name: str) -> int:

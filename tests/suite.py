@@ -15,18 +15,23 @@ import ml_dtypes
 import numpy as np
 
 from ringcomm import traffic
-from ringcomm.vocab import FLOATING, NUMPY
+from ringcomm.vocab import FLOATING, NUMPY, op_fits
 
 DTYPES = list(NUMPY)
-OPS = ["sum", "prod", "min", "max", "avg"]
-COMBOS = [(d, o) for d in DTYPES for o in OPS if o != "avg" or d in FLOATING]
+OPS = ["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
+# Every dtype with every arithmetic op; the bitwise ops on four dtypes only
+# (the reducers are tested on every pair in test_reducer.py, and an algorithm
+# does not know the op: all 27 pairs here would make every suite half as long
+# again for nothing new).
+BITWISE = [("int16", "band"), ("uint8", "bor"), ("uint64", "bxor"), ("int32", "bxor"), ("bool", "bxor")]
+COMBOS = [(d, o) for d in DTYPES for o in OPS[:5] if op_fits(d, o)] + BITWISE
 # Every dtype and every op at least once (13 cases, not 56): for the largest
 # in-process worlds (64 threads on a 2-core CI machine: each ring step is 64
 # thread hand-offs), where what is new is the plan at that size, not the
 # reduction kernels, which the full COMBOS test at every smaller size.
 COVER = [("float16", "avg"), ("bfloat16", "prod"), ("float32", "sum"), ("float64", "min"),
-         ("int8", "max"), ("uint8", "sum"), ("int32", "prod"), ("int64", "min"),
-         ("int16", "sum"), ("uint16", "prod"), ("uint32", "max"), ("uint64", "sum"), ("bool", "min")]
+         ("int8", "max"), ("uint8", "bor"), ("int32", "prod"), ("int64", "min"),
+         ("int16", "band"), ("uint16", "prod"), ("uint32", "max"), ("uint64", "bxor"), ("bool", "min")]
 assert {d for d, _ in COVER} == set(DTYPES) and {o for _, o in COVER} == set(OPS) and set(COVER) <= set(COMBOS)
 
 
@@ -35,11 +40,22 @@ def rank_data(dtype: str, op: str, n: int, count: int, ranks) -> np.ndarray:
     r = np.asarray(ranks, dtype=np.int64)[:, None]
     i = np.arange(count, dtype=np.int64)[None, :]
     if dtype == "bool":
-        # sum and max are "or", prod and min "and": mostly False (True)
-        # with a True (False) where some rank's pattern hits, so both
+        # sum, max and bor are "or", prod, min and band "and": mostly False
+        # (True) with a True (False) where some rank's pattern hits, so both
         # outcomes occur in every result and each depends on the rank.
         hit = (r * 7 + i * 13) % (n + 3) == 0
-        return hit if op in ("sum", "max") else ~hit
+        return hit if op in ("sum", "max", "bor", "bxor") else ~hit
+    if op in ("band", "bor", "bxor"):
+        # A bit per rank and index (cleared for band, set for bor), or a
+        # rank-dependent hash (bxor), over the type's whole width.
+        bits = NUMPY[dtype].itemsize * 8
+        u = np.dtype(f"uint{bits}")
+        one = (np.uint64(1) << ((r * 5 + i * 3) % bits).astype(np.uint64))
+        if op == "bxor":
+            v = (r + 1).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ (i.astype(np.uint64) * np.uint64(0xBF58476D1CE4E5B9))
+        else:
+            v = ~one if op == "band" else one
+        return v.astype(u).view(NUMPY[dtype])
     unsigned = dtype.startswith("uint")
     if op in ("sum", "avg"):
         # |value| * n stays <= 256: partial sums are exact even in bfloat16.
@@ -61,8 +77,12 @@ def reference(dtype: str, op: str, n: int, count: int) -> np.ndarray:
     """Reduction of all ranks' inputs, computed independently in numpy."""
     x = rank_data(dtype, op, n, count, range(n))
     if dtype == "bool":
-        red = np.logical_or if op in ("sum", "max") else np.logical_and
+        red = {"bxor": np.logical_xor, "sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or}.get(
+            op, np.logical_and)
         return red.reduce(x, axis=0) if count else np.empty(0, np.bool_)
+    if op in ("band", "bor", "bxor"):
+        red = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+        return red.reduce(x, axis=0) if count else np.empty(0, NUMPY[dtype])
     if dtype not in FLOATING:
         wide = x.astype(np.int64)  # integer sum/prod wrap modulo 2**bits, like numpy
         red = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]

@@ -277,6 +277,7 @@ BAD = [
     ("reduce root", lambda c: c.reduce(np.zeros(4), root=2), "root 2 is out of range"),
     ("reduce root type", lambda c: c.reduce(np.zeros(4), root=0.5), "root must be an int"),
     ("reduce avg int", lambda c: c.reduce(np.zeros(4, np.int32), op="avg"), "avg"),
+    ("reduce bor float", lambda c: c.reduce(np.zeros(4), op="bor"), "'bor' needs an integer or bool dtype, got float64"),
     ("reduce out size", lambda c: c.reduce(np.zeros(4), out=np.zeros(5)), "5 elements"),
     ("reduce out dtype", lambda c: c.reduce(np.zeros(4), out=np.zeros(4, np.float32)), "dtype"),
     ("reduce algorithm", lambda c: c.reduce(np.zeros(4), algorithm="linear"), "not 'linear'"),

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ringcomm.vocab import DTYPES, FLOATING, NUMPY, OPS
+from ringcomm.vocab import DTYPES, FLOATING, NUMPY, OPS, op_fits
 from ringcomm._native import core
 from ringcomm.errors import InvalidArgument
 
@@ -12,7 +12,7 @@ def reduce(dtype, op, dst, a, b):
     assert dst.size == a.size == b.size
     core.reduce(DTYPES[dtype], OPS[op], dst.ctypes.data, a.ctypes.data, b.ctypes.data, dst.size)
 
-CASES = [(d, o) for d in DTYPES for o in OPS if o != "avg" or d in FLOATING]
+CASES = [(d, o) for d in DTYPES for o in OPS if op_fits(d, o)]
 
 
 def random_inputs(dtype, n, rng):
@@ -31,15 +31,15 @@ def random_inputs(dtype, n, rng):
 
 def numpy_op(dtype, op, a, b):
     with np.errstate(over="ignore"):
-        if dtype == "bool":  # "or" for sum and max, "and" for prod and min; every result byte 0 or 1
+        if dtype == "bool":  # "or" for sum, max, bor; "and" for prod, min, band; every result byte 0 or 1
             x, y = a.view(np.uint8) != 0, b.view(np.uint8) != 0
-            return (x | y) if op in ("sum", "max") else (x & y)
+            return (x ^ y) if op == "bxor" else (x | y) if op in ("sum", "max", "bor") else (x & y)
         if dtype in ("float16", "bfloat16"):  # widened to float32, rounded once
             a32, b32 = a.astype(np.float32), b.astype(np.float32)
             return {"sum": a32 + b32, "avg": a32 + b32, "prod": a32 * b32,
                     "min": np.minimum(a32, b32), "max": np.maximum(a32, b32)}[op].astype(NUMPY[dtype])
-        return {"sum": np.add, "avg": np.add, "prod": np.multiply,
-                "min": np.minimum, "max": np.maximum}[op](a, b)
+        return {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
+                "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op](a, b)
 
 
 @pytest.mark.parametrize("dtype,op", CASES)
@@ -113,6 +113,14 @@ def test_avg_rejected_for_integers(dtype):
     x = np.zeros(4, NUMPY[dtype])
     with pytest.raises(InvalidArgument, match="avg"):
         reduce(dtype, "avg", x, x, x)
+
+
+@pytest.mark.parametrize("dtype", FLOATING)
+@pytest.mark.parametrize("op", ["band", "bor", "bxor"])
+def test_bitwise_ops_rejected_for_floating_types(dtype, op):
+    x = np.zeros(4, NUMPY[dtype])
+    with pytest.raises(InvalidArgument, match=f"'{op}' needs an integer or bool dtype, got {dtype}"):
+        reduce(dtype, op, x, x, x)
 
 
 @pytest.mark.parametrize("dtype", FLOATING)

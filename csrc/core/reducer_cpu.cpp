@@ -47,7 +47,13 @@ RC_INLINE void dispatch(Op op, void* dst, const void* a, const void* b, size_t n
     case Op::prod: loop<E, Prod>(dst, a, b, n); break;
     case Op::min: loop<E, Min>(dst, a, b, n); break;
     case Op::max: loop<E, Max>(dst, a, b, n); break;
-    default: break;
+    default:
+      if constexpr (std::is_integral<typename E::C>::value) {  // (op_fits: never on floating types)
+        if (op == Op::band) loop<E, ops::BAnd>(dst, a, b, n);
+        else if (op == Op::bor) loop<E, ops::BOr>(dst, a, b, n);
+        else if (op == Op::bxor) loop<E, ops::BXor>(dst, a, b, n);
+      }
+      break;
   }
 }
 
@@ -105,11 +111,7 @@ void divide_fn(void* buf, size_t n, int nranks) { divide<E>(buf, n, nranks); }
 }  // namespace
 
 void check_reducer(DType dtype, Op op) {
-  if (int(op) < 0 || op >= Op::kCount) throw_invalid("unknown op code " + std::to_string(int(op)));
-  if (int(dtype) < 0 || dtype >= DType::kCount) throw_invalid("unknown dtype code " + std::to_string(int(dtype)));
-  if (op == Op::avg && !dtype_is_floating(dtype))
-    throw_invalid(std::string("op 'avg' needs a floating dtype, got ") + dtype_name(dtype) +
-                  " (use 'sum' and divide, or convert to a floating type)");
+  check_op(dtype, op);
 }
 
 std::unique_ptr<Reducer> make_cpu_reducer(DType dtype, Op op) {

@@ -31,9 +31,26 @@ const char* dtype_name(DType t) {
 }
 
 const char* op_name(Op o) {
-  static const char* names[] = {"sum", "prod", "min", "max", "avg"};
+  static const char* names[] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
+  static_assert(sizeof names / sizeof *names == size_t(Op::kCount), "a name per op");
   int i = int(o);
   return (i >= 0 && i < int(Op::kCount)) ? names[i] : "?";
+}
+
+bool op_fits(DType t, Op o) {
+  if (o == Op::avg) return dtype_is_floating(t);
+  if (o == Op::band || o == Op::bor || o == Op::bxor) return !dtype_is_floating(t);
+  return true;
+}
+
+void check_op(DType t, Op o) {
+  if (int(o) < 0 || o >= Op::kCount) throw_invalid("unknown op code " + std::to_string(int(o)));
+  if (int(t) < 0 || t >= DType::kCount) throw_invalid("unknown dtype code " + std::to_string(int(t)));
+  if (op_fits(t, o)) return;
+  if (o == Op::avg)
+    throw_invalid(std::string("op 'avg' needs a floating dtype, got ") + dtype_name(t) +
+                  " (use 'sum' and divide, or convert to a floating type)");
+  throw_invalid(std::string("op '") + op_name(o) + "' needs an integer or bool dtype, got " + dtype_name(t));
 }
 
 const char* coll_name(Coll c) {

@@ -39,7 +39,9 @@ namespace ringcomm {
 // ---- codes ------------------------------------------------------------------
 // (New codes go at the end: the codes are the wire's and the flight records'.)
 enum class DType : int32_t { f16 = 0, bf16, f32, f64, i8, u8, i32, i64, i16, u16, u32, u64, b8, kCount };
-enum class Op : int32_t { sum = 0, prod, min, max, avg, kCount };
+// band, bor, bxor: bitwise, on integers and bool only (torch's BAND/BOR/BXOR,
+// MPI_BAND/BOR/BXOR); avg on floating types only (op_fits).
+enum class Op : int32_t { sum = 0, prod, min, max, avg, band, bor, bxor, kCount };
 enum class Coll : int32_t {
   all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, reduce, gather, scatter, all_to_all,
   // Point-to-point (engine/p2p.h): not collectives (never queued, no call
@@ -64,6 +66,10 @@ size_t dtype_size(DType t);
 bool dtype_is_floating(DType t);
 const char* dtype_name(DType t);
 const char* op_name(Op o);
+// Whether `o` is defined on `t` (avg: floating types; band/bor/bxor:
+// integers and bool); check_op throws InvalidArgument saying why not.
+bool op_fits(DType t, Op o);
+void check_op(DType t, Op o);
 const char* coll_name(Coll c);
 const char* algo_name(Algo a);
 // The collective combines values with an op (all_reduce, reduce_scatter, reduce).
@@ -200,6 +206,23 @@ template <> struct BitsOf<1> { using type = uint8_t; };
 template <> struct BitsOf<2> { using type = uint16_t; };
 template <> struct BitsOf<4> { using type = uint32_t; };
 template <> struct BitsOf<8> { using type = uint64_t; };
+
+// Bitwise, on integers and bool (op_fits); on bool's 0/1 they are and, or, xor.
+struct BAnd {
+  static constexpr bool kPicks = false;
+  template <class C>
+  static RC_HD C apply(C a, C b) { return C(a & b); }
+};
+struct BOr {
+  static constexpr bool kPicks = false;
+  template <class C>
+  static RC_HD C apply(C a, C b) { return C(a | b); }
+};
+struct BXor {
+  static constexpr bool kPicks = false;
+  template <class C>
+  static RC_HD C apply(C a, C b) { return C(a ^ b); }
+};
 
 // One element of a (op) b, on the host and in the kernels alike. min and max
 // copy the bits of the operand they pick (compared in the compute type): a

@@ -103,7 +103,13 @@ void launch_op(Op op, void* dst, const void* a, const void* b, size_t n, cudaStr
     case Op::prod: launch<E, Prod>(dst, a, b, n, s); break;
     case Op::min: launch<E, Min>(dst, a, b, n, s); break;
     case Op::max: launch<E, Max>(dst, a, b, n, s); break;
-    default: throw_invalid("unknown op");
+    default:
+      if constexpr (std::is_integral<typename E::C>::value) {  // (op_fits: never on floating types)
+        if (op == Op::band) return launch<E, ops::BAnd>(dst, a, b, n, s);
+        if (op == Op::bor) return launch<E, ops::BOr>(dst, a, b, n, s);
+        if (op == Op::bxor) return launch<E, ops::BXor>(dst, a, b, n, s);
+      }
+      throw_invalid("unknown op");
   }
 }
 
@@ -157,10 +163,7 @@ class CudaReducer final : public Reducer {
 }  // namespace
 
 std::unique_ptr<Reducer> make_cuda_reducer(DType dtype, Op op, cudaStream_t stream) {
-  if (int(op) < 0 || op >= Op::kCount) throw_invalid("unknown op code " + std::to_string(int(op)));
-  if (op == Op::avg && !dtype_is_floating(dtype))
-    throw_invalid(std::string("op 'avg' needs a floating dtype, got ") + dtype_name(dtype));
-  dtype_size(dtype);  // validates the code
+  check_op(dtype, op);
   return std::make_unique<CudaReducer>(dtype, op, stream);
 }
 

@@ -187,7 +187,7 @@ inline bool host_all_reduce_call(py::handle x, py::handle out, int op, int algo,
     }
   }
   if (dout != c.dtype || nout != c.count) return false;
-  if (op < 0 || op >= int(Op::kCount) || (Op(op) == Op::avg && !dtype_is_floating(DType(c.dtype)))) return false;
+  if (op < 0 || op >= int(Op::kCount) || !op_fits(DType(c.dtype), Op(op))) return false;
   if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
   const size_t bytes = c.count * dtype_size(DType(c.dtype));
   if (c.in != c.out && c.in < c.out + bytes && c.out < c.in + bytes) return false;  // partial overlap
@@ -215,7 +215,7 @@ inline bool host_halves_call(Coll coll, py::handle x, py::handle out, int op, in
   const size_t mine = split_size(total, size_t(size), size_t(rank));
   if ((coll == Coll::reduce_scatter ? nout : nin) != mine) return false;
   if (coll == Coll::reduce_scatter &&
-      (op < 0 || op >= int(Op::kCount) || (Op(op) == Op::avg && !dtype_is_floating(DType(c.dtype)))))
+      (op < 0 || op >= int(Op::kCount) || !op_fits(DType(c.dtype), Op(op))))
     return false;
   if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
   const size_t es = dtype_size(DType(c.dtype));
@@ -258,7 +258,7 @@ inline bool host_rooted_call(Coll coll, py::handle x, py::handle out, int root, 
       break;
     case Coll::reduce:
       if (op < 0 || op >= int(Op::kCount) || !host_array(x, at_root && out.is_none(), dx, nx, px)) return false;
-      if (Op(op) == Op::avg && !dtype_is_floating(DType(dx))) return false;
+      if (!op_fits(DType(dx), Op(op))) return false;
       if (at_root && !out.is_none()) {
         if (!host_array(out, true, dout, nout, pout) || dout != dx || nout != nx) return false;
         if (pout != px && overlap(dtype_size(DType(dx)))) return false;

@@ -46,7 +46,7 @@ ncclRedOp_t nccl_op(Op op) {
     case Op::min: return ncclMin;
     case Op::max: return ncclMax;
     case Op::avg: return ncclAvg;
-    default: throw_invalid("unknown op");
+    default: throw_invalid(std::string("NCCL has no op '") + op_name(op) + "'");
   }
 }
 

@@ -15,7 +15,8 @@ communicator of its ranks (``new_group`` builds one with MPI_Comm_create_group).
 
 What it does with torch's calls:
 
-* allreduce (SUM, PRODUCT, MIN, MAX, AVG; PREMUL_SUM by scaling first),
+* allreduce (SUM, PRODUCT, MIN, MAX, AVG, and BAND, BOR, BXOR on integer and
+  bool tensors; PREMUL_SUM by scaling first),
   broadcast, allgather (list form, ``_allgather_base`` / ``all_gather_single``
   including the in-place form), reduce_scatter (list and single forms),
   reduce (the same ops; only the root's tensor is written, a non-root's is
@@ -32,9 +33,8 @@ What it does with torch's calls:
   ``batch_isend_irecv`` (which torch issues op by op for a Python group) and
   pipeline parallelism; tags pass through. Each op is posted at once on
   ringcomm's point-to-point channel and the Work stays pending until waited.
-* Not implemented, NotImplementedError naming the op: bitwise reductions
-  (BAND, BOR, BXOR), several tensors per rank in broadcast/reduce/gather/
-  scatter/send/recv. monitored_barrier is torch's gloo-only op (torch
+* Not implemented, NotImplementedError naming the op: several tensors per
+  rank in broadcast/reduce/gather/scatter/send/recv. monitored_barrier is torch's gloo-only op (torch
   reserves it for gloo) and stays refused here.
 * ``opts.asyncOp`` False (``dist.all_reduce(t)``): the collective runs on the
   calling thread (no handoff) and a completed Work is returned. True
@@ -70,7 +70,8 @@ BACKEND = "ringcomm"
 _RedOp = dist.ReduceOp.RedOpType
 # Keyed by the enum's value: hashing torch's (pybind11) enum costs 0.4 us, its .value 0.08.
 _OPS = {k.value: v for k, v in ((_RedOp.SUM, "sum"), (_RedOp.PRODUCT, "prod"), (_RedOp.MIN, "min"),
-                                 (_RedOp.MAX, "max"), (_RedOp.AVG, "avg"))}
+                                 (_RedOp.MAX, "max"), (_RedOp.AVG, "avg"), (_RedOp.BAND, "band"),
+                                 (_RedOp.BOR, "bor"), (_RedOp.BXOR, "bxor"))}
 
 
 # ---------------------------------------------------------------------------
@@ -165,9 +166,12 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         op = _OPS.get(kind.value)
         if op is None:
             raise NotImplementedError(f"ringcomm backend: {what} with op {kind} is not implemented "
-                                      "(supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM)")
+                                      "(supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM, BAND, BOR, BXOR)")
         if op == "avg" and not tensor.is_floating_point():
             raise TypeError(f"ringcomm backend: {what} with op AVG needs a floating dtype, got {tensor.dtype}")
+        if op in vocab.BITWISE and tensor.is_floating_point():
+            raise TypeError(f"ringcomm backend: {what} with op {kind} needs an integer or bool dtype, "
+                            f"got {tensor.dtype}")
         return op, None
 
     def _done_work(self, result: list) -> DoneWork:

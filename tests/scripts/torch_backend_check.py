@@ -113,6 +113,40 @@ for name, op in list(OPS.items()) + [("PREMUL_SUM", None)]:
                     case("allreduce", equal(x, g, exact or name in ("MIN", "MAX")),
                          f"{name} {dtype} count={count} async={async_op}: vs gloo")
 
+# bitwise: BAND, BOR, BXOR on integers and bool (all_reduce sync and async, reduce to every root), vs gloo
+# and a reference; a floating tensor is a TypeError before anything moves
+BITWISE = {"BAND": (dist.ReduceOp.BAND, torch.bitwise_and), "BOR": (dist.ReduceOp.BOR, torch.bitwise_or),
+           "BXOR": (dist.ReduceOp.BXOR, torch.bitwise_xor)}
+for name, (op, fn) in BITWISE.items():
+    for dtype in (torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool):
+        for count in (0, 1, N + 1, 4099):
+            def bits(rank):
+                v = data(count, torch.int64, rank) * 37 + (rank + 1) * 1000003
+                return (v % 2 == 0) if dtype == torch.bool else v.to(dtype)
+            ref = bits(0)
+            for r in range(1, N):
+                ref = fn(ref, bits(r))
+            for async_op in (False, True):
+                x, g = bits(R), bits(R)
+                w = dist.all_reduce(x, op=op, async_op=async_op)
+                if async_op:
+                    w.wait()
+                dist.all_reduce(g, op=op, group=GLOO)
+                case("bitwise", equal(x, ref, True), f"all_reduce {name} {dtype} count={count} async={async_op}: "
+                                                     "vs reference")
+                case("bitwise", equal(x, g, True), f"all_reduce {name} {dtype} count={count} async={async_op}: "
+                                                   "vs gloo")
+            for root in range(N):
+                x = bits(R)
+                dist.reduce(x, dst=root, op=op)
+                if R == root:
+                    case("bitwise", equal(x, ref, True), f"reduce {name} {dtype} count={count} root={root}")
+    try:
+        dist.all_reduce(torch.ones(3), op=op)
+        case("bitwise", False, f"{name} of a float32 tensor did not raise")
+    except TypeError as exc:
+        case("bitwise", "needs an integer or bool dtype" in str(exc), str(exc))
+
 # non-contiguous, requires_grad, futures
 x = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (R + 1)  # not contiguous
 dist.all_reduce(x)
@@ -533,10 +567,8 @@ except ringcomm.MismatchError as exc:
 dist.barrier()
 case("barrier", True, "")
 # monitored_barrier: torch's dist.monitored_barrier refuses every backend but gloo before it reaches the group;
-# the group's own method says the same. Bitwise reductions are not in ringcomm's engine.
-for what, call in (("monitored_barrier", lambda: dist.distributed_c10d._get_default_group().monitored_barrier()),
-                   ("all_reduce BAND", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
-                                                              op=dist.ReduceOp.BAND))):
+# the group's own method says the same.
+for what, call in (("monitored_barrier", lambda: dist.distributed_c10d._get_default_group().monitored_barrier()),):
     try:
         call()
         case("unsupported", False, f"{what} did not raise")
