@@ -23,7 +23,7 @@ import numpy as np
 
 import ringcomm
 import ringcomm.cuda as rcuda
-from ringcomm.vocab import DTYPES, FLOATING, NUMPY, OPS
+from ringcomm.vocab import DTYPES, FLOATING, NUMPY, OPS, op_fits
 from ringcomm._native import core
 
 
@@ -63,7 +63,7 @@ def kernels(args) -> int:
     for dtype in DTYPES:
         es = NUMPY[dtype].itemsize
         for op in OPS:
-            if op == "avg" and dtype not in FLOATING:
+            if not op_fits(dtype, op):
                 continue
             for n in (1, 7, 33, 4099, (1 << 20) + 3):
                 shifts = [(0, 0, 0)]

@@ -181,7 +181,9 @@ class Communicator:
 
         In place when `out` is None (returns `x`), else into `out` (same dtype
         and shape; `x` is not modified). op: sum, prod, min, max, avg (avg:
-        floating dtypes only; the sum divided by the number of ranks).
+        floating dtypes only; the sum divided by the number of ranks), band,
+        bor, bxor (bitwise: integer and bool dtypes only). min and max give
+        NaN wherever any rank has one.
         algorithm: "auto" (default: the fastest by this communicator's cost
         model; ``last_algorithm`` says which ran), "ring" (reduce-scatter +
         all-gather; bandwidth-optimal, the choice for large buffers),
@@ -275,8 +277,8 @@ class Communicator:
 
         On the root the result is written in place (returns `x`) or into `out`
         (same dtype and shape; `x` is then not modified). On every other rank
-        `x` is only read, `out` is ignored, and the call returns None. op: sum,
-        prod, min, max, avg (floating dtypes only). algorithm: "auto" (the
+        `x` is only read, `out` is ignored, and the call returns None. op: as
+        :meth:`all_reduce`. algorithm: "auto" (the
         binomial tree up to a size limit from this communicator's cost model,
         ``selection.reduce_limit``, at most 256 KiB; the ring reduce-scatter + gather above; a
         device communicator runs the ring), "binomial" or "ring".
@@ -442,7 +444,9 @@ class Communicator:
         match it in dtype, size and tag; nothing is booked in the ledger.
         None then means the rank itself, not any source as in MPI (where
         another rank's message could match). On a device it returns once
-        the copy is done, after the work queued on both arrays' streams.
+        the copy is done, after the work queued on both arrays' streams; if
+        it misses the timeout, CollectiveTimeout, and both arrays are kept
+        referenced for the process's life (the copy is still queued).
         """
         if recv_tag is None:
             recv_tag = tag

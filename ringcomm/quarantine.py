@@ -79,11 +79,12 @@ def drain_at_exit(seconds: float = 0.2) -> None:
     """At exit (before MPI is finalized): give quarantined requests `seconds`
     to complete; the arrays of those still in flight are kept until the
     process ends (MPI_Finalize may still progress them: a straggler's receive
-    arriving at last), so module teardown cannot free them."""
-    left = sum(m.quarantine_drain(seconds) for m in _natives())
+    arriving at last), so module teardown cannot free them. So are arrays
+    whose claim no request carries (a device copy that missed its deadline,
+    still queued)."""
+    sum(m.quarantine_drain(seconds) for m in _natives())
     _reap()
-    if left:
-        with _held_lock:
-            for _, arrays in _held:
-                core.leak(arrays)
-            _held.clear()
+    with _held_lock:  # (what _reap left is still claimed)
+        for _, arrays in _held:
+            core.leak(arrays)
+        _held.clear()

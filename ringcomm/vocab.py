@@ -146,7 +146,8 @@ def itemsize(name: str) -> int:
 
 def op_code(op: str, dtype: str) -> int:
     """The native code of `op` for elements of `dtype`; InvalidArgument if
-    unknown or not defined there (avg on an integer type)."""
+    unknown or not defined there (avg on an integer type, band/bor/bxor on
+    a floating one)."""
     from .errors import InvalidArgument
     if not isinstance(op, str) or op not in OPS:
         raise InvalidArgument(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
@@ -160,7 +161,7 @@ def op_code(op: str, dtype: str) -> int:
 
 def op_fits(dtype: str, op: str) -> bool:
     """Whether `op` is defined on `dtype` (avg: floating types; band, bor,
-    bxor: integers and bool): the pairs the tests and the benchmark cover."""
+    bxor: integers and bool), as op_code and the native check_op decide."""
     return (op != "avg" or dtype in FLOATING) and (op not in BITWISE or dtype not in FLOATING)
 
 

@@ -390,10 +390,11 @@ def test_ringcomm_tune_measures_writes_and_auto_reads_it(tmp_path):
 
 def _with_nans(r, count, dtype):
     """Rank r's values (exact in every floating dtype), with NaN where
-    (i + 3r) % 7 == 0: some indices have a NaN on one rank, some on none."""
-    i = np.arange(count)
+    (3i + 5r) % 3n == 0 (n ranks, count = 2n + 9): about half the indices
+    have a NaN on some rank, the others on none."""
+    i, n = np.arange(count), (count - 9) // 2
     x = ((i * 5 + r * 11) % 23 - 11).astype(np.float64)
-    x[(i + 3 * r) % 7 == 0] = np.nan
+    x[(3 * i + 5 * r) % (3 * n) == 0] = np.nan
     return x.astype(ringcomm.vocab.NUMPY[dtype])
 
 
@@ -401,7 +402,8 @@ def _with_nans(r, count, dtype):
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
 def test_min_and_max_return_nan_wherever_a_rank_has_one(n, device):
     """min/max with NaN are numpy's minimum/maximum (and torch's): NaN wherever
-    any rank has one, the same bits on every rank, whatever the algorithm. With
+    any rank has one, the same bits on every rank (all_reduce), whatever the
+    algorithm. With
     `<` alone a NaN survived only as the first operand: ranks disagreed, and
     halving-doubling could even return a value smaller than a third rank's."""
     count = 2 * n + 9
@@ -411,7 +413,7 @@ def test_min_and_max_return_nan_wherever_a_rank_has_one(n, device):
         runs += [("all_reduce", "shm"), ("all_reduce", "shm_flat"), ("reduce_scatter", "shm"), ("reduce", "shm")]
 
     def body(comm):
-        r, errs = comm.rank, []
+        r, errs, bits = comm.rank, [], {}
         for dtype in ringcomm.vocab.FLOATING:
             for op, red in (("max", np.maximum), ("min", np.minimum)):
                 want = red.reduce([_with_nans(q, count, dtype).astype(np.float64) for q in range(n)])
@@ -427,13 +429,19 @@ def test_min_and_max_return_nan_wherever_a_rank_has_one(n, device):
                         got, ref = comm.reduce(x, root=n - 1, op=op, algorithm=algorithm), want
                         if r != n - 1:
                             continue
+                    if coll == "all_reduce":
+                        bits[(algorithm, dtype, op)] = np.asarray(got).tobytes()
                     got = np.asarray(got).astype(np.float64)
                     bad = np.flatnonzero(~((got == ref) | (np.isnan(got) & np.isnan(ref))))
                     if bad.size:
                         i = int(bad[0])
                         errs.append(f"rank {r}: {coll} {algorithm} {dtype} {op}: index {i} is {got[i]}, want {ref[i]}"
                                     f" ({bad.size} wrong)")
-        return errs
+        return errs, bits
     kw = {"device": device, "jitter_us": 20} if device else {}
-    errs = flat(ringcomm.run_local(n, body, timeout=60, **kw))
+    out = ringcomm.run_local(n, body, timeout=60, **kw)
+    errs = [e for es, _ in out for e in es]
     assert not errs, "\n".join(errs[:20])
+    for r, (_, bits) in enumerate(out):
+        differ = [k for k in bits if bits[k] != out[0][1][k]]
+        assert not differ, f"rank {r}: all_reduce bits differ from rank 0's in {differ[:5]}"
