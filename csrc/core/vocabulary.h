@@ -173,8 +173,7 @@ struct Prod {
 // A NaN in either operand is the result (as numpy's minimum/maximum and
 // torch's): with `<` alone a NaN survived only as the first operand, so the
 // result depended on the order in which an algorithm met the ranks (a NaN
-// could even hide a larger value of a third rank). For integers `b != b` is
-// false and compiles away.
+// could even hide a larger value of a third rank).
 template <class C>
 RC_HD bool is_nan(C x) { return x != x; }  // (false for integers: compiled away)
 // A float (a half type's compute type too) by its bits: GCC narrows

@@ -8,9 +8,8 @@
 // ops::combine (core/vocabulary.h), the host reducer's own: half types are
 // widened to float, combined and rounded once (round-to-nearest-even; min and
 // max copy the operand they pick), so host and device give bit-identical
-// results. Integer
-// sum and prod wrap modulo 2^bits (computed unsigned). avg = sum, then one
-// division by nranks in the compute type (finalize).
+// results. Integer sum and prod wrap modulo 2^bits (computed unsigned). avg =
+// sum, then one division by nranks in the compute type (finalize).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -34,8 +34,8 @@ What it does with torch's calls:
   pipeline parallelism; tags pass through. Each op is posted at once on
   ringcomm's point-to-point channel and the Work stays pending until waited.
 * Not implemented, NotImplementedError naming the op: several tensors per
-  rank in broadcast/reduce/gather/scatter/send/recv. monitored_barrier is torch's gloo-only op (torch
-  reserves it for gloo) and stays refused here.
+  rank in broadcast/reduce/gather/scatter/send/recv. monitored_barrier is
+  torch's gloo-only op (torch reserves it for gloo) and stays refused here.
 * ``opts.asyncOp`` False (``dist.all_reduce(t)``): the collective runs on the
   calling thread (no handoff) and a completed Work is returned. True
   (``async_op=True``, DDP's buckets): queued on the communicator's engine, so
