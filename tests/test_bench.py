@@ -193,6 +193,87 @@ def test_mpi_baselines_skip_what_mpi_cannot_run():
         assert impl.supports(Case("all_gather", 6, "float32", "sum", False, 2, 0))
         assert impl.supports(Case("all_reduce", 5, "float32", "sum", False, 2, 0))
     assert MpiRingImpl.supports(object.__new__(MpiRingImpl), Case("reduce_scatter", 5, "float32", "sum", False, 2, 0))
+    # MPI reduces bools by its logical ops only: MPI_SUM or MPI_BAND on MPI_C_BOOL is
+    # MPI_ERR_OP (mpi-ring once ran them and crashed `-d bool` and `-d all`)
+    for cls in (MpiImpl, MpiRingImpl):
+        impl = object.__new__(cls)
+        for op in ("sum", "band"):
+            assert not impl.supports(Case("all_reduce", 6, "bool", op, False, 2, 0)), (cls, op)
+        assert impl.supports(Case("all_reduce", 6, "uint8", "bxor", False, 2, 0))
+        assert impl.supports(Case("all_gather", 6, "bool", "sum", False, 2, 0))  # (moving bools is fine)
+
+
+# ---- the bitwise ops (band, bor, bxor) -----------------------------------------------------------
+
+BITWISE_NP = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+
+
+def test_bitwise_check_data_and_its_reference():
+    # The reference is numpy's own reduction in the dtype itself (check_expected
+    # reduces in int64); one period repeated equals the pattern over the whole
+    # index; at every world size one host runs, each rank changes the result
+    # somewhere and the result is not the same at every index (else a block
+    # delivered to the wrong place or a rank left out would pass).
+    for dtype in ("int8", "uint8", "int16", "int32", "int64", "uint64", "bool"):
+        for op in BITWISE_NP:
+            for n in (1, 2, 3, 4, 5, 7, 8, 16):
+                count = 1001
+                x = np.stack([benchmark.check_data(dtype, op, r, count) for r in range(n)])
+                assert x.dtype == benchmark.vocab.NUMPY[dtype]
+                if dtype == "bool":
+                    assert set(np.unique(x.view(np.uint8))) <= {0, 1}
+                want = BITWISE_NP[op].reduce(x, 0)
+                got = benchmark.check_expected(dtype, op, n, count)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (dtype, op, n)
+                if dtype == "bool":
+                    continue
+                assert len(np.unique(want)) > 1, (dtype, op, n)
+                for r in range(n if n > 1 else 0):
+                    assert not np.array_equal(BITWISE_NP[op].reduce(np.delete(x, r, 0), 0), want), (dtype, op, n, r)
+    # the periodic pattern equals its formula over a long index (the period is what the check repeats)
+    i = np.arange(5000)
+    for rank in (0, 1, 6):
+        hit, bit = (rank + i) % 3 == 0, 1 << ((rank + i) % 7)
+        assert np.array_equal(benchmark.check_data("int32", "band", rank, i.size), np.where(hit, 127 ^ bit, 127))
+        assert np.array_equal(benchmark.check_data("int32", "bor", rank, i.size), np.where(hit, bit, 0))
+        assert np.array_equal(benchmark.check_data("int64", "bxor", rank, i.size),
+                              ((rank * 3 + i) % 7 * 19 + rank * 5) % 128)
+
+
+def test_bitwise_ops_fit_integer_and_bool_dtypes_only():
+    assert {"band", "bor", "bxor"} <= set(benchmark.parse(["-o", "all"]).ops)
+    # an op named alone must fit a chosen dtype (once this ran nothing and said OK)
+    with pytest.raises(SystemExit, match="op band fits none of the dtypes float32"):
+        benchmark.parse(["-o", "band"])
+    with pytest.raises(SystemExit, match="op avg fits none of the dtypes int32"):
+        benchmark.parse(["-o", "avg", "-d", "int32"])
+    assert benchmark.parse(["-o", "band,sum", "-d", "float32,int8"]).ops == ["band", "sum"]
+    # a collective that only moves data takes any op (it uses none)
+    assert benchmark.parse(["-o", "band", "--collective", "gather"]).ops == ["band"]
+    from ringcomm.benchmark.impls import Case, NcclImpl
+    assert not NcclImpl.supports(object.__new__(NcclImpl), Case("all_reduce", 6, "int32", "band", False, 2, 0))
+
+
+def test_bitwise_ops_run_and_check_n2(tmp_path):
+    # band, bor, bxor through ringcomm, Open MPI (MPI_BAND...) and gloo (ReduceOp.BAND...) on
+    # integers and bool, each result checked; the planted wrong element is counted
+    from ringcomm.benchmark.impls import torch_available
+    impls = "ringcomm,mpi,corrupt" + (",gloo" if torch_available() else "")
+    out = tmp_path / "b.json"
+    res = run_bench("-N", "2", "-b", "4K", "-e", "4K", "-r", "1", "--iters", "2", "--collective", "all_reduce,reduce",
+                    "-d", "int32,uint8,bool", "-o", "band,bor,bxor", "--impl", impls, "--json", str(out),
+                    env={"RINGCOMM_BENCH_TEST_IMPLS": "1"})
+    assert res.returncode != 0  # the planted error fails the run
+    rows = json.load(open(out))["rows"]
+    for impl in impls.split(","):
+        got = {(r["collective"], r["dtype"], r["op"]) for r in rows if r["impl"] == impl}
+        dtypes = ("int32", "uint8") if impl == "mpi" else ("int32", "uint8", "bool")  # (MPI: no bool op)
+        want = {(c, d, o) for c in ("all_reduce", "reduce") for d in dtypes for o in BITWISE_NP}
+        assert got == want, (impl, got ^ want)
+    assert all(r["wrong"] == 0 for r in rows if r["impl"] != "corrupt")
+    assert all(r["wrong"] == 1 for r in rows if r["impl"] == "corrupt" and r["dtype"] != "bool" and not r["inplace"])
+    ours = [r for r in rows if r["impl"] == "ringcomm"]
+    assert all(r["sent_per_rank"] == r["expected_sent"] > 0 for r in ours)
 
 
 # ---- issue 23: reduce, gather, scatter, all_to_all, sendrecv -----------------------

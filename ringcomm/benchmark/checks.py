@@ -21,7 +21,7 @@ REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 # Equal blocks per rank: the count is rounded down to a multiple of n (as nccl-tests does).
 BLOCKED = ("gather", "scatter", "all_to_all")
 ROOT = 0  # the root of reduce, gather and scatter (nccl-tests' default -R 0)
-OPS = ("sum", "prod", "min", "max", "avg")
+OPS = ("sum", "prod", "min", "max", "avg", *vocab.BITWISE)  # (each where it fits a dtype: vocab.op_fits)
 
 
 def size_list(begin: int, end: int, factor: float) -> list[int]:
@@ -79,9 +79,28 @@ def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
         v = (rank + 1) * (i % 5 + 1) % 9
     elif op == "prod":
         v = np.where((i + rank) % 3 == 0, 2, 1)
-    else:
+    elif op in ("min", "max"):
         v = (rank * 3 + i) % 7
+    else:
+        v = _bitwise_data(op, rank, i)
+        if dtype == "bool":
+            v = v & 1
     return v.astype(vocab.NUMPY[dtype])
+
+
+def _bitwise_data(op: str, rank: int, i: np.ndarray) -> np.ndarray:
+    """Values below 128 (every integer dtype holds them; bool takes bit 0).
+    band and bor: a third of the ranks clear (band) or set (bor) one of
+    seven bits at each index, so the result neither fills nor empties at
+    the world sizes one host runs (up to 16: at most six of the seven bits)
+    and every rank changes it somewhere; bxor: a value of rank and index."""
+    hit = (rank + i) % 3 == 0
+    bit = np.left_shift(1, (rank + i) % 7)
+    if op == "band":
+        return np.where(hit, 127 ^ bit, 127)
+    if op == "bor":
+        return np.where(hit, bit, 0)
+    return ((rank * 3 + i) % 7 * 19 + rank * 5) % 128
 
 
 def _repeat(base: np.ndarray, count: int) -> np.ndarray:
@@ -90,7 +109,7 @@ def _repeat(base: np.ndarray, count: int) -> np.ndarray:
 
 
 # The index period of each reducing op's pattern in check_data.
-_PERIOD = {"sum": 5, "avg": 5, "prod": 3, "min": 7, "max": 7}
+_PERIOD = {"sum": 5, "avg": 5, "prod": 3, "min": 7, "max": 7, "band": 21, "bor": 21, "bxor": 7}
 
 
 def check_expected(dtype: str, op: str, n: int, count: int) -> np.ndarray:
@@ -99,6 +118,10 @@ def check_expected(dtype: str, op: str, n: int, count: int) -> np.ndarray:
     period = _PERIOD.get(op)
     if period is not None and count > period:
         return _repeat(check_expected(dtype, op, n, period), count)
+    if op in vocab.BITWISE:
+        x = np.stack([check_data(dtype, op, r, count).astype(np.int64) for r in range(n)])
+        red = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op].reduce(x, 0)
+        return red.astype(vocab.NUMPY[dtype])
     x = np.stack([check_data(dtype, op, r, count).astype(np.float64) for r in range(n)])
     red = {"sum": x.sum(0), "avg": x.sum(0), "prod": x.prod(0), "min": x.min(0), "max": x.max(0)}[op]
     out = red.astype(vocab.NUMPY[dtype])

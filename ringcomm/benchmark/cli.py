@@ -40,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--reps", type=int, default=5, help="interleaved repetitions (default 5)")
     p.add_argument("--target-ms", type=float, default=20, help="time per repetition when --iters 0 (default 20)")
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="check results (default 1)")
-    p.add_argument("-o", "--op", default="sum", help="sum, prod, min, max, avg or all (default sum)")
+    p.add_argument("-o", "--op", default="sum", help="comma-separated, from sum, prod, min, max, avg (floating dtypes), band, bor, "
+                        "bxor (integer and bool dtypes), or all: each op with the dtypes it fits (default sum)")
     p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(vocab.DTYPES)} or all")
     p.add_argument("--collective", default="all_reduce",
                    help="comma-separated, from all_reduce, reduce_scatter, all_gather, reduce, gather, scatter, "
@@ -117,6 +118,12 @@ def parse(argv) -> argparse.Namespace:
         bad = [v for v in vals if v not in ok]
         if bad:
             raise SystemExit(f"ringcomm bench: unknown {what} {bad}; expected one of {', '.join(ok)}")
+    if any(c in REDUCING for c in args.collectives):
+        # "all" runs each op with the dtypes it fits; an op named alone must fit one of them
+        lone = [] if args.op == "all" else [op for op in args.ops if not any(vocab.op_fits(d, op) for d in args.dtypes)]
+        if lone:
+            raise SystemExit(f"ringcomm bench: op {', '.join(lone)} fits none of the dtypes {', '.join(args.dtypes)} "
+                             f"(avg: floating dtypes; band, bor, bxor: integer and bool dtypes)")
     if args.device == "cuda" and any(c in NEW_COLLECTIVES for c in args.collectives):
         raise SystemExit(f"ringcomm bench: --device cuda benchmarks {', '.join(RING_COLLECTIVES)} only "
                          f"(not {', '.join(c for c in args.collectives if c in NEW_COLLECTIVES)})")
@@ -157,7 +164,7 @@ def run_mpi(argv=None) -> int:
                 print("#" + HEADER[1:])
             for dtype in args.dtypes:
                 for op in args.ops:
-                    if op == "avg" and dtype not in vocab.FLOATING or coll not in REDUCING and op != args.ops[0]:
+                    if coll in REDUCING and not vocab.op_fits(dtype, op) or coll not in REDUCING and op != args.ops[0]:
                         done += len(args.sizes)
                         continue
                     # the new data-movement collectives check with data of their own (op "none")

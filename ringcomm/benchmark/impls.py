@@ -156,13 +156,19 @@ class MpiImpl(Impl):
         from mpi4py import MPI
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD.Dup()
-        self._OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+        self._OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "band": MPI.BAND,
+                     "bor": MPI.BOR, "bxor": MPI.BXOR}
+
+    @staticmethod
+    def has_types(c: Case) -> bool:
+        """MPI has no half types or average, and reduces bools by its logical
+        ops only (MPI_SUM or MPI_BAND on MPI_C_BOOL is MPI_ERR_OP)."""
+        return not (c.dtype in ("float16", "bfloat16") or c.op == "avg"
+                    or c.dtype == "bool" and c.collective in REDUCING)
 
     def supports(self, c: Case) -> bool:
-        # MPI has no half types or average, and reduces bools by its logical ops
-        # only (MPI_SUM on MPI_C_BOOL is erroneous); Reduce_scatter_block and
-        # Allgather need equal chunks.
-        if c.dtype in ("float16", "bfloat16") or c.op == "avg" or c.dtype == "bool" and c.collective in REDUCING:
+        # Reduce_scatter_block and Allgather need equal chunks.
+        if not self.has_types(c):
             return False
         if c.collective in ("gather", "scatter", "all_to_all", "sendrecv"):
             return not c.inplace  # out-of-place only (as ringcomm's)
@@ -211,7 +217,7 @@ class MpiRingImpl(MpiImpl):
     def supports(self, c: Case) -> bool:
         # Allgather takes equal chunks only (reduce-scatter has per-rank counts here);
         # ring parameters exist for the ring's three collectives only
-        return (c.collective in RING_COLLECTIVES and c.dtype not in ("float16", "bfloat16") and c.op != "avg"
+        return (c.collective in RING_COLLECTIVES and self.has_types(c)
                 and (c.collective != "all_gather" or c.count % c.n == 0))
 
     def run(self, c: Case) -> None:
@@ -237,7 +243,8 @@ class GlooImpl(Impl):
         port = from_rank0(w.bcast, w.rank == 0, _free_port, "find a free port for gloo")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=w.rank, world_size=w.size)
         self._OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-                     "max": dist.ReduceOp.MAX}
+                     "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR,
+                     "bxor": dist.ReduceOp.BXOR}
         self._rs_ok = None
 
     def supports(self, c: Case) -> bool:
@@ -306,7 +313,9 @@ class NcclImpl(Impl):
 
     def supports(self, c: Case) -> bool:
         # NCCL's reduce-scatter and all-gather take equal chunks only; the baseline
-        # wraps the ring's three collectives only
+        # wraps the ring's three collectives only; ncclRedOp_t has no bitwise ops
+        if c.collective in REDUCING and c.op in vocab.BITWISE:
+            return False
         return c.collective == "all_reduce" or c.collective in RING_COLLECTIVES and c.count % c.n == 0
 
     def run(self, c: Case) -> None:
