@@ -83,9 +83,9 @@ Fingerprint p2p_call(bool send, size_t count, DType dtype, int peer, int tag, in
 }
 
 // Run `post` (what hands an op to the transport); a transport failure there
-// (an MPI error in the send or the matched probe) aborts the communicator
-// and tells the ring, as a failure in a wait does, so no peer waits for
-// this op until its deadline.
+// (an MPI error in the send or the matched probe, or any other exception)
+// aborts the communicator and tells the ring, as a failure in a wait does,
+// so no peer waits for this op until its deadline.
 template <class F>
 auto posting(Engine& e, bool send, int peer, size_t count, DType dtype, int tag, F&& post) -> decltype(post()) {
   try {
@@ -94,6 +94,10 @@ auto posting(Engine& e, bool send, int peer, size_t count, DType dtype, int tag,
     if (err.kind != ErrKind::invalid && err.kind != ErrKind::aborted)
       e.fail_p2p(err, p2p_call(send, count, dtype, peer, tag, e.rank()));
     throw;
+  } catch (const std::exception& ex) {  // (not the engine's own: told alike, raised as a RingError)
+    const RingError err(ErrKind::transport, e.rank(), peer, 0, ex.what());
+    e.fail_p2p(err, p2p_call(send, count, dtype, peer, tag, e.rank()));
+    throw err;
   }
 }
 }  // namespace
@@ -572,9 +576,13 @@ bool P2POp::wait_locked(double timeout_s, const std::function<bool()>* interrupt
         }
       }
       if (now >= mine) return false;
-    } catch (const RingError& e) {
-      auto err = std::make_unique<RingError>(e);
-      if (e.kind != ErrKind::invalid) engine_->fail_p2p(e, call(), by_interrupt_);  // the ring is told of this op
+    } catch (const std::exception& ex) {
+      // Any failure, not only the engine's own (a device copy may throw
+      // another exception): the op ends failed and the ring is told, so no
+      // peer waits for it until its deadline.
+      const auto* re = dynamic_cast<const RingError*>(&ex);
+      auto err = std::make_unique<RingError>(re ? *re : RingError(ErrKind::transport, rank_, peer_, 0, ex.what()));
+      if (err->kind != ErrKind::invalid) engine_->fail_p2p(*err, call(), by_interrupt_);  // the ring is told of this op
       finish(std::move(err));
       return true;
     }
