@@ -225,8 +225,6 @@ def test_bitwise_check_data_and_its_reference():
                 want = BITWISE_NP[op].reduce(x, 0)
                 got = benchmark.check_expected(dtype, op, n, count)
                 assert got.dtype == want.dtype and np.array_equal(got, want), (dtype, op, n)
-                if dtype == "bool":
-                    continue
                 assert len(np.unique(want)) > 1, (dtype, op, n)
                 for r in range(n if n > 1 else 0):
                     assert not np.array_equal(BITWISE_NP[op].reduce(np.delete(x, r, 0), 0), want), (dtype, op, n, r)
@@ -238,6 +236,8 @@ def test_bitwise_check_data_and_its_reference():
         assert np.array_equal(benchmark.check_data("int32", "bor", rank, i.size), np.where(hit, bit, 0))
         assert np.array_equal(benchmark.check_data("int64", "bxor", rank, i.size),
                               ((rank * 3 + i) % 7 * 19 + rank * 5) % 128)
+        assert np.array_equal(benchmark.check_data("bool", "band", rank, i.size), np.where(hit, 127 ^ bit, 127) & 1)
+        assert np.array_equal(benchmark.check_data("bool", "bxor", rank, i.size), ((rank + i) % 7 == 0) | hit)
 
 
 def test_bitwise_ops_fit_integer_and_bool_dtypes_only():

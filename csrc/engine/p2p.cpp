@@ -538,13 +538,8 @@ bool P2POp::wait_locked(double timeout_s, const std::function<bool()>* interrupt
     try {
       const auto until = std::min({deadline_, mine, now + std::chrono::milliseconds(100)});
       if (progress(is_send_ || matched_.load(std::memory_order_acquire) ? until : now) &&
-          (!dev_ || is_send_ || delivered(until))) {
-        Ledger& l = engine_->ledger();
-        if (is_send_) l.sent_shared(Coll::send, peer_, bytes_);
-        else l.received_shared(Coll::recv, source_, bytes_);
-        finish(nullptr);
-        return true;
-      }
+          (!dev_ || is_send_ || delivered(until)))
+        break;  // done: booked and finished below, outside the try (a throw there must not finish it twice)
       now = Clock::now();
       if (now - last_check >= std::chrono::milliseconds(100) || now >= deadline_ || now >= mine) {
         last_check = now;
@@ -587,6 +582,11 @@ bool P2POp::wait_locked(double timeout_s, const std::function<bool()>* interrupt
       return true;
     }
   }
+  Ledger& l = engine_->ledger();
+  if (is_send_) l.sent_shared(Coll::send, peer_, bytes_);
+  else l.received_shared(Coll::recv, source_, bytes_);
+  finish(nullptr);
+  return true;
 }
 
 void P2POp::finish(std::unique_ptr<RingError> err) {

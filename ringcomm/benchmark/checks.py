@@ -67,7 +67,7 @@ def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
     op "none" (gather, scatter, all_to_all, sendrecv: nothing is reduced): a
     pattern of (rank, index) that is not periodic in the index, so a block
     delivered to the wrong place or from the wrong rank shows as wrong
-    elements (the reducing patterns repeat every 3, 5 or 7 elements: built
+    elements (the reducing patterns repeat every 3, 5, 7 or 21 elements: built
     from one period, which keeps the untimed checks of large buffers cheap)."""
     period = _PERIOD.get(op)
     if period is not None and count > period:
@@ -82,25 +82,28 @@ def check_data(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
     elif op in ("min", "max"):
         v = (rank * 3 + i) % 7
     else:
-        v = _bitwise_data(op, rank, i)
-        if dtype == "bool":
-            v = v & 1
+        v = _bitwise_data(op, rank, i, dtype == "bool")
     return v.astype(vocab.NUMPY[dtype])
 
 
-def _bitwise_data(op: str, rank: int, i: np.ndarray) -> np.ndarray:
-    """Values below 128 (every integer dtype holds them; bool takes bit 0).
+def _bitwise_data(op: str, rank: int, i: np.ndarray, bool_: bool) -> np.ndarray:
+    """Values below 128 (every integer dtype holds them), 0 or 1 for bool.
     band and bor: a third of the ranks clear (band) or set (bor) one of
-    seven bits at each index, so the result neither fills nor empties at
-    the world sizes one host runs (up to 16: at most six of the seven bits)
-    and every rank changes it somewhere; bxor: a value of rank and index."""
+    seven bits at each index (bool: bit 0), so the result neither fills nor
+    empties at the world sizes one host runs (up to 16: at most six of the
+    seven bits) and every rank changes it somewhere; bxor: a value of rank
+    and index (bool: its own, as bit 0 of that one cancels over 7 ranks)."""
     hit = (rank + i) % 3 == 0
     bit = np.left_shift(1, (rank + i) % 7)
     if op == "band":
-        return np.where(hit, 127 ^ bit, 127)
-    if op == "bor":
-        return np.where(hit, bit, 0)
-    return ((rank * 3 + i) % 7 * 19 + rank * 5) % 128
+        v = np.where(hit, 127 ^ bit, 127)
+    elif op == "bor":
+        v = np.where(hit, bit, 0)
+    elif bool_:
+        return (((rank + i) % 7 == 0) | hit).astype(np.int64)
+    else:
+        return ((rank * 3 + i) % 7 * 19 + rank * 5) % 128
+    return v & 1 if bool_ else v
 
 
 def _repeat(base: np.ndarray, count: int) -> np.ndarray:
@@ -109,7 +112,7 @@ def _repeat(base: np.ndarray, count: int) -> np.ndarray:
 
 
 # The index period of each reducing op's pattern in check_data.
-_PERIOD = {"sum": 5, "avg": 5, "prod": 3, "min": 7, "max": 7, "band": 21, "bor": 21, "bxor": 7}
+_PERIOD = {"sum": 5, "avg": 5, "prod": 3, "min": 7, "max": 7, "band": 21, "bor": 21, "bxor": 21}
 
 
 def check_expected(dtype: str, op: str, n: int, count: int) -> np.ndarray:
