@@ -1111,16 +1111,23 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
     import ringcomm
     import ringcomm.quarantine
     stop = sys.argv[1] == "stop"  # stop the leaf (SIGSTOP) before the abort, while it writes
+    coll = sys.argv[2]  # gather: the leaf's block; reduce: the sums of the leaf's part
     comm = ringcomm.init(timeout=20)
     r = comm.rank
     leaf = int(comm.all_gather(np.array([os.getpid()], np.int64))[1])
     k = 64 << 20  # float32 per block: the leaf writes 256 MiB into the root's output
+    # reduce over 2k: the root's part is 12/19 of the count at N = 2 (ReduceParts,
+    # csrc/algorithms/shm.cpp); the leaf writes the sums of the rest (about 190 MiB)
+    at = k if coll == "gather" else 2 * k * 12 // 19  # where the leaf's writes begin
     if r == 0:
         out = np.full(2 * k, -1, np.float32)
-        x = out[:k]  # in place: the root copies nothing of its own, it waits while the leaf writes
-        x[:] = 0
-        def frontier():  # the first element of the leaf's block not written yet (it writes in order)
-            lo, hi = k, 2 * k
+        if coll == "gather":
+            x = out[:k]  # in place: the root copies nothing of its own, it waits while the leaf writes
+            x[:] = 0
+        else:  # the root reduces its own part meanwhile: its abort is seen between its pieces
+            x = np.zeros(2 * k, np.float32)
+        def frontier():  # the first element of the leaf's part not written yet (it writes in order)
+            lo, hi = at, 2 * k
             while lo < hi:
                 mid = (lo + hi) // 2
                 if out[mid] == -1:
@@ -1130,7 +1137,7 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
             return lo
         t_abort = []
         def abort_once_the_leaf_writes():
-            while out[k] == -1:
+            while out[at] == -1:
                 time.sleep(0)
             if stop:
                 os.kill(leaf, signal.SIGSTOP)
@@ -1139,9 +1146,12 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
         watcher = threading.Thread(target=abort_once_the_leaf_writes, daemon=True)
         watcher.start()
     else:
-        x, out = np.ones(k, np.float32), None
+        x, out = np.ones(k if coll == "gather" else 2 * k, np.float32), None
     try:
-        comm.gather(x, 0, out=out, algorithm="shm")
+        if coll == "gather":
+            comm.gather(x, 0, out=out, algorithm="shm")
+        else:
+            comm.reduce(x, 0, out=out, algorithm="shm")
         print(f"RANK {r} NO ERROR", flush=True)
     except ringcomm.RingcommError as e:
         if r == 0:
@@ -1158,7 +1168,7 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
             else:
                 time.sleep(0.5)
             print(f"RANK {r} RAISED {type(e).__name__} after {took:.1f} s held={held} then {held_then}: "
-                  f"written {f1 - k} of {k}, "
+                  f"written {f1 - at} of {2 * k - at}, "
                   f"late {frontier() - f1}", flush=True)
         else:
             print(f"RANK {r} RAISED {type(e).__name__}", flush=True)
@@ -1169,23 +1179,26 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def late_write(mode: str) -> list[str]:
+def late_write(mode: str, coll: str = "gather") -> list[str]:
     """LATE_WRITE_SCRIPT's lines, rank 0's first. Up to three launches: the
     root's watcher must act while the leaf writes, and on a loaded machine
     it may wake only after the whole block has landed."""
     for _ in range(3):
-        res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", LATE_WRITE_SCRIPT, mode],
+        res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", LATE_WRITE_SCRIPT, mode, coll],
                              capture_output=True, text=True, timeout=120, env=clean_env(RINGCOMM_SHM_SPIN_US="0"))
         got = sorted(lines(res))
-        if not (got and (f"written {64 << 20} " in got[0] or "NO ERROR" in got[0])):
+        part = got and "written " in got[0] and got[0].split("written ")[1].split(",")[0].split(" of ")
+        if not (got and (part and part[0] == part[1] or "NO ERROR" in got[0])):
             break
     assert len(got) == 2 and all("RAISED CommunicatorAborted" in line for line in got), res.stdout + res.stderr
     return got
 
 
-def test_no_write_lands_in_the_roots_output_after_it_failed():
-    # gather's (and reduce's) leaves write into the root's output by single
-    # copy (ShmWindow::write_into). The root aborts (another thread) once the
+@pytest.mark.parametrize("coll", ["gather", "reduce"])
+def test_no_write_lands_in_the_roots_output_after_it_failed(coll):
+    # gather's and reduce's leaves write into the root's output by single
+    # copy (ShmWindow::write_into: gather its block, reduce the sums of its
+    # part). The root aborts (another thread) once the
     # leaf's first bytes land: when its call returns the error, no more may
     # land (its caller may free that output). Before, the leaf's write of its
     # whole block (256 MiB, one process_vm_writev) went on landing for tens
@@ -1193,10 +1206,13 @@ def test_no_write_lands_in_the_roots_output_after_it_failed():
     # runs of three. Now a writer stops at the next 4 MiB piece and the
     # failing root waits for the piece in flight.
     # (No spinning: a wait's spin looks at arrivals alone, in which the
-    # leaf could write much of its block.)
-    got = late_write("abort")
-    written = int(got[0].split("written ")[1].split()[0])
-    assert written < 64 << 20, got[0]  # cut off: the abort came while the leaf wrote
+    # leaf could write much of its block.) reduce's root sums its own part
+    # meanwhile, waiting for no one: it used to see its abort only at the
+    # closing sync, after the leaf had written everything, and both ranks
+    # returned as if no abort had come (ShmWindow::check_running).
+    got = late_write("abort", coll)
+    written, whole = (int(v) for v in got[0].split("written ")[1].split(",")[0].split(" of "))
+    assert written < whole, got[0]  # cut off: the abort came while the leaf wrote
     assert got[0].endswith("late 0"), got[0]
     assert "held=0 then 0:" in got[0], got[0]  # the writer stopped in time: nothing is kept for good
 

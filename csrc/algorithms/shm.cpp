@@ -646,6 +646,7 @@ void sc_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, c
     }
     const size_t len = piece_len(parts.chunk_count(r), t, P), at = (parts.chunk_begin(r) + t * P) * es;
     if (!len) continue;
+    w.check_running(link, fp, "reduced its part");  // (no wait between the syncs sees an abort)
     for (int j = 0; j < n; ++j) {
       if (j == r) continue;
       w.read_peer(j, fp.seq, at, 0, scratch + size_t(j) * P * es, len * es);

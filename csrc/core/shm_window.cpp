@@ -720,6 +720,15 @@ void ShmWindow::wait_until(Link& link, const Fingerprint& fp, uint64_t p, const 
   }
 }
 
+void ShmWindow::check_running(Link& link, const Fingerprint& fp, const char* doing) const {
+  if (header()->failed.load(std::memory_order_acquire) > 0) throw_published(link.rank(), fp.seq);
+  if (link.transport().interrupted())
+    throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
+                    "rank " + std::to_string(member(rank_)) +
+                        (link.user_interrupted() ? " was interrupted (KeyboardInterrupt) in " : " aborted ") +
+                        describe(fp) + " while it " + doing + " (shared memory)");
+}
+
 // Rank j reached this phase in another call (its word: seq << 32 | stamp):
 // name it from its announcements when they still hold it.
 void ShmWindow::throw_other_call(int j, uint64_t word, const Fingerprint& fp) {
