@@ -1111,6 +1111,8 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
     import ringcomm
     import ringcomm.quarantine
     stop = sys.argv[1] == "stop"  # stop the leaf (SIGSTOP) before the abort, while it writes
+    by_leaf = sys.argv[1] == "leaf"  # the leaf aborts itself while it writes (told through a file)
+    mark = os.environ.get("LATE_WRITE_MARK", "")
     coll = sys.argv[2]  # gather: the leaf's block; reduce: the sums of the leaf's part
     comm = ringcomm.init(timeout=20)
     r = comm.rank
@@ -1142,11 +1144,20 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
             if stop:
                 os.kill(leaf, signal.SIGSTOP)
             t_abort.append(time.monotonic())
-            comm.abort(wait=False)
+            if by_leaf:
+                open(mark, "w").close()
+            else:
+                comm.abort(wait=False)
         watcher = threading.Thread(target=abort_once_the_leaf_writes, daemon=True)
         watcher.start()
     else:
         x, out = np.ones(k if coll == "gather" else 2 * k, np.float32), None
+        if by_leaf:
+            def abort_when_told():
+                while not os.path.exists(mark):
+                    time.sleep(0)
+                comm.abort(wait=False)
+            threading.Thread(target=abort_when_told, daemon=True).start()
     try:
         if coll == "gather":
             comm.gather(x, 0, out=out, algorithm="shm")
@@ -1171,7 +1182,7 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
                   f"written {f1 - at} of {2 * k - at}, "
                   f"late {frontier() - f1}", flush=True)
         else:
-            print(f"RANK {r} RAISED {type(e).__name__}", flush=True)
+            print(f"RANK {r} RAISED {type(e).__name__}" + (f": {e}" if by_leaf else ""), flush=True)
     finally:
         if r == 0 and stop:  # never leave the leaf stopped
             watcher.join(1.0)
@@ -1179,13 +1190,15 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def late_write(mode: str, coll: str = "gather") -> list[str]:
+def late_write(mode: str, coll: str = "gather", tmp_path=None) -> list[str]:
     """LATE_WRITE_SCRIPT's lines, rank 0's first. Up to three launches: the
     root's watcher must act while the leaf writes, and on a loaded machine
     it may wake only after the whole block has landed."""
-    for _ in range(3):
+    for i in range(3):
+        mark = str(tmp_path / f"mark{i}") if tmp_path else ""
         res = subprocess.run(RUN + ["-n", "2", "--", sys.executable, "-c", LATE_WRITE_SCRIPT, mode, coll],
-                             capture_output=True, text=True, timeout=120, env=clean_env(RINGCOMM_SHM_SPIN_US="0"))
+                             capture_output=True, text=True, timeout=120,
+                             env=clean_env(RINGCOMM_SHM_SPIN_US="0", LATE_WRITE_MARK=mark))
         got = sorted(lines(res))
         part = got and "written " in got[0] and got[0].split("written ")[1].split(",")[0].split(" of ")
         if not (got and (part and part[0] == part[1] or "NO ERROR" in got[0])):
@@ -1215,6 +1228,21 @@ def test_no_write_lands_in_the_roots_output_after_it_failed(coll):
     assert written < whole, got[0]  # cut off: the abort came while the leaf wrote
     assert got[0].endswith("late 0"), got[0]
     assert "held=0 then 0:" in got[0], got[0]  # the writer stopped in time: nothing is kept for good
+
+
+@pytest.mark.parametrize("coll", ["gather", "reduce"])
+def test_a_leaf_that_aborts_while_it_writes_stops_writing(coll, tmp_path):
+    # The leaf's own abort (another thread of it) while it writes into the
+    # root's output: it stops at the next piece (ShmWindow::check_running;
+    # reduce's leaf between its pieces of reading, summing and writing),
+    # not after its whole part; the root hears of it and returns with
+    # nothing landing after.
+    got = late_write("leaf", coll, tmp_path)
+    written, whole = (int(v) for v in got[0].split("written ")[1].split(",")[0].split(" of "))
+    assert written < whole, got[0]
+    assert got[0].endswith("late 0") and "held=0 then 0:" in got[0], got[0]
+    doing = ["while it wrote into a peer's output"] + (["while it reduced its part"] if coll == "reduce" else [])
+    assert "rank 1 aborted" in got[1] and any(d in got[1] for d in doing), got[1]
 
 
 def test_a_stopped_writer_keeps_the_roots_output_held():

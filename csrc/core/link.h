@@ -74,6 +74,7 @@ class Link {
   Options& mutable_options() { return opts_; }
   Ledger& ledger() { return ledger_; }
   Transport& transport() { return *t_; }
+  const Transport& transport() const { return *t_; }
   std::shared_ptr<Transport> shared_transport() const { return t_; }
 
   // ---- collective lifecycle (called by the Engine) ----

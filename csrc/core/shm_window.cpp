@@ -387,7 +387,7 @@ void ShmWindow::write_into(const Link& link, const Fingerprint& fp, int j, uint6
   } done{mine};
   mine.store(uint32_t(j + 1), std::memory_order_seq_cst);
   for (size_t at = 0; at < bytes; at += kWritePiece) {
-    if (header()->failed.load(std::memory_order_seq_cst) > 0) throw_published(link.rank(), fp.seq);
+    check_running(link, fp, "wrote into a peer's output");  // (the failure: seq_cst, as the comment above says)
     // (process_vm_writev's local iovec is not const; it is only read)
     cross_copy(j, fp.seq, true, const_cast<char*>(src + at), theirs + at, std::min(kWritePiece, bytes - at));
   }
@@ -720,8 +720,8 @@ void ShmWindow::wait_until(Link& link, const Fingerprint& fp, uint64_t p, const 
   }
 }
 
-void ShmWindow::check_running(Link& link, const Fingerprint& fp, const char* doing) const {
-  if (header()->failed.load(std::memory_order_acquire) > 0) throw_published(link.rank(), fp.seq);
+void ShmWindow::check_running(const Link& link, const Fingerprint& fp, const char* doing) const {
+  if (header()->failed.load(std::memory_order_seq_cst) > 0) throw_published(link.rank(), fp.seq);
   if (link.transport().interrupted())
     throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
                     "rank " + std::to_string(member(rank_)) +

@@ -109,13 +109,13 @@ class ShmWindow {
   // (RankArea::at).
   uint64_t arrive(const Link& link, const Fingerprint& fp);
   int await_any(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count);
-  // Between the pieces of work a rank does without waiting (reduce's reads,
-  // sums and writes): a failure a peer published, or this rank's own abort
-  // (Communicator.abort from another thread, a signal), raises here, as in
-  // a wait, not only at the call's closing sync, where the peers may have
-  // arrived already and the call would end as if no abort had come.
-  // `doing`: what the rank was doing, for the message.
-  void check_running(Link& link, const Fingerprint& fp, const char* doing) const;
+  // Between the pieces of work a rank does without waiting (reduce's reads
+  // and sums, a leaf's writes into the root): a failure a peer published,
+  // or this rank's own abort (Communicator.abort from another thread, a
+  // signal), raises here, as in a wait, not only at the call's closing
+  // sync, where the peers may have arrived already and the call would end
+  // as if no abort had come. `doing`: what the rank was doing, for the message.
+  void check_running(const Link& link, const Fingerprint& fp, const char* doing) const;
   // Peer j's announced call `mine.seq` (after the call's first sync, while
   // j is still in it): what j passed for it (zero copy: its arena offsets).
   Fingerprint peer_call(int j, const Fingerprint& mine) const;
