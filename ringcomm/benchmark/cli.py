@@ -40,8 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--reps", type=int, default=5, help="interleaved repetitions (default 5)")
     p.add_argument("--target-ms", type=float, default=20, help="time per repetition when --iters 0 (default 20)")
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="check results (default 1)")
-    p.add_argument("-o", "--op", default="sum", help="comma-separated, from sum, prod, min, max, avg (floating dtypes), band, bor, "
-                        "bxor (integer and bool dtypes), or all: each op with the dtypes it fits; with a "
+    p.add_argument("-o", "--op", default="sum", help="comma-separated, from sum, prod, min, max, avg (floating dtypes only), band, bor, "
+                        "bxor (integer and bool dtypes only), or all: each op with the dtypes it fits; with a "
                         "reducing collective, an op that fits none of the dtypes is refused (default sum)")
     p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(vocab.DTYPES)} or all")
     p.add_argument("--collective", default="all_reduce",
