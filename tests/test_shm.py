@@ -1121,6 +1121,12 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
     # reduce over 2k: the root's part is 12/19 of the count at N = 2 (ReduceParts,
     # csrc/algorithms/shm.cpp); the leaf writes the sums of the rest (about 190 MiB)
     at = k if coll == "gather" else 2 * k * 12 // 19  # where the leaf's writes begin
+    if coll == "reduce":  # the split, checked on a small reduce: the leaf reads the root's input of its part
+        c = 19 << 12
+        before = comm.traffic().bytes_sent("reduce")
+        comm.reduce(np.ones(c, np.float32), 0, out=np.empty(c, np.float32) if r == 0 else None, algorithm="shm")
+        sent = comm.traffic().bytes_sent("reduce") - before
+        assert r != 0 or sent == (c - c * 12 // 19) * 4, (sent, c)
     if r == 0:
         out = np.full(2 * k, -1, np.float32)
         if coll == "gather":
@@ -1137,12 +1143,15 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
                 else:
                     lo = mid + 1
             return lo
-        t_abort = []
+        t_abort, mid_call = [], []
         def abort_once_the_leaf_writes():
             while out[at] == -1:
                 time.sleep(0)
             if stop:
                 os.kill(leaf, signal.SIGSTOP)
+            # the root's call cannot have ended yet: gather's root waits for the
+            # leaf's block, reduce's has its own part (ending at `at`) to finish
+            mid_call.append(frontier() < 2 * k and (coll == "gather" or out[at - 1] == -1))
             t_abort.append(time.monotonic())
             if by_leaf:
                 open(mark, "w").close()
@@ -1163,7 +1172,9 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
             comm.gather(x, 0, out=out, algorithm="shm")
         else:
             comm.reduce(x, 0, out=out, algorithm="shm")
-        print(f"RANK {r} NO ERROR", flush=True)
+        # (the root's own abort, come while its call could not have ended, must fail it)
+        late = r == 0 and not by_leaf and mid_call and mid_call[0]
+        print(f"RANK {r} NO ERROR" + (" though aborted mid-call" if late else ""), flush=True)
     except ringcomm.RingcommError as e:
         if r == 0:
             took = time.monotonic() - t_abort[0]
@@ -1201,7 +1212,8 @@ def late_write(mode: str, coll: str = "gather", tmp_path=None) -> list[str]:
                              env=clean_env(RINGCOMM_SHM_SPIN_US="0", LATE_WRITE_MARK=mark))
         got = sorted(lines(res))
         part = got and "written " in got[0] and got[0].split("written ")[1].split(",")[0].split(" of ")
-        if not (got and (part and part[0] == part[1] or "NO ERROR" in got[0])):
+        # again only when the watcher came too late (not when an abort mid-call went unseen)
+        if not (got and (part and part[0] == part[1] or "NO ERROR" in got[0] and "mid-call" not in got[0])):
             break
     assert len(got) == 2 and all("RAISED CommunicatorAborted" in line for line in got), res.stdout + res.stderr
     return got
@@ -1216,8 +1228,8 @@ def test_no_write_lands_in_the_roots_output_after_it_failed(coll):
     # land (its caller may free that output). Before, the leaf's write of its
     # whole block (256 MiB, one process_vm_writev) went on landing for tens
     # of ms after the root had returned: 60 M of 67 M floats late, three
-    # runs of three. Now a writer stops at the next 4 MiB piece and the
-    # failing root waits for the piece in flight.
+    # runs of three. Now a writer stops at the next piece (4 MiB; reduce's
+    # slot-sized) and the failing root waits for the piece in flight.
     # (No spinning: a wait's spin looks at arrivals alone, in which the
     # leaf could write much of its block.) reduce's root sums its own part
     # meanwhile, waiting for no one: it used to see its abort only at the

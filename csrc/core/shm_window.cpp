@@ -368,11 +368,12 @@ void ShmWindow::write_peer(const Link& link, const Fingerprint& fp, int j, size_
 // test, a leaf's process_vm_writev of 256 MiB went on landing for tens of
 // milliseconds after the root had returned. So a writer says whom it writes
 // into (`writing`, seq_cst) and then looks for a published failure (seq_cst)
-// before each piece; a failing rank publishes its failure (seq_cst) and then
-// waits until no live peer says it writes into it (await_writers, from
-// Link::fail()). Of the two stores, each side loads the other's after its own: a
-// writer either sees the failure and writes no more, or the failing rank sees
-// it writing and waits for its piece (at most kWritePiece) to land.
+// before each piece (and for its own abort: check_running); a failing rank
+// publishes its failure (seq_cst) and then waits until no live peer says it
+// writes into it (await_writers, from Link::fail()). Of the two stores, each
+// side loads the other's after its own: a writer either sees the failure and
+// writes no more, or the failing rank sees it writing and waits for its piece
+// (at most kWritePiece) to land.
 namespace {
 constexpr size_t kWritePiece = size_t(4) << 20;
 constexpr auto kAwaitWriters = std::chrono::seconds(2);

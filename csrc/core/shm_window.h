@@ -111,10 +111,11 @@ class ShmWindow {
   int await_any(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count);
   // Between the pieces of work a rank does without waiting (reduce's reads
   // and sums, a leaf's writes into the root): a failure a peer published,
-  // or this rank's own abort (Communicator.abort from another thread, a
-  // signal), raises here, as in a wait, not only at the call's closing
-  // sync, where the peers may have arrived already and the call would end
-  // as if no abort had come. `doing`: what the rank was doing, for the message.
+  // or this rank's own abort (Communicator.abort from another thread),
+  // raises here, as in a wait, not only at the call's closing sync, where
+  // the peers may have arrived already and the call would end as if no
+  // abort had come. (A Ctrl-C is polled in waits only: it calls into Python.)
+  // `doing`: what the rank was doing, for the message.
   void check_running(const Link& link, const Fingerprint& fp, const char* doing) const;
   // Peer j's announced call `mine.seq` (after the call's first sync, while
   // j is still in it): what j passed for it (zero copy: its arena offsets).
