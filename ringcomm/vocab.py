@@ -151,10 +151,10 @@ def op_code(op: str, dtype: str) -> int:
     from .errors import InvalidArgument
     if not isinstance(op, str) or op not in OPS:
         raise InvalidArgument(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
-    if op == "avg" and dtype not in FLOATING:
-        raise InvalidArgument(f"op 'avg' needs a floating dtype, got {dtype} "
-                              "(use 'sum' and divide, or convert to a floating type)")
-    if op in BITWISE and dtype in FLOATING:
+    if not op_fits(dtype, op):
+        if op == "avg":
+            raise InvalidArgument(f"op 'avg' needs a floating dtype, got {dtype} "
+                                  "(use 'sum' and divide, or convert to a floating type)")
         raise InvalidArgument(f"op {op!r} needs an integer or bool dtype, got {dtype}")
     return OPS[op]
 

@@ -34,8 +34,8 @@ def test_torch_backend_against_gloo(n):
     c = out[0]["counts"]
     for op in ("allreduce", "broadcast", "all_gather", "all_gather_single", "reduce_scatter",
                "reduce_scatter_single", "coalesced", "reduce", "gather", "scatter", "all_to_all_single", "all_to_all",
-               "send_recv", "isend_irecv", "recv_anysource", "batch_isend_irecv", "barrier", "unsupported", "bitwise", "ddp",
-               "ledger", "fsdp2", "errors"):
+               "send_recv", "isend_irecv", "recv_anysource", "batch_isend_irecv", "barrier", "unsupported", "bitwise",
+               "ddp", "ledger", "fsdp2", "errors"):
         assert c.get(op, 0) > 0, f"no {op} cases ran"
     assert out[0]["env"] == {"RANK": "0", "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1"}
     print(f"\nn={n}: cases per op on rank 0 {c} (total {sum(c.values())}); DDP max |ringcomm - gloo| "

@@ -40,9 +40,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--reps", type=int, default=5, help="interleaved repetitions (default 5)")
     p.add_argument("--target-ms", type=float, default=20, help="time per repetition when --iters 0 (default 20)")
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="check results (default 1)")
-    p.add_argument("-o", "--op", default="sum", help="comma-separated, from sum, prod, min, max, avg (floating dtypes only), band, bor, "
-                        "bxor (integer and bool dtypes only), or all: each op with the dtypes it fits; with a "
-                        "reducing collective, an op that fits none of the dtypes is refused (default sum)")
+    p.add_argument("-o", "--op", default="sum",
+                   help="comma-separated, from sum, prod, min, max, avg (floating dtypes only), band, bor, bxor "
+                        "(integer and bool dtypes only), or all: each op with the dtypes it fits; with a reducing "
+                        "collective, an op that fits none of the dtypes is refused (default sum)")
     p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(vocab.DTYPES)} or all")
     p.add_argument("--collective", default="all_reduce",
                    help="comma-separated, from all_reduce, reduce_scatter, all_gather, reduce, gather, scatter, "
@@ -121,7 +122,8 @@ def parse(argv) -> argparse.Namespace:
             raise SystemExit(f"ringcomm bench: unknown {what} {bad}; expected one of {', '.join(ok)}")
     if any(c in REDUCING for c in args.collectives):
         # "all" runs each op with the dtypes it fits; an op named alone must fit one of them
-        lone = [] if args.op == "all" else [op for op in args.ops if not any(vocab.op_fits(d, op) for d in args.dtypes)]
+        lone = [] if args.op == "all" else [op for op in args.ops
+                                             if not any(vocab.op_fits(d, op) for d in args.dtypes)]
         if lone:
             raise SystemExit(f"ringcomm bench: op {', '.join(lone)} fits none of the dtypes {', '.join(args.dtypes)} "
                              f"(avg: floating dtypes; band, bor, bxor: integer and bool dtypes)")
