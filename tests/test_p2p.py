@@ -319,12 +319,14 @@ def test_abort_wakes_pending_recv():
     ringcomm.run_local(2, body)
 
 
-@pytest.mark.parametrize("case", ["mismatch", "timeout"])
+@pytest.mark.parametrize("case", ["mismatch", "timeout", "tag"])
 def test_peers_hear_which_p2p_op_failed(case):
     """A failed p2p op aborts the communicator; the ranks that hear of it
     through the ring (the sender, and rank 2, a bystander) are told which op
     failed where: rank 1's recv from rank 0 with its tag, not a collective
-    (an all_reduce ran before, so a wrong message would cite it)."""
+    (an all_reduce ran before, so a wrong message would cite it). "tag":
+    rank 0 sent with tag 3 what rank 1 receives with tag 4; rank 1's
+    timeout names the message that waits unreceived."""
     def body(comm):
         r = comm.rank
         comm.all_reduce(np.arange(4, dtype=np.float32) + r)
@@ -333,15 +335,18 @@ def test_peers_hear_which_p2p_op_failed(case):
             if r == 1:
                 comm.recv(np.zeros(4, np.float32), 0, tag=3 if case == "mismatch" else 4)
             else:
-                if r == 0 and case == "mismatch":
+                if r == 0 and case in ("mismatch", "tag"):
                     comm.send(np.arange(5, dtype=np.float32), 1, tag=3)
                 comm.barrier()  # rank 1 never comes: this rank hears of its failure
         except ringcomm.RingcommError as e:
             return type(e).__name__, str(e)
         return "no error", ""
     out = ringcomm.run_local(3, body)
-    want = {"mismatch": ("MismatchError", "tag 3"), "timeout": ("CollectiveTimeout", "tag 4")}[case]
+    want = {"mismatch": ("MismatchError", "tag 3"), "timeout": ("CollectiveTimeout", "tag 4"),
+            "tag": ("CollectiveTimeout", "tag 4")}[case]
     assert out[1][0] == want[0], f"rank 1: {out[1]}"
+    told = "rank 0's next message to rank 1 has tag 3 (20 bytes (5 float32)) and waits unreceived"
+    assert (told in out[1][1]) == (case == "tag"), f"rank 1: {out[1]}"
     for r in (0, 2):
         kind, msg = out[r]
         assert kind != "no error", f"rank {r} never heard of rank 1's failure"

@@ -29,6 +29,8 @@ enum class Channel : int { data = 0, control = 1, check = 2, p2p = 3, kCount };
 
 // A point-to-point receive from any rank.
 constexpr int kAnySource = -1;
+// p2p_peek for a message with any tag (a receive never asks for it).
+constexpr uint32_t kAnyTag = 0xffffffffu;
 
 // wait_any's answer when interrupt() was called.
 constexpr int kInterrupted = -2;
@@ -123,9 +125,10 @@ class Transport {
   // landing, and the request comes back done, with `wrong_message` set and
   // `bytes` the message's size.
   virtual RequestPtr p2p_take(int peer, uint32_t tag, void* buf, size_t bytes);
-  // Has a message from `peer` (kAnySource: any) with `tag` arrived? Leaves
-  // it there (for error messages); fills *src and *bytes when true.
-  virtual bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes);
+  // Has a message from `peer` (kAnySource: any) with `tag` (kAnyTag: any;
+  // then the oldest such) arrived? Leaves it there (for error messages);
+  // fills *src, *bytes and *found (its tag; may be null) when true.
+  virtual bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes, uint32_t* found);
   // The largest tag p2p_send carries (MPI_TAG_UB).
   virtual uint32_t p2p_max_tag() const { return 0x7fffffffu; }
   // The largest message p2p_send carries (MPI: 1 GiB, its counts are ints).

@@ -417,6 +417,25 @@ void P2POp::stage(std::shared_ptr<Device> dev, uintptr_t stream) {
   copy_.reset();
 }
 
+// A receive that timed out: what its peer sent instead, when the next
+// message from it that waits here unreceived has another tag (the usual
+// cause: ranks that disagree on the tag); "" otherwise. (One of this tag
+// and another dtype fails the receive earlier, in progress().)
+std::string P2POp::unreceived() const {
+  int src = -1;
+  size_t bytes = 0;
+  uint32_t wire = 0;
+  try {
+    if (!t_->p2p_peek(peer_, kAnyTag, &src, &bytes, &wire) || wire >> kDtypeBits == uint32_t(tag_)) return "";
+  } catch (const std::exception&) {  // (the timeout is the error to raise, not the probe's)
+    return "";
+  }
+  const uint32_t code = wire & ((1u << kDtypeBits) - 1);
+  const std::string what = code < uint32_t(DType::kCount) ? elems(bytes, DType(code)) : std::to_string(bytes) + " bytes";
+  return "; rank " + std::to_string(src) + "'s next message to rank " + std::to_string(rank_) + " has tag " +
+         std::to_string(wire >> kDtypeBits) + " (" + what + ") and waits unreceived: do the ranks agree on the tag?";
+}
+
 std::string P2POp::every_peer_dead() const {
   std::string all;
   for (int r = 0; r < engine_->size(); ++r) {
@@ -473,8 +492,8 @@ bool P2POp::progress(Clock::time_point until) {
         // after finding the other one, never before.
         // Nor is it a mismatch when a receive of this rank awaits it.
         const uint32_t other = (uint32_t(tag_) << kDtypeBits) | uint32_t(d);
-        if (d != int(dtype_) && t_->p2p_peek(peer_, other, &src, &b) &&
-            !t_->p2p_peek(peer_, wire_, &own_src, &own_bytes) && !engine_->p2p_pending().awaits(peer_, other))
+        if (d != int(dtype_) && t_->p2p_peek(peer_, other, &src, &b, nullptr) &&
+            !t_->p2p_peek(peer_, wire_, &own_src, &own_bytes, nullptr) && !engine_->p2p_pending().awaits(peer_, other))
           fail(ErrKind::mismatch, "rank " + std::to_string(src) + " sent " + std::to_string(b) + " bytes of " +
                                       dtype_name(DType(d)) + " with this tag, but this receive is " +
                                       dtype_name(dtype_));
@@ -567,7 +586,8 @@ bool P2POp::wait_locked(double timeout_s, const std::function<bool()>* interrupt
                                      : peer_ == kAnySource ? std::string("a message from any rank")
                                                            : "a message from rank " + std::to_string(peer_);
           fail(ErrKind::timeout, "timed out after " + std::to_string(engine_->options().timeout_s) +
-                                     " s waiting for " + waiting);
+                                     " s waiting for " + waiting +
+                                     (is_send_ || matched_.load() ? "" : unreceived()));
         }
       }
       if (now >= mine) return false;

@@ -140,6 +140,8 @@ class P2POp {
   // Every other rank's process is gone (only ranks of this host can be
   // known gone): what death_of says of each, or "" while one may live.
   std::string every_peer_dead() const;
+  // A receive's timeout: the other tag the peer's next message has, if any.
+  std::string unreceived() const;
   // A staging copy queued and not known to be done (an event that fails
   // to answer counts as pending): its memory must never be given back.
   bool copy_pending();

@@ -64,8 +64,8 @@ class GroupedTransport : public Transport {
   RequestPtr p2p_take(int peer, uint32_t tag, void* buf, size_t bytes) override {
     return host_->p2p_take(peer, tag, buf, bytes);
   }
-  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes) override {
-    return host_->p2p_peek(peer, tag, src, bytes);
+  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes, uint32_t* found) override {
+    return host_->p2p_peek(peer, tag, src, bytes, found);
   }
   uint32_t p2p_max_tag() const override { return host_->p2p_max_tag(); }
   size_t p2p_max_bytes() const override { return host_->p2p_max_bytes(); }

@@ -222,15 +222,16 @@ class InprocTransport final : public Transport {
     return nullptr;
   }
 
-  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes) override {
+  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes, uint32_t* found) override {
     for (int s = 0; s < w_->n; ++s) {
       if (peer != kAnySource && s != peer) continue;
       Queue* q = w_->queue(s, rank_, Channel::p2p);
       std::lock_guard<std::mutex> g(q->m);
       for (const Message& m : q->sends)
-        if (m.stamp == tag) {
+        if (tag == kAnyTag || m.stamp == tag) {
           *src = s;
           *bytes = m.bytes;
+          if (found) *found = m.stamp;
           return true;
         }
     }

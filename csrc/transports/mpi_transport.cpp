@@ -198,15 +198,18 @@ class MpiTransport final : public Transport {
     return kP2PPending;
   }
   bool p2p_spin() const override { return true; }
-  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes) override {
+  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes, uint32_t* found) override {
     int flag = 0;
     MPI_Status st;
-    RC_MPI(MPI_Iprobe(peer == kAnySource ? MPI_ANY_SOURCE : peer, int(tag), p2p_, &flag, &st), peer);
+    RC_MPI(MPI_Iprobe(peer == kAnySource ? MPI_ANY_SOURCE : peer, tag == kAnyTag ? MPI_ANY_TAG : int(tag), p2p_,
+                      &flag, &st),
+           peer);
     if (!flag) return false;
     int got = 0;
     MPI_Get_count(&st, MPI_BYTE, &got);
     *src = st.MPI_SOURCE;
     *bytes = size_t(got);
+    if (found) *found = uint32_t(st.MPI_TAG);
     return true;
   }
   uint32_t p2p_max_tag() const override { return tag_ub_; }

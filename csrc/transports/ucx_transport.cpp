@@ -258,13 +258,16 @@ class UcxTransport final : public Transport {
     return take_locked(peer, tag, buf, bytes);
   }
 
-  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes) override {
+  bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes, uint32_t* found) override {
     std::lock_guard<std::mutex> g(w_->mu);
     w_->progress_locked();
     ucp_tag_recv_info_t info{};
-    if (!ucx::api().tag_probe_nb(w_->worker, p2p_tag(peer, tag), p2p_mask(peer), 0, &info)) return false;
+    // Any tag: only the channel and (for a given peer) the sender's bits must match.
+    const ucp_tag_t mask = tag == kAnyTag ? p2p_mask(peer) & ~kLowMask : p2p_mask(peer);
+    if (!ucx::api().tag_probe_nb(w_->worker, p2p_tag(peer, tag == kAnyTag ? 0 : tag), mask, 0, &info)) return false;
     *src = tag_sender(info.sender_tag);
     *bytes = info.length;
+    if (found) *found = uint32_t(info.sender_tag & kLowMask);
     return true;
   }
 

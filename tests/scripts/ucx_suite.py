@@ -159,25 +159,41 @@ def run_faults(world):
                MismatchError, lambda e: None if ("int32" in str(e) and "float32" in str(e)) else "does not name both")
         world.Barrier()
 
-    # A point-to-point receive of the wrong size fails on both sides.
-    comm = ringcomm.init(timeout=5)
-
-    def p2p_mismatch():
+    # Rank 0 sends 10 float32 with tag 3 to rank 1, which receives
+    # `count` with `tag`; the others wait in a barrier.
+    def p2p_pair(count, tag):
         if r == 0:
             comm.send(np.arange(10, dtype=np.float32), 1, tag=3)
             comm.barrier()
         elif r == 1:
-            comm.recv(np.zeros(8, np.float32), 0, tag=3)
+            comm.recv(np.zeros(count, np.float32), 0, tag=tag)
         else:
             comm.barrier()
+
+    # A point-to-point receive of the wrong size fails on both sides.
+    comm = ringcomm.init(timeout=5)
+    mismatch = lambda: p2p_pair(8, 3)  # noqa: E731
     if r == 1:
-        expect(errs, r, "p2p size mismatch", p2p_mismatch, MismatchError,
+        expect(errs, r, "p2p size mismatch", mismatch, MismatchError,
                lambda e: None if "40 bytes" in str(e) else "does not name the message's size")
     elif r == 0:
-        expect(errs, r, "p2p size mismatch (sender)", p2p_mismatch, ringcomm.RingcommError,
+        expect(errs, r, "p2p size mismatch (sender)", mismatch, ringcomm.RingcommError,
                lambda e: None if "recv(count=8" in str(e) else "does not name the receive")
     else:
-        expect(errs, r, "p2p size mismatch (bystander)", p2p_mismatch, ringcomm.RingcommError)
+        expect(errs, r, "p2p size mismatch (bystander)", mismatch, ringcomm.RingcommError)
+    world.Barrier()
+
+    # Tags that disagree (rank 1 receives with tag 4): its timeout names the
+    # message that waits unreceived (an any-tag probe of the UCP tag's low bits).
+    comm = ringcomm.init(timeout=1 if r == 1 else 10)
+    wrong_tag = lambda: p2p_pair(10, 4)  # noqa: E731
+    told = "rank 0's next message to rank 1 has tag 3 (40 bytes (10 float32)) and waits unreceived"
+    if r == 1:
+        expect(errs, r, "p2p tags disagree", wrong_tag, CollectiveTimeout,
+               lambda e: None if told in str(e) else "does not name the message sent with another tag")
+    else:
+        expect(errs, r, "p2p tags disagree (sender, bystander)", wrong_tag, ringcomm.RingcommError,
+               lambda e: None if "tag 4" in str(e) else "does not name the receive")
     world.Barrier()
 
     # A missing rank: the others time out, and whichever waiting rank's
