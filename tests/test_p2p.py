@@ -319,38 +319,49 @@ def test_abort_wakes_pending_recv():
     ringcomm.run_local(2, body)
 
 
-@pytest.mark.parametrize("case", ["mismatch", "timeout", "tag"])
+@pytest.mark.parametrize("case", ["mismatch", "timeout", "tag", "tag_any_source", "dtype_any_source"])
 def test_peers_hear_which_p2p_op_failed(case):
     """A failed p2p op aborts the communicator; the ranks that hear of it
     through the ring (the sender, and rank 2, a bystander) are told which op
     failed where: rank 1's recv from rank 0 with its tag, not a collective
     (an all_reduce ran before, so a wrong message would cite it). "tag":
-    rank 0 sent with tag 3 what rank 1 receives with tag 4; rank 1's
-    timeout names the message that waits unreceived."""
+    rank 0 sent with tag 3 (before a barrier of all, so it has arrived)
+    what rank 1 receives with tag 4, from rank 0 or from any rank; rank 1's
+    timeout names the message that waits unreceived. "dtype_any_source":
+    the same tag, another dtype, from any rank (a receive from one rank
+    fails early on that, a MismatchError), named alike."""
+    told = {"tag": "rank 0's next message to rank 1 has tag 3 (20 bytes (5 float32)) and waits unreceived",
+            "dtype_any_source": "rank 0's next message to rank 1 has this tag but is 20 bytes (5 float32) "
+                                "(this receive: float64) and waits unreceived: do the ranks agree on the dtype?"}
+    told["tag_any_source"] = told["tag"]
+    unreceived = case in told  # rank 0's message has arrived (a barrier of all) before rank 1 receives
+
     def body(comm):
         r = comm.rank
         comm.all_reduce(np.arange(4, dtype=np.float32) + r)
         comm.timeout = 0.5 if r == 1 else 10
         try:
+            if r == 0 and case != "timeout":
+                comm.send(np.arange(5, dtype=np.float32), 1, tag=4 if case == "dtype_any_source" else 3)
+            if unreceived:
+                comm.barrier()
             if r == 1:
-                comm.recv(np.zeros(4, np.float32), 0, tag=3 if case == "mismatch" else 4)
+                comm.recv(np.zeros(4, np.float64 if case == "dtype_any_source" else np.float32),
+                          None if case.endswith("any_source") else 0, tag=3 if case == "mismatch" else 4)
             else:
-                if r == 0 and case in ("mismatch", "tag"):
-                    comm.send(np.arange(5, dtype=np.float32), 1, tag=3)
                 comm.barrier()  # rank 1 never comes: this rank hears of its failure
         except ringcomm.RingcommError as e:
             return type(e).__name__, str(e)
         return "no error", ""
     out = ringcomm.run_local(3, body)
-    want = {"mismatch": ("MismatchError", "tag 3"), "timeout": ("CollectiveTimeout", "tag 4"),
-            "tag": ("CollectiveTimeout", "tag 4")}[case]
+    want = ("MismatchError", "tag 3") if case == "mismatch" else ("CollectiveTimeout", "tag 4")
     assert out[1][0] == want[0], f"rank 1: {out[1]}"
-    told = "rank 0's next message to rank 1 has tag 3 (20 bytes (5 float32)) and waits unreceived"
-    assert (told in out[1][1]) == (case == "tag"), f"rank 1: {out[1]}"
+    assert (told[case] in out[1][1]) if unreceived else ("waits unreceived" not in out[1][1]), f"rank 1: {out[1]}"
     for r in (0, 2):
         kind, msg = out[r]
         assert kind != "no error", f"rank {r} never heard of rank 1's failure"
-        assert "rank 1" in msg and "recv" in msg and want[1] in msg and "from rank 0" in msg, \
+        source = "from any rank" if case.endswith("any_source") else "from rank 0"
+        assert "rank 1" in msg and "recv" in msg and want[1] in msg and source in msg, \
             f"rank {r} is not told which op failed: {msg}"
         assert "all_reduce" not in msg, f"rank {r} is told of a collective that did not fail: {msg}"
         if case == "timeout":

@@ -39,12 +39,15 @@ def test_p2p_size_mismatch_over_mpi_fails_both_sides():
     assert "all_reduce" not in out[0]["mismatch"], out[0]
 
 
-def test_p2p_tags_that_disagree_over_mpi_name_the_tag_sent():
-    """Rank 1 receives with tag 4 what rank 0 sent with tag 3: rank 1 times
-    out naming the message that waits unreceived (its tag, size and dtype),
-    and rank 0, in a barrier, hears which receive failed."""
-    out = run(2, "tag")
+@pytest.mark.parametrize("mode", ["tag", "tag_any"])
+def test_p2p_tags_that_disagree_over_mpi_name_the_tag_sent(mode):
+    """Rank 1 receives with tag 4 (from rank 0, or from any rank) what rank 0
+    sent with tag 3: rank 1 times out naming the message that waits
+    unreceived (its tag, size and dtype), and rank 0, in a barrier, hears
+    which receive failed."""
+    out = run(2, mode)
     got = out[1]["mismatch"]
-    assert got.startswith("CollectiveTimeout") and "a message from rank 0" in got, out[1]
+    assert got.startswith("CollectiveTimeout"), out[1]
+    assert ("a message from any rank" if mode == "tag_any" else "a message from rank 0") in got, out[1]
     assert "rank 0's next message to rank 1 has tag 3 (40 bytes (10 float32)) and waits unreceived" in got, out[1]
     assert out[0]["mismatch"] != "no error" and "tag 4" in out[0]["mismatch"], out[0]

@@ -126,8 +126,8 @@ class Transport {
   // `bytes` the message's size.
   virtual RequestPtr p2p_take(int peer, uint32_t tag, void* buf, size_t bytes);
   // Has a message from `peer` (kAnySource: any) with `tag` (kAnyTag: any;
-  // then the oldest such) arrived? Leaves it there (for error messages);
-  // fills *src, *bytes and *found (its tag; may be null) when true.
+  // then its sender's oldest) arrived? Leaves it there (for error
+  // messages); fills *src, *bytes and *found (its tag; may be null) when true.
   virtual bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes, uint32_t* found);
   // The largest tag p2p_send carries (MPI_TAG_UB).
   virtual uint32_t p2p_max_tag() const { return 0x7fffffffu; }

@@ -417,23 +417,31 @@ void P2POp::stage(std::shared_ptr<Device> dev, uintptr_t stream) {
   copy_.reset();
 }
 
-// A receive that timed out: what its peer sent instead, when the next
-// message from it that waits here unreceived has another tag (the usual
-// cause: ranks that disagree on the tag); "" otherwise. (One of this tag
-// and another dtype fails the receive earlier, in progress().)
+// A receive that timed out: what its peer sent instead, when the oldest
+// message from it (any source: from some rank) waits here unreceived with
+// another tag (the usual cause: ranks that disagree on the tag), or with
+// this tag and another dtype (progress() fails a receive from one peer on
+// that earlier, but not an any-source one); "" otherwise, and when another
+// receive of this rank awaits that message.
 std::string P2POp::unreceived() const {
   int src = -1;
   size_t bytes = 0;
   uint32_t wire = 0;
   try {
-    if (!t_->p2p_peek(peer_, kAnyTag, &src, &bytes, &wire) || wire >> kDtypeBits == uint32_t(tag_)) return "";
+    if (!t_->p2p_peek(peer_, kAnyTag, &src, &bytes, &wire) || wire == wire_ ||
+        engine_->p2p_pending().awaits(src, wire))
+      return "";
   } catch (const std::exception&) {  // (the timeout is the error to raise, not the probe's)
     return "";
   }
-  const uint32_t code = wire & ((1u << kDtypeBits) - 1);
+  const uint32_t code = wire & ((1u << kDtypeBits) - 1), tag = wire >> kDtypeBits;
   const std::string what = code < uint32_t(DType::kCount) ? elems(bytes, DType(code)) : std::to_string(bytes) + " bytes";
-  return "; rank " + std::to_string(src) + "'s next message to rank " + std::to_string(rank_) + " has tag " +
-         std::to_string(wire >> kDtypeBits) + " (" + what + ") and waits unreceived: do the ranks agree on the tag?";
+  const std::string next = "; rank " + std::to_string(src) + "'s next message to rank " + std::to_string(rank_);
+  if (tag == uint32_t(tag_))
+    return next + " has this tag but is " + what + " (this receive: " + dtype_name(dtype_) +
+           ") and waits unreceived: do the ranks agree on the dtype?";
+  return next + " has tag " + std::to_string(tag) + " (" + what +
+         ") and waits unreceived: do the ranks agree on the tag?";
 }
 
 std::string P2POp::every_peer_dead() const {

@@ -1,7 +1,7 @@
 """Point-to-point over MPI (run by tests/test_p2p_mpi.py under `ringcomm run -n N`):
 ring shifts (isend/irecv and sendrecv), all pairs, any source (also behind a receive from one rank), a
 receive posted before a collective and waited after it, a large batch both ways, messages over the transport's limit;
-with "mismatch" a size mismatch, with "tag" a receive whose sender used another tag.
+with "mismatch" a size mismatch, with "tag" ("tag_any": from any rank) a receive whose sender used another tag.
 Prints one RESULT line per rank: {"rank", "errors": [...], "mismatch": text}."""
 
 import json
@@ -99,16 +99,19 @@ def main():
         errs.append("p2p bytes booked under the wrong kind")
     mismatch = ""
     comm.timeout = 5
-    if "mismatch" in sys.argv or "tag" in sys.argv:
-        wrong_tag = "tag" in sys.argv  # rank 1 receives with tag 4 what rank 0 sent with tag 3
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode in ("mismatch", "tag", "tag_any"):
+        wrong_tag = mode != "mismatch"  # rank 1 receives with tag 4 what rank 0 sent with tag 3
         if wrong_tag and r == 1:
             comm.timeout = 1  # (times out first; the others hear of it through the ring)
         try:
             if r == 0:
                 comm.send(np.arange(10, dtype=np.float32), 1, tag=3)
-                comm.barrier()
-            elif r == 1:
-                comm.recv(np.zeros(10 if wrong_tag else 8, np.float32), 0, tag=4 if wrong_tag else 3)
+            if wrong_tag:
+                comm.barrier()  # (rank 0's message has arrived before rank 1's deadline starts)
+            if r == 1:
+                comm.recv(np.zeros(10 if wrong_tag else 8, np.float32), None if mode == "tag_any" else 0,
+                          tag=4 if wrong_tag else 3)
             else:
                 comm.barrier()
             mismatch = "no error"

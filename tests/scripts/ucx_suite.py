@@ -159,14 +159,17 @@ def run_faults(world):
                MismatchError, lambda e: None if ("int32" in str(e) and "float32" in str(e)) else "does not name both")
         world.Barrier()
 
-    # Rank 0 sends 10 float32 with tag 3 to rank 1, which receives
-    # `count` with `tag`; the others wait in a barrier.
-    def p2p_pair(count, tag):
+    # Rank 0 sends 10 float32 with tag 3 to rank 1, which receives `count`
+    # with `tag` from `src` (after a barrier of all with `arrived`, so that
+    # the message is there before its deadline starts); the others wait in
+    # a barrier.
+    def p2p_pair(count, tag, src=0, arrived=False):
         if r == 0:
             comm.send(np.arange(10, dtype=np.float32), 1, tag=3)
+        if arrived:
             comm.barrier()
-        elif r == 1:
-            comm.recv(np.zeros(count, np.float32), 0, tag=tag)
+        if r == 1:
+            comm.recv(np.zeros(count, np.float32), src, tag=tag)
         else:
             comm.barrier()
 
@@ -183,18 +186,21 @@ def run_faults(world):
         expect(errs, r, "p2p size mismatch (bystander)", mismatch, ringcomm.RingcommError)
     world.Barrier()
 
-    # Tags that disagree (rank 1 receives with tag 4): its timeout names the
-    # message that waits unreceived (an any-tag probe of the UCP tag's low bits).
-    comm = ringcomm.init(timeout=1 if r == 1 else 10)
-    wrong_tag = lambda: p2p_pair(10, 4)  # noqa: E731
+    # Tags that disagree (rank 1 receives with tag 4, from rank 0 and then
+    # from any rank): its timeout names the message that waits unreceived
+    # (a probe with the UCP tag's low bits, and for any rank the sender's
+    # bits, masked out).
     told = "rank 0's next message to rank 1 has tag 3 (40 bytes (10 float32)) and waits unreceived"
-    if r == 1:
-        expect(errs, r, "p2p tags disagree", wrong_tag, CollectiveTimeout,
-               lambda e: None if told in str(e) else "does not name the message sent with another tag")
-    else:
-        expect(errs, r, "p2p tags disagree (sender, bystander)", wrong_tag, ringcomm.RingcommError,
-               lambda e: None if "tag 4" in str(e) else "does not name the receive")
-    world.Barrier()
+    for src in (0, None):
+        comm = ringcomm.init(timeout=1 if r == 1 else 10)
+        wrong_tag = lambda: p2p_pair(10, 4, src, arrived=True)  # noqa: E731
+        if r == 1:
+            expect(errs, r, f"p2p tags disagree (from {src})", wrong_tag, CollectiveTimeout,
+                   lambda e: None if told in str(e) else "does not name the message sent with another tag")
+        else:
+            expect(errs, r, f"p2p tags disagree (from {src}; sender, bystander)", wrong_tag, ringcomm.RingcommError,
+                   lambda e: None if "tag 4" in str(e) else "does not name the receive")
+        world.Barrier()
 
     # A missing rank: the others time out, and whichever waiting rank's
     # deadline passes first names it (the others hear of it through the ring).
