@@ -17,7 +17,7 @@ from .p2p import P2POp, P2PWork
 from .work import Work
 from .world import init, run_local
 from .errors import (CollectiveTimeout, CommunicatorAborted, InvalidArgument, MismatchError,
-                     RingcommError, TransportError, WaitTimeout)
+                     RingcommError, StaleViewError, TransportError, WaitTimeout)
 
 __version__ = "0.1.0"
 
@@ -25,7 +25,7 @@ __all__ = [
     "P2POp", "P2PWork",
     "init", "run_local", "Communicator", "Work", "traffic", "quarantined",
     "RingcommError", "InvalidArgument", "CollectiveTimeout", "MismatchError",
-    "CommunicatorAborted", "TransportError", "WaitTimeout", "__version__",
+    "CommunicatorAborted", "TransportError", "WaitTimeout", "StaleViewError", "__version__",
 ]
 from .train.bucketer import GradBucketer  # noqa: E402
 from .train.consistency import broadcast_parameters, check_consistency  # noqa: E402

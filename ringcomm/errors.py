@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = [
     "RingcommError", "InvalidArgument", "CollectiveTimeout", "MismatchError",
     "CommunicatorAborted", "TransportError", "WaitTimeout",
-    "BucketerError", "UnusedParametersError", "RegistrationMismatchError", "DivergenceError",
+    "BucketerError", "UnusedParametersError", "RegistrationMismatchError", "DivergenceError", "StaleViewError",
 ]
 
 
@@ -66,6 +66,12 @@ class WaitTimeout(RingcommError, TimeoutError):
 # ---- training (ringcomm.train): the gradient bucketer and the consistency checks
 class BucketerError(RingcommError):
     """Base class of the errors raised by the gradient bucketer."""
+
+
+class StaleViewError(RingcommError, ValueError):
+    """An array ringcomm handed out (a gradient view, a ZeRO gradient or
+    gathered parameter) was used after ringcomm moved on from the memory it
+    views: fetch the live one again (the message says from where)."""
 
 
 class UnusedParametersError(BucketerError):

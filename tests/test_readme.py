@@ -201,27 +201,56 @@ def names_exist(code: str) -> list[str]:
 
 def test_bucketer_fragment_names_exist():
     code = block("Training: bucketed gradient synchronisation")
-    assert undefined_names(code) == {"ringcomm", "params", "comm", "compute_grad"}
+    assert undefined_names(code) == {"ringcomm", "params", "comm", "compute_grad", "steps"}
     got = names_exist(code)
     for name in ("GradBucketer.grad_views", "GradBucketer.mark_ready", "GradBucketer.finalize"):
         assert name in got
 
 
-def test_bucketer_fragment_runs_with_what_the_readme_says_params_is():
-    # "params is the list of the model's parameters: numpy arrays"
+@pytest.mark.parametrize("family", ["numpy", "torch"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_bucketer_fragment_runs_with_what_the_readme_says_params_is(family, n):
+    # "params is the list of the model's parameters: numpy arrays (or torch
+    # tensors)"; "grads hold the average over ranks" after every step, read
+    # through the very `grads` the fragment holds, with sizes that make
+    # several buckets at 4 MiB. (Its ready order is the default one, so its
+    # buckets are not rebuilt: tests/test_held_views.py covers rebuilds.)
+    if family == "torch":
+        pytest.importorskip("torch")
+        import torch
     code = block("Training: bucketed gradient synchronisation")
+    shapes = [(5,), (2, 3), (1_100_000,), (7,), (600_000,), (1,)]
+    steps = 6
+
+    def compute(rank, step, i):
+        k = int(np.prod(shapes[i]))
+        return ((rank + 1) * ((np.arange(k) % 5) + i + step)).reshape(shapes[i]).astype(np.float32)
 
     def rank(comm):
-        params = [np.zeros(5, np.float32), np.zeros((2, 3), np.float32)]
-        ns = {"ringcomm": ringcomm, "params": params, "comm": comm,
-              "compute_grad": lambda i: np.full(params[i].shape, comm.rank + i, np.float32)}
-        exec(compile(code, "README.md", "exec"), ns)  # noqa: S102
-        return [g.copy() for g in ns["grads"]]
+        params = [np.zeros(s, np.float32) if family == "numpy" else torch.zeros(s) for s in shapes]
+        seen = []
 
-    out = ringcomm.run_local(2, rank)
-    for grads in out:  # "grads hold the average over ranks": (0 + 1)/2 + i
-        for i, g in enumerate(grads):
-            np.testing.assert_array_equal(g, np.full(g.shape, 0.5 + i, np.float32))
+        class Recording(ringcomm.GradBucketer):
+            def finalize(self):
+                out = super().finalize()
+                seen.append([np.array(g.numpy() if family == "torch" else g) for g in ns["grads"]])
+                return out
+
+        as_family = (lambda a: a) if family == "numpy" else torch.from_numpy
+        proxy = type("ringcomm", (), {"GradBucketer": Recording})
+        ns = {"ringcomm": proxy, "params": params, "comm": comm, "steps": steps,
+              "compute_grad": lambda step, i: as_family(compute(comm.rank, step, i))}
+        exec(compile(code, "README.md", "exec"), ns)  # noqa: S102
+        return seen
+
+    for r, seen in enumerate(ringcomm.run_local(n, rank)):
+        assert len(seen) == steps
+        for step, grads in enumerate(seen):
+            for i, g in enumerate(grads):
+                want = sum(compute(q, step, i) for q in range(n)) / n
+                bad = np.flatnonzero(g.reshape(-1) != want.reshape(-1))
+                assert bad.size == 0, f"rank {r}, step {step}, parameter {i}, index {bad[:1]}: " \
+                    f"{g.reshape(-1)[bad[:1]]} != {want.reshape(-1)[bad[:1]]}"
 
 
 def test_zero_and_gpu_fragments_names_exist():

@@ -84,7 +84,6 @@ class DistributedDataParallel(_torch.nn.Module):
                                      first_bucket_mb=first_bucket_mb, names=self._names,
                                      find_unused=find_unused_parameters, rebuild_buckets=rebuild_buckets)
         self._views = self.bucketer.grad_views()
-        self._layout = self.bucketer.layout_version
         self._queued = False
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
                        for i, p in enumerate(self._params)]
@@ -124,14 +123,7 @@ class DistributedDataParallel(_torch.nn.Module):
 
     def _on_backward_end(self) -> None:
         self._queued = False
-        self.bucketer.finalize()
-        if self.bucketer.layout_version != self._layout:
-            # Buckets were rebuilt in the observed order: point grads at the new views.
-            self._views = self.bucketer.grad_views()
-            self._layout = self.bucketer.layout_version
-            for p, v in zip(self._params, self._views):
-                if p.grad is not None:
-                    p.grad = v
+        self.bucketer.finalize()  # (a rebuild moves the views, and so the grads that are them: train.handed)
         unused = self.bucketer.last_unused
         n = self.comm.size
         for i, (p, v) in enumerate(zip(self._params, self._views)):

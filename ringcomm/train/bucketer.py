@@ -1,14 +1,13 @@
 """Bucketed gradient synchronisation for custom trainers (a DDP-style reducer).
 
     bucketer = ringcomm.GradBucketer(params, comm, bucket_cap_mb=25)
-    grads = bucketer.grad_views()          # per-parameter arrays, views into the buckets
     for step in ...:
+        grads = bucketer.grad_views()              # per-parameter arrays, views into the buckets
         bucketer.zero_grad()
         for i in reversed(range(len(params))):     # backward produces gradients last-to-first
             grads[i] += ...                        # write the gradient into its view
             bucketer.mark_ready(i)                 # launches a bucket's all_reduce when it is full
         bucketer.finalize()                        # waits; grads now hold the average over ranks
-        grads = bucketer.grad_views()              # (changes once, after the first finalize)
 
 How it works, and why:
 
@@ -23,7 +22,10 @@ How it works, and why:
   collectives (ringcomm requires that; a disagreement is a MismatchError).
 * After the first synchronised iteration the buckets are rebuilt once in the
   order ``mark_ready`` was actually called; rank 0's order is broadcast so all
-  ranks build the same buckets.
+  ranks build the same buckets. The views move with them (``grad_views``):
+  torch tensors already handed out are pointed at the new place, numpy arrays
+  (which cannot move) are retired, so a held one raises StaleViewError rather
+  than alias another parameter's gradient, some of it in flight.
 * Every bucket carries one extra *status* element after the gradients. It is 0
   when a bucket is launched because all its gradients were ready, and 1 when
   finalize() had to launch it with never-ready (unused) gradients zero-filled.
@@ -54,6 +56,7 @@ from .. import vocab
 from ..errors import BucketerError, InvalidArgument, RegistrationMismatchError, UnusedParametersError
 from .buckets import MB, assign_buckets
 from .consistency import gather_rows, param_label, spec_differences, spec_summary
+from .handed import handout, move, retire, seal
 from .tensors import add_into, arena_zeros, averaging, copy_into, describe, family, flat_view, item, zero, zeros
 
 __all__ = ["GradBucketer", "BucketInfo"]
@@ -169,6 +172,8 @@ class GradBucketer:
         self._iteration = 0                         # synchronised iterations finalized so far
         self.layout_version = 0
         self.last_unused: dict[int, list[int]] = {}
+        self._in_arena: bool | None = None          # where the blocks are (decided at the first layout)
+        self._retired: list = []                    # old numpy views still readable (train.handed)
         self._build(list(reversed(range(P))))
 
     # ---- public API ---------------------------------------------------
@@ -198,14 +203,20 @@ class GradBucketer:
 
     def grad_views(self) -> list:
         """Per-parameter gradient arrays (parameter order), views into the bucket
-        buffers: write gradients into them (zero copy). The list changes once,
-        when the buckets are rebuilt at the end of the first finalize() (the old
-        arrays still hold that iteration's averaged values); fetch it again after
-        finalize() (cheap: a cached list)."""
+        buffers: write gradients into them (zero copy).
+
+        The buckets are rebuilt once, at the end of the first finalize() (unless
+        rebuild_buckets=False), and the views move with them. torch tensors you
+        hold are moved too (``Tensor.set_``), so they stay live. numpy arrays
+        cannot move: the old ones keep that iteration's averaged values, and
+        any later use raises StaleViewError. So with numpy, fetch the views
+        after finalize() (cheap: a cached list), or at the top of every
+        iteration as the README does."""
         return list(self._views)
 
     def zero_grad(self) -> None:
         """Zero every gradient (the whole bucket buffers)."""
+        self._seal_retired()
         for b in self._buckets:
             zero(b.flat)
 
@@ -235,6 +246,7 @@ class GradBucketer:
         When this completes a bucket, and all buckets before it were launched,
         its all_reduce (and that of any complete buckets after it) starts.
         """
+        self._seal_retired()
         i = int(i)
         if not 0 <= i < len(self._specs):
             raise InvalidArgument(f"mark_ready: parameter index {i} out of range (0..{len(self._specs) - 1})")
@@ -267,6 +279,7 @@ class GradBucketer:
         Raises UnusedParametersError on every rank if some parameter never
         became ready on some rank (unless find_unused=True).
         """
+        self._seal_retired()
         if not self._sync:
             return self.grad_views()
         t0 = time.perf_counter()
@@ -412,31 +425,49 @@ class GradBucketer:
         return assign_buckets([((s.family, s.dtype, s.device), s.nbytes) for s in self._specs], order,
                               self._cap, self._first_cap)
 
-    def _build(self, order: Sequence[int]) -> None:
-        """Lay the buckets out in `order`. Each (family, dtype, device) has one
-        flat block, made once, holding its buckets back to back (each with
-        its status slot, starting on a 64-byte boundary) in whatever layout:
-        a rebuild reuses it, so it never needs a second block (which, in the
-        shared arena, might not fit beside the first while the caller still
-        holds the old views)."""
-        old = getattr(self, "_views", None)
-        saved = None if old is None else [v.clone() if family(v) == "torch" else v.copy() for v in old]
+    def _blocks_for(self) -> dict | None:
+        """Zeroed flat blocks, one per (family, dtype, device), each big enough
+        for its buckets in any layout (a status slot and padding per possible
+        bucket). Ranks of one host get them in the shared arena, so the
+        buckets' all_reduce runs zero copy.
+
+        A rebuild lays torch buckets out again in the block they have (the
+        views handed out move with them), and gives numpy buckets new blocks
+        (the old views keep this iteration's result: train.handed). A new
+        block comes from where the first did, or not at all (None: the layout
+        stays), so a rebuild never trades zero copy for a better order.
+        Collective: every rank decides alike."""
+        keys: dict = {}  # key -> elements of the block (in first-parameter order: alike on every rank)
+        for s in self._specs:
+            k = (s.family, s.dtype, s.device)
+            align = max(1, 64 // vocab.itemsize(s.dtype))
+            keys[k] = keys.get(k, 0) + s.numel + align
+        kept = {k: v for k, v in getattr(self, "_blocks", {}).items() if k[0] == "torch"}
+        wanted = [(k, n) for k, n in keys.items() if k not in kept]
+        shared = arena_zeros(self._comm, wanted) if wanted else []
+        if self._in_arena is None:  # the first layout
+            self._in_arena = shared is not None
+        elif self._in_arena and shared is None:
+            return None
+        new = {k: shared[j] if shared is not None else zeros(k, n) for j, (k, n) in enumerate(wanted)}
+        return {k: kept.get(k, new.get(k)) for k in keys}
+
+    def _build(self, order: Sequence[int]) -> bool:
+        """Lay the buckets out in `order` (in which blocks: _blocks_for).
+        The views handed out before stay valid or fail loudly (train.handed):
+        torch's are moved to the new place with their values, numpy's keep
+        this iteration's values and are retired, since their memory is no
+        longer the gradients. Returns False where the layout stayed."""
         layout = self._assign(order)
-        if not hasattr(self, "_blocks"):
-            keys: dict = {}  # key -> elements of the block (in first-parameter order: alike on every rank)
-            for s in self._specs:
-                k = (s.family, s.dtype, s.device)
-                align = max(1, 64 // vocab.itemsize(s.dtype))
-                keys[k] = keys.get(k, 0) + s.numel + align  # + a status slot and padding per possible bucket
-            wanted = list(keys.items())
-            # Ranks of one host: the blocks in the shared arena, so the
-            # buckets' all_reduce runs zero copy (collective; all ranks or none).
-            shared = arena_zeros(self._comm, wanted)
-            self._blocks = {k: shared[j] if shared is not None else zeros(k, n) for j, (k, n) in enumerate(wanted)}
-        used = dict.fromkeys(self._blocks, 0)
-        self._buckets = []
-        self._param_bucket = np.empty(len(self._specs), dtype=np.int64)
-        self._views = [None] * len(self._specs)
+        blocks = self._blocks_for()
+        if blocks is None:
+            return False
+        old = getattr(self, "_views", None)
+        # (values by copy: a torch block is laid out again where it is)
+        saved = None if old is None else [v.clone() if family(v) == "torch" else v for v in old]
+        used = dict.fromkeys(blocks, 0)
+        buckets, views = [], [None] * len(self._specs)
+        param_bucket = np.empty(len(self._specs), dtype=np.int64)
         for bi, (key, idx) in enumerate(layout):
             offs, off = [], 0
             for i in idx:
@@ -445,14 +476,33 @@ class GradBucketer:
             align = max(1, 64 // vocab.itemsize(key[1]))
             start = -(-used[key] // align) * align
             used[key] = start + off + 1
-            flat = self._blocks[key][start:start + off + 1]
-            b = _Bucket(bi, key, list(idx), offs, off, flat=flat, pending=len(idx))
+            b = _Bucket(bi, key, list(idx), offs, off, flat=blocks[key][start:start + off + 1], pending=len(idx))
             for i, o in zip(idx, offs):
-                self._param_bucket[i] = bi
-                self._views[i] = flat_view(b.flat, o, self._specs[i].numel, self._specs[i].shape)
-                if saved is not None:
-                    copy_into(self._views[i], saved[i])
-            self._buckets.append(b)
+                param_bucket[i] = bi
+                views[i] = handout(flat_view(b.flat, o, self._specs[i].numel, self._specs[i].shape))
+                if old is not None:
+                    copy_into(views[i], saved[i])
+                    views[i] = move(old[i], views[i])
+            buckets.append(b)
+        if old is not None:
+            for i, v in enumerate(old):
+                if v is not views[i]:
+                    retire(v, f"GradBucketer.grad_views(): this is parameter {param_label(i, self._names)}'s "
+                          f"gradient view from before the buckets were rebuilt (after iteration "
+                          f"{self._iteration}): it is no longer the gradient. Fetch the live views with "
+                          "bucketer.grad_views() after finalize() (they change once, at that rebuild).",
+                       readable=True)  # (until the next iteration: it holds this one's average)
+                self._retired.append(v)
+        self._blocks, self._buckets, self._views, self._param_bucket = blocks, buckets, views, param_bucket
+        return True
+
+    def _seal_retired(self) -> None:
+        """A new iteration begins: the views retired at the rebuild no longer
+        hold anything the caller is owed."""
+        if self._retired:
+            for v in self._retired:
+                seal(v)
+            self._retired = []
 
     def _rebuild(self) -> None:
         """Once, after the first successful synchronised iteration: adopt rank 0's
@@ -467,8 +517,8 @@ class GradBucketer:
         order = [int(i) for i in arr]
         if [(k, v) for k, v in self._assign(order)] == [(b.key, b.params) for b in self._buckets]:
             return
-        self._build(order)
-        self.layout_version += 1
+        if self._build(order):
+            self.layout_version += 1
 
     def _launch(self, b: _Bucket, status: int) -> None:
         op = averaging(b.flat[:b.count], b.key[1], self._n) if self._average else "sum"

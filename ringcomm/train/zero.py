@@ -49,12 +49,13 @@ imported only then).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import vocab
 from .sharding import MemoryLedger, adam_update, load_shards, matched_sums, save_shards
+from .handed import handout, retire
 from .tensors import arena_zeros, averaging
 from ..errors import InvalidArgument
 
@@ -79,6 +80,8 @@ class _Unit:
     work: object = None           # the gradient reduction in flight
     gather_work: object = None    # stage 3: a prefetch in flight
     reduced: bool = False         # reduce() was called in this step
+    handed_grads: list = field(default_factory=list)   # stages 2-3: grads(i)'s arrays of this step
+    handed_params: list = field(default_factory=list)  # stage 3: gathered(i)'s arrays
 
 
 def _array_module(comm):
@@ -190,16 +193,22 @@ class ZeroOptimizer:
 
     # ---- parameters -----------------------------------------------------------
     @staticmethod
-    def _unflatten(u: _Unit, flat: np.ndarray) -> list:
-        """The unit's arrays as views of one of its flat buffers."""
+    def _unflatten(u: _Unit, flat: np.ndarray, handed: list | None = None) -> list:
+        """The unit's arrays as views of one of its flat buffers; with `handed`,
+        views of a buffer that will be given up, recorded there to be retired
+        then (train.handed: their later use raises instead of reading or
+        writing memory that is no longer the unit's)."""
         out, off = [], 0
         for shape, k in zip(u.shapes, u.sizes):
-            out.append(flat[off:off + k].reshape(shape))
+            out.append(handout(flat[off:off + k].reshape(shape)) if handed is not None
+                       else flat[off:off + k].reshape(shape))
             off += k
+        if handed is not None:
+            handed += out
         return out
 
     def _views(self, u: _Unit) -> list:
-        return self._unflatten(u, u.params)
+        return self._unflatten(u, u.params, u.handed_params if self.stage == 3 else None)
 
     def params(self, i: int) -> list:
         """Unit i's parameter arrays (stages 0-2 always; stage 3 inside gathered(i))."""
@@ -237,6 +246,11 @@ class ZeroOptimizer:
         finally:
             self._ledger.count("params", -u.params.nbytes)
             u.params = None
+            for a in u.handed_params:
+                retire(a, f"ZeroOptimizer.gathered({self._units.index(u)}): at stage 3 a unit's gathered "
+                          "parameters are freed when its with-block ends; use them inside the block, or "
+                          "full_parameters() for copies")
+            u.handed_params = []
 
     def full_parameters(self) -> list[list[np.ndarray]]:
         """Every unit's full parameters (copies; stage 3 gathers them)."""
@@ -265,7 +279,7 @@ class ZeroOptimizer:
                 self._inflight.append(u)
             u.grads = self.xp.zeros(u.count, self.dtype)
             self._ledger.count("grads", u.grads.nbytes)
-        return self._unflatten(u, u.grads)
+        return self._unflatten(u, u.grads, u.handed_grads if self.stage >= 2 else None)
 
     def reduce(self, i: int) -> None:
         """Unit i's gradients are complete on this rank: start averaging them
@@ -277,6 +291,11 @@ class ZeroOptimizer:
         if u.grads is None:
             raise InvalidArgument(f"unit {i} has no gradients: call grads({i}) and fill them first")
         u.reduced = True
+        for a in u.handed_grads:  # the buffer is the reduction's now, and freed once it has run
+            retire(a, f"ZeroOptimizer.grads({i}): these gradients were handed to reduce({i}), and at stage "
+                      f"{self.stage} the full gradients are freed once reduced; call zero.grads({i}) again in "
+                      "the next step for new ones")
+        u.handed_grads = []
         op = averaging(u.grads, vocab.numpy_name(self.dtype), self.comm.size)  # (as DDP: no fp16 overflow)
         if self.stage == 0:
             # Sums bit for bit those of the sharded stages' reduce-scatter
