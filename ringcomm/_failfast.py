@@ -30,8 +30,13 @@ caught by the program changes nothing), and, exactly, the runner
 that never create a ringcomm communicator but use MPI through mpi4py
 (``MPI_Abort`` at once, as ``python -m mpi4py`` does).
 
-Not triggers: ``KeyboardInterrupt`` (Ctrl-C already aborts the communicator
-and tells the ring), errors ringcomm already reported around the ring (a
+A ``KeyboardInterrupt`` is a trigger too: Ctrl-C that lands in a ringcomm
+wait aborts the communicator and tells the ring there, but one that lands
+anywhere else (between two calls: most of the time in a loop of short ones)
+raises in Python alone, and the peers would wait in their next call for a
+rank that will never come. Its peers hear that the rank was interrupted.
+
+Not triggers: errors ringcomm already reported around the ring (a
 timeout, a mismatch: every peer has its named error), and exceptions that end
 a thread other than the main one (``threading.excepthook`` is left alone: a
 thread's death does not end the process, and the main thread may still finish
@@ -93,13 +98,12 @@ def install() -> None:
         try:
             previous(etype, value, tb)
         finally:
-            if not issubclass(etype, KeyboardInterrupt):
-                # Without a live communicator only MPI_Abort is left to do,
-                # and it waits for the exit handler (_at_exit: the interpreter
-                # noted the exception in sys.last_value): a hook that chained
-                # to this one may still hold the traceback (torch's prefixes
-                # each line with the rank, printing after this returns).
-                fail(_describe(value), 1, plain_mpi=False)
+            # Without a live communicator only MPI_Abort is left to do,
+            # and it waits for the exit handler (_at_exit: the interpreter
+            # noted the exception in sys.last_value): a hook that chained
+            # to this one may still hold the traceback (torch's prefixes
+            # each line with the rank, printing after this returns).
+            fail(_describe(value), _status_for(value), plain_mpi=False)
 
     sys.excepthook = excepthook
     real_exit = sys.exit
@@ -138,7 +142,7 @@ def fail(reason: str, status: int = 1, plain_mpi: bool = True) -> None:
                 _pending.append((dup.Isend([text, _byte()], dest=peer, tag=_TAG), text))
     for c in live:
         try:
-            c.abort()
+            c.abort(interrupted=reason == _INTERRUPTED)
         except Exception:  # noqa: BLE001 - best effort while dying
             pass
 
@@ -185,8 +189,8 @@ def _at_exit() -> None:
         last = getattr(sys, "last_value", None)  # an uncaught exception whose hook was replaced
         if _exit_status:
             fail(f"SystemExit({_exit_status})", _exit_status)
-        elif last is not None and not isinstance(last, KeyboardInterrupt):
-            fail(_describe(last), 1)
+        elif last is not None:
+            fail(_describe(last), _status_for(last))
     for c, dup in list(_comms.items()):  # a reason that came after this rank's error was raised
         if not c.closed and c.aborted and dup not in _heard and _receive(dup, None) is not None:
             _heard.append(dup)
@@ -231,9 +235,18 @@ def _flush() -> None:
             pass
 
 
+_INTERRUPTED = "interrupted (KeyboardInterrupt)"
+
+
 def _describe(exc) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return _INTERRUPTED
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip().replace("\n", " | ")
     return f"uncaught {text}"
+
+
+def _status_for(exc) -> int:
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1  # (128 + SIGINT, as a shell reports it)
 
 
 def _status_of(status) -> int:
@@ -316,7 +329,8 @@ def main(argv: list[str] | None = None) -> None:
         if status:
             fail(f"SystemExit({exc.code!r})", status)
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        fail(_describe(exc), _status_for(exc))
         raise
     except BaseException as exc:  # noqa: BLE001 - the point of the runner
         tb = exc.__traceback__

@@ -561,13 +561,15 @@ class Communicator:
             t._add(native.take())
             self._trace = None
 
-    def abort(self, wait: bool = True) -> None:
+    def abort(self, wait: bool = True, *, interrupted: bool = False) -> None:
         """Fail this communicator on purpose and tell the ring: ranks waiting on
         it raise CommunicatorAborted instead of waiting for their deadline.
         `wait=False`: return at once (the collectives queued before it fail
-        without this thread waiting for them)."""
+        without this thread waiting for them). `interrupted`: the peers hear
+        that this rank was interrupted (KeyboardInterrupt), as when Ctrl-C
+        lands in one of its waits."""
         if not self._engine.closed and not self._engine.aborted:
-            w = self._engine.abort()
+            w = self._engine.abort(interrupted)
             # Called back from inside a collective running on this thread (a
             # signal handler run by the Ctrl-C check): the abort takes effect
             # at once; waiting for it would wait for ourselves.

@@ -206,6 +206,116 @@ def test_sigint_during_a_waiting_collective_over_mpi(mode):
           f"rank 0 quarantined {r[0]['quarantined']} request(s), holding {r[0]['held_arrays']} call's arrays")
 
 
+def _start(n, mode, count, transport):
+    """The job of leave_or_interrupt.py and each rank's pid (once all are up)."""
+    cmd = RUN + ["-n", str(n), "--", sys.executable, os.path.join(SCRIPTS, "leave_or_interrupt.py"), mode, str(count)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, RINGCOMM_TRANSPORT=transport))
+    lines, pids = [], {}
+    t_end = time.monotonic() + 60
+    while len(pids) < n and time.monotonic() < t_end:
+        line = p.stdout.readline()
+        if not line and p.poll() is not None:
+            break
+        lines.append(line)
+        if line.startswith("PID "):
+            _, rank, pid = line.split()
+            pids[int(rank)] = int(pid)
+    if len(pids) < n:
+        p.kill()
+        raise AssertionError("".join(lines) + p.stdout.read())
+    return p, pids, lines
+
+
+# 8 B and 64 MiB; shared memory (auto), MPI and UCX point-to-point
+LOOP = [(n, count, transport) for transport in ("auto", "mpi", "ucx") for n, count in
+        [(2, 2), (3, 2), (4, 2), (2, 16 << 20), (3, 16 << 20), (4, 16 << 20)]]
+
+
+@pytest.mark.parametrize("n,count,transport", LOOP)
+def test_sigint_to_one_rank_of_a_loop(n, count, transport):
+    # Every rank loops on all_reduce; SIGINT to one rank lands wherever it
+    # is (at 8 B nearly always between two calls, in Python: no ringcomm
+    # wait sees it). Its peers must raise naming it within a second, and the
+    # job must end, as after any uncaught exception. (They used to sleep in
+    # their next call until killed, and the interrupted rank with them, in
+    # MPI_Finalize.)
+    victim = n - 1 if n > 2 else 1
+    p, pids, lines = _start(n, "loop", count, transport)
+    try:
+        time.sleep(0.5)
+        t_sig = time.monotonic()
+        os.kill(pids[victim], signal.SIGINT)
+        rest, _ = p.communicate(timeout=30)
+        t_end = time.monotonic()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out = "".join(lines) + rest
+    r = results(out)
+    assert sorted(r) == list(range(n)), out
+    assert r[victim]["outcome"] == "KeyboardInterrupt", r[victim]
+    for rank in set(range(n)) - {victim}:
+        d = r[rank]
+        assert d["outcome"] == "CommunicatorAborted" and d["origin"] == victim, d
+        assert f"rank {victim} was interrupted (KeyboardInterrupt)" in d["message"], d
+        assert d["raised_at"] - t_sig < 1.0, f"rank {rank} raised {d['raised_at'] - t_sig:.3f} s after the SIGINT"
+    assert p.returncode != 0 and t_end - t_sig < 10, (p.returncode, t_end - t_sig, out[-3000:])
+    print(f"\nSIGINT to rank {victim} of {n} looping on {count * 4} B over {r[0]['transport']}: peers raised "
+          f"{max(r[q]['raised_at'] for q in r if q != victim) - t_sig:.3f} s after it, job ended after "
+          f"{t_end - t_sig:.2f} s")
+
+
+@pytest.mark.parametrize("mode", ["close", "exit"])
+@pytest.mark.parametrize("n,count,transport", [(2, 2, "auto"), (3, 16 << 20, "auto"), (3, 2, "mpi"),
+                                               (3, 16 << 20, "mpi"), (3, 2, "ucx"), (2, 16 << 20, "ucx")])
+def test_a_rank_that_leaves_tells_its_peers(mode, n, count, transport):
+    # Rank 1 stops after call #6 (the first one and 5 more) and closes its
+    # communicator (or returns from its script), staying alive in close's
+    # sleep or in MPI_Finalize; the others call #7. They raise at once,
+    # naming rank 1 and its last call, not after their 60 s deadline.
+    p, pids, lines = _start(n, mode, count, transport)
+    try:
+        rest, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out = "".join(lines) + rest
+    r = results(out)
+    assert sorted(r) == sorted(set(range(n)) - {1}), out
+    for rank, d in r.items():
+        assert d["outcome"] == "CommunicatorAborted" and d["origin"] == 1, d
+        assert "rank 1 closed its communicator" in d["message"], d
+        if "heard of it" not in d["message"]:  # (second-hand, through the ring: the call is not known)
+            assert "after its call #6" in d["message"], d
+        assert d["waited_s"] < 1.0, d
+    print(f"\n{mode} of rank 1 of {n} at {count * 4} B over {r[0]['transport']}: the peers raised after "
+          f"{max(d['waited_s'] for d in r.values()):.3f} s in their call #7")
+
+
+@pytest.mark.parametrize("transport", ["auto", "shm"])
+def test_a_rank_that_closes_in_process_tells_its_peers(monkeypatch, transport):
+    monkeypatch.setenv("RINGCOMM_TRANSPORT", transport)
+
+    def body(comm):
+        x = np.arange(1000, dtype=np.float32)
+        for _ in range(3):
+            comm.all_reduce(x)
+        if comm.rank == 1:
+            comm.close()
+            return None
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(x)
+        except CommunicatorAborted as exc:
+            return time.monotonic() - t0, str(exc), exc.origin
+        return "completed"
+    for rank, got in enumerate(ringcomm.run_local(3, body, timeout=30)):
+        if rank != 1:
+            waited, msg, origin = got
+            assert waited < 1.0 and origin == 1 and "rank 1 closed its communicator" in msg, (rank, got)
+
+
 def test_sigint_during_run_local():
     # A notebook's "interrupt kernel": SIGINT to the process while run_local
     # waits for ranks stuck in a collective (one rank never joins).

@@ -8,7 +8,7 @@ namespace ringcomm {
 
 namespace {
 constexpr uint32_t kMagic = 0x52434d31;  // "RCM1"
-enum : uint32_t { kHeader = 1, kAbort = 2 };
+enum : uint32_t { kHeader = 1, kAbort = 2, kLeft = 3 };
 constexpr int kUserInterrupt = -3;  // wait_for(): the interrupt check said stop (Ctrl-C)
 constexpr int kControl = 1;         // wait_or_control(): a control message came, and was handled
 // How often a blocked wait polls the interrupt check (Ctrl-C is seen within this).
@@ -36,7 +36,7 @@ struct Link::ControlMsg {
   int32_t peer = -1;   // abort: the peer involved (for a timeout: the one waited for)
   int32_t interrupted = 0;  // abort: `origin` was interrupted (Ctrl-C), not aborted by a call
   int32_t peer_died = 0;    // abort: a transport error because `peer`'s process is gone (RingError::peer_died)
-  int32_t reserved = 0;     // (no uninitialised bytes on the wire)
+  int32_t left = 0;         // abort: `origin` closed its communicator (RingError::peer_left)
 };
 
 Link::Link(std::shared_ptr<Transport> t, Options opts)
@@ -141,6 +141,7 @@ std::string Link::abort_text(const ControlMsg& m) const {
     // Passed on by a rank that heard it through the shared-memory window
     // (fail()): the notice carries that rank's call, not the origin's.
     const char* what = kind == ErrKind::mismatch ? " found that the ranks disagree on a call"
+                       : m.left                   ? " closed its communicator"
                        : kind == ErrKind::timeout ? " timed out"
                        : kind == ErrKind::aborted ? " aborted the communicator"
                                                   : " failed";
@@ -189,6 +190,14 @@ void Link::handle_control(const ControlMsg& m, int side) {
     early_headers_.push_back(m);
     return;
   }
+  if (m.type == kLeft) {  // a neighbour closed its communicator after its call m.fp.seq
+    if (m.origin >= 0 && m.origin < size_) {
+      if (peer_left_.empty()) peer_left_.assign(size_t(size_), 0);
+      peer_left_[size_t(m.origin)] = m.fp.seq + 1;
+    }
+    throw_if_left();  // (in a later call only: one still finishing its last call goes on)
+    return;
+  }
   // An ABORT notice travelling around the ring: fail with the origin's reason.
   received_abort_ = std::make_unique<ControlMsg>(m);
   abort_from_ = from;
@@ -199,6 +208,40 @@ void Link::handle_control(const ControlMsg& m, int side) {
   e.origin = m.origin;
   e.cause = kind;
   throw e;
+}
+
+void Link::throw_if_left() {
+  for (size_t p = 0; p < peer_left_.size(); ++p)
+    if (peer_left_[p] != 0 && fp_.seq >= peer_left_[p]) throw_left(int(p), peer_left_[p]);
+}
+
+void Link::throw_left(int peer, uint64_t left) {
+  throw_peer_left(rank_, peer, fp_.seq, left_words(peer, left, fp_.seq), describe(fp_));
+}
+
+void Link::leave(uint64_t last_seq) noexcept {
+  if (aborted_ || size_ == 1) return;
+  try {
+    if (window_) {
+      window_->leave(last_seq);
+      return;
+    }
+    ControlMsg notice;
+    notice.type = kLeft;
+    notice.fp = fp_;
+    notice.fp.seq = last_seq;
+    notice.fp.rank = rank_;
+    notice.origin = rank_;
+    for (int side = 0; side < (size_ == 2 ? 1 : 2); ++side) send_control(notice, side ? left() : right());
+    // Sent, not only posted (a transport may hold a message until progressed
+    // again, and nothing of this link runs after this): within a bound, as
+    // a neighbour that is gone never takes it.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(500);
+    for (auto& out : ctrl_out_)
+      while (out.second && !out.second->done && !t_->test(*out.second) && Clock::now() < deadline) {
+      }
+  } catch (const std::exception&) {
+  }
 }
 
 void Link::begin(const Fingerprint& fp, bool header_inline) {
@@ -227,6 +270,7 @@ void Link::begin(const Fingerprint& fp, bool header_inline) {
   fp_used_ = fp_sent_ = 0;
   progress_.reset();
   if (size_ == 1) return;
+  throw_if_left();
   // A failure the ring reported while this rank was away (a straggler):
   // raise it now, before anything is posted. Only after a pause: polling
   // costs an MPI progress call, and a rank issuing back to back hears of a
@@ -525,7 +569,7 @@ int Link::wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::ti
   // Ranks of one host are watched too: a peer process that died is named
   // within a slice, not at the deadline (a transport between processes of
   // one host, UCX's shared memory for one, may never notice).
-  const bool watch = (window_ && window_->watches_processes()) || !pids_.empty();
+  const bool watch = window_ || !pids_.empty();  // (an in-process window tells a peer that left)
   // Not one wait to the deadline even when no receive is pending now: another
   // thread may post one meanwhile (an irecv while an async collective waits).
   if (!interrupt_check_ && !watch && !p2p_progress_) return t_->wait_any(reqs, n, deadline);
@@ -554,10 +598,15 @@ void Link::throw_if_dead(Request* const* reqs, int n) {
   for (int i = 0; i < n; ++i) {
     if (!reqs[i] || reqs[i]->done || reqs[i]->peer < 0) continue;
     const std::string death = death_of(reqs[i]->peer);
-    if (death.empty()) continue;
-    throw_peer_died(rank_, reqs[i]->peer, fp_.seq,
-                    death + " while rank " + std::to_string(rank_) + " waited for it in " + describe(fp_) +
-                        " (its process is gone)");
+    if (!death.empty())
+      throw_peer_died(rank_, reqs[i]->peer, fp_.seq,
+                      death + " while rank " + std::to_string(rank_) + " waited for it in " + describe(fp_) +
+                          " (its process is gone)");
+    // A peer that closed its communicator (ShmWindow::leave): alive, but
+    // it will never join this call. (Point-to-point ops are numbered apart
+    // from the collectives, and one may wait for a message sent before.)
+    const std::string left = window_ && !coll_is_p2p(coll_) ? window_->left_note(reqs[i]->peer, fp_.seq) : "";
+    if (!left.empty()) throw_peer_left(rank_, reqs[i]->peer, fp_.seq, left, describe(fp_));
   }
 }
 
@@ -765,6 +814,7 @@ std::shared_ptr<Hold> Link::fail(const RingError& e, const Fingerprint* call) {
     notice.peer = heard ? e.origin_peer : e.peer;
     notice.interrupted = !heard && user_interrupted_ ? 1 : 0;  // (a Ctrl-C here is not the origin's)
     notice.peer_died = e.peer_died ? 1 : 0;
+    notice.left = e.peer_left ? 1 : 0;
   }
   // Ranks waiting in the shared-memory window hear it there (the first
   // failure published wins), in the words the ring would use for news it

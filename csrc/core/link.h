@@ -199,6 +199,12 @@ class Link {
   // (the window's, or watch_processes') that has exited; "" otherwise (any
   // thread).
   std::string death_of(int peer) const;
+  // This rank closed its communicator after its call `last_seq`: tell the
+  // peers, so that one waiting for it in a later call raises at once, naming
+  // it, while one still finishing last_seq goes on (through the window where
+  // there is one: nothing is sent; else an LEFT notice to both neighbours,
+  // whose failure the ring then hears as any other). Best effort, never throws.
+  void leave(uint64_t last_seq) noexcept;
   std::shared_ptr<ShmWindow> shared_window() const { return window_; }
   // Reusable scratch memory owned by the link (slot 0: receive slots, 1: work
   // buffer), in the memory the payload lives in (the Device's, if any).
@@ -299,6 +305,9 @@ class Link {
   // it holds one or two, and keeps its memory between calls).
   std::vector<ControlMsg> early_headers_;
   uint64_t left_seq_ = 0;  // the newest call the left neighbour has announced
+  std::vector<uint64_t> peer_left_;  // per rank: 0, or 1 + the last call of a neighbour that left (LEFT notice)
+  [[noreturn]] void throw_left(int peer, uint64_t left);
+  void throw_if_left();  // a neighbour left before this call: it will never join it
   Clock::time_point last_end_{};  // when the last collective drained
   // control messages to the right (kept alive until their send completes),
   // oldest first, and completed ones no one else holds, for reuse

@@ -106,6 +106,7 @@ struct alignas(kLine) ShmWindow::RankArea {
   alignas(kLine) int64_t pid;     // 0: in process
   uint64_t pidns;                 // its pid namespace (a pid means something only in the same one)
   std::atomic<uint64_t> latest;   // seq of the newest call it announced
+  std::atomic<uint64_t> left;     // 0: present; else 1 + its last call's seq (leave: it joins no later one)
   std::atomic<uint64_t> call[kCalls];  // (seq << 32) | stamp of call seq, at seq % kCalls
   Fingerprint fp[kCalls];
   // Single copy: this area's address in its owner's process (the probe reads
@@ -548,6 +549,21 @@ void ShmWindow::check_slow(Link& link, const Fingerprint& fp, uint64_t phase, in
     throw_peer_died(member(rank_), member(missing), fp.seq,
                     dead + " while rank " + std::to_string(member(rank_)) + " waited for it in " + describe(fp) +
                         " (shared memory)");
+  const std::string left = left_note(member(missing), fp.seq);
+  if (!left.empty()) throw_peer_left(member(rank_), member(missing), fp.seq, left, describe(fp));
+}
+
+void ShmWindow::leave(uint64_t last_seq) {
+  area(rank_)->left.store(last_seq + 1, std::memory_order_seq_cst);
+  wake();
+}
+
+std::string ShmWindow::left_note(int member, uint64_t seq) const {
+  const int j = index_of(member);
+  if (j < 0 || j == rank_) return "";
+  const uint64_t left = area(j)->left.load(std::memory_order_acquire);
+  if (left == 0 || seq < left) return "";  // present, or it still ran call seq (<= its last)
+  return left_words(member, left, seq);
 }
 
 uint64_t ShmWindow::latest_call(int peer) const { return area(peer)->latest.load(std::memory_order_acquire); }

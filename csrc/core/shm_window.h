@@ -143,6 +143,14 @@ class ShmWindow {
   std::string death_of(int member, bool gone = false) const;
   // Are the ranks other processes whose liveness death_of() can tell?
   bool watches_processes() const { return processes_; }
+  // This rank closed its communicator after its call `last_seq` (0: before
+  // any): it will join no later call. Peers waiting in a later one raise at
+  // once (left_note), not at their deadline; one still finishing last_seq
+  // goes on. Wakes the sleepers.
+  void leave(uint64_t last_seq);
+  // "rank R closed its communicator after its call #k" when `member` has
+  // left and so will never reach call `seq` (> k); "" otherwise (any thread).
+  std::string left_note(int member, uint64_t seq) const;
 
   // ---- the shared arena (zero copy) ----
   // Memory every rank has mapped, one part of `per_rank` bytes per rank, in

@@ -91,6 +91,21 @@ void throw_peer_died(int rank, int peer, uint64_t seq, const std::string& msg) {
   throw e;
 }
 
+std::string left_words(int rank, uint64_t left, uint64_t seq) {
+  return "rank " + std::to_string(rank) + " closed its communicator " +
+         (left == 1 ? std::string("before its first collective") : "after its call #" + std::to_string(left - 1)) +
+         ": it will not join call #" + std::to_string(seq);
+}
+
+void throw_peer_left(int rank, int peer, uint64_t seq, const std::string& why, const std::string& call) {
+  RingError e(ErrKind::aborted, rank, peer, seq,
+              why + ", and rank " + std::to_string(rank) + " waited for it in " + call);
+  e.origin = peer;
+  e.cause = ErrKind::aborted;
+  e.peer_left = true;
+  throw e;
+}
+
 // A zombie counts as gone: a process that exited stays one (kill() still
 // finds it) until its parent reaps it, which a launcher may do late, or,
 // for a program's own child processes, only when it waits for that child.

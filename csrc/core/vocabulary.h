@@ -268,6 +268,8 @@ struct RingError : std::runtime_error {
   // unreachable): the ABORT notice carries it, so the ranks that hear of
   // the failure second-hand still say the peer died.
   bool peer_died = false;
+  // Aborted because `origin` closed its communicator (throw_peer_left).
+  bool peer_left = false;
   // Heard second-hand (through the shared-memory window): the peer the
   // origin named, whose death peer_died then tells (-1: none or unknown).
   int origin_peer = -1;
@@ -278,6 +280,13 @@ struct RingError : std::runtime_error {
 [[noreturn]] void throw_invalid(const std::string& msg);
 // A transport error because `peer`'s process is gone (RingError::peer_died).
 [[noreturn]] void throw_peer_died(int rank, int peer, uint64_t seq, const std::string& msg);
+// `peer` closed its communicator (`why`: ShmWindow::left_note's words) while
+// `rank` waited for it in call `seq` (`call`: its description): the
+// communicator is aborted with `peer` as the origin.
+[[noreturn]] void throw_peer_left(int rank, int peer, uint64_t seq, const std::string& why, const std::string& call);
+// "rank R closed its communicator after its call #k: it will not join call
+// #seq" (`left`: 1 + k, as ShmWindow and Link keep it).
+std::string left_words(int rank, uint64_t left, uint64_t seq);
 // The process `pid` (of this host and pid namespace) has exited: gone, or a
 // zombie its parent has not reaped yet.
 bool process_gone(int pid);

@@ -89,6 +89,10 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   worker_.join();
+  // Peers still waiting in a call this rank will never join raise at once,
+  // naming it, instead of at their deadline (a rank that returns early
+  // stays alive in MPI_Finalize, where no liveness check sees it).
+  link_.leave(next_seq_);
   link_.set_p2p_progress(nullptr);  // (p2p_pending_ goes before link_)
   if (cross_) cross_->link_.set_p2p_progress(nullptr);  // (cross_ may outlive this engine)
   // Device work of finished collectives may still be queued (Works can hold
@@ -569,7 +573,9 @@ void Engine::perform(const Task& t, Work& w) {
   if (t.abort) {
     if (!link_.aborted())
       throw RingError(ErrKind::aborted, rank(), -1, link_.seq(),
-                      "rank " + std::to_string(rank()) + " aborted the communicator");
+                      "rank " + std::to_string(rank()) +
+                          (link_.user_interrupted() ? " was interrupted (KeyboardInterrupt) between calls"
+                                                    : " aborted the communicator"));
     return;
   }
   if (link_.aborted())

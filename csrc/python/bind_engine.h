@@ -538,7 +538,8 @@ inline void bind_engine(py::module_& m) {
       .def("traffic",
            [](EngineHandle& h) { return traffic_array(h.get().ledger().snapshot(), h.get().size()); },
            "Ledger as uint64[collective, peer, (payload, control), (bytes_sent, msgs_sent, bytes_recv, msgs_recv)]")
-      .def("abort", [](EngineHandle& h) { return h.get().abort(); })
+      .def("abort", [](EngineHandle& h, bool by_interrupt) { return h.get().abort(by_interrupt); },
+           py::arg("by_interrupt") = false)
       .def_property_readonly("running_here", [](EngineHandle& h) { return h.engine && h.engine->running_here(); },
                              "A collective runs inline on this thread (abort() must not wait then).")
       .def("flight_record", [](EngineHandle& h) { return flight_list(h.get().flight_record()); },
