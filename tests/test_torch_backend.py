@@ -1,8 +1,9 @@
 """torch.distributed backend "ringcomm" under real Open MPI, against gloo in the
 same job (tests/scripts/torch_backend_check.py): every op (all reduce ops and
 dtypes, sizes 0, 1, N-1, N+1, primes, multi-segment; sync and async; in-place
-and non-contiguous forms; reduce, gather, scatter on every root, all_to_all_single
-with uneven splits and the list form; send/recv between every pair, isend/irecv,
+and non-contiguous forms; all_gather_coalesced (one output list per rank) and
+allgather with several inputs, as gloo lays them out; reduce, gather, scatter
+on every root, all_to_all_single with uneven splits and the list form; send/recv between every pair, isend/irecv,
 recv from any source, batch_isend_irecv), a subgroup, torch's DDP and FSDP2
 (float32, bf16 and fp16 mixed precision) giving the same parameters as over gloo, the ledger against
 what DDP moved, and errors reaching the caller within the group's timeout."""
@@ -33,7 +34,8 @@ def test_torch_backend_against_gloo(n):
     assert not fails, "\n".join(fails)
     c = out[0]["counts"]
     for op in ("allreduce", "broadcast", "all_gather", "all_gather_single", "reduce_scatter",
-               "reduce_scatter_single", "coalesced", "reduce", "gather", "scatter", "all_to_all_single", "all_to_all",
+               "reduce_scatter_single", "coalesced", "all_gather_coalesced", "allgather_several", "reduce", "gather",
+               "scatter", "all_to_all_single", "all_to_all",
                "send_recv", "isend_irecv", "recv_anysource", "batch_isend_irecv", "barrier", "unsupported", "bitwise",
                "ddp", "ledger", "fsdp2", "errors"):
         assert c.get(op, 0) > 0, f"no {op} cases ran"

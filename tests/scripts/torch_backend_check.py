@@ -13,6 +13,7 @@ Prints one line "RESULT {json}" per rank: per-op case counts and failures.
 
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -283,6 +284,96 @@ with dist._coalescing_manager(async_ops=True) as cm:
 cm.wait()
 case("coalesced", all(equal(o, torch.cat([data(4, torch.float32, r, s) for r in range(N)]), True)
                       for s, o in enumerate(outs)), "all_gather_into_tensor x3")
+
+# ---- all_gather_coalesced: output_lists[r][i] is rank r's input i (one list
+# per rank, as torch passes it and gloo fills it); shapes differ, some empty;
+# outputs apart, non-contiguous, or views of one buffer in order; sync and
+# async; vs gloo and the reference
+SHAPES = [(2, 3), (0,), (5,), (1, 1, 4), (0, 2), (7,)]
+for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.uint8):
+    for layout in ("apart", "non-contiguous", "one buffer"):
+        for async_op in (False, True):
+            ins = [data(math.prod(s), dtype, R, salt=i).reshape(s) for i, s in enumerate(SHAPES)]
+            if layout == "one buffer":  # all_gather_coalesced writes these straight
+                whole = torch.full((N * sum(math.prod(s) for s in SHAPES),), 9, dtype=dtype)
+                views = iter(whole.split([math.prod(s) for _ in range(N) for s in SHAPES]))
+                outs = [[next(views).view(s) for s in SHAPES] for _ in range(N)]
+            elif layout == "non-contiguous":
+                outs = [[torch.full(s[::-1], 9, dtype=dtype).t() if len(s) == 2 else torch.full(s, 9, dtype=dtype)
+                         for s in SHAPES] for _ in range(N)]
+            else:
+                outs = [[torch.full(s, 9, dtype=dtype) for s in SHAPES] for _ in range(N)]
+            w = dist.all_gather_coalesced(outs, ins, async_op=async_op)
+            if async_op:
+                w.wait()
+            for r in range(N):
+                for i, s in enumerate(SHAPES):
+                    case("all_gather_coalesced", equal(outs[r][i], data(math.prod(s), dtype, r, salt=i).reshape(s),
+                                                       True),
+                         f"{dtype} {layout} async={async_op}: output list {r} (rank {r}'s), index {i} {s}: "
+                         f"{outs[r][i].reshape(-1)[:6].tolist()}")
+            if dtype != torch.bfloat16 and layout == "apart" and not async_op:
+                gl = [[torch.full(s, 9, dtype=dtype) for s in SHAPES] for _ in range(N)]
+                dist.all_gather_coalesced(gl, ins, group=GLOO)
+                for r in range(N):
+                    for i in range(len(SHAPES)):
+                        case("all_gather_coalesced", equal(outs[r][i], gl[r][i], True),
+                             f"vs gloo {dtype}: output list {r}, index {i}")
+# what torch's Python layer passes unchecked is refused on every rank before
+# anything moves (gloo refuses it too)
+for what, outs, ins, exc_type, needle in (
+        ("one list per input (N + 1 inputs)", [[torch.empty(2)] * N for _ in range(N + 1)], [torch.ones(2)] * (N + 1),
+         ValueError, "one output list per rank"),
+        ("a list short of a tensor", [[torch.empty(2)] for _ in range(N)], [torch.ones(2), torch.ones(3)],
+         ValueError, "output list 0 has 1 tensors"),
+        ("a wrong shape", [[torch.empty(2), torch.empty(4)] for _ in range(N)], [torch.ones(2), torch.ones(3)],
+         ValueError, "tensor 1"),
+        ("no inputs", [[] for _ in range(N)], [], ValueError, "non-empty")):
+    try:
+        dist.all_gather_coalesced(outs, ins)
+        case("all_gather_coalesced", False, f"{what}: accepted")
+    except exc_type as exc:
+        case("all_gather_coalesced", needle in str(exc), f"{what}: {exc}")
+try:
+    dist.distributed_c10d._get_default_group().allgather_coalesced(
+        [[torch.empty(2), torch.empty(2, dtype=torch.int32)] for _ in range(N)],
+        [torch.ones(2), torch.ones(2, dtype=torch.int32)])
+    case("all_gather_coalesced", False, "mixed dtypes accepted")
+except TypeError as exc:
+    case("all_gather_coalesced", "one dtype per call" in str(exc), f"mixed dtypes: {exc}")
+
+# allgather with several inputs (the process group's list-of-lists form; gloo
+# takes it): k output lists of k * N tensors, each list the whole result with
+# rank r's input i at index r * k + i; vs gloo and the reference
+PG = dist.distributed_c10d._get_default_group()
+for k in (2, 3):
+    for async_op in (False, True):
+        ins = [data(5, torch.float32, R, salt=i) for i in range(k)]
+        outs = [[torch.full((5,), 9.0) for _ in range(k * N)] for _ in range(k)]
+        opts = dist.distributed_c10d.AllgatherOptions()
+        opts.asyncOp = async_op
+        PG.allgather(outs, ins, opts).wait()
+        gl = [[torch.full((5,), 9.0) for _ in range(k * N)] for _ in range(k)]
+        GLOO.allgather(gl, ins).wait()
+        for j in range(k):
+            for r in range(N):
+                for i in range(k):
+                    got = outs[j][r * k + i]
+                    case("allgather_several", equal(got, data(5, torch.float32, r, salt=i), True),
+                         f"k={k} async={async_op}: output list {j}, index {r * k + i} (rank {r}'s input {i}): "
+                         f"{got.tolist()}")
+                    case("allgather_several", equal(got, gl[j][r * k + i], True),
+                         f"k={k} vs gloo: output list {j}, index {r * k + i}")
+for what, outs, ins in (("one output list for 2 inputs", [[torch.empty(2)] * (2 * N)], [torch.ones(2)] * 2),
+                        ("2 output lists for 1 input", [[torch.empty(2)] * N] * 2, [torch.ones(2)]),
+                        ("a short output list", [[torch.empty(2)] * (2 * N), [torch.empty(2)] * N],
+                         [torch.ones(2)] * 2),
+                        ("inputs of two shapes", [[torch.empty(2)] * (2 * N)] * 2, [torch.ones(2), torch.ones(3)])):
+    try:
+        PG.allgather(outs, ins).wait()
+        case("allgather_several", False, f"{what}: accepted")
+    except ValueError as exc:
+        case("allgather_several", "ringcomm backend: allgather" in str(exc), f"{what}: {exc}")
 
 # ---- reduce: every root, ops, dtypes, sync and async, PREMUL_SUM, non-contiguous; vs gloo and numpy
 for name in ("SUM", "MAX", "MIN", "PRODUCT", "AVG", "PREMUL_SUM"):
