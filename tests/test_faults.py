@@ -206,11 +206,11 @@ def test_sigint_during_a_waiting_collective_over_mpi(mode):
           f"rank 0 quarantined {r[0]['quarantined']} request(s), holding {r[0]['held_arrays']} call's arrays")
 
 
-def _start(n, mode, count, transport):
+def _start(n, mode, count, transport, results_dir):
     """The job of leave_or_interrupt.py and each rank's pid (once all are up)."""
     cmd = RUN + ["-n", str(n), "--", sys.executable, os.path.join(SCRIPTS, "leave_or_interrupt.py"), mode, str(count)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=dict(os.environ, RINGCOMM_TRANSPORT=transport))
+                         env=dict(os.environ, RINGCOMM_TRANSPORT=transport, RESULTS_DIR=str(results_dir)))
     lines, pids = [], {}
     t_end = time.monotonic() + 60
     while len(pids) < n and time.monotonic() < t_end:
@@ -233,7 +233,7 @@ LOOP = [(n, count, transport) for transport in ("auto", "mpi", "ucx") for n, cou
 
 
 @pytest.mark.parametrize("n,count,transport", LOOP)
-def test_sigint_to_one_rank_of_a_loop(n, count, transport):
+def test_sigint_to_one_rank_of_a_loop(n, count, transport, tmp_path):
     # Every rank loops on all_reduce; SIGINT to one rank lands wherever it
     # is (at 8 B nearly always between two calls, in Python: no ringcomm
     # wait sees it). Its peers must raise naming it within a second, and the
@@ -241,7 +241,7 @@ def test_sigint_to_one_rank_of_a_loop(n, count, transport):
     # their next call until killed, and the interrupted rank with them, in
     # MPI_Finalize.)
     victim = n - 1 if n > 2 else 1
-    p, pids, lines = _start(n, "loop", count, transport)
+    p, pids, lines = _start(n, "loop", count, transport, tmp_path)
     try:
         time.sleep(0.5)
         t_sig = time.monotonic()
@@ -252,7 +252,7 @@ def test_sigint_to_one_rank_of_a_loop(n, count, transport):
         if p.poll() is None:
             p.kill()
     out = "".join(lines) + rest
-    r = results(out)
+    r = {int(f.stem): json.loads(f.read_text()) for f in tmp_path.glob("*.json")}
     assert sorted(r) == list(range(n)), out
     assert r[victim]["outcome"] == "KeyboardInterrupt", r[victim]
     for rank in set(range(n)) - {victim}:
@@ -269,19 +269,19 @@ def test_sigint_to_one_rank_of_a_loop(n, count, transport):
 @pytest.mark.parametrize("mode", ["close", "exit"])
 @pytest.mark.parametrize("n,count,transport", [(2, 2, "auto"), (3, 16 << 20, "auto"), (3, 2, "mpi"),
                                                (3, 16 << 20, "mpi"), (3, 2, "ucx"), (2, 16 << 20, "ucx")])
-def test_a_rank_that_leaves_tells_its_peers(mode, n, count, transport):
+def test_a_rank_that_leaves_tells_its_peers(mode, n, count, transport, tmp_path):
     # Rank 1 stops after call #6 (the first one and 5 more) and closes its
     # communicator (or returns from its script), staying alive in close's
     # sleep or in MPI_Finalize; the others call #7. They raise at once,
     # naming rank 1 and its last call, not after their 60 s deadline.
-    p, pids, lines = _start(n, mode, count, transport)
+    p, pids, lines = _start(n, mode, count, transport, tmp_path)
     try:
         rest, _ = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
     out = "".join(lines) + rest
-    r = results(out)
+    r = {int(f.stem): json.loads(f.read_text()) for f in tmp_path.glob("*.json")}
     assert sorted(r) == sorted(set(range(n)) - {1}), out
     for rank, d in r.items():
         assert d["outcome"] == "CommunicatorAborted" and d["origin"] == 1, d

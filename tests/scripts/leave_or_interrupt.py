@@ -10,9 +10,9 @@
     leave_or_interrupt.py exit COUNT      the same, but rank 1 returns from
         the script (interpreter exit closes it).
 
-Every rank but a leaving one prints "RESULT {json}": what it raised, its
-message, when (time.monotonic(), one clock for the machine's processes) and
-how long it had waited in the call that raised.
+Every rank but a leaving one writes $RESULTS_DIR/<rank>.json: what it
+raised, its message, when (time.monotonic(), one clock for the machine's
+processes) and how long it had waited in the call that raised.
 """
 
 import json
@@ -54,4 +54,7 @@ except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt included
 finally:
     out["raised_at"] = time.monotonic()
     out["waited_s"] = out["raised_at"] - t0  # in the call that raised
-    print("RESULT " + json.dumps(out), flush=True)
+    # (a file: a rank that then dies of the exception may end the job before
+    # the launcher forwarded its output)
+    with open(os.path.join(os.environ["RESULTS_DIR"], f"{comm.rank}.json"), "w") as f:
+        json.dump(out, f)
