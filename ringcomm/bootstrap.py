@@ -13,8 +13,8 @@ Two modes (``RINGCOMM_BOOTSTRAP=auto|mpi|store``, or ``init(store=...)``):
   ``set``/``get``/``add``/``check``/``delete_key`` (torch's ``TCPStore``,
   ``FileStore``, ``PrefixStore``). MPI is never initialized in this mode and
   ``mpi4py`` never imported: messages go through UCX, shared memory within a
-  host, and the store carries only the bootstrap (worker addresses, segment
-  names, the cost model), never a collective's data.
+  host, and the store carries only the bootstrap (worker addresses, where
+  the shared segments are, the cost model), never a collective's data.
 
 ``auto`` (the default) is mpi when MPI's launcher variables are present (and,
 where torchrun's are too, give the same rank and size: workers of ``srun`` +

@@ -15,11 +15,18 @@ memory: ringcomm/ucx.py). In-process worlds (``run_local``) always have a
 window (plain memory), so ``algorithm="shm"`` runs there; ``auto`` uses it
 only with ``RINGCOMM_TRANSPORT=shm``: the in-process world teaches the ring.
 
-Segments: created by the lowest rank with mode 0600 and O_EXCL under a name
-that carries the user, the job and a random nonce, reserved with
-``posix_fallocate`` (a full ``/dev/shm`` is a clear error, or under ``auto``
-a warning and MPI point-to-point), mapped by every rank, then unlinked as
-soon as all have mapped it: a crash leaves nothing in ``/dev/shm``.
+Segments: the lowest rank creates a file in ``/dev/shm`` without a name
+(``O_TMPFILE``, mode 0600), reserves it with ``posix_fallocate`` (a full
+``/dev/shm`` is a clear error, or under ``auto`` a warning and MPI
+point-to-point) and keeps it open while the others open it through its
+descriptor (``/proc/<pid>/fd/<fd>``, checked by device and inode). A file
+without a name lives only while a process has it open or mapped: a crash,
+even a SIGKILL of every rank in the middle of ``init()``, leaves nothing in
+``/dev/shm``. Only where a peer cannot reach the creator's ``/proc`` (another
+pid namespace) does the file get a name for the rest of the hand-shake
+(``ringcomm-...flock``), guarded by the creator's flock: a named file whose
+lock is free has lost its creator, and every later hand-shake on the host
+removes such files of its user (``csrc/transports/shm_segment.h``).
 """
 
 from __future__ import annotations
@@ -410,6 +417,9 @@ def flat_max(nranks: int | None = None) -> int:
 
 
 def _segment_name() -> str:
+    """A name for a segment a peer could not open through /proc: the user,
+    the job and a random nonce; ".flock" marks the names a creator's lock
+    guards (the ones shm_sweep may remove)."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -423,9 +433,10 @@ def _segment_name() -> str:
 @contextlib.contextmanager
 def _sigterm_unwinds():
     """SIGTERM (torchrun's agent stopping the workers once one failed) ends
-    a process at once, running no ``finally``: during a hand-shake it would
-    leave the new segment in /dev/shm. Here it raises instead, so the
-    segment is unlinked, then the process ends by the signal as it would
+    a process at once, running no ``finally``: where the hand-shake had to
+    name its segment (a peer in another pid namespace), the name would stay
+    until a later hand-shake on the host swept it. Here it raises instead,
+    so the name is removed, then the process ends by the signal as it would
     have. Only on the main thread, and only where SIGTERM has its default
     action (a handler of the caller's stays)."""
     if threading.current_thread() is not threading.main_thread() or \
@@ -449,51 +460,88 @@ def _sigterm_unwinds():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _share_segment(comm, suffix: str, map_it) -> tuple:
+def _share_segment(comm, nbytes: int, suffix: str, map_it) -> tuple:
     if type(comm).__module__.startswith("mpi4py"):
         # MPI's waits block in C, where a Python handler never runs: there
         # SIGTERM keeps its default action (mpirun's way of ending a job).
-        return _share_segment_now(comm, suffix, map_it)
+        return _share_segment_now(comm, nbytes, suffix, map_it)
     with _sigterm_unwinds():  # the store's waits poll in Python
-        return _share_segment_now(comm, suffix, map_it)
+        return _share_segment_now(comm, nbytes, suffix, map_it)
 
 
-def _share_segment_now(comm, suffix: str, map_it) -> tuple:
-    """The hand-shake of every shared segment: rank 0 creates it
-    (``map_it(name, True)``), the name goes to the others, which map it
-    (``map_it(name, False)``), and rank 0 unlinks it once every rank has
-    (so nothing outlives the job). Collective over `comm`; returns (this
-    rank's result or None, the first error of any rank or None)."""
-    rank = comm.Get_rank()
-    name, err, got, created = None, None, None, False
-    if rank == 0:
-        name = _segment_name() + suffix
-        try:
-            got = map_it(name, True)
-            created = True
-        except RingcommError as e:
-            err = str(e)
+def _open_and_map(path: str, where: tuple, nbytes: int, rank: int, map_it):
+    """A peer's side: open the creator's file at `path`, map it, close it."""
+    f = core.ShmFile.open(path, where[2], where[3], nbytes, rank)
     try:
-        name, err = comm.bcast((name, err), root=0)
+        return map_it(f, False)
+    finally:
+        f.close()
+
+
+def _share_segment_now(comm, nbytes: int, suffix: str, map_it) -> tuple:
+    """The hand-shake of every shared segment (``nbytes`` bytes): rank 0
+    creates its file, unnamed (``map_it(file, True)``), and tells the others
+    its pid, descriptor, device and inode; they open it through
+    ``/proc/<pid>/fd/<fd>`` and map it (``map_it(file, False)``); rank 0
+    closes it once every rank has. Peers that cannot (another pid
+    namespace) get a name instead, which rank 0 removes at the end.
+    Collective over `comm`; returns (this rank's result or None, the first
+    error of any rank or None)."""
+    rank = comm.Get_rank()
+    f, where, err, got, name = None, None, None, None, None
+    try:
+        if rank == 0:
+            # Named segments of this user whose creator died (a job killed
+            # during its hand-shake) go first: nothing else removes them.
+            core.shm_sweep()
+            try:
+                f = core.ShmFile.create(nbytes, rank)
+                got = map_it(f, True)
+                where = (os.getpid(), f.fd, f.dev, f.ino)
+            except RingcommError as e:
+                err = str(e)
+        where, err = comm.bcast((where, err), root=0)
+        cannot = None  # why this peer could not open the file through /proc
         if err is None and rank != 0:
             try:
-                got = map_it(name, False)
+                got = _open_and_map(f"/proc/{where[0]}/fd/{where[1]}", where, nbytes, rank, map_it)
             except RingcommError as e:
-                err = f"rank {rank}: {e}"
+                cannot = str(e)
+        # every rank has mapped it, or knows who has not
+        cannots = [f"rank {q}: {c}" for q, c in enumerate(comm.allgather(cannot)) if c]
+        if err is not None or not cannots:
+            return (None, err) if err is not None else (got, None)
+        # The named way. From here a kill leaves the name until a later
+        # hand-shake on this host sweeps it: rank 0 locked the file before
+        # it named it, and its lock dies with it.
+        if rank == 0:
+            try:
+                name = _segment_name() + suffix + ".flock"
+                f.link(name)
+            except RingcommError as e:
+                name, err = None, f"{cannots[0]} (through /proc), and naming the segment failed: {e}"
+        shared = comm.bcast(name, root=0)
+        if cannot is not None and shared is not None:
+            try:
+                got = _open_and_map("/dev/shm" + shared, where, nbytes, rank, map_it)
+            except RingcommError as e:
+                err = f"rank {rank}: {e} (and through /proc: {cannot})"
         errors = [e for e in comm.allgather(err) if e]
+        return (None, errors[0]) if errors else (got, None)
     finally:
-        # Every rank has mapped it (the allgather above), or the hand-shake
-        # failed (a peer died or timed out, Ctrl-C): either way its name goes.
-        if created:
+        # Every rank has mapped it (the allgathers above), or the hand-shake
+        # failed (a peer died or timed out, Ctrl-C): either way the name goes.
+        if name is not None:
             core.shm_remove(name)
-    return (None, errors[0]) if errors else (got, None)
+        if f is not None:
+            f.close()  # (and with it the lock)
 
 
 def _map_window(comm, slot: int):
     """One window over the ranks of `comm` (one host): (window or None, error or None)."""
     n, rank = comm.Get_size(), comm.Get_rank()
-    return _share_segment(comm, "", lambda name, create: (core.shm_create if create else core.shm_attach)(
-        name, rank, n, slot))
+    return _share_segment(comm, core.shm_bytes(n, slot), "",
+                          lambda f, create: core.shm_window(f, rank, n, slot, create))
 
 
 def attach(engine, comm, transport: str | None, settings, make_between) -> str | None:
@@ -620,7 +668,8 @@ def make_arena(window, comm) -> None:
     """The window's shared arena, over the window's hand-shake (`comm`: an
     MPI communicator or a store group). Collective."""
     per_rank = arena_bytes()
-    _, err = _share_segment(comm, "-arena", lambda name, create: core.shm_arena_map(window, name, per_rank, create))
+    _, err = _share_segment(comm, per_rank * comm.Get_size(), "-arena",
+                            lambda f, create: core.shm_arena_map(window, f, per_rank))
     if err:
         raise RingcommError("cannot make the shared arena for comm.empty(): " + err)
 

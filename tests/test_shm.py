@@ -2083,7 +2083,8 @@ def test_tune_measures_the_window_in_process():
 
 def test_a_hand_shake_that_fails_after_the_segment_is_made_leaves_nothing():
     # Rank 0 has made the segment when a peer dies (or Ctrl-C comes) before
-    # every rank has mapped it: the name goes anyway, nothing stays in /dev/shm.
+    # every rank has mapped it: its file (unnamed) is closed, nothing stays
+    # in /dev/shm. (A SIGKILL there: tests/test_shm_kill.py.)
     class PeerDied(Exception):
         pass
 
@@ -2100,10 +2101,11 @@ def test_a_hand_shake_that_fails_after_the_segment_is_made_leaves_nothing():
         def allgather(self, obj):
             raise AssertionError("not reached")
 
-    before = shm_files()
+    before, fds = shm_files(), set(os.listdir("/proc/self/fd"))
     with pytest.raises(PeerDied):
         shm_mod._map_window(Group(), shm_mod.slot_bytes())
     assert shm_files() == before
+    assert set(os.listdir("/proc/self/fd")) <= fds  # the segment's file is closed (its pages go with the window)
 
 
 def test_empty_takes_torch_dtypes_and_refuses_what_cannot_fit():

@@ -292,18 +292,32 @@ inline void bind_engine(py::module_& m) {
              return std::make_shared<ArenaBlock>(w, off, bytes);
            },
            py::arg("nbytes"), "A block of this rank's part of the arena (symmetric: same order, same offsets).");
-  m.def("shm_arena_map", &shm_arena_map, py::arg("window"), py::arg("name"), py::arg("per_rank"), py::arg("create"),
-        py::call_guard<py::gil_scoped_release>(), "Create (or map) the window's shared arena segment.");
+  py::class_<ShmFile, std::shared_ptr<ShmFile>>(m, "ShmFile", py::module_local())
+      .def_static("create", &ShmFile::create, py::arg("bytes"), py::arg("rank"),
+                  py::call_guard<py::gil_scoped_release>(),
+                  "An unnamed file in /dev/shm (mode 0600), locked (flock), its pages reserved (posix_fallocate).")
+      .def_static("open", &ShmFile::open, py::arg("path"), py::arg("dev"), py::arg("ino"), py::arg("bytes"),
+                  py::arg("rank"), py::call_guard<py::gil_scoped_release>(),
+                  "Open the segment another rank made: /proc/<pid>/fd/<fd> or its /dev/shm name, checked to be "
+                  "that file (device, inode, size, owner).")
+      .def("link", &ShmFile::link, py::arg("name"), "Give the creator's file a name in /dev/shm.")
+      .def("close", &ShmFile::close, "Close the descriptor (the lock goes; mappings stay).")
+      .def_property_readonly("fd", &ShmFile::fd)
+      .def_property_readonly("dev", &ShmFile::dev)
+      .def_property_readonly("ino", &ShmFile::ino)
+      .def_property_readonly("bytes", &ShmFile::bytes);
+  m.def("shm_arena_map", &shm_arena_map, py::arg("window"), py::arg("file"), py::arg("per_rank"),
+        py::call_guard<py::gil_scoped_release>(), "Map the window's shared arena from its file.");
   m.def("shm_local_arena", &shm_local_arena, py::arg("windows"), py::arg("per_rank"),
         "In-process windows: one arena over plain memory.");
   m.def("shm_bytes", &ShmWindow::bytes_for, py::arg("nranks"), py::arg("slot_bytes"),
         "Bytes of a shared segment for nranks ranks with slots of slot_bytes.");
-  m.def("shm_create", &shm_create, py::arg("name"), py::arg("rank"), py::arg("nranks"), py::arg("slot_bytes"),
-        py::call_guard<py::gil_scoped_release>(),
-        "Create, reserve (posix_fallocate) and map the shared segment `name` (mode 0600).");
-  m.def("shm_attach", &shm_attach, py::arg("name"), py::arg("rank"), py::arg("nranks"), py::arg("slot_bytes"),
-        py::call_guard<py::gil_scoped_release>(), "Map the shared segment another rank created.");
+  m.def("shm_window", &shm_window, py::arg("file"), py::arg("rank"), py::arg("nranks"), py::arg("slot_bytes"),
+        py::arg("create"), py::call_guard<py::gil_scoped_release>(),
+        "The window over a shared segment's file: laid out (create) or checked.");
   m.def("shm_remove", &shm_remove, py::arg("name"), "Unlink a shared segment's name (mappings stay).");
+  m.def("shm_sweep", &shm_sweep, py::call_guard<py::gil_scoped_release>(),
+        "Remove this user's named segments (/dev/shm/ringcomm-*.flock) whose creator is gone; their names.");
   m.def("shm_local_windows", &shm_local_windows, py::arg("nranks"), py::arg("slot_bytes"),
         "One window per in-process rank over one mapping.");
 
