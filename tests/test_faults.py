@@ -19,6 +19,7 @@ bounded in time, and prints its measured figures (pytest -s shows them):
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -444,6 +445,53 @@ def test_timeout_names_the_newest_call_a_peer_ran_in_shared_memory():
     r = results(res.stdout)
     assert r[0]["first"] in ("shm", "shm_flat"), r
     assert "The newest call rank 1 has announced is #1: it has not reached #2" in r[0]["error"], r[0]
+
+
+STOPPED = [
+    # (algorithm, RINGCOMM_TRANSPORT, when rank 1 stops, what rank 0's timeout must say of it)
+    ("shm", "auto", "inside", "Rank 1 has started #2 too (announced in shared memory) but has not arrived at this "
+                              "step of it."),
+    ("shm", "auto", "before", "The newest call rank 1 has announced is #1: it has not reached #2."),
+    # pairwise on two ranks: the first message is the header (none on its own)
+    ("halving_doubling", "auto", "inside", "Rank 1 has started this call ("),
+    ("halving_doubling", "auto", "before", "The newest call rank 1 has announced is #1: it has not reached #2."),
+    ("halving_doubling", "mpi", "inside", "Rank 1 has started this call (a message of it arrived)."),
+    ("halving_doubling", "mpi", "before", "The newest call rank 1 is known to have started is #1 (a header or "
+                                          "message of it arrived); nothing shows it has started #2."),
+    ("ring", "auto", "inside", "Rank 1 has started this call ("),
+]
+
+
+@pytest.mark.parametrize("algorithm,transport,when,says", STOPPED,
+                         ids=[f"{a}-{t}-{w}" for a, t, w, _ in STOPPED])
+def test_a_stopped_rank_is_described_truly_in_the_timeout(algorithm, transport, when, says):
+    # A 64 MiB all_reduce with rank 1 stopped (SIGSTOP) in it said "The
+    # newest call rank 1 has announced is #74: it has not reached #74" (in
+    # the window; over messages too, where the window knew of the call);
+    # stopped before it, over MPI alone with pairwise algorithms (no header
+    # of their own), "Rank 1 has not announced any collective yet", 73 calls
+    # in. What is said now is what rank 0 knows: rank 1's announcement, its
+    # header, or a message of the call.
+    env = dict(os.environ, RINGCOMM_TRANSPORT=transport)
+    cmd = RUN + ["-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "stopped_rank.py"), algorithm, when]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    pid, error, text = None, None, []
+    try:
+        for line in p.stdout:  # until rank 0 has timed out; then rank 1 goes on
+            text.append(line)
+            if line.startswith("PID"):
+                pid = int(line.split()[1])
+            if line.startswith("RESULT ") and json.loads(line[7:])["rank"] == 0:
+                error = json.loads(line[7:]).get("error")
+                break
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        rest = p.communicate(timeout=60)[0]
+    assert error, "".join(text) + rest
+    assert "timed out" in error and says in error, error
+    for announced, reached in re.findall(r"announced is #(\d+): it has not reached #(\d+)", error):
+        assert int(announced) < int(reached), error
 
 
 def test_in_process_timeout_names_what_the_peer_is_doing():

@@ -560,6 +560,10 @@ void Link::send_fingerprint(int peer) {
 void Link::counted(const Request& r) {
   if (r.counted) return;
   const_cast<Request&>(r).counted = true;
+  // A payload message of this call from the left neighbour: it has started
+  // this call (only this call's messages complete a receive: its stamp, or
+  // the fingerprint checked first). peer_note() says so.
+  if (!r.is_send && r.peer == left()) left_data_seq_ = fp_.seq;
   // Only this thread writes: a plain read-modify-write, no locked instruction.
   auto& c = r.is_send ? progress_.bytes_sent : progress_.bytes_received;
   c.store(c.load(std::memory_order_relaxed) + r.bytes, std::memory_order_relaxed);
@@ -692,19 +696,27 @@ std::string Link::peer_report(int peer) {
   return "";
 }
 
+// What is known of the left neighbour's progress, from what came from it:
+// its header (sent at the start of a call), a payload message of this call
+// (counted()), its announcements in the window (every call, at its start).
+// Only what these show is said: with inline headers (two ranks, pairwise
+// algorithms) no header comes, and "has not announced any collective yet"
+// was said of a rank 73 calls in; a rank in this call that stopped was
+// said to have announced #74 but "not reached #74".
 std::string Link::peer_note(int peer) {
   std::string report = peer_report(peer);
   if (!report.empty()) return report;
-  if (peer == left() && fp_.seq) {  // what its control stream has told us
-    if (left_seq_ >= fp_.seq) return " Rank " + std::to_string(peer) + " has started this call (its header arrived).";
-    // Calls that ran in the shared-memory window sent no header: the window
-    // knows the newest of those.
-    const uint64_t seen = std::max(left_seq_, window_ ? window_->latest_call_of(peer) : 0);
-    if (seen == 0) return " Rank " + std::to_string(peer) + " has not announced any collective yet.";
-    return " The newest call rank " + std::to_string(peer) + " has announced is #" + std::to_string(seen) +
-           ": it has not reached #" + std::to_string(fp_.seq) + ".";
-  }
-  return "";
+  if (peer != left() || !fp_.seq) return "";
+  const std::string who = "Rank " + std::to_string(peer);
+  if (left_seq_ > fp_.seq) return " " + who + " has gone on to #" + std::to_string(left_seq_) + " (its header arrived).";
+  if (left_seq_ == fp_.seq) return " " + who + " has started this call (its header arrived).";
+  if (left_data_seq_ == fp_.seq) return " " + who + " has started this call (a message of it arrived).";
+  if (window_ && window_->has_member(peer))
+    return ShmWindow::announced(peer, window_->latest_call_of(peer), fp_.seq, "(announced in shared memory)");
+  const uint64_t seen = std::max(left_seq_, left_data_seq_);
+  if (seen == 0) return " No header or message from rank " + std::to_string(peer) + " has arrived in any collective yet.";
+  return " The newest call rank " + std::to_string(peer) + " is known to have started is #" + std::to_string(seen) +
+         " (a header or message of it arrived); nothing shows it has started #" + std::to_string(fp_.seq) + ".";
 }
 
 // A receive that failed on a message of another size or call is a mismatch

@@ -304,7 +304,8 @@ class Link {
   // Headers of later collectives that arrived early, oldest first (a vector:
   // it holds one or two, and keeps its memory between calls).
   std::vector<ControlMsg> early_headers_;
-  uint64_t left_seq_ = 0;  // the newest call the left neighbour has announced
+  uint64_t left_seq_ = 0;  // the newest call whose header came from the left neighbour
+  uint64_t left_data_seq_ = 0;  // the newest call a payload message of which came from it (counted())
   std::vector<uint64_t> peer_left_;  // per rank: 0, or 1 + the last call of a neighbour that left (LEFT notice)
   [[noreturn]] void throw_left(int peer, uint64_t left);
   void throw_if_left();  // a neighbour left before this call: it will never join it

@@ -573,16 +573,29 @@ uint64_t ShmWindow::latest_call_of(int member) const {
   return j < 0 ? 0 : latest_call(j);
 }
 
+std::string ShmWindow::announced(int member, uint64_t latest, uint64_t seq, const std::string& in_it) {
+  const std::string who = "rank " + std::to_string(member);
+  if (latest == 0) return " Rank " + std::to_string(member) + " has not announced any collective yet.";
+  if (latest < seq)
+    return " The newest call " + who + " has announced is #" + std::to_string(latest) + ": it has not reached #" +
+           std::to_string(seq) + ".";
+  if (latest > seq)
+    return " Rank " + std::to_string(member) + " has already announced #" + std::to_string(latest) +
+           ", a later call than #" + std::to_string(seq) + ".";
+  return " Rank " + std::to_string(member) + " has started #" + std::to_string(seq) + " too " + in_it + ".";
+}
+
 // What the window says about `peer` (its newest announced call), or what
-// the link knows (in process: the peer's flight record).
+// the link knows (in process: the peer's flight record). A peer in this
+// call that has not arrived here (stopped, or slow within the call) has
+// announced it: "the newest call it announced is #74: it has not reached
+// #74" was said of it.
 std::string ShmWindow::peer_state(Link& link, int peer, const Fingerprint& fp) {
   const int who = member(peer);
   std::string note = link.peer_report(who);
   if (!note.empty()) return note;
-  const uint64_t latest = latest_call(peer);
-  if (latest == 0) return " Rank " + std::to_string(who) + " has not announced any collective yet.";
-  return " The newest call rank " + std::to_string(who) + " has announced is #" + std::to_string(latest) +
-         ": it has not reached #" + std::to_string(fp.seq) + ".";
+  return announced(who, latest_call(peer), fp.seq,
+                   "(announced in shared memory) but has not arrived at this step of it");
 }
 
 uint64_t ShmWindow::arrive(const Link& link, const Fingerprint& fp) {

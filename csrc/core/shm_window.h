@@ -231,6 +231,14 @@ class ShmWindow {
   // The same for the communicator's rank `member` (as member() numbers
   // them); 0 when it is not one of this window's ranks (another host's).
   uint64_t latest_call_of(int member) const;
+  // Whether the communicator's rank `member` is one of this window's.
+  bool has_member(int member) const { return index_of(member) >= 0; }
+  // What a peer's newest announcement (`latest`, 0: none) says about call
+  // `seq`, for an error message (" Rank 1 ..."): it has not reached it, has
+  // gone past it, or is in it (`in_it` then says how we know and what of it
+  // is missing). Every rank announces each call in the window at its start,
+  // before it sends or writes anything for it.
+  static std::string announced(int member, uint64_t latest, uint64_t seq, const std::string& in_it);
 
  private:
   struct Header;
