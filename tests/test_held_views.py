@@ -116,3 +116,26 @@ def test_under_ringcomm_run(case, fam, n):
             assert d.get("stale_at") == 1 and "grad_views()" in d["message"], d
         else:
             assert d.get("ok") == iters and d["layout"] == 1, d
+
+
+def test_a_numpy_view_is_read_only_from_mark_ready_to_the_end_of_finalize():
+    # Writing a gradient after declaring it final would race its bucket's
+    # all_reduce (in flight from the moment the bucket is full): refused.
+    def body(comm):
+        b = ringcomm.GradBucketer([np.zeros(10, np.float32), np.zeros(20, np.float32)], comm,
+                                  bucket_cap_mb=0, first_bucket_mb=0, rebuild_buckets=False)
+        g = b.grad_views()
+        g[1][...] = comm.rank
+        b.mark_ready(1)
+        refused = False
+        try:
+            g[1] += 1
+        except ValueError:
+            refused = True
+        g[0][...] = comm.rank  # not marked yet: writable
+        b.mark_ready(0)
+        b.finalize()
+        g[1] *= 2  # the next iteration may write again
+        return refused, float(g[0][0]), float(g[1][0])
+    for refused, a, c in ringcomm.run_local(2, body):
+        assert refused and a == 0.5 and c == 1.0, (refused, a, c)

@@ -56,7 +56,7 @@ from .. import vocab
 from ..errors import BucketerError, InvalidArgument, RegistrationMismatchError, UnusedParametersError
 from .buckets import MB, assign_buckets
 from .consistency import gather_rows, param_label, spec_differences, spec_summary
-from .handed import handout, move, retire, seal
+from .handed import HandedOut, handout, move, retire, seal
 from .tensors import add_into, arena_zeros, averaging, copy_into, describe, family, flat_view, item, zero, zeros
 
 __all__ = ["GradBucketer", "BucketInfo"]
@@ -261,6 +261,10 @@ class GradBucketer:
             return
         self._ready[i] = True
         self._used[i] = True
+        if isinstance(self._views[i], HandedOut):
+            # Final for this iteration: its bucket may reduce it any moment now,
+            # and a later write would race that (finalize() makes it writable again).
+            self._views[i].flags.writeable = False
         if self._rebuild_pending:
             self._observed.append(i)
         b = self._buckets[self._param_bucket[i]]
@@ -342,6 +346,9 @@ class GradBucketer:
         """Clear what one synchronised iteration marked; returns the
         caller-owned gradients given to mark_ready (index -> array)."""
         owned, self._owned = self._owned, {}
+        for i in np.flatnonzero(self._ready):
+            if isinstance(self._views[i], HandedOut):
+                self._views[i].flags.writeable = True
         self._ready[:] = False
         self._used[:] = False
         for b in self._buckets:
