@@ -103,7 +103,8 @@ def install() -> None:
             # noted the exception in sys.last_value): a hook that chained
             # to this one may still hold the traceback (torch's prefixes
             # each line with the rank, printing after this returns).
-            fail(_describe(value), _status_for(value), plain_mpi=False)
+            fail(_describe(value), _status_for(value), plain_mpi=False,
+                 interrupted=issubclass(etype, KeyboardInterrupt))
 
     sys.excepthook = excepthook
     real_exit = sys.exit
@@ -119,10 +120,11 @@ def install() -> None:
 
 
 # ---------------------------------------------------------------- the abort
-def fail(reason: str, status: int = 1, plain_mpi: bool = True) -> None:
+def fail(reason: str, status: int = 1, plain_mpi: bool = True, interrupted: bool = False) -> None:
     """This rank is going down with `reason`: tell the peers of every live
     communicator why, and abort those communicators (the ring is told).
-    `plain_mpi`: with no communicator at all, end an MPI job at once."""
+    `plain_mpi`: with no communicator at all, end an MPI job at once.
+    `interrupted`: a KeyboardInterrupt (the peers hear "was interrupted")."""
     global _failed, _exit_status
     if _failed or not enabled():
         return
@@ -142,7 +144,7 @@ def fail(reason: str, status: int = 1, plain_mpi: bool = True) -> None:
                 _pending.append((dup.Isend([text, _byte()], dest=peer, tag=_TAG), text))
     for c in live:
         try:
-            c.abort(interrupted=reason == _INTERRUPTED)
+            c.abort(interrupted=interrupted)
         except Exception:  # noqa: BLE001 - best effort while dying
             pass
 
@@ -190,7 +192,7 @@ def _at_exit() -> None:
         if _exit_status:
             fail(f"SystemExit({_exit_status})", _exit_status)
         elif last is not None:
-            fail(_describe(last), _status_for(last))
+            fail(_describe(last), _status_for(last), interrupted=isinstance(last, KeyboardInterrupt))
     for c, dup in list(_comms.items()):  # a reason that came after this rank's error was raised
         if not c.closed and c.aborted and dup not in _heard and _receive(dup, None) is not None:
             _heard.append(dup)
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"SystemExit({exc.code!r})", status)
         raise
     except KeyboardInterrupt as exc:
-        fail(_describe(exc), _status_for(exc))
+        fail(_describe(exc), _status_for(exc), interrupted=True)
         raise
     except BaseException as exc:  # noqa: BLE001 - the point of the runner
         tb = exc.__traceback__

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import StaleViewError
 
-__all__ = ["HandedOut", "handout", "retire", "seal", "is_retired", "move"]
+__all__ = ["HandedOut", "handout", "retire", "seal", "move"]
 
 
 class HandedOut(np.ndarray):
@@ -64,8 +64,7 @@ class _Retired(HandedOut):
             self._refuse()
         return self.view(np.ndarray)[key]
 
-    __setitem__ = _refuse
-    __iadd__ = __isub__ = __imul__ = __itruediv__ = _refuse
+    __setitem__ = _refuse  # (in-place operators are ufuncs with out=: refused above)
 
     def __repr__(self):
         if self._reads_ok():
@@ -94,10 +93,6 @@ def seal(x) -> None:
     """End the reading period retire(readable=True) gave."""
     if isinstance(x, _Retired):
         x._ringcomm_reads = False
-
-
-def is_retired(x) -> bool:
-    return isinstance(x, _Retired)
 
 
 def move(held, new):
