@@ -1,6 +1,10 @@
 // The collective algorithms. Written once, against Link (messages to ring
 // neighbours) and Reducer (arithmetic); they never name a transport or a
 // device. One algorithm per file; see docs in each file's opening comment.
+// Each has its own arguments here; the engine reaches them through the
+// table of algorithms (registry.h), whose rows wrap them in one signature
+// and say where each runs, so a new algorithm is its file, its declaration
+// here and its rows there.
 #pragma once
 
 #include "core/link.h"

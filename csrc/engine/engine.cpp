@@ -205,107 +205,130 @@ bool Engine::shm_runs(const Task& t) const {
   return t.coll != Coll::all_to_all || t.counts.empty() || (link_.window() && shm_all_to_all_v_fits(*link_.window()));
 }
 
+// algorithm="auto": every rank resolves the same way, from the call's size
+// and limits all ranks were given alike (a disagreement is still caught:
+// the resolved algorithm is part of the fingerprint). Across hosts where the
+// layout allows; the arena's arrays zero copy (the caller asked for it:
+// comm.empty); the window up to its limits; else the message path's choice.
+Algo Engine::auto_algorithm(const Task& t) const {
+  const size_t bytes = t.count * dtype_size(t.dtype);
+  if (link_.device() || size() == 1) return message_auto(t, false, bytes);
+  const AlgoRow* hier = find_algorithm(t.coll, Algo::hierarchical);
+  if (cross_ && hier && (hier_halves_ || !(hier->needs & kNeedOrderedHosts))) return Algo::hierarchical;
+  if (t.arena_in >= 0) return Algo::zero_copy;
+  if (window_auto(t, bytes)) {
+    const bool flat = find_algorithm(t.coll, Algo::shm_flat) != nullptr;
+    return flat && bytes <= auto_flat_max_.load(std::memory_order_relaxed) ? Algo::shm_flat : Algo::shm;
+  }
+  return message_auto(t, true, bytes);
+}
+
+// Auto runs the window where it may (set_shm_auto's limits: at most shm_max
+// bytes, or at least shm_from), for barrier always, and for all_to_all's
+// per-peer splits at every size: each rank's own total is unknown to the
+// others, and all must choose alike.
+bool Engine::window_auto(const Task& t, size_t bytes) const {
+  if (!link_.window() || !shm_auto_.load(std::memory_order_relaxed) || !shm_runs(t)) return false;
+  const bool per_peer = t.coll == Coll::all_to_all && !t.counts.empty();
+  return t.coll == Coll::barrier || per_peer || bytes <= shm_max_[int(t.coll)].load(std::memory_order_relaxed) ||
+         bytes >= shm_from_[int(t.coll)].load(std::memory_order_relaxed);
+}
+
+// The message path: a device communicator runs the ring (`ringcomm tune`
+// measures host transports only, so nothing says another algorithm is
+// faster on a GPU; they run there when asked for), and the rooted and
+// personalized collectives their own. `tuned`: host memory, several ranks.
+Algo Engine::message_auto(const Task& t, bool tuned, size_t bytes) const {
+  switch (t.coll) {
+    case Coll::gather:
+    case Coll::scatter: return Algo::linear;
+    case Coll::all_to_all: return Algo::pairwise;
+    case Coll::reduce:
+      return !link_.device() && bytes <= auto_reduce_max_.load(std::memory_order_relaxed) ? Algo::binomial
+                                                                                           : Algo::ring;
+    case Coll::all_reduce:
+      if (tuned && bytes <= auto_rd_max_.load(std::memory_order_relaxed)) return Algo::recursive_doubling;
+      if (tuned && bytes <= auto_hd_max_.load(std::memory_order_relaxed)) return Algo::halving_doubling;
+      return Algo::ring;
+    default: return Algo::ring;
+  }
+}
+
 Algo Engine::choose_algorithm(const Task& t) const {
   const Algo a = Algo(t.algo);
-  if (a == Algo::automatic) {
-    // Every rank resolves the same way: from the call's size and limits all
-    // ranks were given alike (a disagreement is still caught: the resolved
-    // algorithm is part of the fingerprint). A device communicator runs the
-    // ring: `ringcomm tune` measures host transports only, so nothing says
-    // another algorithm is faster on a GPU (they run there when asked for).
-    const bool host = !link_.device();
-    if (cross_ && host && size() > 1 &&
-        (t.coll == Coll::all_reduce ||
-         (hier_halves_ && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather))))
-      return Algo::hierarchical;
-    // Arrays in the shared arena: the caller asked for zero copy (comm.empty).
-    if (host && size() > 1 && t.arena_in >= 0) return Algo::zero_copy;
-    const size_t bytes = t.count * dtype_size(t.dtype);
-    // (all_to_all's per-peer splits: each rank's own total, unknown to the
-    // others: the window at every size, as all must choose alike)
-    const bool per_peer = t.coll == Coll::all_to_all && !t.counts.empty();
-    const bool within = t.coll == Coll::barrier || per_peer ||
-                        bytes <= shm_max_[int(t.coll)].load(std::memory_order_relaxed) ||
-                        bytes >= shm_from_[int(t.coll)].load(std::memory_order_relaxed);
-    if (host && size() > 1 && link_.window() && shm_auto_.load(std::memory_order_relaxed) && within &&
-        shm_runs(t)) {
-      if ((t.coll == Coll::all_reduce || t.coll == Coll::reduce) &&
-          bytes <= auto_flat_max_.load(std::memory_order_relaxed))
-        return Algo::shm_flat;
-      return Algo::shm;
-    }
-    if (t.coll == Coll::gather || t.coll == Coll::scatter) return Algo::linear;
-    if (t.coll == Coll::all_to_all) return Algo::pairwise;
-    if (t.coll == Coll::reduce)  // (the ring on a device, as all_reduce)
-      return host && t.count * dtype_size(t.dtype) <= auto_reduce_max_.load(std::memory_order_relaxed)
-                 ? Algo::binomial
-                 : Algo::ring;
-    if (t.coll == Coll::all_reduce && host && size() > 1) {
-      const size_t bytes = t.count * dtype_size(t.dtype);
-      if (bytes <= auto_rd_max_.load(std::memory_order_relaxed)) return Algo::recursive_doubling;
-      if (bytes <= auto_hd_max_.load(std::memory_order_relaxed)) return Algo::halving_doubling;
-    }
-    return Algo::ring;
-  }
+  if (a == Algo::automatic) return auto_algorithm(t);
   if (int(a) < 0 || a >= Algo::kCount) throw_invalid("unknown algorithm code " + std::to_string(t.algo));
-  if (a == Algo::hierarchical) {
-    const bool halves = t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather;
-    if (!cross_ || !(t.coll == Coll::all_reduce || halves))
-      throw_invalid("algorithm 'hierarchical' runs all_reduce, reduce_scatter and all_gather on ranks of several "
-                    "hosts that share memory within each host" +
-                    std::string(cross_ ? "" : "; this communicator has no such hierarchy"));
-    if (halves && !hier_halves_)
-      throw_invalid("algorithm 'hierarchical' runs " + std::string(coll_name(t.coll)) +
-                    " where every local index's ranks grow from host to host (hosts in the order of their first "
-                    "rank); this communicator's ranks are placed otherwise (all_reduce runs on any placement)");
-    return a;
-  }
-  if (cross_ && (a == Algo::zero_copy || a == Algo::shm || a == Algo::shm_flat))
+  check_path(t, a);
+  const AlgoRow* row = find_algorithm(t.coll, a);
+  if (!row) throw_invalid(absent_text(t, a));
+  check_needs(t, *row);
+  return a;
+}
+
+// What the algorithm's path needs of the communicator, before whether it
+// runs this collective (the first thing its error says).
+void Engine::check_path(const Task& t, Algo a) const {
+  const AlgoPath path = algorithm_path(a);
+  if (path == AlgoPath::hosts && !cross_) throw_invalid(absent_text(t, a));
+  if (path == AlgoPath::window && cross_)
     throw_invalid("algorithm '" + std::string(algo_name(a)) +
                   "' runs on ranks of one host; this communicator's span several (its window holds this host's)");
-  if (a == Algo::zero_copy) {
-    if (t.arena_in < 0)
-      throw_invalid(std::string("algorithm 'zero_copy' runs all_reduce, reduce_scatter and all_gather on arrays in "
-                                "the shared arena (comm.empty(); all_reduce: its output too), ") +
-                    (link_.window() && link_.window()->has_arena() ? "and this call's are not there"
-                                                                    : "and this communicator has none"));
-    return a;
+}
+
+// Why `a` does not run this collective, or this communicator (cross_ unset): the error says where it does.
+std::string Engine::absent_text(const Task& t, Algo a) const {
+  const std::string name = algo_name(a);
+  switch (a) {
+    case Algo::hierarchical:
+      return "algorithm 'hierarchical' runs all_reduce, reduce_scatter and all_gather on ranks of several "
+             "hosts that share memory within each host" +
+             std::string(cross_ ? "" : "; this communicator has no such hierarchy");
+    case Algo::zero_copy: return zero_copy_text();
+    case Algo::shm_flat: return "algorithm 'shm_flat' runs all_reduce and reduce only";
+    default: break;
   }
-  if (a == Algo::shm || a == Algo::shm_flat) {
-    const bool runs = a == Algo::shm ? shm_runs(t) : (t.coll == Coll::all_reduce || t.coll == Coll::reduce);
-    if (!runs)
-      throw_invalid("algorithm '" + std::string(algo_name(a)) + "' runs " +
-                    (a == Algo::shm ? "every collective, all_to_all with per-peer splits where a slot holds a table of "
-                                      "24 bytes per rank (in whole cache lines) and 64 bytes per rank beside it "
-                                      "(RINGCOMM_SHM_SLOT)"
-                                    : "all_reduce and reduce only"));
-    if (!link_.window())
-      throw_invalid("algorithm '" + std::string(algo_name(a)) +
-                    "' needs ranks that share a host (a shared-memory window); this communicator has none "
-                    "(RINGCOMM_TRANSPORT=mpi, ranks on several hosts, or payload on a device)");
-    return a;
-  }
-  // The rooted and personalized collectives: their own algorithms.
-  const bool fits = t.coll == Coll::reduce ? (a == Algo::ring || a == Algo::binomial)
-                    : t.coll == Coll::gather || t.coll == Coll::scatter ? a == Algo::linear
-                    : t.coll == Coll::all_to_all ? a == Algo::pairwise
-                                                 : a != Algo::binomial && a != Algo::linear && a != Algo::pairwise;
-  if (!fits)
-    throw_invalid("algorithm '" + std::string(algo_name(a)) + "' does not run " + coll_name(t.coll) +
-                  " (reduce: ring, binomial, shm; gather, scatter: linear, shm; all_to_all: pairwise, shm)");
-  if (a == Algo::ring || int(t.coll) >= int(Coll::reduce)) return a;
-  const char* name = algo_name(a);  // (no std::string: this runs on every call)
-  const bool pow2 = (size() & (size() - 1)) == 0;
-  if (a == Algo::halving_doubling && (t.coll == Coll::reduce_scatter || t.coll == Coll::all_gather)) {
-    if (!pow2)
-      throw_invalid("algorithm 'halving_doubling' runs " + std::string(coll_name(t.coll)) +
-                    " on a power-of-two number of ranks only (this communicator has " + std::to_string(size()) +
-                    "): its blocks are the split rule's chunks only then; all_reduce folds any number");
-  } else if (t.coll != Coll::all_reduce) {
-    throw_invalid("algorithm '" + std::string(name) + "' exists for all_reduce" +
-                  (a == Algo::halving_doubling ? ", reduce_scatter and all_gather" : "") + " only");
-  }
-  return a;
+  // The rooted and personalized collectives run their own algorithms, and theirs run nothing else.
+  const bool rooted = int(t.coll) >= int(Coll::reduce) || a == Algo::binomial || a == Algo::linear ||
+                      a == Algo::pairwise || a == Algo::shm;
+  if (rooted)
+    return "algorithm '" + name + "' does not run " + coll_name(t.coll) +
+           " (reduce: ring, binomial, shm; gather, scatter: linear, shm; all_to_all: pairwise, shm)";
+  std::string where;  // the collectives it exists for, from the table
+  for (int c = 0; c < int(Coll::kCount); ++c)
+    if (find_algorithm(Coll(c), a)) where += std::string(where.empty() ? "" : ", ") + coll_name(Coll(c));
+  const size_t last = where.rfind(", ");
+  if (last != std::string::npos) where.replace(last, 2, " and ");
+  return "algorithm '" + name + "' exists for " + where + " only";
+}
+
+std::string Engine::zero_copy_text() const {
+  return std::string("algorithm 'zero_copy' runs all_reduce, reduce_scatter and all_gather on arrays in "
+                     "the shared arena (comm.empty(); all_reduce: its output too), ") +
+         (link_.window() && link_.window()->has_arena() ? "and this call's are not there"
+                                                         : "and this communicator has none");
+}
+
+// A row's needs, in the order the errors name them; then the window of a
+// window path. (No std::string unless one fails: this runs on every call.)
+void Engine::check_needs(const Task& t, const AlgoRow& row) const {
+  const uint32_t needs = row.needs;
+  if ((needs & kNeedOrderedHosts) && !hier_halves_)
+    throw_invalid("algorithm 'hierarchical' runs " + std::string(coll_name(t.coll)) +
+                  " where every local index's ranks grow from host to host (hosts in the order of their first "
+                  "rank); this communicator's ranks are placed otherwise (all_reduce runs on any placement)");
+  if ((needs & kNeedArena) && t.arena_in < 0) throw_invalid(zero_copy_text());
+  if ((needs & kNeedSlotTable) && !shm_runs(t))
+    throw_invalid("algorithm 'shm' runs every collective, all_to_all with per-peer splits where a slot holds a "
+                  "table of 24 bytes per rank (in whole cache lines) and 64 bytes per rank beside it "
+                  "(RINGCOMM_SHM_SLOT)");
+  if (row.path == AlgoPath::window && !(needs & kNeedArena) && !link_.window())
+    throw_invalid("algorithm '" + std::string(algo_name(row.algo)) +
+                  "' needs ranks that share a host (a shared-memory window); this communicator has none "
+                  "(RINGCOMM_TRANSPORT=mpi, ranks on several hosts, or payload on a device)");
+  if ((needs & kNeedPow2) && (size() & (size() - 1)) != 0)
+    throw_invalid("algorithm '" + std::string(algo_name(row.algo)) + "' runs " + coll_name(t.coll) +
+                  " on a power-of-two number of ranks only (this communicator has " + std::to_string(size()) +
+                  "): its blocks are the split rule's chunks only then; all_reduce folds any number");
 }
 
 void Engine::fail_p2p(const RingError& e, const Fingerprint& call, bool by_interrupt) {
@@ -508,55 +531,64 @@ void Engine::execute(const Task& t, Work& w) {
     err = std::make_unique<RingError>(ErrKind::transport, rank(), -1, w.seq(), e.what());
   }
   if (err && t.abort) {  // the abort itself succeeded
-    std::unique_ptr<P2PFailure> p2p;
-    {
-      std::lock_guard<std::mutex> g(state_m_);
-      p2p = std::move(p2p_failure_);
-    }
-    if (p2p) link_.fail(p2p->error, &p2p->call);  // a p2p op failed: the notice names it
-    else link_.fail(*err);
-    record_abort(err->what(), rank(), ErrKind::aborted);
+    aborted_by(*err);
     err.reset();
   }
   link_.set_interrupt_check(nullptr);
-  std::shared_ptr<Hold> stalled;  // link_.fail's claim for good (a writer into our arrays stalled)
-  if (err) {
-    if (err->seq == 0) err->seq = w.seq();
-    if (err->rank < 0) err->rank = rank();
-    if (err->origin < 0) err->origin = err->rank;
-    if (err->kind != ErrKind::invalid) {  // the ring is in an unknown state: stop using it
-      stalled = link_.fail(*err);
-      record_abort(err->what(), err->origin, err->cause);
-      if (cross_ && !cross_->aborted()) cross_->abort();  // ranks of other hosts waiting between hosts hear of it
-    }
-  }
+  std::shared_ptr<Hold> stalled = err ? failed(*err, w.seq()) : nullptr;
   if (!t.abort) {
-    if (err) {
-      const std::string text = err->what();
-      recorder_.ended(w.seq(), link_.progress(), &text);
-    } else {
-      recorder_.ended(w.seq(), link_.progress(), nullptr);
-    }
+    const std::string text = err ? err->what() : "";
+    recorder_.ended(w.seq(), link_.progress(), err ? &text : nullptr);
   }
-  if (err) {
-    // Requests that outlived it, or a peer's write into them, may still use the caller's arrays.
-    if (auto h = stalled ? stalled : link_.hold()) {
-      std::lock_guard<std::mutex> g(w.m_);
-      w.hold_ = h;
-    }
-    // Device work of the failed collective may already be queued (copies,
-    // kernels, a peer's copy out of our buffer): the caller must keep its
-    // arrays until this point has passed (Python's Work does).
-    if (auto dev = device()) {
-      try {
-        std::lock_guard<std::mutex> g(w.m_);
-        w.done_event_ = dev->record();
-        w.device_ = dev;
-      } catch (const std::exception&) {
-      }
-    }
-  }
+  if (err) keep_arrays(w, stalled);
   w.finish(std::move(err));
+}
+
+// The abort task ran (its RingError says why): the link fails, telling the
+// ring, about the failed p2p op that asked for it if one did (fail_p2p).
+void Engine::aborted_by(const RingError& why) {
+  std::unique_ptr<P2PFailure> p2p;
+  {
+    std::lock_guard<std::mutex> g(state_m_);
+    p2p = std::move(p2p_failure_);
+  }
+  if (p2p) link_.fail(p2p->error, &p2p->call);  // a p2p op failed: the notice names it
+  else link_.fail(why);
+  record_abort(why.what(), rank(), ErrKind::aborted);
+}
+
+// A collective failed: fill in where, and unless the call was refused
+// (invalid), stop using the ring, whose state is unknown. Returns link_.fail's
+// claim for good (a writer into the caller's arrays stalled), if any.
+std::shared_ptr<Hold> Engine::failed(RingError& err, uint64_t seq) {
+  if (err.seq == 0) err.seq = seq;
+  if (err.rank < 0) err.rank = rank();
+  if (err.origin < 0) err.origin = err.rank;
+  if (err.kind == ErrKind::invalid) return nullptr;
+  std::shared_ptr<Hold> stalled = link_.fail(err);
+  record_abort(err.what(), err.origin, err.cause);
+  if (cross_ && !cross_->aborted()) cross_->abort();  // ranks of other hosts waiting between hosts hear of it
+  return stalled;
+}
+
+// A failed collective's claim on the caller's arrays, in its Work.
+void Engine::keep_arrays(Work& w, const std::shared_ptr<Hold>& stalled) {
+  // Requests that outlived it, or a peer's write into them, may still use the caller's arrays.
+  if (auto h = stalled ? stalled : link_.hold()) {
+    std::lock_guard<std::mutex> g(w.m_);
+    w.hold_ = h;
+  }
+  // Device work of the failed collective may already be queued (copies,
+  // kernels, a peer's copy out of our buffer): the caller must keep its
+  // arrays until this point has passed (Python's Work does).
+  if (auto dev = device()) {
+    try {
+      std::lock_guard<std::mutex> g(w.m_);
+      w.done_event_ = dev->record();
+      w.device_ = dev;
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 // Host: the reducer runs here (made once per dtype and op: no allocation
@@ -567,28 +599,24 @@ const Reducer& Engine::reducer(DType dtype, Op op) {
   return *slot;
 }
 
-void Engine::perform(const Task& t, Work& w) {
-  const uint64_t seq = w.seq();
-  Device* dev = link_.device();
-  if (t.abort) {
-    if (!link_.aborted())
-      throw RingError(ErrKind::aborted, rank(), -1, link_.seq(),
-                      "rank " + std::to_string(rank()) +
-                          (link_.user_interrupted() ? " was interrupted (KeyboardInterrupt) between calls"
-                                                    : " aborted the communicator"));
-    return;
-  }
-  if (link_.aborted())
-    throw RingError(ErrKind::aborted, rank(), -1, seq, "communicator was aborted earlier: " + link_.abort_reason());
-  Quarantine::instance().reap();  // one atomic load unless an earlier failure left requests behind
-  link_.mutable_options() = t.opts;
-  link_.set_tracer(t.tracer.get());
+// The abort task (Engine::abort): fails the link as any failure would
+// (execute), with this rank's reason; nothing to do when it failed already.
+void Engine::perform_abort() {
+  if (!link_.aborted())
+    throw RingError(ErrKind::aborted, rank(), -1, link_.seq(),
+                    "rank " + std::to_string(rank()) +
+                        (link_.user_interrupted() ? " was interrupted (KeyboardInterrupt) between calls"
+                                                  : " aborted the communicator"));
+}
+
+// What every rank must agree on for this call. Only what the collective
+// uses is compared: the rest stays 0 on every rank.
+Fingerprint Engine::fingerprint(const Task& t, uint64_t seq) const {
   Fingerprint fp;
   fp.seq = seq;
   if (t.coll != Coll::barrier) fp.segment_bytes = int64_t(t.opts.segment_bytes);
   fp.coll = int32_t(t.coll);
   fp.count = int64_t(t.count);
-  // Only what the collective uses is compared: the rest stays 0 on every rank.
   if (t.coll != Coll::barrier) fp.dtype = int32_t(t.dtype);
   if (coll_reduces(t.coll)) fp.op = int32_t(t.op);
   if (coll_has_root(t.coll)) fp.root = t.root;
@@ -597,157 +625,61 @@ void Engine::perform(const Task& t, Work& w) {
   if (t.coll == Coll::all_to_all && !t.counts.empty()) {
     fp.counts = kPerPeer;
     fp.count = 0;  // each rank's own total
+  } else if (!t.counts.empty()) {
+    fp.counts = counts_hash(t.counts.data(), t.counts.size());
   }
-  else if (!t.counts.empty()) fp.counts = counts_hash(t.counts.data(), t.counts.size());
   fp.algo = t.algo;
-  const bool zero_copy = Algo(t.algo) == Algo::zero_copy;
-  if (zero_copy) {  // where peers find this rank's arrays (announced in the window)
+  if (Algo(t.algo) == Algo::zero_copy) {  // where peers find this rank's arrays (announced in the window)
     fp.arena_in = t.arena_in;
     fp.arena_out = t.arena_out;
   }
+  return fp;
+}
 
-  const size_t es = dtype_size(t.dtype);
-  // Pairwise algorithms on two ranks: the partner is both neighbours, and the
-  // first message goes to it at once, so its stamp is the header. (Stamped
-  // transports only: not in device memory.)
-  const bool inline_header = size() == 2 && t.count > 0 && link_.stamped() &&
-                             (Algo(t.algo) == Algo::recursive_doubling || Algo(t.algo) == Algo::halving_doubling);
-  const bool shared = Algo(t.algo) == Algo::shm || Algo(t.algo) == Algo::shm_flat || zero_copy ||
-                      Algo(t.algo) == Algo::hierarchical;
-  if (shared && link_.window()) {  // the slots at the page offset of this call's array (align_slots_to)
+// The call's header: announced in the window (its slots at the page offset
+// of the call's array: align_slots_to), or sent to the neighbours, or, for
+// a pairwise algorithm on two ranks, the stamp of its first message (the
+// partner is both neighbours and hears from it at once; stamped transports
+// only: not in device memory).
+void Engine::begin_call(const Task& t, const AlgoRow& row, const Fingerprint& fp) {
+  if (row.path == AlgoPath::messages) {
+    link_.begin(fp, row.pair_header && size() == 2 && t.count > 0 && link_.stamped());
+    return;
+  }
+  if (ShmWindow* win = link_.window()) {
     const void* arr = t.in ? t.in : t.out ? t.out : !t.in_places.empty() ? reinterpret_cast<const void*>(t.in_places[0])
                       : !t.out_places.empty() ? reinterpret_cast<const void*>(t.out_places[0]) : nullptr;
-    link_.window()->align_slots_to(arr);
+    win->align_slots_to(arr);
   }
-  if (shared) link_.begin_shared(fp);
-  else link_.begin(fp, inline_header);
+  link_.begin_shared(fp);
+}
+
+// The collective: its row (validate() made sure there is one), the header,
+// the algorithm, avg's division where the row's algorithm leaves sums, the
+// drain of the link's requests (the window has none).
+void Engine::perform(const Task& t, Work& w) {
+  if (t.abort) return perform_abort();
+  const uint64_t seq = w.seq();
+  if (link_.aborted())
+    throw RingError(ErrKind::aborted, rank(), -1, seq, "communicator was aborted earlier: " + link_.abort_reason());
+  const AlgoRow* row = find_algorithm(t.coll, Algo(t.algo));
+  if (!row) throw_invalid("unknown collective");
+  Quarantine::instance().reap();  // one atomic load unless an earlier failure left requests behind
+  link_.mutable_options() = t.opts;
+  link_.set_tracer(t.tracer.get());
+  begin_call(t, *row, fingerprint(t, seq));
+  Device* dev = link_.device();
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
-  switch (t.coll) {
-    case Coll::all_reduce: {
-      const Reducer* red = &reducer(t.dtype, t.op);
-      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      auto in = static_cast<const char*>(t.in);
-      auto out = static_cast<char*>(t.out);
-      switch (Algo(t.algo)) {
-        case Algo::naive: naive_all_reduce(link_, plan, *red, in, out); break;
-        case Algo::recursive_doubling: recursive_doubling_all_reduce(link_, plan, *red, in, out); break;
-        case Algo::halving_doubling: halving_doubling_all_reduce(link_, plan, *red, in, out); break;
-        case Algo::shm: shm_all_reduce(link_, plan, *red, in, out); break;
-        case Algo::shm_flat: shm_flat_all_reduce(link_, plan, *red, in, out); break;
-        case Algo::zero_copy: zero_copy_all_reduce(link_, plan, *red, t.arena_out); break;
-        case Algo::hierarchical:
-          hierarchical_all_reduce(link_, t.count, es, *red, in, out, between_hosts(t, seq));
-          break;
-        default: ring_all_reduce(link_, plan, *red, in, out);
-      }
-      break;
-    }
-    case Coll::reduce_scatter: {
-      const Reducer* red = &reducer(t.dtype, t.op);
-      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      // Partial sums of the chunks this rank passes on need a home that is
-      // neither the caller's input (never written) nor its chunk-sized output.
-      if (zero_copy) {
-        zero_copy_reduce_scatter(link_, plan, *red, static_cast<char*>(t.out));
-        red->finalize(t.out, plan.chunk_count(rank()), size());
-        break;
-      }
-      if (Algo(t.algo) == Algo::hierarchical) {
-        hierarchical_reduce_scatter(link_, layout_, t.count, es, *red, static_cast<const char*>(t.in),
-                                    static_cast<char*>(t.out), link_.scratch(1, t.count * es), between_hosts(t, seq));
-        red->finalize(t.out, plan.chunk_count(rank()), size());
-        break;
-      }
-      if (shared) {
-        shm_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), static_cast<char*>(t.out));
-        red->finalize(t.out, plan.chunk_count(rank()), size());
-        break;
-      }
-      char* acc = link_.scratch(1, t.count * es);
-      if (Algo(t.algo) == Algo::halving_doubling)
-        halving_doubling_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc,
-                                        static_cast<char*>(t.out));
-      else
-        ring_reduce_scatter(link_, plan, *red, static_cast<const char*>(t.in), acc, static_cast<char*>(t.out));
-      red->finalize(t.out, plan.chunk_count(rank()), size());
-      break;
-    }
-    case Coll::all_gather: {
-      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      if (Algo(t.algo) == Algo::hierarchical)
-        hierarchical_all_gather(link_, layout_, t.count, es, static_cast<const char*>(t.in),
-                                static_cast<char*>(t.out), link_.scratch(1, t.count * es), between_hosts(t, seq));
-      else if (zero_copy)
-        zero_copy_all_gather(link_, plan, static_cast<char*>(t.out));
-      else if (shared)
-        shm_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
-      else if (Algo(t.algo) == Algo::halving_doubling)
-        halving_doubling_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
-      else
-        ring_all_gather(link_, plan, static_cast<const char*>(t.in), static_cast<char*>(t.out));
-      break;
-    }
-    case Coll::broadcast:
-      if (shared) shm_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
-      else chain_broadcast(link_, t.count, es, t.root, static_cast<char*>(t.out));
-      break;
-    case Coll::barrier:
-      if (shared) shm_barrier(link_);
-      else ring_barrier(link_);
-      break;
-    case Coll::reduce: {
-      const Reducer* red = &reducer(t.dtype, t.op);
-      RingPlan plan(t.count, size(), es, link_.options().segment_bytes);
-      auto in = static_cast<const char*>(t.in);
-      auto out = static_cast<char*>(t.out);
-      if (Algo(t.algo) == Algo::shm_flat) shm_flat_reduce(link_, plan, *red, t.root, in, out);
-      else if (shared) shm_reduce(link_, plan, *red, t.root, in, out);
-      else if (Algo(t.algo) == Algo::binomial) binomial_reduce(link_, plan, *red, t.root, in, out);
-      else ring_reduce(link_, plan, *red, t.root, in, out);
-      break;
-    }
-    case Coll::gather:
-    case Coll::scatter: {
-      const auto& places = t.coll == Coll::gather ? t.out_places : t.in_places;
-      const BlockSplit blocks(t.count, size(), t.counts.empty() ? nullptr : t.counts.data(),
-                              places.empty() ? nullptr : places.data());
-      auto in = static_cast<const char*>(t.in);
-      auto out = static_cast<char*>(t.out);
-      if (t.coll == Coll::gather)
-        (shared ? shm_gather : linear_gather)(link_, blocks, es, t.root, in, out);
-      else
-        (shared ? shm_scatter : linear_scatter)(link_, blocks, es, t.root, in, out);
-      break;
-    }
-    case Coll::all_to_all: {
-      const bool splits = !t.counts.empty();
-      if (shared && !splits) {
-        shm_all_to_all(link_, t.count, es, static_cast<const char*>(t.in), static_cast<char*>(t.out));
-        break;
-      }
-      const BlockSplit send(t.count, size(), splits ? t.counts.data() : nullptr,
-                            t.in_places.empty() ? nullptr : t.in_places.data());
-      const BlockSplit recv(t.count, size(), splits ? t.out_counts.data() : nullptr,
-                            t.out_places.empty() ? nullptr : t.out_places.data());
-      if (shared) {
-        shm_all_to_all_v(link_, send, recv, es, static_cast<const char*>(t.in), static_cast<char*>(t.out));
-        break;
-      }
-      // Equal blocks too go as one message per block where messages carry
-      // stamps (host memory) and a block fits one: segments only add
-      // rendezvous (measured against MPI_Alltoall at N = 2 and 4, 1-16 MiB:
-      // 1.02-1.11x its time in segments, 1.00-1.06x in one message each).
-      // Unstamped (device) transports keep the segments, whose sizes the
-      // call's fingerprint fixes.
-      const bool exact = splits || (link_.stamped() && t.count / size_t(size()) * es <=
-                                                            link_.shared_transport()->p2p_max_bytes());
-      pairwise_all_to_all(link_, send, recv, exact, es, static_cast<const char*>(t.in), static_cast<char*>(t.out));
-      break;
-    }
-    default:
-      throw_invalid("unknown collective");
-  }
-  if (!shared) link_.drain();  // (the window has no requests)
+  Across across;  // (a std::function: made for the hierarchical rows only)
+  if (row->path == AlgoPath::hosts) across = between_hosts(t, seq);
+  auto data = [](const auto& v) { return v.empty() ? nullptr : v.data(); };
+  const AlgoCall call{link_,           coll_reduces(t.coll) ? &reducer(t.dtype, t.op) : nullptr,
+                      static_cast<const char*>(t.in), static_cast<char*>(t.out), t.count, dtype_size(t.dtype),
+                      link_.options().segment_bytes, t.root, data(t.counts), data(t.out_counts),
+                      data(t.in_places), data(t.out_places), t.arena_out, &layout_, &across};
+  row->run(call);
+  if (row->finalize_avg) call.red->finalize(t.out, split_size(t.count, size_t(size()), size_t(rank())), size());
+  if (row->path == AlgoPath::messages) link_.drain();  // (the window has no requests)
   link_.end_call();
   if (dev) {
     std::lock_guard<std::mutex> g(w.m_);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
+#include "algorithms/registry.h"
 #include "core/link.h"
 #include "core/reducer.h"
 #include "engine/p2p.h"
@@ -251,7 +252,13 @@ class Engine {
   void loop();
   std::shared_ptr<Work> enqueue(Task& t, bool inline_if_idle, bool* run_here);
   void execute(const Task& t, Work& w);  // perform() and record the outcome (Work, flight record, abort state)
-  void perform(const Task& t, Work& w);  // the collective itself: header, algorithm, drain
+  void aborted_by(const RingError& why);                       // execute(): the abort task ran
+  std::shared_ptr<Hold> failed(RingError& err, uint64_t seq);  // execute(): a collective failed
+  void keep_arrays(Work& w, const std::shared_ptr<Hold>& stalled);  // execute(): a failed one's claim on its arrays
+  void perform(const Task& t, Work& w);  // the collective itself: its row's header, run, finalize, drain
+  void perform_abort();                  // perform() of the abort task
+  Fingerprint fingerprint(const Task& t, uint64_t seq) const;
+  void begin_call(const Task& t, const AlgoRow& row, const Fingerprint& fp);  // the header, as the row's path sends it
   // Throws RingError(invalid) for what can be checked locally, or (aborted)
   // on an aborted communicator; fills t.algo (choose_algorithm).
   void validate(Task& t);
@@ -260,10 +267,21 @@ class Engine {
   Across between_hosts(const Task& t, uint64_t seq);  // the hierarchical collectives' inter-host step
   // Can the call run zero copy (its arrays in the shared arena)? Fills t.arena_in / arena_out.
   bool locate_in_arena(Task& t) const;
-  // The algorithm the call runs: t.algo when it exists for this collective
-  // and communicator (else RingError(invalid)); for Algo::automatic, by size
-  // against the limits of set_auto_limits(), alike on every rank.
+  // The algorithm the call runs: t.algo when the table has its row for this
+  // collective (algorithms/registry.h) and the row's path and needs are met
+  // on this communicator (else RingError(invalid), saying where it runs);
+  // for Algo::automatic, auto_algorithm().
   Algo choose_algorithm(const Task& t) const;
+  void check_path(const Task& t, Algo a) const;           // the algorithm's path on this communicator
+  void check_needs(const Task& t, const AlgoRow& row) const;  // the row's needs for this call
+  std::string absent_text(const Task& t, Algo a) const;   // the error of an algorithm without a row here
+  std::string zero_copy_text() const;
+  // The auto policy: by size against the limits of set_auto_limits() and
+  // set_shm_auto(), alike on every rank. window_auto: may auto run the
+  // window; message_auto: the choice outside it (`tuned`: host, several ranks).
+  Algo auto_algorithm(const Task& t) const;
+  bool window_auto(const Task& t, size_t bytes) const;
+  Algo message_auto(const Task& t, bool tuned, size_t bytes) const;
   bool shm_runs(const Task& t) const;  // can the window run this call (algorithm "shm")?
   // The communicator is aborted (the first failure's reason stays). Thread-safe.
   void record_abort(const std::string& reason, int origin, ErrKind cause);

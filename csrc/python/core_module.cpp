@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "python/bind_algorithms.h"
 #include "python/bind_engine.h"
 #include "transports/mpi_transport.h"
 #include "algorithms/plan.h"
@@ -87,6 +88,7 @@ PYBIND11_MODULE(_core, m) {
 
   register_error_translator();
   bind::bind_engine(m);
+  bind::bind_algorithms(m);
 
   m.def("mpi_engine",
         [](uintptr_t comm_handle, double timeout, size_t segment_bytes, int window) {

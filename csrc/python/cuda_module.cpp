@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "python/bind_algorithms.h"
 #include "python/bind_engine.h"
 #include "transports/inproc_transport.h"
 #include "cuda/checks.h"
@@ -92,6 +93,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.doc() = "ringcomm device core (private; use ringcomm.cuda)";
   register_error_translator();
   bind_engine(m);
+  bind::bind_algorithms(m);
 
   bind_ucx(m);
   m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); }, "A new NCCL unique id (bytes).");

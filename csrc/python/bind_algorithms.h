@@ -1,0 +1,63 @@
+// The table of algorithms (algorithms/registry.h) for Python:
+// _core.algorithm_table() (and _cuda's), read by ringcomm/algorithms.py, and
+// the vocabulary's codes (dtypes, ops, collectives, algorithms), so Python's copies are
+// checked against the enums (ringcomm/algorithms.py).
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "algorithms/registry.h"
+
+namespace ringcomm {
+namespace bind {
+
+inline void bind_algorithms(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def(
+      "algorithm_table",
+      [] {
+        size_t n = 0;
+        const AlgoRow* rows = algorithm_rows(&n);
+        py::list out;
+        for (size_t i = 0; i < n; ++i) {
+          const AlgoRow& r = rows[i];
+          py::list needs;
+          for (uint32_t bit = 1; bit && bit <= r.needs; bit <<= 1)
+            if (r.needs & bit) needs.append(need_name(bit));
+          py::dict d;
+          d["collective"] = coll_name(r.coll);
+          d["algorithm"] = algo_name(r.algo);
+          d["path"] = path_name(r.path);
+          d["host"] = true;
+          d["device"] = r.path == AlgoPath::messages;
+          d["needs"] = py::tuple(needs);
+          d["auto"] = r.auto_ok;
+          d["finalize_avg"] = r.finalize_avg;
+          d["traffic"] = r.traffic;
+          out.append(d);
+        }
+        return out;
+      },
+      "The engine's table of algorithms: one dict per (collective, algorithm) it runs (algorithms/registry.h).");
+  m.def(
+      "vocabulary_codes",
+      [] {
+        py::dict dtypes, ops, colls, algos;
+        for (int t = 0; t < int(DType::kCount); ++t) dtypes[dtype_name(DType(t))] = t;
+        for (int o = 0; o < int(Op::kCount); ++o) ops[op_name(Op(o))] = o;
+        for (int c = 0; c < int(Coll::kCount); ++c) colls[coll_name(Coll(c))] = c;
+        algos[algo_name(Algo::automatic)] = int(Algo::automatic);
+        for (int a = 0; a < int(Algo::kCount); ++a) algos[algo_name(Algo(a))] = a;
+        py::dict d;
+        d["dtypes"] = dtypes;
+        d["ops"] = ops;
+        d["collectives"] = colls;
+        d["algorithms"] = algos;
+        return d;
+      },
+      "The dtype, op, collective and algorithm codes of csrc/core/vocabulary.h, by name.");
+}
+
+}  // namespace bind
+}  // namespace ringcomm
