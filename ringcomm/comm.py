@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from . import config, quarantine, vocab
+from . import algorithms, config, quarantine, vocab
 from ._arrays import Buf, empty_like, like, to_numpy
 from .door import Described, Door
 from .errors import InvalidArgument, RingcommError
@@ -33,9 +33,7 @@ _DTYPE_NAMES = {v: k for k, v in vocab.DTYPES.items()}
 
 
 # What the rooted fast lane passes on (anything else: the door, whose message names what runs).
-_FAST_ALGORITHMS = {"broadcast": ("auto", "ring", "shm"), "reduce": ("auto", "ring", "binomial", "shm", "shm_flat"),
-                    "gather": ("auto", "linear", "shm"), "scatter": ("auto", "linear", "shm"),
-                    "all_to_all": ("auto", "pairwise", "shm")}
+_FAST_ALGORITHMS = {c: ("auto", *algorithms.names(c)) for c in ("broadcast", "reduce", "gather", "scatter", "all_to_all")}
 
 
 class Communicator:

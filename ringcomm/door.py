@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import vocab
+from . import algorithms, vocab
 from ._arrays import Buf, meeting_pairs, spans_meeting, view
 from ._native import core
 from .errors import InvalidArgument
@@ -103,10 +103,8 @@ class Door:
         root = self._root(root, "reduce")
         xb = self.view(x, "reduce input")
         opc = vocab.op_code(op, xb.dtype)
-        algo = vocab.algorithm_code(algorithm)
-        if algorithm not in ("auto", "ring", "binomial", "shm", "shm_flat"):
-            raise InvalidArgument(f"reduce runs algorithm 'auto', 'ring', 'binomial', 'shm' or 'shm_flat', "
-                                  f"not {algorithm!r}")
+        vocab.algorithm_code(algorithm)  # (an unknown name: that error first)
+        algo = _algorithm("reduce", algorithm, algorithms.names("reduce"))
         if self.rank != root:
             return self._call("reduce", xb, None, xb.count, opc, root, algo, None)
         if out is None:
@@ -128,7 +126,7 @@ class Door:
                 raise InvalidArgument(f"gather input has {xb.count} elements but counts[{self.rank}] is "
                                       f"{counts[self.rank]} (rank {self.rank}'s block)")
             total = sum(counts)
-        algo = _algorithm("gather", algorithm, ("linear", "shm"))
+        algo = _algorithm("gather", algorithm, algorithms.names("gather"))
         if self.rank != root:
             return self._call("gather", xb, None, total, 0, root, algo, None, counts)
         if isinstance(out, (list, tuple)):  # one array per rank's block: each straight to its place
@@ -148,7 +146,7 @@ class Door:
 
     def scatter(self, x, root, counts, out, new_array, algorithm: str = "auto") -> Described:
         root = self._root(root, "scatter")
-        algo = _algorithm("scatter", algorithm, ("linear", "shm"))
+        algo = _algorithm("scatter", algorithm, algorithms.names("scatter"))
         counts = self._counts(counts, "scatter counts")
         if isinstance(x, (list, tuple)):
             if self.rank == root:
@@ -218,7 +216,7 @@ class Door:
         return self._call("scatter", None, ob, sum(sizes), 0, root, algo, ob.obj, counts, in_places=bufs)
 
     def all_to_all(self, x, splits, out_splits, out, new_array, algorithm: str = "auto") -> Described:
-        algo = _algorithm("all_to_all", algorithm, ("pairwise", "shm"))
+        algo = _algorithm("all_to_all", algorithm, algorithms.names("all_to_all"))
         if isinstance(x, (list, tuple)) or isinstance(out, (list, tuple)):
             return self._all_to_all_places(x, splits, out_splits, out, new_array, algo)
         xb = self.view(x, "all_to_all input")
@@ -472,7 +470,9 @@ class Door:
 
 
 def _algorithm(coll: str, name, allowed) -> int:
-    """The code of `name` for a collective that runs "auto" or one of `allowed`."""
+    """The code of `name` for a collective that runs "auto" or one of `allowed`
+    (the table's algorithms for it: the rooted and personalized collectives
+    are refused here, with the list, before anything is described)."""
     if name != "auto" and name not in allowed:
         raise InvalidArgument(f"{coll} runs algorithm 'auto', " + ", ".join(f"'{a}'" for a in allowed[:-1])
                               + f" or '{allowed[-1]}', not {name!r}")

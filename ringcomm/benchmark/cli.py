@@ -19,7 +19,7 @@ from ..errors import from_rank0
 from ..launch import mpirun_command
 from .checks import COLLECTIVES, NEW_COLLECTIVES, OPS, REDUCING, RING_COLLECTIVES, size_list
 from .harness import Bench, device_copy_gbps, memcpy_gbps
-from .impls import DEVICE_IMPLS, IMPLS, RING_MCA
+from .impls import BENCH_ALGORITHMS, DEVICE_IMPLS, IMPLS, RING_MCA
 from .report import (HEADER, fit_algorithms, fit_models, fmt_size, footer, machine_info, make_rows, memcpy_table,
                      plot, print_size_block)
 
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated implementations (default: ringcomm,mpi,mpi-ring,gloo on the host, "
                         "ringcomm,nccl with --device cuda)")
     p.add_argument("--algorithm", default="auto",
-                   choices=("auto", "ring", "recursive_doubling", "halving_doubling", "naive"),
+                   choices=("auto", *BENCH_ALGORITHMS),
                    help="ringcomm's all_reduce algorithm (default auto: the cost model's choice, shown per size)")
     p.add_argument("--compare-algorithms", action="store_true",
                    help="also run ringcomm with each algorithm forced (rc-ring, rc-rd, rc-hd) beside auto, and "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import vocab
+from .. import algorithms, vocab
 from ..errors import from_rank0
 from .checks import BLOCKED, REDUCING, RING_COLLECTIVES, ROOT, split
 
@@ -82,12 +82,28 @@ class Impl:
         pass
 
 
+# all_reduce's algorithms the benchmark can force (the table's rows that
+# need nothing of the arrays or the placement: not zero_copy, which needs
+# comm.empty's arrays, nor hierarchical, which needs ranks on several hosts).
+BENCH_ALGORITHMS = tuple(a for a in algorithms.names("all_reduce", needs=())
+                         if algorithms.row("all_reduce", a)["path"] != "hosts")
+
+
+def _halves(algorithm: str, n: int) -> str:
+    """What reduce_scatter and all_gather run when all_reduce's `algorithm`
+    is forced: the same where the table has it for them on `n` ranks, else the ring."""
+    r = algorithms.row("reduce_scatter", algorithm)
+    if r is None or r["path"] == "hosts" or not set(r["needs"]) <= {"pow2"}:
+        return "ring"
+    return "ring" if "pow2" in r["needs"] and n & (n - 1) else algorithm
+
+
 class RingcommImpl(Impl):
     """ringcomm; all_reduce with --algorithm (default "auto"); reduce-scatter
     and all-gather with the library's default algorithm under --algorithm
     auto (so what auto would run there, shared memory included, is what is
-    measured), else the ring (halving-doubling's when that is forced and the
-    ranks are a power of two)."""
+    measured), else the forced algorithm where it runs them (halving-doubling
+    on a power of two ranks, shm), else the ring."""
     name = "ringcomm"
     forced = None  # the rc-* implementations: one algorithm, side by side with auto
 
@@ -97,7 +113,7 @@ class RingcommImpl(Impl):
         args = getattr(ctx, "args", None)
         self.algorithm = self.forced or getattr(args, "algorithm", "auto") or "auto"
         n = self.comm.size
-        self.halves = "halving_doubling" if self.algorithm == "halving_doubling" and n & (n - 1) == 0 else "ring"
+        self.halves = _halves(self.algorithm, n)
         # reduce_scatter / all_gather keywords: none under auto (the library's default)
         self.rs_ag = {} if self.algorithm == "auto" else {"algorithm": self.halves}
         self.last_algorithm = None  # what the last checked call ran (auto's choice)

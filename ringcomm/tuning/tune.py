@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from .. import algorithms
 from . import selection
 from ..launch import mpirun_command
 
@@ -178,12 +179,11 @@ def measure_shm(comm, sizes=SIZES, reps: int = 7, budget_s: float = 0.05, barrie
     return rows
 
 
-# What auto runs outside the window, per collective (Engine::choose_algorithm):
-# the window has to beat the faster of these.
-RIVALS = {"all_reduce": ("ring", "recursive_doubling", "halving_doubling"), "reduce_scatter": ("ring",),
-          "all_gather": ("ring",)}
-ROOTED_RIVALS = {"reduce": ("binomial", "ring"), "gather": ("linear",), "scatter": ("linear",),
-                 "all_to_all": ("pairwise",)}
+# What auto may run outside the window, per collective (the table of
+# algorithms: its rows on the message path that auto may pick): the window
+# has to beat the faster of these.
+RIVALS = {c: algorithms.names(c, path="messages", auto=True) for c in ("all_reduce", "reduce_scatter", "all_gather")}
+ROOTED_RIVALS = {c: algorithms.names(c, path="messages", auto=True) for c in ("reduce", "gather", "scatter", "all_to_all")}
 
 # The window loses a size only to a rival faster by more than this fraction:
 # where the two are level, a shared machine's noise would otherwise flip
