@@ -43,5 +43,8 @@ core = _core
 import threading as _threading  # noqa: E402
 
 core.set_main_thread(_threading.main_thread().ident)  # Ctrl-C is only seen there
-from . import vocab as _vocab  # noqa: E402
-core.register_vocab(_vocab.OPS, _vocab.ALGORITHMS)  # the fast lanes take names (csrc/python/converters.h)
+# The fast lanes take op and algorithm names (csrc/python/converters.h): the
+# core's own codes (ringcomm.vocab's, which reads the collectives' and
+# algorithms' from here and is checked against the rest by ringcomm.algorithms).
+_codes = core.vocabulary_codes()
+core.register_vocab(dict(_codes["ops"]), dict(_codes["algorithms"]))

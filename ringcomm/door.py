@@ -51,15 +51,23 @@ class Door:
 
     # ---- the collectives ------------------------------------------------------
     def all_reduce(self, x, op: str, out, algorithm: str) -> Described:
-        xb = self.view(x, "all_reduce input")
+        return self.same_shape("all_reduce", x, op, out, algorithm)
+
+    def same_shape(self, coll: str, x, op: str, out, algorithm: str) -> Described:
+        """A collective whose output has its input's count and shape on every
+        rank and which combines with an op (all_reduce, and any other such by
+        name: a new one needs no method here): in place when `out` is None."""
+        xb = self.view(x, f"{coll} input")
         opc = vocab.op_code(op, xb.dtype)
         if out is None:
-            ob = _writable(xb, "all_reduce input (in place; pass out= for a read-only input)")
+            ob = _writable(xb, f"{coll} input (in place; pass out= for a read-only input)")
         else:
-            ob = self._out(out, xb, xb.count, "all_reduce")
+            ob = self._out(out, xb, xb.count, coll, in_place_at=0)  # (out = x: in place)
             if ob.shape != xb.shape:
-                raise InvalidArgument(f"all_reduce out has shape {ob.shape}, expected the input's shape {xb.shape}")
-        return self._call("all_reduce", xb, ob, xb.count, opc, 0, vocab.algorithm_code(algorithm), ob.obj)
+                raise InvalidArgument(f"{coll} out has shape {ob.shape}, expected the input's shape {xb.shape}")
+        if coll != "all_reduce":  # (all_reduce's names are checked by the engine, with its own words)
+            _algorithm(coll, algorithm, algorithms.names(coll))
+        return self._call(coll, xb, ob, xb.count, opc, 0, vocab.algorithm_code(algorithm), ob.obj)
 
     def reduce_scatter(self, x, op: str, out, algorithm: str, new_array) -> Described:
         """`new_array(template_buf, count)` makes the output when `out` is None."""

@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import vocab
+from . import algorithms, vocab
+from ._native import core
 
 __all__ = ["expected", "expected_hierarchical", "Expected", "Traffic", "COLLECTIVES"]
 
@@ -75,7 +76,8 @@ class Expected:
 
 
 def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: int = 0,
-             algorithm: str = "ring", counts=None, splits=None, single_copy_min: int | None = None) -> Expected:
+             algorithm: str = "ring", counts=None, splits=None, single_copy_min: int | None = None,
+             segment_bytes: int = 0) -> Expected:
     """Exact payload bytes `rank` sends to / receives from each peer in one call.
 
     algorithm="naive" (all_reduce only): the master-centric scheme, where rank 0
@@ -95,6 +97,9 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     the others send or receive their own once. all_to_all: `count` is one
     rank's input length (equal blocks of count // n), or `splits` the n x n
     matrix splits[q][p] of elements rank q sends to rank p.
+
+    segment_bytes: the call's segment size, for a closed form that depends on
+    it (a row whose form is "native"; 0: the communicator's default).
 
     single_copy_min: the window's single-copy limit (bytes), where the call
     ran in one (``comm._engine.window.single_copy_min``): reduce "shm" with
@@ -124,6 +129,18 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     if (collective == "reduce" and algorithm == "shm" and single_copy_min is not None
             and vocab.chunk_count(count, n, 0) * size >= single_copy_min):
         return _sc_reduce(count, size, n, rank, root)
+    # The table's row names its closed form (csrc/algorithms/registry.cpp):
+    # "native" is the row's own, written next to its algorithm in C++
+    # (_core.closed_form); the others are this module's functions (_FORMS).
+    # Where the engine has no such row, the branches below say why.
+    row = algorithms.row(collective, algorithm)
+    form = row["traffic"] if row else None
+    if form == "native":
+        sent, received = core.closed_form(vocab.COLLECTIVES[collective], vocab.ALGORITHMS[algorithm], n, rank,
+                                          count, size, segment_bytes)
+        return Expected(dict(sent), dict(received))
+    if form in _FORMS:
+        return _FORMS[form](collective, count, size, n, rank, root, algorithm, counts, splits)
     if collective in _ROOTED:
         return _ROOTED[collective](count, size, n, rank, root, algorithm, counts, splits)
     if algorithm == "naive":
@@ -392,6 +409,15 @@ def _all_to_all(count, size, n, rank, root, algorithm, counts, splits) -> Expect
 
 
 _ROOTED = {"reduce": _reduce, "gather": _gather, "scatter": _scatter, "all_to_all": _all_to_all}
+# The closed forms by the name a row of the table gives (its "traffic"), each
+# called as (collective, count, size, n, rank, root, algorithm, counts, splits).
+_FORMS = {
+    "pairwise": lambda coll, count, size, n, rank, root, algo, counts, splits: _pairwise(coll, count, size, n, rank,
+                                                                                           algo),
+    "shared": lambda coll, count, size, n, rank, root, algo, counts, splits: _shared(coll, count, size, n, rank,
+                                                                                       root, algo),
+    **{name: (lambda f: lambda coll, *a: f(*a))(f) for name, f in _ROOTED.items()},
+}
 
 
 class Traffic:

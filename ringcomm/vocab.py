@@ -1,7 +1,9 @@
 """ringcomm's vocabulary: the one place that names what the engine knows.
 
 Dtypes, reduction ops, collectives and algorithms with their native codes
-(the enums of ``csrc/core/vocabulary.h``, which this module mirrors), how numpy,
+(the enums of ``csrc/core/vocabulary.h``: dtypes and ops mirrored here and
+checked at import by :mod:`ringcomm.algorithms`, collectives and algorithms
+read from the extension), how numpy,
 DLPack and torch spell each dtype, and the split rule that every layer
 (communicator, traffic formulas, sharded training, demos, benchmark checks)
 uses to cut a buffer into one chunk per rank.
@@ -23,7 +25,7 @@ __all__ = [
     "chunk_count", "chunk_offset", "chunk_range", "chunk_counts",
 ]
 
-# name -> native code; the order of DType / Op / Coll / Algo in csrc/core/vocabulary.h
+# name -> native code; the order of DType / Op in csrc/core/vocabulary.h
 DTYPES = {
     "float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
     "int8": 4, "uint8": 5, "int32": 6, "int64": 7,
@@ -35,19 +37,21 @@ FLOATING = ("float16", "bfloat16", "float32", "float64")
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4, "band": 5, "bor": 6, "bxor": 7}
 # Bitwise ops: integer and bool dtypes only (on bool: and, or, xor).
 BITWISE = ("band", "bor", "bxor")
-COLLECTIVES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "barrier": 4,
-               "reduce": 5, "gather": 6, "scatter": 7, "all_to_all": 8,
-               # point-to-point: not collectives (no call sequence number); their
-               # codes name them in the ledger and the flight recorder
-               "send": 9, "recv": 10}
-P2P = ("send", "recv")
+# Collectives and algorithms: the native vocabulary's own lists
+# (RC_COLLECTIVES, RC_ALGORITHMS in csrc/core/vocabulary.h), read from the
+# extension rather than restated, so a new collective or algorithm is a line
+# there only. send and recv (P2P) are point-to-point: not collectives (no call
+# sequence number); their codes name them in the ledger and the flight recorder.
 # "auto" (-1) is resolved per call by the engine, from the limits the cost
 # model gives it (ringcomm/tuning/selection.py).
-# binomial: reduce's tree; linear: gather/scatter through the root;
-# pairwise: all_to_all's exchanges.
-ALGORITHMS = {"auto": -1, "ring": 0, "naive": 1, "recursive_doubling": 2, "halving_doubling": 3,
-              "binomial": 4, "linear": 5, "pairwise": 6, "shm": 7, "shm_flat": 8,
-              "zero_copy": 9, "hierarchical": 10}
+def _native_codes() -> tuple[dict, dict]:
+    from ._native import core
+    codes = core.vocabulary_codes()
+    return dict(codes["collectives"]), dict(codes["algorithms"])
+
+
+COLLECTIVES, ALGORITHMS = _native_codes()
+P2P = ("send", "recv")
 
 class _NumpyDtypes(Mapping):
     """Our name -> numpy dtype, every name of DTYPES. numpy has no bfloat16:

@@ -15,6 +15,7 @@
 
 #include "algorithms/algorithms.h"
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ringcomm {
@@ -53,10 +54,19 @@ struct AlgoCall {
   int64_t arena_out;           // zero copy: the output's offset in this rank's part of the arena
   const HostLayout* layout;    // hierarchical only
   const Across* across;        // hierarchical only: the step between hosts
+  DType dtype;                 // what the reducer combines: for an algorithm that needs an element of its own
+  Op op;                       // (exscan's identity on rank 0)
   RingPlan plan() const { return RingPlan(count, link.size(), es, segment_bytes); }
 };
 
 using AlgoRun = void (*)(const AlgoCall&);
+// A closed form of a row's traffic, written next to its algorithm: the
+// payload bytes `rank` of `n` sends to (sent[p]) and receives from
+// (received[p]) each peer p in one call of `count` elements of `es` bytes
+// (both arrays n long, zeroed by the caller). ringcomm/traffic.py calls it
+// for a row whose traffic name is "native" (_core.closed_form).
+using AlgoTraffic = void (*)(int n, int rank, size_t count, size_t es, size_t segment_bytes, int64_t* sent,
+                             int64_t* received);
 
 struct AlgoRow {
   Coll coll;
@@ -72,12 +82,18 @@ struct AlgoRow {
   // scatter, all_to_all), expected's own branches (ring, naive), or
   // expected_hierarchical (hierarchical).
   const char* traffic;
+  // Engine::message_auto's default: the first message-path row of the
+  // collective that auto may pick and whose auto_max (bytes) the buffer does
+  // not exceed, in table order (the collectives with tuned limits of their
+  // own, all_reduce and reduce, keep their policy).
+  size_t auto_max = SIZE_MAX;
+  AlgoTraffic closed_form = nullptr;  // traffic "native": the row's own closed form
 };
 
 // The row of (coll, algo), or null when the algorithm does not run that
 // collective. O(1): an index by codes, built once.
 const AlgoRow* find_algorithm(Coll coll, Algo algo);
-// Every row, in collective then algorithm order.
+// Every row, in the table's order (collective, then the order auto tries them).
 const AlgoRow* algorithm_rows(size_t* n);
 // Where an algorithm runs (every row of an algorithm shares its path).
 AlgoPath algorithm_path(Algo algo);

@@ -14,34 +14,17 @@ std::string describe(const Fingerprint& f) {
                   dtype_name(DType(f.dtype)), send ? "to" : "from", peer.c_str(), f.algo);
     return buf;
   }
-  switch (c) {
-    case Coll::all_reduce: case Coll::reduce_scatter:
-      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, op=%s)", (unsigned long long)f.seq,
-                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), op_name(Op(f.op)));
-      break;
-    case Coll::all_gather:
-      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s)", (unsigned long long)f.seq,
-                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)));
-      break;
-    case Coll::reduce:
-      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, op=%s, root=%d)", (unsigned long long)f.seq,
-                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), op_name(Op(f.op)), f.root);
-      break;
-    case Coll::all_to_all:
-      if (f.counts == kPerPeer)  // (no count: each rank's total is its own)
-        std::snprintf(buf, sizeof buf, "#%llu %s(dtype=%s)", (unsigned long long)f.seq, coll_name(c),
-                      dtype_name(DType(f.dtype)));
-      else
-        std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s)", (unsigned long long)f.seq,
-                      coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)));
-      break;
-    case Coll::broadcast: case Coll::gather: case Coll::scatter:
-      std::snprintf(buf, sizeof buf, "#%llu %s(count=%lld, dtype=%s, root=%d)", (unsigned long long)f.seq,
-                    coll_name(c), (long long)f.count, dtype_name(DType(f.dtype)), f.root);
-      break;
-    default:
-      std::snprintf(buf, sizeof buf, "#%llu %s()", (unsigned long long)f.seq, coll_name(c));
+  // What the call's fingerprint holds, by the collective's traits (vocabulary.h):
+  // the count (not all_to_all's per-peer total, each rank's own), the dtype
+  // (not barrier's), the op of one that reduces, the root of a rooted one.
+  std::string args;
+  if (c != Coll::barrier) {
+    if (f.counts != kPerPeer) args += "count=" + std::to_string((long long)f.count) + ", ";
+    args += std::string("dtype=") + dtype_name(DType(f.dtype));
+    if (coll_reduces(c)) args += std::string(", op=") + op_name(Op(f.op));
+    if (coll_has_root(c)) args += ", root=" + std::to_string(f.root);
   }
+  std::snprintf(buf, sizeof buf, "#%llu %s(%s)", (unsigned long long)f.seq, coll_name(c), args.c_str());
   std::string s = buf;
   if (f.counts == kPerPeer) {
     s += " with per-peer splits";

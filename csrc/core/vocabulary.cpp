@@ -53,35 +53,32 @@ void check_op(DType t, Op o) {
   throw_invalid(std::string("op '") + op_name(o) + "' needs an integer or bool dtype, got " + dtype_name(t));
 }
 
-const char* coll_name(Coll c) {
-  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
-                                 "reduce",     "gather",         "scatter",    "all_to_all", "send", "recv"};
-  int i = int(c);
-  return (i >= 0 && i < int(Coll::kCount)) ? names[i] : "?";
-}
+// The names and traits of RC_COLLECTIVES and RC_ALGORITHMS (vocabulary.h), by code.
+namespace {
+struct CollTraits {
+  const char* name;
+  bool reduces, rooted, avg;
+};
+#define RC_COLL_ROW(name, reduces, rooted, avg) {#name, reduces, rooted, avg},
+constexpr CollTraits kColls[] = {RC_COLLECTIVES(RC_COLL_ROW)};
+#undef RC_COLL_ROW
+static_assert(sizeof kColls / sizeof *kColls == size_t(Coll::kCount), "a row per collective");
+#define RC_ALGO_NAME(name) #name,
+constexpr const char* kAlgos[] = {RC_ALGORITHMS(RC_ALGO_NAME)};
+#undef RC_ALGO_NAME
+static_assert(sizeof kAlgos / sizeof *kAlgos == size_t(Algo::kCount), "a name per algorithm");
+const CollTraits* coll_traits(Coll c) { return int(c) >= 0 && c < Coll::kCount ? &kColls[int(c)] : nullptr; }
+}  // namespace
 
-const char* algo_name(Algo a) {
-  switch (a) {
-    case Algo::ring: return "ring";
-    case Algo::naive: return "naive";
-    case Algo::recursive_doubling: return "recursive_doubling";
-    case Algo::halving_doubling: return "halving_doubling";
-    case Algo::binomial: return "binomial";
-    case Algo::linear: return "linear";
-    case Algo::pairwise: return "pairwise";
-    case Algo::shm: return "shm";
-    case Algo::shm_flat: return "shm_flat";
-    case Algo::zero_copy: return "zero_copy";
-    case Algo::hierarchical: return "hierarchical";
-    default: return "auto";
-  }
-}
+const char* coll_name(Coll c) { return coll_traits(c) ? coll_traits(c)->name : "?"; }
 
-bool coll_reduces(Coll c) { return c == Coll::all_reduce || c == Coll::reduce_scatter || c == Coll::reduce; }
+const char* algo_name(Algo a) { return int(a) >= 0 && a < Algo::kCount ? kAlgos[int(a)] : "auto"; }
 
-bool coll_has_root(Coll c) {
-  return c == Coll::broadcast || c == Coll::reduce || c == Coll::gather || c == Coll::scatter;
-}
+bool coll_reduces(Coll c) { return coll_traits(c) && coll_traits(c)->reduces; }
+
+bool coll_has_root(Coll c) { return coll_traits(c) && coll_traits(c)->rooted; }
+
+bool coll_takes_avg(Coll c) { return coll_traits(c) && coll_traits(c)->avg; }
 
 void throw_invalid(const std::string& msg) { throw RingError(ErrKind::invalid, -1, -1, 0, msg); }
 

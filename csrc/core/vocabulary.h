@@ -42,23 +42,42 @@ enum class DType : int32_t { f16 = 0, bf16, f32, f64, i8, u8, i32, i64, i16, u16
 // band, bor, bxor: bitwise, on integers and bool only (torch's BAND/BOR/BXOR,
 // MPI_BAND/BOR/BXOR); avg on floating types only (op_fits).
 enum class Op : int32_t { sum = 0, prod, min, max, avg, band, bor, bxor, kCount };
-enum class Coll : int32_t {
-  all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, reduce, gather, scatter, all_to_all,
-  // Point-to-point (engine/p2p.h): not collectives (never queued, no call
-  // sequence number); codes of their own for the ledger and the flight recorder.
-  send, recv, kCount
-};
-// The collectives the engine queues end before `send` (Engine::validate).
+// The collectives, one line each: name, whether it combines values with an
+// op (its fingerprint and the reducer), whether it has a root, whether op
+// 'avg' is defined for it. The enum, the names (coll_name) and the traits
+// below are read from this one list; a new collective is one line here, at
+// the end (its code is its place). send and recv are point-to-point
+// (engine/p2p.h): not collectives (never queued, no call sequence number);
+// codes of their own for the ledger and the flight recorder.
+#define RC_COLLECTIVES(X)                       \
+  X(all_reduce, true, false, true)              \
+  X(reduce_scatter, true, false, true)          \
+  X(all_gather, false, false, false)            \
+  X(broadcast, false, true, false)              \
+  X(barrier, false, false, false)               \
+  X(reduce, true, true, true)                   \
+  X(gather, false, true, false)                 \
+  X(scatter, false, true, false)                \
+  X(all_to_all, false, false, false)            \
+  X(send, false, false, false)                  \
+  X(recv, false, false, false)
+#define RC_COLL_CODE(name, reduces, rooted, avg) name,
+enum class Coll : int32_t { RC_COLLECTIVES(RC_COLL_CODE) kCount };
+#undef RC_COLL_CODE
+// Queued collectives are every code but these two (Engine::validate).
 constexpr bool coll_is_p2p(Coll c) { return c == Coll::send || c == Coll::recv; }
-// The algorithms a collective can run (algorithms/algorithms.h). `automatic`
-// is resolved by the Engine before the call starts (Engine::choose_algorithm,
-// with the crossovers ringcomm/selection.py computes); it never travels.
+// The algorithms a collective can run (algorithms/algorithms.h), one name
+// each, in code order. `automatic` is resolved by the Engine before the
+// call starts (Engine::choose_algorithm, with the crossovers
+// ringcomm/selection.py computes); it never travels.
 // binomial: reduce's tree (small buffers); linear: gather and scatter through
 // the root, one message stream per rank; pairwise: all_to_all's n-1 exchanges.
-enum class Algo : int32_t {
-  ring = 0, naive, recursive_doubling, halving_doubling, binomial, linear, pairwise, shm, shm_flat, zero_copy, hierarchical, kCount,
-  automatic = -1
-};
+#define RC_ALGORITHMS(X) \
+  X(ring) X(naive) X(recursive_doubling) X(halving_doubling) X(binomial) X(linear) X(pairwise) X(shm) X(shm_flat) \
+  X(zero_copy) X(hierarchical)
+#define RC_ALGO_CODE(name) name,
+enum class Algo : int32_t { RC_ALGORITHMS(RC_ALGO_CODE) kCount, automatic = -1 };
+#undef RC_ALGO_CODE
 // Error kinds map one-to-one onto the Python exception classes in ringcomm/errors.py.
 enum class ErrKind : int32_t { invalid = 0, timeout, mismatch, aborted, transport };
 
@@ -72,10 +91,12 @@ bool op_fits(DType t, Op o);
 void check_op(DType t, Op o);
 const char* coll_name(Coll c);
 const char* algo_name(Algo a);
-// The collective combines values with an op (all_reduce, reduce_scatter, reduce).
+// The traits of RC_COLLECTIVES: the collective combines values with an op;
+// it has a root; op 'avg' is defined for it (Engine::validate refuses it
+// elsewhere, before the call starts).
 bool coll_reduces(Coll c);
-// The collective has a root (broadcast, reduce, gather, scatter).
 bool coll_has_root(Coll c);
+bool coll_takes_avg(Coll c);
 
 // ---- element traits: storage type S, compute type C, load/store -------------
 // Half types are widened to float, combined, and rounded back

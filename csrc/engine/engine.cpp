@@ -112,6 +112,8 @@ void Engine::validate(Task& t) {
   if (coll_is_p2p(t.coll)) throw_invalid("send and recv are not queued collectives: use Engine::p2p_send/p2p_recv");
   if (coll_reduces(t.coll)) check_reducer(t.dtype, t.op);
   else dtype_size(t.dtype);
+  if (coll_reduces(t.coll) && t.op == Op::avg && !coll_takes_avg(t.coll))
+    throw_invalid(std::string("op 'avg' is not defined for ") + coll_name(t.coll) + " (use 'sum' and divide)");
   locate_in_arena(t);
   t.algo = int(choose_algorithm(t));
   last_algo_.store(t.algo, std::memory_order_relaxed);
@@ -228,7 +230,9 @@ Algo Engine::auto_algorithm(const Task& t) const {
 // per-peer splits at every size: each rank's own total is unknown to the
 // others, and all must choose alike.
 bool Engine::window_auto(const Task& t, size_t bytes) const {
-  if (!link_.window() || !shm_auto_.load(std::memory_order_relaxed) || !shm_runs(t)) return false;
+  if (!link_.window() || !shm_auto_.load(std::memory_order_relaxed) || !find_algorithm(t.coll, Algo::shm) ||
+      !shm_runs(t))
+    return false;  // (a collective without a window row runs on the message path there too)
   const bool per_peer = t.coll == Coll::all_to_all && !t.counts.empty();
   return t.coll == Coll::barrier || per_peer || bytes <= shm_max_[int(t.coll)].load(std::memory_order_relaxed) ||
          bytes >= shm_from_[int(t.coll)].load(std::memory_order_relaxed);
@@ -250,8 +254,15 @@ Algo Engine::message_auto(const Task& t, bool tuned, size_t bytes) const {
       if (tuned && bytes <= auto_rd_max_.load(std::memory_order_relaxed)) return Algo::recursive_doubling;
       if (tuned && bytes <= auto_hd_max_.load(std::memory_order_relaxed)) return Algo::halving_doubling;
       return Algo::ring;
-    default: return Algo::ring;
+    default: break;
   }
+  // The rest by the table: its first auto row on the message path whose limit this buffer fits.
+  size_t n = 0;
+  const AlgoRow* rows = algorithm_rows(&n);
+  for (size_t i = 0; i < n; ++i)
+    if (rows[i].coll == t.coll && rows[i].path == AlgoPath::messages && rows[i].auto_ok && bytes <= rows[i].auto_max)
+      return rows[i].algo;
+  return Algo::ring;  // (no such row: choose_algorithm's check names what runs)
 }
 
 Algo Engine::choose_algorithm(const Task& t) const {
@@ -287,18 +298,23 @@ std::string Engine::absent_text(const Task& t, Algo a) const {
     case Algo::shm_flat: return "algorithm 'shm_flat' runs all_reduce and reduce only";
     default: break;
   }
-  // The rooted and personalized collectives run their own algorithms, and theirs run nothing else.
-  const bool rooted = int(t.coll) >= int(Coll::reduce) || a == Algo::binomial || a == Algo::linear ||
-                      a == Algo::pairwise || a == Algo::shm;
-  if (rooted)
-    return "algorithm '" + name + "' does not run " + coll_name(t.coll) +
-           " (reduce: ring, binomial, shm; gather, scatter: linear, shm; all_to_all: pairwise, shm)";
-  std::string where;  // the collectives it exists for, from the table
+  // From the table: the algorithms this collective runs (when `a` runs other
+  // collectives too, or this one has its own few), else where `a` exists.
+  auto joined = [](const std::string& list) {
+    std::string s = list;
+    const size_t last = s.rfind(", ");
+    if (last != std::string::npos) s.replace(last, 2, " and ");
+    return s;
+  };
+  std::string runs, where;
+  for (int b = 0; b < int(Algo::kCount); ++b)
+    if (find_algorithm(t.coll, Algo(b))) runs += std::string(runs.empty() ? "" : ", ") + algo_name(Algo(b));
   for (int c = 0; c < int(Coll::kCount); ++c)
     if (find_algorithm(Coll(c), a)) where += std::string(where.empty() ? "" : ", ") + coll_name(Coll(c));
-  const size_t last = where.rfind(", ");
-  if (last != std::string::npos) where.replace(last, 2, " and ");
-  return "algorithm '" + name + "' exists for " + where + " only";
+  if (!find_algorithm(t.coll, Algo::ring) || where.find(',') != std::string::npos || where.empty())
+    return "algorithm '" + name + "' does not run " + coll_name(t.coll) + " (" + coll_name(t.coll) + ": " +
+           (runs.empty() ? std::string("none") : runs) + ")";
+  return "algorithm '" + name + "' exists for " + joined(where) + " only";
 }
 
 std::string Engine::zero_copy_text() const {
@@ -676,7 +692,8 @@ void Engine::perform(const Task& t, Work& w) {
   const AlgoCall call{link_,           coll_reduces(t.coll) ? &reducer(t.dtype, t.op) : nullptr,
                       static_cast<const char*>(t.in), static_cast<char*>(t.out), t.count, dtype_size(t.dtype),
                       link_.options().segment_bytes, t.root, data(t.counts), data(t.out_counts),
-                      data(t.in_places), data(t.out_places), t.arena_out, &layout_, &across};
+                      data(t.in_places), data(t.out_places), t.arena_out, &layout_, &across,
+                      t.dtype,         t.op};
   row->run(call);
   if (row->finalize_avg) call.red->finalize(t.out, split_size(t.count, size_t(size()), size_t(rank())), size());
   if (row->path == AlgoPath::messages) link_.drain();  // (the window has no requests)

@@ -9,6 +9,8 @@
 
 #include "algorithms/registry.h"
 
+#include <vector>
+
 namespace ringcomm {
 namespace bind {
 
@@ -40,6 +42,22 @@ inline void bind_algorithms(pybind11::module_& m) {
         return out;
       },
       "The engine's table of algorithms: one dict per (collective, algorithm) it runs (algorithms/registry.h).");
+  m.def(
+      "closed_form",
+      [](int coll, int algo, int n, int rank, size_t count, size_t es, size_t segment_bytes) {
+        const AlgoRow* r = find_algorithm(Coll(coll), Algo(algo));
+        if (!r || !r->closed_form) throw_invalid("this row has no native closed form");
+        if (n < 1 || rank < 0 || rank >= n) throw_invalid("rank out of range");
+        std::vector<int64_t> sent(size_t(n), 0), received(size_t(n), 0);
+        r->closed_form(n, rank, count, es, segment_bytes, sent.data(), received.data());
+        py::dict s, v;
+        for (int p = 0; p < n; ++p) {
+          if (sent[size_t(p)]) s[py::int_(p)] = sent[size_t(p)];
+          if (received[size_t(p)]) v[py::int_(p)] = received[size_t(p)];
+        }
+        return py::make_tuple(s, v);
+      },
+      "A row's own closed form (traffic \"native\"): ({peer: bytes sent}, {peer: bytes received}) of one rank.");
   m.def(
       "vocabulary_codes",
       [] {
