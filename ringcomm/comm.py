@@ -205,6 +205,31 @@ class Communicator:
                 raise
         return self._submit(self._door.all_reduce(x, op, out, algorithm), async_op)
 
+    def scan(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "auto"):
+        """Inclusive prefix reduction (MPI_Scan): rank r gets x of ranks 0..r
+        combined elementwise, lower ranks first. In place when `out` is None
+        (returns `x`), else into `out` (same dtype and shape). op as in
+        all_reduce; avg is the sum over ranks 0..r divided by r + 1.
+        algorithm: "auto" (recursive doubling for small buffers, the pipeline
+        for large), "recursive_doubling" (ceil(log2 n) steps of the whole
+        buffer) or "linear" (a pipeline 0 -> 1 -> ... -> n-1 in segments of
+        segment_bytes). The two may differ in a floating sum's last bit.
+        """
+        return self._submit(self._door.same_shape("scan", x, op, out, algorithm), async_op)
+
+    def exscan(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "auto"):
+        """Exclusive prefix reduction (MPI_Exscan): rank r gets x of ranks
+        0..r-1 combined, lower ranks first; rank 0 gets the op's identity (MPI
+        leaves it undefined): 0 for sum, bor, bxor; 1 for prod; the dtype's
+        largest value (+inf for floating types) for min, its smallest (-inf)
+        for max; all ones for band (bool: false for sum and max, true for
+        prod, min and band). So the exscan of each rank's count with sum is
+        its offset: ``off = comm.exscan(np.array([n_mine]))[0]``. avg is
+        refused (rank 0 would average over no ranks). `out`, algorithm: as
+        in scan.
+        """
+        return self._submit(self._door.same_shape("exscan", x, op, out, algorithm), async_op)
+
     def reduce_scatter(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Reduce `x` over all ranks and leave chunk `rank` of the result here.
 

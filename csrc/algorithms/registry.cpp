@@ -3,6 +3,19 @@
 #include "algorithms/registry.h"
 
 namespace ringcomm {
+
+// scan and exscan (algorithms/scan.cpp): only the table calls them.
+void scan_linear(const AlgoCall& c);
+void exscan_linear(const AlgoCall& c);
+void scan_doubling(const AlgoCall& c);
+void exscan_doubling(const AlgoCall& c);
+void scan_linear_bytes(int n, int r, size_t count, size_t es, size_t seg, int64_t* sent, int64_t* received);
+void scan_doubling_bytes(int n, int r, size_t count, size_t es, size_t seg, int64_t* sent, int64_t* received);
+// Auto's crossover for scan and exscan: recursive doubling's ceil(log2 n)
+// whole-buffer steps up to this size, the pipeline's n - 1 + K segment
+// steps above it (it moves the buffer once per rank, doubling log2 n times).
+constexpr size_t kScanDoublingMax = size_t(64) << 10;
+
 namespace {
 
 // ---- the wrappers: AlgoCall -> the algorithm's own arguments ----
@@ -121,6 +134,14 @@ const AlgoRow kRows[] = {
 
     {Coll::all_to_all, Algo::pairwise, M, none, true, false, false, a2a_pairwise, "all_to_all"},
     {Coll::all_to_all, Algo::shm, W, kNeedSlotTable, true, false, false, a2a_shm, "all_to_all"},
+
+    // (avg: scan.cpp divides by r + 1 itself; exscan refuses avg)
+    {Coll::scan, Algo::recursive_doubling, M, none, true, false, false, scan_doubling, "native", kScanDoublingMax,
+     scan_doubling_bytes},
+    {Coll::scan, Algo::linear, M, none, true, false, false, scan_linear, "native", SIZE_MAX, scan_linear_bytes},
+    {Coll::exscan, Algo::recursive_doubling, M, none, true, false, false, exscan_doubling, "native",
+     kScanDoublingMax, scan_doubling_bytes},
+    {Coll::exscan, Algo::linear, M, none, true, false, false, exscan_linear, "native", SIZE_MAX, scan_linear_bytes},
 };
 constexpr size_t kNumRows = sizeof kRows / sizeof kRows[0];
 

@@ -60,7 +60,9 @@ enum class Op : int32_t { sum = 0, prod, min, max, avg, band, bor, bxor, kCount 
   X(scatter, false, true, false)                \
   X(all_to_all, false, false, false)            \
   X(send, false, false, false)                  \
-  X(recv, false, false, false)
+  X(recv, false, false, false)                  \
+  X(scan, true, false, true)                    \
+  X(exscan, true, false, false)
 #define RC_COLL_CODE(name, reduces, rooted, avg) name,
 enum class Coll : int32_t { RC_COLLECTIVES(RC_COLL_CODE) kCount };
 #undef RC_COLL_CODE
