@@ -44,8 +44,15 @@ class Communicator:
     count, dtype, op and root; a disagreement raises MismatchError on every rank.
     """
 
-    def __init__(self, engine, settings: config.Settings, label: str, index: int = 0):
+    def __init__(self, engine, settings: config.Settings, label: str, index: int = 0, *,
+                 arena_maker=None, keep=None):
+        """(Made by ringcomm.init and run_local.) `arena_maker`: makes the
+        shared arena of comm.empty() (None: this communicator cannot); `keep`:
+        what the communicator keeps alive while open (a store bootstrap's
+        group, hence its store, e.g. a TCPStore's port)."""
         self._engine = engine
+        self._arena_maker = arena_maker
+        self._bootstrap = keep
         self._device = engine.device  # fixed for the communicator's life
         self._settings = settings
         self._label = label
@@ -95,8 +102,8 @@ class Communicator:
         GradBucketer (and so ``ringcomm.torch.DistributedDataParallel``)
         puts its buckets there by itself.
         """
-        from . import shm
-        return shm.empty(self, shape, dtype, family)
+        from .shm import arena
+        return arena.empty(self._engine.window, self._arena_maker, shape, dtype, family)
 
     @property
     def last_algorithm_between_hosts(self) -> str | None:
@@ -606,8 +613,7 @@ class Communicator:
             self._engine.close()
         # A store bootstrap's store (e.g. a TCPStore's port) is let go.
         self._bootstrap = None
-        if getattr(self, "_arena_maker", None) is not None:
-            self._arena_maker = None
+        self._arena_maker = None
         with self._lock:
             for w in self._inflight:  # failed ones whose requests are still in flight keep their arrays
                 quarantine.keep(w._native.hold(), w._keep)
