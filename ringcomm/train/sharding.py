@@ -1,6 +1,6 @@
-"""What the two ZeRO front ends (``train.zero.ZeroOptimizer`` on numpy units,
-``torch.zero.TorchZero`` on torch modules) share: the optimizer formula
-applied to a shard, the per-rank checkpoint files (``train.zero.consolidate``
+"""What the two ZeRO front ends (``train.zero_optimizer.ZeroOptimizer`` on numpy units,
+``torch.torch_zero.TorchZero`` on torch modules) share: the optimizer formula
+applied to a shard, the per-rank checkpoint files (``train.zero_optimizer.consolidate``
 reads them) and the memory ledger behind their ``memory()``. Chunks follow
 vocab's split rule."""
 
