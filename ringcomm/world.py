@@ -229,17 +229,8 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
     if int(n) < 1:
         raise InvalidArgument(f"run_local needs at least one rank, got {n}")
     n = int(n)
-    s = config.settings(timeout, segment_bytes, window, gpu=config.on_gpu(device))
-    label = "inproc" if device is None else f"inproc({device if isinstance(device, str) else 'cuda'})"
-    engines = _local_engines(n, s, device, jitter_us)
-    for e in engines:
-        e.set_peers(engines)  # a timeout message then says what the awaited rank is doing
-    index = next(_local_index)
-    comms = [Communicator(e, s, label, index=index) for e in engines]
-    from .tuning import selection
-    costs = selection.costs_for("inproc" if device is None else label, n)
-    for c in comms:
-        c.set_costs(costs)
+    comms = _local_comms(n, config.settings(timeout, segment_bytes, window, gpu=config.on_gpu(device)), device,
+                         jitter_us)
     results: list = [None] * n
     errors: list = [None] * n
 
@@ -266,29 +257,56 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
             while t.is_alive():  # join() with a timeout: the main thread stays responsive to Ctrl-C
                 t.join(0.1)
     except BaseException:  # KeyboardInterrupt: stop every rank, then re-raise
-        for c in comms:
-            with contextlib.suppress(RingcommError):
-                c.abort(wait=False)  # each rank's collective fails at once
-        # Ranks waiting in a collective end at once; a rank busy in its own
-        # code is not waited for (Ctrl-C must return promptly): its thread is
-        # a daemon, and its next collective raises CommunicatorAborted.
-        deadline = time.monotonic() + 0.15
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        for c, t in zip(comms, threads):
-            if not t.is_alive():
-                c.close()
+        _stop_ranks(comms, threads)
         raise
     records = {r: c.flight_record() for r, c in enumerate(comms)}
     for c in comms:
         c.close()
+    _raise_first(errors, records)
+    return results
+
+
+def _local_comms(n: int, s: config.Settings, device, jitter_us: float) -> list:
+    """The n in-process ranks' communicators, each knowing its peers, with
+    the cost model of auto."""
+    label = "inproc" if device is None else f"inproc({device if isinstance(device, str) else 'cuda'})"
+    engines = _local_engines(n, s, device, jitter_us)
+    for e in engines:
+        e.set_peers(engines)  # a timeout message then says what the awaited rank is doing
+    index = next(_local_index)
+    comms = [Communicator(e, s, label, index=index) for e in engines]
+    from .tuning import selection
+    costs = selection.costs_for("inproc" if device is None else label, n)
+    for c in comms:
+        c.set_costs(costs)
+    return comms
+
+
+def _stop_ranks(comms: list, threads: list) -> None:
+    """Ctrl-C: every rank's collective fails at once. Ranks waiting in a
+    collective end at once; a rank busy in its own code is not waited for
+    (Ctrl-C must return promptly): its thread is a daemon, and its next
+    collective raises CommunicatorAborted."""
+    for c in comms:
+        with contextlib.suppress(RingcommError):
+            c.abort(wait=False)
+    deadline = time.monotonic() + 0.15
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    for c, t in zip(comms, threads):
+        if not t.is_alive():
+            c.close()
+
+
+def _raise_first(errors: list, records: dict) -> None:
+    """The lowest rank's exception (one other than CommunicatorAborted
+    first), with every rank's flight records attached."""
     first = next((e for e in errors if e is not None and not isinstance(e, CommunicatorAborted)), None)
     first = first or next((e for e in errors if e is not None), None)
     if first is not None:
         with contextlib.suppress(AttributeError, TypeError):
             first.flight_records = records
         raise first
-    return results
 
 
 def _at_exit() -> None:

@@ -287,10 +287,29 @@ class GradBucketer:
         if not self._sync:
             return self.grad_views()
         t0 = time.perf_counter()
-        rank = self._comm.rank
-        # Launch the buckets not launched yet, in order. Never-ready parameters
-        # with no contribution since the last sync are unused here: zero-fill
-        # them and flag the bucket, so the decision below is collective.
+        self._launch_the_rest()
+        try:
+            self._wait_all()
+        finally:
+            self._record_iteration(t0)
+        error = self._find_missing()
+        owned = self._end_iteration()
+        if error is not None:
+            self._observed = []  # record again in the next (successful) iteration
+            raise UnusedParametersError(error, dict(self.last_unused), rank=self._comm.rank)
+        for i, g in owned.items():
+            if family(g) == "torch" or getattr(g, "flags", None) is None or g.flags.writeable:
+                copy_into(g, self._views[i])
+        self._iteration += 1
+        if self._rebuild_pending:
+            self._rebuild()
+        return self.grad_views()
+
+    def _launch_the_rest(self) -> None:
+        """Launch the buckets not launched yet, in order. Never-ready
+        parameters with no contribution since the last sync are unused here:
+        zero-fill them and flag the bucket, so the decision in
+        _find_missing is collective."""
         for b in self._buckets[self._next_launch:]:
             missing = False
             for i in b.params:
@@ -299,6 +318,8 @@ class GradBucketer:
                     missing = True
             self._launch(b, status=1 if missing else 0)
         self._next_launch = len(self._buckets)
+
+    def _wait_all(self) -> None:
         try:
             for b in self._buckets:
                 b.work.wait()
@@ -317,30 +338,20 @@ class GradBucketer:
             self._observed = []
             self._end_iteration()
             raise
-        finally:
-            self._record_iteration(t0)
+
+    def _find_missing(self) -> str | None:
+        """Which parameters some rank never got ready (last_unused), and the
+        error to raise about them (None: none, or find_unused)."""
         # Every rank sees the same reduced status slots, so takes the same branch.
         anyone_missing = any(item(b.flat[b.count]) != 0 for b in self._buckets)
         self.last_unused = {}
-        error = None
-        if anyone_missing:
-            local = (self._ready | self._used).astype(np.int64)
-            used = gather_rows(self._comm, local)           # (ranks, params)
-            self.last_unused = {int(i): [int(r) for r in np.flatnonzero(used[:, i] == 0)]
-                                for i in np.flatnonzero((used == 0).any(axis=0))}
-            if not self._find_unused:
-                error = self._unused_message(self.last_unused)
-        owned = self._end_iteration()
-        if error is not None:
-            self._observed = []  # record again in the next (successful) iteration
-            raise UnusedParametersError(error, dict(self.last_unused), rank=rank)
-        for i, g in owned.items():
-            if family(g) == "torch" or getattr(g, "flags", None) is None or g.flags.writeable:
-                copy_into(g, self._views[i])
-        self._iteration += 1
-        if self._rebuild_pending:
-            self._rebuild()
-        return self.grad_views()
+        if not anyone_missing:
+            return None
+        local = (self._ready | self._used).astype(np.int64)
+        used = gather_rows(self._comm, local)           # (ranks, params)
+        self.last_unused = {int(i): [int(r) for r in np.flatnonzero(used[:, i] == 0)]
+                            for i in np.flatnonzero((used == 0).any(axis=0))}
+        return None if self._find_unused else self._unused_message(self.last_unused)
 
     def _end_iteration(self) -> dict:
         """Clear what one synchronised iteration marked; returns the
