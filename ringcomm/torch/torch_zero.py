@@ -71,13 +71,14 @@ from .. import vocab
 from ..train.consistency import broadcast_parameters
 from ..errors import InvalidArgument
 from .zero_flats import Flat, bucket_groups, check_parameters, unit_groups
+from .zero_stage3 import Stage3
 from ..train.sharding import MemoryLedger, adam_update, load_shards, matched_sums, save_shards
 from ..train.tensors import arena_zeros, averaging
 
 __all__ = ["TorchZero"]
 
 
-class TorchZero:
+class TorchZero(Stage3):
     """ZeRO stage 0 (DDP), 1, 2 or 3 over a ringcomm communicator for a
     ``torch.nn.Module`` with CPU parameters (float32, or bfloat16/float16 with
     fp32 master weights); it is the module's optimizer too (Adam or SGD).
@@ -234,69 +235,6 @@ class TorchZero:
 
     def reset_peak(self) -> None:
         self._ledger.reset_peak()
-
-    # ---- stage 3: gather / free -------------------------------------------------
-    def _prefetch(self, u: Flat) -> None:
-        if u.full:
-            return
-        u.flat.untyped_storage().resize_(u.count * u.itemsize)
-        u.full = True
-        self._ledger.count("params", u.count * u.itemsize)
-        u.gather_work = self.comm.all_gather(u.shard, out=u.flat, async_op=True)
-
-    def _gather(self, u: Flat) -> None:
-        self._prefetch(u)
-        if u.gather_work is not None:
-            u.gather_work.wait()
-            u.gather_work = None
-
-    def _release(self, u: Flat) -> None:
-        if not u.full:
-            return
-        if u.gather_work is not None:  # never free memory a collective still writes
-            u.gather_work.wait()
-            u.gather_work = None
-        u.flat.untyped_storage().resize_(0)
-        u.full = False
-        self._ledger.count("params", -u.count * u.itemsize)
-
-    def _pre_forward(self, fi: int, module, args) -> None:
-        self._gather(self._fwd[fi])
-        if self.prefetch and fi + 1 < len(self._fwd):
-            self._prefetch(self._fwd[fi + 1])
-
-    def _post_forward(self, fi: int, module, args, output) -> None:
-        u = self._fwd[fi]
-        self._release(u)
-        if torch.is_grad_enabled():
-            leaves = torch.utils._pytree.tree_flatten(output)[0]
-            for x in leaves:
-                if isinstance(x, torch.Tensor) and x.requires_grad:
-                    x.register_hook(functools.partial(self._pre_backward, u))
-
-    def _check_gathered(self, module, prefix, keep_vars) -> None:
-        """Stage 3: state_dict() outside gathered() would hold tensors of 0
-        bytes (the sharded parameters' storage): refused."""
-        if not all(u.full for u in self._units):
-            raise InvalidArgument("TorchZero stage 3: call module.state_dict() inside zero.gathered() (outside "
-                                  "it the parameters' storage is freed: the state would be empty)")
-
-    def _pre_backward(self, u: Flat, grad) -> None:
-        if self._backwards and not u.pending:
-            raise InvalidArgument(
-                f"rank {self.comm.rank}: a second backward before step(): TorchZero reduces each parameter's "
-                "gradient once per step (one backward per step)")
-        self._backward_started()
-        if u.bwd or not u.pending:
-            return
-        u.bwd = True
-        self._gather(u)
-        if self.prefetch:
-            k = self._bwd.index(u)
-            if k + 1 < len(self._bwd):
-                nxt = self._bwd[k + 1]
-                if not nxt.bwd and nxt.pending:
-                    self._prefetch(nxt)
 
     # ---- gradients ----------------------------------------------------------------
     def _backward_started(self) -> None:
