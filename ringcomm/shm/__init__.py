@@ -4,15 +4,10 @@ hierarchy an engine attaches (``window``), and the arena of ``comm.empty``
 (``arena``). The window's code is native: csrc/core/shm_window.h, the
 algorithms in csrc/algorithms/shm.cpp.
 
-``RINGCOMM_TRANSPORT`` (ringcomm/transports.py) chooses what
-``algorithm="auto"`` uses between ranks of one host: ``auto`` (default:
-shared memory when every rank of the communicator is on one host, else
-point-to-point), ``mpi`` (never shared memory: no segment is made), ``shm``
-(shared memory, or an error when the ranks are not on one host) or ``ucx``
-(every message over UCX, no shared memory). In-process worlds
-(``run_local``) always have a window (plain memory), so ``algorithm="shm"``
-runs there; ``auto`` uses it only with ``RINGCOMM_TRANSPORT=shm``: the
-in-process world teaches the ring.
+Whether ``algorithm="auto"`` uses the window is ``RINGCOMM_TRANSPORT``'s
+(ringcomm/transports.py). In-process worlds (``run_local``) always have a
+window (plain memory), so ``algorithm="shm"`` runs there; ``auto`` uses it
+only with ``RINGCOMM_TRANSPORT=shm``: the in-process world teaches the ring.
 
 The limits auto decides the window by are ringcomm/policy.py's; they
 are named here too, as they were when this was one module.
@@ -23,7 +18,7 @@ from __future__ import annotations
 from .._native import core  # noqa: F401  (tests reach the native calls through here)
 from ..transports import MODES, mode  # noqa: F401
 from ..policy import (COLLECTIVES, POLICY, UNLIMITED, arena_bytes, auto_limits, flat_max,  # noqa: F401
-                             shm_from, shm_max, single_copy_min, single_copy_min_4k, slot_bytes, tuned)
+                      shm_from, shm_max, single_copy_min, single_copy_min_4k, slot_bytes, tuned)
 from . import host, segment  # noqa: F401
 from .arena import empty, make_arena  # noqa: F401
 from .host import host_key, sched_group, split_scheduling  # noqa: F401
