@@ -24,7 +24,7 @@ from typing import Callable
 from ._native import core
 from .errors import InvalidArgument
 
-__all__ = ["MODES", "mode", "Transport", "TRANSPORTS", "Launch", "choose", "local_rank", "gpu_for"]
+__all__ = ["MODES", "mode", "Transport", "TRANSPORTS", "Launch", "choose", "choose_local", "local_rank", "gpu_for"]
 
 MODES = ("auto", "mpi", "shm", "ucx")  # ucx: the engine's messages over UCX, no window (ringcomm/ucx.py)
 
@@ -40,8 +40,9 @@ def mode(value: str | None = None) -> str:
 @dataclass
 class Launch:
     """What a factory makes an engine from: the ranks' bootstrap group (an
-    MPI communicator, or a store group: ringcomm/bootstrap.py), how they were
-    launched ("mpi" or "store"), the settings, the device and its jitter."""
+    MPI communicator, or a store group: ringcomm/bootstrap.py; for "local",
+    the number of rank threads), how they were launched ("mpi", "store" or
+    "local": run_local), the settings, the device and its jitter."""
     group: object
     bootstrap: str
     settings: object
@@ -56,8 +57,8 @@ class Transport:
     where payload lives ("host" or "device"); `window`: the ranks of one host
     may share a window (and, across hosts, the hierarchy; ringcomm/shm),
     `arena`: comm.empty()'s shared arena then; `between_hosts`: it carries
-    messages between machines. `make`: per bootstrap ("mpi", "store"), the
-    factory of the engine, f(Launch)."""
+    messages between machines. `make`: per bootstrap ("mpi", "store", or
+    "local": every rank's engine at once), the factory, f(Launch)."""
     label: str
     costs: str
     memory: str
@@ -130,6 +131,37 @@ def _emulated_nccl_engine(launch: Launch):
                                s.window, jitter_us))
 
 
+def _inproc_engines(launch: Launch):
+    """n rank threads of this process (launch.group: n), over host memory
+    or the emulated device ("emulated": each copy and reduction queued,
+    delayed by up to jitter_us)."""
+    n, s = launch.group, launch.settings
+    world = core.inproc_world(n)
+    return [core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window, launch.device == "emulated",
+                               float(launch.jitter_us)) for r in range(n)]
+
+
+def _inproc_emulated_nccl_engines(launch: Launch):
+    """The NCCL transport's grouping over the emulated device: a control world and a payload world."""
+    n, s = launch.group, launch.settings
+    control, payload = core.inproc_world(n), core.inproc_world(n)
+    return [core.inproc_engine(control, r, s.timeout, s.segment_bytes, s.window, True, float(launch.jitter_us),
+                               payload) for r in range(n)]
+
+
+def _inproc_cuda_engines(launch: Launch):
+    """Rank r on GPU r % (number of GPUs), or on the GPU the list names."""
+    from . import cuda
+    cuda.require()
+    n, s, device = launch.group, launch.settings, launch.device
+    count = cuda.device_count()
+    gpus = [r % count for r in range(n)] if device == "cuda" else [int(g) for g in device]
+    bad = [g for g in gpus if not 0 <= g < count]
+    if bad:
+        raise InvalidArgument(f"GPU(s) {bad} do not exist here ({count} GPU(s))")
+    return cuda._cuda.inproc_engines(gpus, s.timeout, s.segment_bytes, s.window)
+
+
 TRANSPORTS: dict[str, Transport] = {
     "mpi": Transport("mpi", "mpi", "host", window=True, arena=True, between_hosts=True,
                      make={"mpi": _mpi_engine}),
@@ -139,6 +171,16 @@ TRANSPORTS: dict[str, Transport] = {
                       make={"mpi": _nccl_engine_mpi, "store": _nccl_engine_store}),
     "emulated-nccl": Transport("ucx(emulated-nccl)", "ucx", "host", window=False, arena=False, between_hosts=True,
                                make={"store": _emulated_nccl_engine}),
+    # run_local's ranks (threads): the "local" bootstrap makes every rank's engine at once. The window is
+    # plain memory there, its arena made with it (auto uses it only with RINGCOMM_TRANSPORT=shm).
+    "inproc": Transport("inproc", "inproc", "host", window=True, arena=True, between_hosts=False,
+                        make={"local": _inproc_engines}),
+    "inproc(emulated)": Transport("inproc(emulated)", "inproc(emulated)", "host", window=False, arena=False,
+                                  between_hosts=False, make={"local": _inproc_engines}),
+    "inproc(emulated-nccl)": Transport("inproc(emulated-nccl)", "inproc(emulated-nccl)", "host", window=False,
+                                       arena=False, between_hosts=False, make={"local": _inproc_emulated_nccl_engines}),
+    "inproc(cuda)": Transport("inproc(cuda)", "inproc(cuda)", "device", window=False, arena=False,
+                              between_hosts=False, make={"local": _inproc_cuda_engines}),
 }
 
 
@@ -153,6 +195,17 @@ def choose(bootstrap: str, device, transport: str | None) -> Transport:
     if bootstrap == "store" or mode(transport) == "ucx":
         return TRANSPORTS["ucx"]
     return TRANSPORTS["mpi"]
+
+
+def choose_local(device, n: int) -> Transport:
+    """The row run_local(n, ...) runs for `device`."""
+    if device is None:
+        return TRANSPORTS["inproc"]
+    if isinstance(device, str) and device in ("emulated", "emulated-nccl"):
+        return TRANSPORTS[f"inproc({device})"]
+    if device == "cuda" or isinstance(device, (list, tuple)) and len(device) == n:
+        return TRANSPORTS["inproc(cuda)"]
+    raise InvalidArgument(f"device must be None, 'emulated', 'cuda' or a list of {n} GPU ordinals, got {device!r}")
 
 
 def local_rank(comm, with_size: bool = False):

@@ -13,7 +13,6 @@ import weakref
 from typing import Callable
 
 from . import config, quarantine, transports
-from ._native import core
 from .comm import Communicator
 from .transports import local_rank  # noqa: F401  (world.local_rank, as before)
 from .errors import CommunicatorAborted, InvalidArgument, RingcommError, from_rank0
@@ -175,32 +174,6 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport, de
                      keep=group)
 
 
-def _local_engines(n: int, s: config.Settings, device, jitter_us: float) -> list:
-    if device is None or device == "emulated":
-        world = core.inproc_world(n)
-        engines = [core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window, device == "emulated",
-                                      float(jitter_us)) for r in range(n)]
-        if device is None:
-            from . import shm
-            shm.attach_local(engines)
-        return engines
-    if device == "emulated-nccl":
-        control, payload = core.inproc_world(n), core.inproc_world(n)
-        return [core.inproc_engine(control, r, s.timeout, s.segment_bytes, s.window, True, float(jitter_us),
-                                   payload) for r in range(n)]
-    if not (device == "cuda" or isinstance(device, (list, tuple)) and len(device) == n):
-        raise InvalidArgument(f"device must be None, 'emulated', 'cuda' or a list of {n} GPU ordinals, "
-                              f"got {device!r}")
-    from . import cuda
-    cuda.require()
-    count = cuda.device_count()
-    gpus = [r % count for r in range(n)] if device == "cuda" else [int(g) for g in device]
-    bad = [g for g in gpus if not 0 <= g < count]
-    if bad:
-        raise InvalidArgument(f"GPU(s) {bad} do not exist here ({count} GPU(s))")
-    return cuda._cuda.inproc_engines(gpus, s.timeout, s.segment_bytes, s.window)
-
-
 def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
               segment_bytes: int | str | None = None, window: int | None = None,
               device: str | list | None = None, jitter_us: float = 0.0, **kwargs) -> list:
@@ -269,14 +242,17 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
 def _local_comms(n: int, s: config.Settings, device, jitter_us: float) -> list:
     """The n in-process ranks' communicators, each knowing its peers, with
     the cost model of auto."""
-    label = "inproc" if device is None else f"inproc({device if isinstance(device, str) else 'cuda'})"
-    engines = _local_engines(n, s, device, jitter_us)
+    row = transports.choose_local(device, n)
+    engines = row.engine(transports.Launch(n, "local", s, device, jitter_us))
+    if row.window:
+        from . import shm
+        shm.attach_local(engines)
     for e in engines:
         e.set_peers(engines)  # a timeout message then says what the awaited rank is doing
     index = next(_local_index)
-    comms = [Communicator(e, s, label, index=index) for e in engines]
+    comms = [Communicator(e, s, row.label, index=index) for e in engines]
     from .tuning import selection
-    costs = selection.costs_for("inproc" if device is None else label, n)
+    costs = selection.costs_for(row.costs, n)
     for c in comms:
         c.set_costs(costs)
     return comms

@@ -42,10 +42,11 @@ def test_the_environment_chooses_when_init_does_not(monkeypatch):
 def test_rows_say_what_they_can_do():
     for name, row in transports.TRANSPORTS.items():
         assert row.memory in ("host", "device"), name
-        assert set(row.make) <= {"mpi", "store"} and row.make, name
+        assert set(row.make) <= {"mpi", "store", "local"} and row.make, name
         assert not row.arena or row.window, f"{name}: an arena lives in a window"
         assert not row.window or row.memory == "host", f"{name}: the window is host memory"
-        assert row.costs in ("mpi", "ucx", "nccl"), name
+        assert row.costs in ("mpi", "ucx", "nccl") or row.costs.startswith("inproc"), name
+        assert ("local" in row.make) == row.label.startswith("inproc"), name
 
 
 def test_world_assembles_communicators_through_the_constructor_only():
@@ -89,3 +90,18 @@ def test_a_value_comes_from_the_variable_then_tune_then_the_default(tmp_path, mo
     monkeypatch.setenv("RINGCOMM_SHM_SLOT", "100")
     with pytest.raises(InvalidArgument, match="RINGCOMM_SHM_SLOT must be at least 4096 bytes, got 100"):
         policy.slot_bytes()
+
+
+@pytest.mark.parametrize("device, label", [(None, "inproc"), ("emulated", "inproc(emulated)"),
+                                           ("emulated-nccl", "inproc(emulated-nccl)"), ("cuda", "inproc(cuda)"),
+                                           ([0, 0, 0], "inproc(cuda)")])
+def test_choose_local_picks_run_locals_row(device, label):
+    row = transports.choose_local(device, 3)
+    assert row.label == label and "local" in row.make
+    assert row.window == (device is None)  # the in-process window: plain memory, host arrays only
+
+
+@pytest.mark.parametrize("device", ["cuda:1", [0, 1], "gpu"])
+def test_choose_local_refuses_other_devices_as_run_local_did(device):
+    with pytest.raises(InvalidArgument, match=r"device must be None, 'emulated', 'cuda' or a list of 3 GPU ordinals"):
+        transports.choose_local(device, 3)
