@@ -221,20 +221,10 @@ def shm_limits(rows: list[dict], n: int) -> dict:
         return min(t[(coll, a, b)] for a in ("shm", "shm_flat") if (coll, a, b) in t)
 
     for coll, rivals in {**RIVALS, **ROOTED_RIVALS}.items():
-        have = [b for b in sizes if (coll, "shm", b) in t and all((coll, a, b) in t for a in rivals)]
-        if not have:
-            continue  # (not measured: an older tune, the built-in limits)
-        wins = [window(coll, b) <= (1 + SHM_MARGIN) * min(t[(coll, a, b)] for a in rivals) for b in have]
-        lost = [i for i, w in enumerate(wins) if not w]
-        out[coll] = selection.UNLIMITED if not lost else (have[lost[0] - 1] if lost[0] else 0)
-        again[coll] = have[lost[-1] + 1] if lost and lost[-1] + 1 < len(have) else (
-            selection.UNLIMITED if lost else have[0])
-    flat = 0
-    for b in sizes:
-        if ("all_reduce", "shm_flat", b) not in t or t[("all_reduce", "shm_flat", b)] > t[("all_reduce", "shm", b)]:
-            break
-        flat = b
-    out["flat_max"] = flat
+        got = _window_limits(coll, rivals, t, sizes, window)
+        if got is not None:  # (None: not measured, an older tune: the built-in limits)
+            out[coll], again[coll] = got
+    out["flat_max"] = _flat_max(t, sizes)
     out["from"] = again
     out["single_copy"] = all(r.get("single_copy", True) for r in mine_rows)
     if single is not None:
@@ -243,6 +233,30 @@ def shm_limits(rows: list[dict], n: int) -> dict:
     if single_4k is not None:
         out["single_copy_min_4k"] = max(single_4k, out.get("single_copy_min", 0))
     return out
+
+
+def _window_limits(coll: str, rivals, t: dict, sizes: list, window) -> tuple | None:
+    """(the largest size up to which the window won for `coll`, the smallest
+    from which it won at every larger size), over the sizes where the window
+    and every rival were measured; None where none were."""
+    have = [b for b in sizes if (coll, "shm", b) in t and all((coll, a, b) in t for a in rivals)]
+    if not have:
+        return None
+    wins = [window(coll, b) <= (1 + SHM_MARGIN) * min(t[(coll, a, b)] for a in rivals) for b in have]
+    lost = [i for i, w in enumerate(wins) if not w]
+    upto = selection.UNLIMITED if not lost else (have[lost[0] - 1] if lost[0] else 0)
+    again = have[lost[-1] + 1] if lost and lost[-1] + 1 < len(have) else (selection.UNLIMITED if lost else have[0])
+    return upto, again
+
+
+def _flat_max(t: dict, sizes: list) -> int:
+    """The largest size up to which shm_flat beat shm at every size (0: never)."""
+    flat = 0
+    for b in sizes:
+        if ("all_reduce", "shm_flat", b) not in t or t[("all_reduce", "shm_flat", b)] > t[("all_reduce", "shm", b)]:
+            break
+        flat = b
+    return flat
 
 
 def choose_single_copy(t: dict, n: int) -> int | None:
