@@ -25,7 +25,7 @@ given or torchrun's variables are set (``RANK``, ``WORLD_SIZE``,
 
 :class:`StoreGroup` gives the store the few collectives a bootstrap needs
 (allgather, broadcast, barrier, split), with the names mpi4py uses so that the
-shared-memory hand-shake (ringcomm/shm.py) runs over either. Every call takes
+shared-memory hand-shake (ringcomm/shm/segment.py) runs over either. Every call takes
 the next sequence number of its group, so calls never read each other's keys;
 the last rank to read a call's keys deletes them, so a long job (many
 ``new_group`` calls) leaves nothing in the store.

@@ -9,7 +9,6 @@ queued, returning a Work). Making communicators is world.py's job.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import sys
 import threading
@@ -20,8 +19,8 @@ from . import algorithms, config, quarantine, vocab
 from ._arrays import Buf, empty_like, like, to_numpy
 from .door import Described, Door
 from .errors import InvalidArgument, RingcommError
-from .p2p import P2POp, P2PWork
-from .traffic import Traffic
+from .comm_p2p import PointToPoint
+from .comm_records import Records
 from .work import Work
 
 __all__ = ["Communicator"]
@@ -36,7 +35,7 @@ _DTYPE_NAMES = {v: k for k, v in vocab.DTYPES.items()}
 _FAST_ALGORITHMS = {c: ("auto", *algorithms.names(c)) for c in ("broadcast", "reduce", "gather", "scatter", "all_to_all")}
 
 
-class Communicator:
+class Communicator(PointToPoint, Records):
     """A group of ranks that run ring collectives together.
 
     Get one from :func:`init` (MPI processes) or :func:`run_local` (threads).
@@ -44,8 +43,15 @@ class Communicator:
     count, dtype, op and root; a disagreement raises MismatchError on every rank.
     """
 
-    def __init__(self, engine, settings: config.Settings, label: str, index: int = 0):
+    def __init__(self, engine, settings: config.Settings, label: str, index: int = 0, *,
+                 arena_maker=None, keep=None):
+        """(Made by ringcomm.init and run_local.) `arena_maker`: makes the
+        shared arena of comm.empty() (None: this communicator cannot); `keep`:
+        what the communicator keeps alive while open (a store bootstrap's
+        group, hence its store, e.g. a TCPStore's port)."""
         self._engine = engine
+        self._arena_maker = arena_maker
+        self._bootstrap = keep
         self._device = engine.device  # fixed for the communicator's life
         self._settings = settings
         self._label = label
@@ -95,8 +101,8 @@ class Communicator:
         GradBucketer (and so ``ringcomm.torch.DistributedDataParallel``)
         puts its buckets there by itself.
         """
-        from . import shm
-        return shm.empty(self, shape, dtype, family)
+        from .shm import arena
+        return arena.empty(self._engine.window, self._arena_maker, shape, dtype, family)
 
     @property
     def last_algorithm_between_hosts(self) -> str | None:
@@ -400,190 +406,7 @@ class Communicator:
                     raise
         return self._submit(self._door.all_to_all(x, splits, out_splits, out, empty_like, algorithm), async_op)
 
-    # ---- point-to-point -----------------------------------------------
-    # Beside the collectives' queue, not through it (csrc/engine/p2p.h): each
-    # op is posted on the caller's thread at once and progressed by whoever
-    # waits. So a batch of isend/irecv never deadlocks, and p2p takes no call
-    # sequence number (only two ranks call it). A p2p op is ordered after this
-    # rank's synchronous collectives (they have ended), not after async ones
-    # still queued: wait for their Works first when they share buffers.
-    def send(self, x, dst: int, tag: int = 0) -> None:
-        """Send `x` to rank `dst`; returns once `x` may be reused.
-
-        Messages between two ranks with one tag arrive in the order sent (as
-        MPI's); they never match a collective's. The receive must have
-        exactly x's size and dtype (else MismatchError on the receiver, and
-        the communicator is aborted, so this rank hears of it too). Sending
-        to oneself is an InvalidArgument (torch forbids it too). On a
-        device communicator the payload goes through host memory (copied
-        out after the work queued on the caller's current stream, and in
-        before ``recv``/``wait`` returns; csrc/engine/p2p.h says why).
-        """
-        if self._fast_lane:  # numpy arrays and torch CPU tensors: described and run natively
-            try:
-                if self._engine.p2p_now(True, x, dst, tag) != -2:
-                    return
-            except BaseException as exc:  # as in _p2p_run
-                self._failed(exc, (x,))
-                raise
-        xb, peer, tag = self._door.p2p(x, dst, tag, True)
-        self._p2p_run(True, xb, peer, tag)
-
-    def recv(self, x, src: int | None = None, tag: int = 0) -> int:
-        """Receive into `x` (written in place) from rank `src` (None: any
-        rank); returns the sender's rank (as torch's ``dist.recv``).
-
-        The message must have exactly x's size and dtype: another size is a
-        MismatchError naming both (the message is discarded; no byte of it
-        lands, never an overrun), and so is another dtype from that sender
-        with this tag. No matching send within the communicator's
-        ``timeout``: CollectiveTimeout naming the peer.
-        """
-        if self._fast_lane:
-            try:
-                source = self._engine.p2p_now(False, x, src, tag)
-            except BaseException as exc:
-                self._failed(exc, (x,))
-                raise
-            if source != -2:
-                return source
-        xb, peer, tag = self._door.p2p(x, src, tag, False)
-        return self._p2p_run(False, xb, peer, tag)
-
-    def sendrecv(self, x, dst: int, out, src: int | None = None, tag: int = 0, recv_tag: int | None = None) -> int:
-        """Send `x` to rank `dst` and receive into `out` from rank `src`
-        (None: any rank) together, as MPI_Sendrecv; returns the sender's
-        rank once both have completed.
-
-        Ranks may call it toward each other (a ring shift, a halo exchange)
-        without deadlock, at the cost of one call instead of isend + irecv
-        + two waits. The send's tag is `tag`, the receive's `recv_tag`
-        (default: `tag`); each side follows :meth:`send` and :meth:`recv`
-        (exact sizes, errors on both ranks). Both are checked before either
-        is posted; `x` and `out` must not overlap (InvalidArgument).
-
-        With itself (``dst == rank``, then `src` is the rank or None, as a
-        ring shift at world size 1): a copy of `x` into `out`, which must
-        match it in dtype, size and tag; nothing is booked in the ledger.
-        None then means the rank itself, not any source as in MPI (where
-        another rank's message could match). On a device it returns once
-        the copy is done, after the work queued on both arrays' streams; if
-        it misses the timeout, CollectiveTimeout, and both arrays are kept
-        referenced for the process's life (the copy is still queued).
-        """
-        if recv_tag is None:
-            recv_tag = tag
-        if self._fast_lane:  # numpy arrays and torch CPU tensors: described and run natively
-            try:
-                source = self._engine.p2p_sendrecv_now(x, dst, out, src, tag, recv_tag)
-            except BaseException as exc:
-                self._failed(exc, (x, out))
-                raise
-            if source != -2:
-                return source
-        xb, dst, tag = self._door.p2p(x, dst, tag, True, to_self=True)
-        ob, src, recv_tag = self._door.p2p(out, src, recv_tag, False, to_self=True)
-        try:
-            return self._engine.p2p_sendrecv(xb.ptr, xb.count, vocab.DTYPES[xb.dtype], dst, tag, ob.ptr, ob.count,
-                                             vocab.DTYPES[ob.dtype], src, recv_tag, xb.stream(), ob.stream())
-        except BaseException as exc:
-            self._failed(exc, (xb, ob))
-            raise
-
-    def isend(self, x, dst: int, tag: int = 0) -> P2PWork:
-        """Start a send (see :meth:`send`); returns a Work whose ``wait()``
-        returns once `x` may be reused."""
-        return self._p2p_post(True, x, dst, tag)
-
-    def irecv(self, x, src: int | None = None, tag: int = 0) -> P2PWork:
-        """Start a receive into `x` (see :meth:`recv`); ``wait()`` returns
-        `x`, and the Work's ``source`` is then the sender's rank."""
-        return self._p2p_post(False, x, src, tag)
-
-    def batch_isend_irecv(self, ops) -> list[P2PWork]:
-        """Start a list of :class:`ringcomm.P2POp` together (torch's
-        ``batch_isend_irecv``): every op is checked before any is posted;
-        returns their Works in order. Waits may come in any order without
-        deadlock (each wait progresses this rank's pending receives)."""
-        plan = []
-        for i, op in enumerate(ops):
-            if not isinstance(op, P2POp):
-                raise InvalidArgument(f"batch_isend_irecv: ops[{i}] is {type(op).__name__}, expected ringcomm.P2POp")
-            kind = getattr(op.op, "__name__", op.op)
-            if kind not in ("isend", "irecv"):
-                raise InvalidArgument(f"batch_isend_irecv: ops[{i}].op is {op.op!r}, expected 'isend' or 'irecv'")
-            plan.append((kind == "isend", self._door.p2p(op.x, op.peer, op.tag, kind == "isend")))
-        return [self._p2p_start(send, *checked) for send, checked in plan]
-
-    def _p2p_post(self, send: bool, x, peer, tag) -> P2PWork:
-        if self._fast_lane:  # numpy arrays and torch CPU tensors: described and posted natively
-            native = self._engine.p2p_post_now(send, x, peer, tag)
-            if native is not None:
-                work = P2PWork(native, x, (x,), self._failed)
-                self._track(work)
-                return work
-        return self._p2p_start(send, *self._door.p2p(x, peer, tag, send))
-
-    def _p2p_start(self, send: bool, xb: Buf, peer: int, tag: int) -> P2PWork:
-        native = self._engine.p2p(send, peer, xb.ptr, xb.count, vocab.DTYPES[xb.dtype], tag, xb.stream())
-        work = P2PWork(native, xb.obj, (xb,), self._failed)
-        self._track(work)
-        return work
-
-    def _p2p_run(self, send: bool, xb: Buf, peer: int, tag: int) -> int:
-        try:
-            return self._engine.p2p_run(send, peer, xb.ptr, xb.count, vocab.DTYPES[xb.dtype], tag, xb.stream())
-        except BaseException as exc:
-            self._failed(exc, (xb,))
-            raise
-
-    # ---- ledger, lifecycle ------------------------------------------------
-    def traffic(self, part: str = "all") -> Traffic:
-        """Snapshot of the traffic ledger (bytes and messages per peer and collective).
-
-        Ranks on several hosts with the hierarchical collectives book their two
-        parts apart: part="intra" (read from and by the peers of this host,
-        in shared memory), "inter" (sent to and received from the other
-        hosts' ranks); "all" (default) is their sum."""
-        if part not in ("all", "intra", "inter"):
-            raise InvalidArgument(f"traffic part must be 'all', 'intra' or 'inter', got {part!r}")
-        intra = self._engine.traffic()
-        if not self._engine.hierarchical:
-            return Traffic(intra if part != "inter" else intra * 0, self.rank)
-        inter = self._engine.traffic_between_hosts()
-        return Traffic({"all": intra + inter, "intra": intra, "inter": inter}[part], self.rank)
-
-    def reset_traffic(self) -> None:
-        self._engine.reset_traffic()
-
-    @contextlib.contextmanager
-    def trace(self, values: bool = False):
-        """Record a step trace of the collectives issued inside the block.
-
-        Yields a :class:`ringcomm.trace.Trace`, filled when the block exits
-        (after waiting for the traced collectives). ``values=True`` also keeps
-        the values each step produced (for small teaching examples). Off by
-        default and free when off.
-        """
-        from .trace import Trace
-        if self._trace is not None:
-            raise InvalidArgument("a trace is already active on this communicator")
-        t = Trace(self, values)
-        native = self._engine.make_tracer(values)
-        self._trace = (t, native)
-        self._engine.set_tracer(native)
-        try:
-            yield t
-        finally:
-            self._engine.set_tracer(None)
-            for w in list(self._inflight):
-                try:
-                    w.wait()
-                except RingcommError:
-                    pass
-            t._add(native.take())
-            self._trace = None
-
+    # ---- lifecycle ---------------------------------------------------------
     def abort(self, wait: bool = True, *, interrupted: bool = False) -> None:
         """Fail this communicator on purpose and tell the ring: ranks waiting on
         it raise CommunicatorAborted instead of waiting for their deadline.
@@ -599,25 +422,6 @@ class Communicator:
             if wait and not self._engine.running_here:
                 w.wait()
 
-    def flight_record(self) -> list[dict]:
-        """The last collectives of this communicator, oldest first
-        (``RINGCOMM_FLIGHT_RECORDER``, default 256), one dict each: ``seq``,
-        ``collective``, ``count``, ``dtype``, ``op``, ``root``, ``algorithm``,
-        ``state`` (queued, running, done, failed), wall-clock ``t_issue``,
-        ``t_start``, ``t_end`` (seconds since the epoch), where it is or
-        stopped (``phase``, ``step``, ``segment``, ``waiting_for``: the peer,
-        ``waiting_to``: "receive" or "send", ``waiting_what``,
-        ``waiting_since``), payload ``bytes_sent`` / ``bytes_received`` so
-        far, ``error`` and ``rank``. Point-to-point ops have records too
-        (``collective`` "send" or "recv", numbered apart from the collectives)
-        with ``peer`` (None: any source) and ``tag``, and ``root`` and
-        ``algorithm`` None; ``peer`` and ``tag`` are None for collectives. Safe to call from any thread, also while
-        a collective runs; after close(), the record at closing."""
-        from .flight import records_with_rank
-        if self._engine.closed:
-            return list(self._final_record or [])
-        return records_with_rank(self._engine.flight_record(), self.rank)
-
     def close(self) -> None:
         """Finish queued collectives and release the communicator. Requests a
         failed collective left in flight stay in the quarantine (with their
@@ -631,8 +435,7 @@ class Communicator:
             self._engine.close()
         # A store bootstrap's store (e.g. a TCPStore's port) is let go.
         self._bootstrap = None
-        if getattr(self, "_arena_maker", None) is not None:
-            self._arena_maker = None
+        self._arena_maker = None
         with self._lock:
             for w in self._inflight:  # failed ones whose requests are still in flight keep their arrays
                 quarantine.keep(w._native.hold(), w._keep)

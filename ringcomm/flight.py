@@ -128,84 +128,105 @@ def _analyze_collectives(name: str, dumps: dict[int, dict]) -> str:
              + (f"; none from rank(s) {', '.join(map(str, missing))}" if missing else "") + "."]
     if newest == 0:
         return " ".join(parts + ["No collective was recorded."])
+    a = _Newest(dumps, size, missing, last, newest)
+    parts.append(a.behind_text())
+    parts.append("Per rank, for " + a.call.split(" ")[0] + ": "
+                 + "; ".join(a.rank_line(r) for r in ranks if a.at[r] is not None) + ".")
+    chains = a.chains()
+    if chains:
+        parts.append("Waits: " + "; ".join(chains) + " (a -> b: a waits for b).")
+    return " ".join(parts)
 
-    def rec_of(r: int, seq: int) -> dict | None:
-        return next((x for x in dumps[r]["records"] if x["seq"] == seq), None)
 
-    at = {r: rec_of(r, newest) for r in ranks}
-    t0 = min(x["t_issue"] for x in at.values() if x)
+class _Newest:
+    """The ranks' records of the newest collective any of them issued."""
 
-    def rel(t: float | None) -> str:
-        return "?" if t is None else f"{t - t0:+.2f} s"
+    def __init__(self, dumps: dict, size: int, missing: list, last: dict, newest: int):
+        self.dumps, self.size, self.missing, self.last, self.newest = dumps, size, missing, last, newest
+        self.ranks = sorted(dumps)
+        self.at = {r: self.rec_of(r, newest) for r in self.ranks}
+        self.t0 = min(x["t_issue"] for x in self.at.values() if x)
+        self.call = _call(next(x for x in self.at.values() if x))
 
-    call = _call(next(x for x in at.values() if x))
-    # Who is behind: ranks that never issued the newest call, else the one that
-    # issued it last, if that was after another rank had already given up on it.
-    never = [r for r in ranks if at[r] is None]
-    failed_end = [x["t_end"] for x in at.values() if x and x["state"] == "failed" and x["t_end"]]
-    behind: list[int] = list(never)
-    late_note = ""
-    if not behind and failed_end:
-        latest = max((r for r in ranks if at[r]), key=lambda r: at[r]["t_issue"])
-        if at[latest]["t_issue"] > min(failed_end):
-            behind = [latest]
-            late_note = (f"; it issued {'#' + str(newest)} only at {rel(at[latest]['t_issue'])}, "
-                         f"{at[latest]['t_issue'] - min(failed_end):.2f} s after the first rank had given up on it")
-    # Ranks without a dump that others were waiting for are suspects too.
-    waited = {x["waiting_for"] for x in at.values() if x and x.get("waiting_for") is not None}
-    behind += [r for r in missing if r in waited and r not in behind]
+    def rec_of(self, r: int, seq: int) -> dict | None:
+        return next((x for x in self.dumps[r]["records"] if x["seq"] == seq), None)
 
-    if behind:
-        who = []
-        for r in behind:
-            if r in missing:
-                who.append(f"rank {r} (no dump: killed, hung, or still running)")
-                continue
-            prev = last[r] if at[r] is None else rec_of(r, newest - 1)
-            seen = (f"its previous collective {_call(prev)} {prev['state']} at {rel(prev['t_end'] or prev['t_issue'])}"
-                    if prev else "it recorded nothing before")
-            who.append(f"rank {r} ({seen}{late_note if at[r] else '; it never issued ' + call.split(' ')[0]})")
-        parts.append(f"Behind: {'; '.join(who)}. The call in question is {call}, first issued at +0.00 s.")
-    else:
-        parts.append(f"Every rank that wrote a dump reached {call}; nobody is behind.")
+    def rel(self, t: float | None) -> str:
+        return "?" if t is None else f"{t - self.t0:+.2f} s"
 
-    lines = []
-    for r in ranks:
-        x = at[r]
-        if x is None:
-            continue
-        err = dumps[r].get("error") or {}
+    def behind(self) -> tuple[list[int], str]:
+        """Who is behind: ranks that never issued the newest call, else the
+        one that issued it last, if that was after another rank had already
+        given up on it; and ranks without a dump that others were waiting
+        for. (Those ranks, and how late the late one was.)"""
+        at, newest = self.at, self.newest
+        behind = [r for r in self.ranks if at[r] is None]
+        failed_end = [x["t_end"] for x in at.values() if x and x["state"] == "failed" and x["t_end"]]
+        late_note = ""
+        if not behind and failed_end:
+            latest = max((r for r in self.ranks if at[r]), key=lambda r: at[r]["t_issue"])
+            if at[latest]["t_issue"] > min(failed_end):
+                behind = [latest]
+                late_note = (f"; it issued {'#' + str(newest)} only at {self.rel(at[latest]['t_issue'])}, "
+                             f"{at[latest]['t_issue'] - min(failed_end):.2f} s after the first rank had given up on it")
+        waited = {x["waiting_for"] for x in at.values() if x and x.get("waiting_for") is not None}
+        behind += [r for r in self.missing if r in waited and r not in behind]
+        return behind, late_note
+
+    def behind_text(self) -> str:
+        behind, late_note = self.behind()
+        if not behind:
+            return f"Every rank that wrote a dump reached {self.call}; nobody is behind."
+        who = [self._who(r, late_note) for r in behind]
+        return f"Behind: {'; '.join(who)}. The call in question is {self.call}, first issued at +0.00 s."
+
+    def _who(self, r: int, late_note: str) -> str:
+        if r in self.missing:
+            return f"rank {r} (no dump: killed, hung, or still running)"
+        at = self.at[r]
+        prev = self.last[r] if at is None else self.rec_of(r, self.newest - 1)
+        seen = (f"its previous collective {_call(prev)} {prev['state']} at "
+                f"{self.rel(prev['t_end'] or prev['t_issue'])}" if prev else "it recorded nothing before")
+        return f"rank {r} ({seen}{late_note if at else '; it never issued ' + self.call.split(' ')[0]})"
+
+    def rank_line(self, r: int) -> str:
+        x = self.at[r]
         state = x["state"]
-        desc = f"rank {r}: issued at {rel(x['t_issue'])}, {state}"
+        desc = f"rank {r}: issued at {self.rel(x['t_issue'])}, {state}"
         if x.get("t_end") and state in ("failed", "done"):
-            desc += f" at {rel(x['t_end'])}"
+            desc += f" at {self.rel(x['t_end'])}"
         where = _where(x)
         if where:
             desc += f", {where}"
         moved = x.get("bytes_sent", 0) + x.get("bytes_received", 0)
         desc += f", {x.get('bytes_sent', 0)} B sent / {x.get('bytes_received', 0)} B received" if moved else ""
-        if err:
-            cause = err.get("cause")
-            origin = err.get("origin")
-            desc += f"; raised {err['type']}"
-            if origin is not None and origin != r:
-                desc += f" (rank {origin}'s {cause})" if cause else f" (from rank {origin})"
-        lines.append(desc)
-    parts.append("Per rank, for " + call.split(" ")[0] + ": " + "; ".join(lines) + ".")
-    # The chain of waits ends at the rank holding everyone up.
-    chains = []
-    for r in ranks:
-        seen, cur = [r], r
-        while cur in dumps and at.get(cur) and at[cur].get("waiting_for") is not None and len(seen) <= size:
-            cur = at[cur]["waiting_for"]
-            if cur in seen:
-                break
-            seen.append(cur)
-        if len(seen) > 2:
-            chains.append(" -> ".join(map(str, seen)))
-    if chains:
-        parts.append("Waits: " + "; ".join(chains) + " (a -> b: a waits for b).")
-    return " ".join(parts)
+        return desc + _raised(self.dumps[r].get("error") or {}, r)
+
+    def chains(self) -> list[str]:
+        """The chains of waits, each ending at the rank holding the others up."""
+        chains = []
+        for r in self.ranks:
+            seen, cur = [r], r
+            while cur in self.dumps and self.at.get(cur) and self.at[cur].get("waiting_for") is not None \
+                    and len(seen) <= self.size:
+                cur = self.at[cur]["waiting_for"]
+                if cur in seen:
+                    break
+                seen.append(cur)
+            if len(seen) > 2:
+                chains.append(" -> ".join(map(str, seen)))
+        return chains
+
+
+def _raised(err: dict, r: int) -> str:
+    """What rank r's dump says it raised ("" if nothing)."""
+    if not err:
+        return ""
+    cause, origin = err.get("cause"), err.get("origin")
+    desc = f"; raised {err['type']}"
+    if origin is not None and origin != r:
+        desc += f" (rank {origin}'s {cause})" if cause else f" (from rank {origin})"
+    return desc
 
 
 def analyze(directory: str) -> str:

@@ -46,9 +46,9 @@ def info() -> dict:
 
 def _scheduling_line() -> str:
     """Whether ranks in different sessions can hand each other a core
-    (ringcomm/shm.py, split_scheduling)."""
+    (ringcomm/shm/host.py, split_scheduling)."""
     from . import shm
-    cores = shm._cores()
+    cores = shm.host.cores()
     if shm.sched_group() is None:
         return f"{cores} cores; tasks not grouped by session (autogroup off, or a cpu cgroup)"
     return (f"{cores} cores; the kernel groups tasks by session (autogroup): ranks in sessions of their own "

@@ -111,19 +111,9 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
         raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
     if not 0 <= rank < n:
         raise ValueError(f"rank {rank} out of range for n={n}")
-    size = vocab.itemsize(str(np.dtype(dtype)) if dtype not in vocab.NUMPY else dtype)
+    size = _itemsize(dtype)
     if collective in vocab.P2P:
-        # One message: `root` is the peer; a send books count elements sent
-        # to it, a receive as many received from it (under their own kinds).
-        if not 0 <= root < n or root == rank:
-            raise ValueError(f"{collective}: peer (root=) {root} must be another rank of 0..{n - 1}")
-        e = Expected()
-        nbytes = count * size
-        if collective == "send":
-            e.sent[root] = nbytes
-        else:
-            e.received[root] = nbytes
-        return e
+        return _p2p(collective, count, size, n, rank, root)
     if n == 1:
         return Expected()
     if (collective == "reduce" and algorithm == "shm" and single_copy_min is not None
@@ -144,36 +134,63 @@ def expected(collective: str, count: int, dtype: str, n: int, rank: int, root: i
     if collective in _ROOTED:
         return _ROOTED[collective](count, size, n, rank, root, algorithm, counts, splits)
     if algorithm == "naive":
-        if collective != "all_reduce":
-            raise ValueError("algorithm 'naive' exists for all_reduce only")
-        nbytes = count * size
-        if not nbytes:
-            return Expected()
-        if rank == 0:
-            peers = {p: nbytes for p in range(1, n)}
-            return Expected(dict(peers), dict(peers))
-        return Expected({0: nbytes}, {0: nbytes})
+        return _naive(collective, count, size, n, rank)
     if algorithm in ("recursive_doubling", "halving_doubling"):
         return _pairwise(collective, count, size, n, rank, algorithm)
     if algorithm in ("shm", "shm_flat", "zero_copy"):
         return _shared(collective, count, size, n, rank, root, algorithm)
     if algorithm != "ring":
         raise ValueError(f"unknown algorithm {algorithm!r}")
+    return _ring(collective, count, size, n, rank, root)
+
+
+def _itemsize(dtype) -> int:
+    return vocab.itemsize(str(np.dtype(dtype)) if dtype not in vocab.NUMPY else dtype)
+
+
+def _p2p(collective: str, count: int, size: int, n: int, rank: int, root: int) -> Expected:
+    """One message: `root` is the peer; a send books count elements sent to
+    it, a receive as many received from it (under their own kinds)."""
+    if not 0 <= root < n or root == rank:
+        raise ValueError(f"{collective}: peer (root=) {root} must be another rank of 0..{n - 1}")
+    e = Expected()
+    nbytes = count * size
+    if collective == "send":
+        e.sent[root] = nbytes
+    else:
+        e.received[root] = nbytes
+    return e
+
+
+def _naive(collective: str, count: int, size: int, n: int, rank: int) -> Expected:
+    """The master-centric all_reduce: rank 0 receives and sends the whole buffer once per other rank."""
+    if collective != "all_reduce":
+        raise ValueError("algorithm 'naive' exists for all_reduce only")
+    nbytes = count * size
+    if not nbytes:
+        return Expected()
+    if rank == 0:
+        peers = {p: nbytes for p in range(1, n)}
+        return Expected(dict(peers), dict(peers))
+    return Expected({0: nbytes}, {0: nbytes})
+
+
+# The ring, per collective: (elements sent to the right, received from the
+# left) of rank r, c(i) being chunk i's count; broadcast passes the buffer on.
+_RING = {
+    "reduce_scatter": lambda c, count, r, n, hop: (count - c(r), count - c(r - 1)),
+    "all_gather": lambda c, count, r, n, hop: (count - c(r + 1), count - c(r)),
+    "all_reduce": lambda c, count, r, n, hop: ((count - c(r)) + (count - c(r + 1)),
+                                               (count - c(r - 1)) + (count - c(r))),
+    "broadcast": lambda c, count, r, n, hop: (count if hop < n - 1 else 0, count if hop > 0 else 0),
+}
+
+
+def _ring(collective: str, count: int, size: int, n: int, rank: int, root: int) -> Expected:
     left, right = (rank - 1) % n, (rank + 1) % n
     c = lambda i: vocab.chunk_count(count, n, i % n)  # noqa: E731
-    if collective == "reduce_scatter":
-        out, inn = count - c(rank), count - c(rank - 1)
-    elif collective == "all_gather":
-        out, inn = count - c(rank + 1), count - c(rank)
-    elif collective == "all_reduce":
-        out = (count - c(rank)) + (count - c(rank + 1))
-        inn = (count - c(rank - 1)) + (count - c(rank))
-    elif collective == "broadcast":
-        hop = (rank - root) % n
-        out = count if hop < n - 1 else 0
-        inn = count if hop > 0 else 0
-    else:
-        out = inn = 0
+    form = _RING.get(collective)
+    out, inn = form(c, count, rank, n, (rank - root) % n) if form else (0, 0)
     sent = {right: out * size} if out else {}
     received = {left: inn * size} if inn else {}
     return Expected(sent, received)
@@ -200,19 +217,26 @@ def expected_hierarchical(count: int, dtype: str, hosts: list, rank: int, betwee
         intra = Expected({local[j]: b for j, b in e.sent.items()}, {local[j]: b for j, b in e.received.items()})
         part = vocab.chunk_count(count, L, li)
     elif collective in ("reduce_scatter", "all_gather"):
-        size = vocab.itemsize(str(np.dtype(dtype)) if dtype not in vocab.NUMPY else dtype)
-        parts = [sum(vocab.chunk_count(count, len(hosts), layout[h][j]) for h in range(len(order)))
-                 for j in range(L)]
-        # the direct halves over parts of these sizes (as _shared's over chunks)
-        theirs = {local[j]: parts[j] * size for j in range(L) if j != li and parts[j]}
-        mine = {local[j]: parts[li] * size for j in range(L) if j != li and parts[li]}
-        intra = Expected(theirs, mine) if collective == "reduce_scatter" else Expected(mine, theirs)
-        part = parts[li]
+        intra, part = _hierarchical_halves(collective, count, _itemsize(dtype), hosts, layout, (local, li))
     else:
         raise ValueError(f"no hierarchical {collective}: all_reduce, reduce_scatter and all_gather only")
     x = expected(collective, part, dtype, len(order), order.index(hosts[rank]), algorithm=between)
     inter = Expected({cross[j]: b for j, b in x.sent.items()}, {cross[j]: b for j, b in x.received.items()})
     return intra, inter
+
+
+def _hierarchical_halves(collective: str, count: int, size: int, hosts: list, layout: list, here: tuple) -> tuple:
+    """Inside a host, reduce_scatter's or all_gather's direct half over
+    parts (local index j's part: the chunks of the N that the ranks of
+    index j own), as _shared's over chunks; `here`: (this host's ranks, this
+    rank's local index). Returns (intra, this rank's part)."""
+    local, li = here
+    L = len(local)
+    parts = [sum(vocab.chunk_count(count, len(hosts), layout[h][j]) for h in range(len(layout))) for j in range(L)]
+    theirs = {local[j]: parts[j] * size for j in range(L) if j != li and parts[j]}
+    mine = {local[j]: parts[li] * size for j in range(L) if j != li and parts[li]}
+    intra = Expected(theirs, mine) if collective == "reduce_scatter" else Expected(mine, theirs)
+    return intra, parts[li]
 
 
 def _shared(collective: str, count: int, size: int, n: int, rank: int, root: int, algorithm: str) -> Expected:
@@ -222,29 +246,43 @@ def _shared(collective: str, count: int, size: int, n: int, rank: int, root: int
     input and r's reduced chunk r; the one-sync one: j reads all of r's
     input. reduce_scatter and all_gather are the direct one's halves; a
     broadcast's peers read the root's buffer."""
+    if algorithm == "shm_flat" and collective != "all_reduce":
+        raise ValueError("algorithm 'shm_flat' exists for all_reduce only")
+    form = _shared_flat if algorithm == "shm_flat" else _SHARED.get(collective)
+    if form is None:
+        raise ValueError(f"algorithm 'shm' does not run {collective}")
     c = lambda i: vocab.chunk_count(count, n, i)  # noqa: E731
-    peers = [j for j in range(n) if j != rank]
-    if algorithm == "shm_flat":
-        if collective != "all_reduce":
-            raise ValueError("algorithm 'shm_flat' exists for all_reduce only")
-        both = {j: count * size for j in peers if count}
-        return Expected(both, dict(both))
-    if collective == "all_reduce":
-        both = {j: (c(j) + c(rank)) * size for j in peers if c(j) + c(rank)}
-        return Expected(both, dict(both))
-    if collective == "reduce_scatter":
-        return Expected({j: c(j) * size for j in peers if c(j)}, {j: c(rank) * size for j in peers if c(rank)})
-    if collective == "all_gather":
-        return Expected({j: c(rank) * size for j in peers if c(rank)}, {j: c(j) * size for j in peers if c(j)})
-    if collective == "broadcast":
-        if not count:
-            return Expected()
-        if rank == root:
-            return Expected({j: count * size for j in peers}, {})
-        return Expected({}, {root: count * size})
-    if collective == "barrier":
+    return form(c, count, size, [j for j in range(n) if j != rank], rank, root)
+
+
+def _both(both: dict) -> Expected:
+    return Expected(both, dict(both))
+
+
+def _shared_broadcast(c, count, size, peers, rank, root) -> Expected:
+    if not count:
         return Expected()
-    raise ValueError(f"algorithm 'shm' does not run {collective}")
+    if rank == root:
+        return Expected({j: count * size for j in peers}, {})
+    return Expected({}, {root: count * size})
+
+
+def _shared_flat(c, count, size, peers, rank, root) -> Expected:
+    """shm_flat: every peer reads all of this rank's input."""
+    return _both({j: count * size for j in peers if count})
+
+
+# The window's collectives: what (c(i): chunk i's count) rank r books per peer.
+_SHARED = {
+    "all_reduce": lambda c, count, size, peers, r, root: _both(
+        {j: (c(j) + c(r)) * size for j in peers if c(j) + c(r)}),
+    "reduce_scatter": lambda c, count, size, peers, r, root: Expected(
+        {j: c(j) * size for j in peers if c(j)}, {j: c(r) * size for j in peers if c(r)}),
+    "all_gather": lambda c, count, size, peers, r, root: Expected(
+        {j: c(r) * size for j in peers if c(r)}, {j: c(j) * size for j in peers if c(j)}),
+    "broadcast": _shared_broadcast,
+    "barrier": lambda c, count, size, peers, r, root: Expected(),
+}
 
 
 def _pairwise(collective: str, count: int, size: int, n: int, rank: int, algorithm: str) -> Expected:

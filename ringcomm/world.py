@@ -12,9 +12,9 @@ import time
 import weakref
 from typing import Callable
 
-from . import config, quarantine
-from ._native import core
+from . import config, quarantine, transports
 from .comm import Communicator
+from .transports import local_rank  # noqa: F401  (world.local_rank, as before)
 from .errors import CommunicatorAborted, InvalidArgument, RingcommError, from_rank0
 
 __all__ = ["init", "run_local", "local_rank"]
@@ -36,17 +36,6 @@ def _close_mpi_comms() -> None:
             c.close()
         except RingcommError:
             pass
-
-
-def local_rank(comm, with_size: bool = False):
-    """This process's index among the ranks of `comm` on the same node
-    (and how many they are, with `with_size`)."""
-    from mpi4py import MPI
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return (node.Get_rank(), node.Get_size()) if with_size else node.Get_rank()
-    finally:
-        node.Free()
 
 
 def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | None = None,
@@ -109,53 +98,36 @@ def init(mpi_comm=None, *, device: str | int | None = None, timeout: float | Non
 
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     s = config.settings(timeout, segment_bytes, window, gpu=config.on_gpu(device))
-    from . import shm
-    if device is None and shm.mode(transport) == "ucx":  # UCX moves every message; MPI only swaps the addresses
-        from . import ucx
-        engine = ucx.make_engine(comm.allgather, comm.Get_rank(), comm.Get_size(), s)
-        label, shared = "ucx", shm.attach_mpi(engine, comm, transport, s)  # (no window: the pids watched)
-    elif device is None:
-        engine = core.mpi_engine(MPI._handleof(comm), s.timeout, s.segment_bytes, s.window)
-        label = "mpi"
-        shared = shm.attach_mpi(engine, comm, transport, s)
-    else:
-        from . import cuda
-        cuda.require()
-        local, on_node = local_rank(comm, with_size=True) if device == "cuda" else (0, 1)
-        gpu = _gpu_for(device, local, on_node)
-        engine = cuda._cuda.nccl_engine(MPI._handleof(comm), gpu, s.timeout, s.segment_bytes, s.window)
-        cuda._cuda.set_device(gpu)  # this process's arrays belong there (cupy and torch follow it)
-        label = "nccl"
-    c = Communicator(engine, s, label, index=next(_mpi_index))
-    if device is None and shared == "shm":  # comm.empty() makes the shared arena over this MPI communicator
-        c._arena_maker = lambda: shm.make_arena(engine.window, comm)
-    from .tuning import selection
-    # Rank 0's constants for everyone: all ranks must make the same choices.
-    c.set_costs(from_rank0(comm.bcast, comm.Get_rank() == 0, lambda: selection.costs_for(label, comm.Get_size()),
-                           "read the cost model"))
-    _mpi_comms.add(c)
+    launch = transports.Launch(comm, "mpi", s, device)
+    c = _assemble(transports.choose("mpi", device, transport), launch, transport, next(_mpi_index))
     _failfast.register(c, comm)  # a rank dying of an exception aborts c: its peers fail at once
     _singleton.notice_once(comm.Get_size())
     return c
 
 
-def _gpu_for(device, local: int, on_node: int) -> int:
-    """The GPU ordinal `device` means for the rank `local` of `on_node` on its host (NCCL: one GPU per rank)."""
-    from . import cuda
-    cuda.require()
-    if device == "cuda":
-        if on_node > cuda.device_count():
-            raise InvalidArgument(
-                f"{on_node} ranks on this node but {cuda.device_count()} GPU(s): NCCL needs one GPU per rank "
-                "(for several ranks on one GPU use run_local(n, fn, device='cuda'))")
-        gpu = local
-    elif isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda:")):
-        gpu = int(str(device).split(":")[-1])
-    else:
-        raise InvalidArgument(f"device must be None, 'cuda', 'cuda:K' or a GPU ordinal, got {device!r}")
-    if not 0 <= gpu < cuda.device_count():
-        raise InvalidArgument(f"GPU {gpu} does not exist here ({cuda.device_count()} GPU(s))")
-    return gpu
+def _assemble(row: transports.Transport, launch: transports.Launch, transport: str | None, index: int,
+              keep=None) -> Communicator:
+    """The communicator over `row`'s engine: what its ranks share (where the
+    row may have a window; the engine between hosts is the row's too), the
+    arena comm.empty() makes, rank 0's cost model for everyone (all ranks
+    must make the same choices). `keep`: what the communicator keeps alive
+    (a store bootstrap's group, hence its store)."""
+    engine = row.engine(launch)
+    group = launch.group
+    shared = None
+    if row.window:
+        from . import shm
+        shared = shm.attach(engine, group, transport, launch.settings,
+                            lambda cross: row.engine(transports.Launch(cross, launch.bootstrap, launch.settings)))
+    arena_maker = None
+    if row.arena and shared == "shm":  # comm.empty() makes the shared arena over the bootstrap group
+        arena_maker = lambda: shm.make_arena(engine.window, group)  # noqa: E731
+    c = Communicator(engine, launch.settings, row.label, index=index, arena_maker=arena_maker, keep=keep)
+    from .tuning import selection
+    c.set_costs(from_rank0(group.bcast, group.Get_rank() == 0,
+                           lambda: selection.costs_for(row.costs, group.Get_size()), "read the cost model"))
+    _mpi_comms.add(c)
+    return c
 
 
 def _next_use(store) -> int:
@@ -179,7 +151,7 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport, de
     shared memory (one host, or the hierarchy across hosts); with a device,
     the payload over NCCL (its unique id through the store, as torch does)
     and the control messages over UCX."""
-    from . import bootstrap as boot, shm, ucx
+    from . import bootstrap as boot
     s = config.settings(timeout, segment_bytes, window, gpu=config.on_gpu(device))
     if store is None:
         if rank is not None or size is not None:
@@ -190,97 +162,16 @@ def _init_store(store, rank, size, timeout, segment_bytes, window, transport, de
         store, rank, size = boot.env_store(s.timeout)
     elif rank is None or size is None:
         raise InvalidArgument("init(store=...) needs rank= and size= too")
-    if shm.mode(transport) == "mpi":
+    if transports.mode(transport) == "mpi":
         raise InvalidArgument("RINGCOMM_TRANSPORT=mpi needs an MPI launch (mpirun); a store bootstrap moves "
                               "messages with UCX (transport auto, shm or ucx)")
     # Keys under a prefix per communicator made on this store object (every
     # rank makes them in the same order): two communicators never share keys.
     use = _next_use(store)
     group = boot.StoreGroup(store, rank, size, s.timeout, prefix=f"ringcomm/comm{use}")
-    index = next(_store_index)
-    if device == "emulated-nccl":
-        return _init_store_emulated(group, s, index, float(jitter_us))
-    if device is not None:
-        return _init_store_device(group, device, s, index)
-    engine = ucx.make_engine(group.allgather, group.rank, group.size, s)
-    shared = shm.attach(engine, group, transport, s,
-                        lambda cross: ucx.make_engine(cross.allgather, cross.rank, cross.size, s))
-    c = Communicator(engine, s, "ucx", index=index)
-    if shared == "shm":
-        c._arena_maker = lambda: shm.make_arena(engine.window, group)
-    from .tuning import selection
-    c.set_costs(from_rank0(group.bcast, group.rank == 0, lambda: selection.costs_for("ucx", group.size),
-                           "read the cost model"))
-    c._bootstrap = group  # keeps the store alive as long as the communicator
-    _mpi_comms.add(c)
-    return c
-
-
-def _init_store_emulated(group, s, index, jitter_us: float) -> Communicator:
-    """The GPU store launch's structure on a CPU (device="emulated-nccl"):
-    control messages over UCX, the payload in NCCL-like groups on the
-    emulated device's transfer queue over a second UCX worker (whose
-    addresses go through the store where NCCL's unique id would)."""
-    from . import ucx
-    payload, payload_addresses = ucx.exchange(group.allgather, group.rank, group.size)
-    engine = ucx.make_engine(group.allgather, group.rank, group.size, s,
-                             lambda w, addresses: core.ucx_emulated_nccl_engine(
-                                 w, addresses, payload, payload_addresses, group.rank, s.timeout, s.segment_bytes,
-                                 s.window, jitter_us))
-    c = Communicator(engine, s, "ucx(emulated-nccl)", index=index)
-    from .tuning import selection
-    c.set_costs(from_rank0(group.bcast, group.rank == 0, lambda: selection.costs_for("ucx", group.size),
-                           "read the cost model"))
-    c._bootstrap = group
-    _mpi_comms.add(c)
-    return c
-
-
-def _init_store_device(group, device, s, index) -> Communicator:
-    from . import cuda, shm, ucx
-    keys = group.allgather(shm.host_key())
-    mine = [r for r, k in enumerate(keys) if k == keys[group.rank]]
-    gpu = _gpu_for(device, mine.index(group.rank), len(mine))
-    uid = from_rank0(group.bcast, group.rank == 0, lambda: bytes(cuda._cuda.nccl_unique_id()),
-                     "make NCCL's unique id")
-    engine = ucx.make_engine(group.allgather, group.rank, group.size, s,
-                             lambda w, addresses: cuda._cuda.nccl_engine_ucx(
-                                 w, addresses, group.rank, gpu, uid, s.timeout, s.segment_bytes, s.window),
-                             worker_maker=cuda._cuda.ucx_worker)
-    cuda._cuda.set_device(gpu)
-    c = Communicator(engine, s, "nccl", index=index)
-    from .tuning import selection
-    c.set_costs(from_rank0(group.bcast, group.rank == 0, lambda: selection.costs_for("nccl", group.size),
-                           "read the cost model"))
-    c._bootstrap = group
-    _mpi_comms.add(c)
-    return c
-
-
-def _local_engines(n: int, s: config.Settings, device, jitter_us: float) -> list:
-    if device is None or device == "emulated":
-        world = core.inproc_world(n)
-        engines = [core.inproc_engine(world, r, s.timeout, s.segment_bytes, s.window, device == "emulated",
-                                      float(jitter_us)) for r in range(n)]
-        if device is None:
-            from . import shm
-            shm.attach_local(engines)
-        return engines
-    if device == "emulated-nccl":
-        control, payload = core.inproc_world(n), core.inproc_world(n)
-        return [core.inproc_engine(control, r, s.timeout, s.segment_bytes, s.window, True, float(jitter_us),
-                                   payload) for r in range(n)]
-    if not (device == "cuda" or isinstance(device, (list, tuple)) and len(device) == n):
-        raise InvalidArgument(f"device must be None, 'emulated', 'cuda' or a list of {n} GPU ordinals, "
-                              f"got {device!r}")
-    from . import cuda
-    cuda.require()
-    count = cuda.device_count()
-    gpus = [r % count for r in range(n)] if device == "cuda" else [int(g) for g in device]
-    bad = [g for g in gpus if not 0 <= g < count]
-    if bad:
-        raise InvalidArgument(f"GPU(s) {bad} do not exist here ({count} GPU(s))")
-    return cuda._cuda.inproc_engines(gpus, s.timeout, s.segment_bytes, s.window)
+    launch = transports.Launch(group, "store", s, device, jitter_us)
+    return _assemble(transports.choose("store", device, transport), launch, transport, next(_store_index),
+                     keep=group)
 
 
 def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
@@ -311,17 +202,8 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
     if int(n) < 1:
         raise InvalidArgument(f"run_local needs at least one rank, got {n}")
     n = int(n)
-    s = config.settings(timeout, segment_bytes, window, gpu=config.on_gpu(device))
-    label = "inproc" if device is None else f"inproc({device if isinstance(device, str) else 'cuda'})"
-    engines = _local_engines(n, s, device, jitter_us)
-    for e in engines:
-        e.set_peers(engines)  # a timeout message then says what the awaited rank is doing
-    index = next(_local_index)
-    comms = [Communicator(e, s, label, index=index) for e in engines]
-    from .tuning import selection
-    costs = selection.costs_for("inproc" if device is None else label, n)
-    for c in comms:
-        c.set_costs(costs)
+    comms = _local_comms(n, config.settings(timeout, segment_bytes, window, gpu=config.on_gpu(device)), device,
+                         jitter_us)
     results: list = [None] * n
     errors: list = [None] * n
 
@@ -348,29 +230,59 @@ def run_local(n: int, fn: Callable, *args, timeout: float | None = None,
             while t.is_alive():  # join() with a timeout: the main thread stays responsive to Ctrl-C
                 t.join(0.1)
     except BaseException:  # KeyboardInterrupt: stop every rank, then re-raise
-        for c in comms:
-            with contextlib.suppress(RingcommError):
-                c.abort(wait=False)  # each rank's collective fails at once
-        # Ranks waiting in a collective end at once; a rank busy in its own
-        # code is not waited for (Ctrl-C must return promptly): its thread is
-        # a daemon, and its next collective raises CommunicatorAborted.
-        deadline = time.monotonic() + 0.15
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        for c, t in zip(comms, threads):
-            if not t.is_alive():
-                c.close()
+        _stop_ranks(comms, threads)
         raise
     records = {r: c.flight_record() for r, c in enumerate(comms)}
     for c in comms:
         c.close()
+    _raise_first(errors, records)
+    return results
+
+
+def _local_comms(n: int, s: config.Settings, device, jitter_us: float) -> list:
+    """The n in-process ranks' communicators, each knowing its peers, with
+    the cost model of auto."""
+    row = transports.choose_local(device, n)
+    engines = row.engine(transports.Launch(n, "local", s, device, jitter_us))
+    if row.window:
+        from . import shm
+        shm.attach_local(engines)
+    for e in engines:
+        e.set_peers(engines)  # a timeout message then says what the awaited rank is doing
+    index = next(_local_index)
+    comms = [Communicator(e, s, row.label, index=index) for e in engines]
+    from .tuning import selection
+    costs = selection.costs_for(row.costs, n)
+    for c in comms:
+        c.set_costs(costs)
+    return comms
+
+
+def _stop_ranks(comms: list, threads: list) -> None:
+    """Ctrl-C: every rank's collective fails at once. Ranks waiting in a
+    collective end at once; a rank busy in its own code is not waited for
+    (Ctrl-C must return promptly): its thread is a daemon, and its next
+    collective raises CommunicatorAborted."""
+    for c in comms:
+        with contextlib.suppress(RingcommError):
+            c.abort(wait=False)
+    deadline = time.monotonic() + 0.15
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    for c, t in zip(comms, threads):
+        if not t.is_alive():
+            c.close()
+
+
+def _raise_first(errors: list, records: dict) -> None:
+    """The lowest rank's exception (one other than CommunicatorAborted
+    first), with every rank's flight records attached."""
     first = next((e for e in errors if e is not None and not isinstance(e, CommunicatorAborted)), None)
     first = first or next((e for e in errors if e is not None), None)
     if first is not None:
         with contextlib.suppress(AttributeError, TypeError):
             first.flight_records = records
         raise first
-    return results
 
 
 def _at_exit() -> None:

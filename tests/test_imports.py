@@ -179,9 +179,9 @@ WINGS = {  # wing: the wings it may import
 CORE_EXCEPTIONS = {
     ("ringcomm.world", "ringcomm.tuning"): "init/run_local give every communicator the cost model of auto",
     ("ringcomm.comm", "ringcomm.tuning"): "Communicator.set_costs turns a model into the engine's limits",
-    ("ringcomm.shm", "ringcomm.tuning"): "the hierarchical path's engine between hosts gets auto's cost model too",
-    ("ringcomm.zero", "ringcomm.train"): "the public face of ZeRO (ringcomm.zero) names train.zero's API",
-    ("ringcomm.zero", "ringcomm.torch"): "... and torch.zero's TorchZero, on demand",
+    ("ringcomm.shm.window", "ringcomm.tuning"): "the hierarchical path's engine between hosts gets auto's cost model too",
+    ("ringcomm.zero", "ringcomm.train"): "the public face of ZeRO (ringcomm.zero) names train.zero_optimizer's API",
+    ("ringcomm.zero", "ringcomm.torch"): "... and torch.torch_zero's TorchZero, on demand",
     ("ringcomm.cli", "ringcomm.tuning"): "the command line starts tune, info",
     ("ringcomm.cli", "ringcomm.teach"): "... and demo",
     ("ringcomm.cli", "ringcomm.benchmark"): "... and bench",

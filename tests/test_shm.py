@@ -2125,7 +2125,7 @@ def test_empty_takes_torch_dtypes_and_refuses_what_cannot_fit():
 
 # ------------------------------------------------ ranks in separate scheduling groups
 def test_split_scheduling_needs_more_ranks_than_cores_and_different_groups(monkeypatch):
-    monkeypatch.setattr(shm_mod, "_cores", lambda: 2)
+    monkeypatch.setattr(shm_mod.host, "_cores", lambda: 2)  # (where split_scheduling reads it)
     assert shm_mod.split_scheduling(["/autogroup-1", "/autogroup-2", "/autogroup-3"])
     assert not shm_mod.split_scheduling(["/autogroup-1"] * 3)  # one session (mpirun)
     assert not shm_mod.split_scheduling(["/autogroup-1", "/autogroup-2"])  # a core each

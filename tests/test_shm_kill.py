@@ -325,14 +325,14 @@ def test_sigkill_at_random_moments_in_other_pid_namespaces_leaves_nothing_after_
 TERM_JOB = """
 import os, sys, time, torch.distributed as dist, ringcomm, ringcomm.shm as shm
 path, rank = sys.argv[1], int(sys.argv[2])
-by_name = shm._open_and_map
+by_name = shm.segment._open_and_map  # (the hand-shake: ringcomm/shm/segment.py)
 def die(path, *args):                     # rank 1 dies as it is about to open the named segment
     if not path.startswith("/dev/shm/"):
         return by_name(path, *args)       # (through /proc: fails, from another pid namespace)
     print("NAMED", path[len("/dev/shm"):], flush=True)
     time.sleep(0.5)
     os._exit(3)
-shm._open_and_map = die
+shm.segment._open_and_map = die
 print("STARTED", flush=True)
 ringcomm.init(store=dist.FileStore(path, 2), rank=rank, size=2, timeout=20)
 print("NO ERROR", flush=True)

@@ -353,7 +353,7 @@ TERM_JOB = textwrap.dedent("""
         def die(*args):                   # a rank that dies while mapping the window
             time.sleep(0.5)
             os._exit(3)
-        shm._open_and_map = die
+        shm.segment._open_and_map = die  # (the hand-shake: ringcomm/shm/segment.py)
     print("STARTED", flush=True)
     ringcomm.init(store=dist.FileStore(path, 2), rank=rank, size=2, timeout=20)
     print("NO ERROR", flush=True)

@@ -80,14 +80,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse(argv) -> argparse.Namespace:
     args = parser().parse_args(argv)
-    args.sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
-    args.modes = ["hot", "cold"] if args.mode == "both" else [args.mode]
-    args.cold_pool_bytes = parse_size(args.cold_pool) if args.cold_pool else None
-    if args.cold_pool_bytes is not None and args.cold_pool_bytes <= 0:
-        raise SystemExit(f"ringcomm bench: --cold-pool must be positive, got {args.cold_pool!r}")
-    if args.device == "cuda" and "cold" in args.modes:
-        raise SystemExit("ringcomm bench: --mode cold (or both) is for --device host: the pool is sized by the "
-                         "CPU's last-level cache")
+    _sizes_and_modes(args)
     args.ops = list(OPS) if args.op == "all" else args.op.split(",")
     args.dtypes = list(vocab.DTYPES) if args.datatype == "all" else args.datatype.split(",")
     args.collectives = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
@@ -99,18 +92,40 @@ def parse(argv) -> argparse.Namespace:
     if args.compare_algorithms:
         args.impl += [m for m in ("rc-ring", "rc-rd", "rc-hd") if m not in args.impl]
     if args.device == "cuda":
-        from .. import cuda
-        from ..errors import InvalidArgument
-        try:
-            import cupy  # noqa: F401
-            cuda.require()
-        except ImportError:
-            raise SystemExit("ringcomm bench: --device cuda needs cupy (pip install 'ringcomm[cuda13]')") from None
-        except InvalidArgument as exc:
-            raise SystemExit(f"ringcomm bench: --device cuda: {exc}") from None
-        if "bfloat16" in args.dtypes:
-            raise SystemExit("ringcomm bench: --device cuda uses cupy buffers, and cupy has no bfloat16; "
-                             "choose other dtypes")
+        _require_cupy(args)
+    _check_names(args)
+    return args
+
+
+def _sizes_and_modes(args) -> None:
+    args.sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    args.modes = ["hot", "cold"] if args.mode == "both" else [args.mode]
+    args.cold_pool_bytes = parse_size(args.cold_pool) if args.cold_pool else None
+    if args.cold_pool_bytes is not None and args.cold_pool_bytes <= 0:
+        raise SystemExit(f"ringcomm bench: --cold-pool must be positive, got {args.cold_pool!r}")
+    if args.device == "cuda" and "cold" in args.modes:
+        raise SystemExit("ringcomm bench: --mode cold (or both) is for --device host: the pool is sized by the "
+                         "CPU's last-level cache")
+
+
+def _require_cupy(args) -> None:
+    from .. import cuda
+    from ..errors import InvalidArgument
+    try:
+        import cupy  # noqa: F401
+        cuda.require()
+    except ImportError:
+        raise SystemExit("ringcomm bench: --device cuda needs cupy (pip install 'ringcomm[cuda13]')") from None
+    except InvalidArgument as exc:
+        raise SystemExit(f"ringcomm bench: --device cuda: {exc}") from None
+    if "bfloat16" in args.dtypes:
+        raise SystemExit("ringcomm bench: --device cuda uses cupy buffers, and cupy has no bfloat16; "
+                         "choose other dtypes")
+
+
+def _check_names(args) -> None:
+    """Every op, dtype, collective and implementation named exists, fits
+    the device, and each op fits a dtype where it reduces."""
     wrong_place = [m for m in args.impl if m in IMPLS and m not in DEVICE_IMPLS[args.device]]
     if wrong_place:
         raise SystemExit(f"ringcomm bench: {wrong_place} cannot run with --device {args.device}; "
@@ -120,6 +135,13 @@ def parse(argv) -> argparse.Namespace:
         bad = [v for v in vals if v not in ok]
         if bad:
             raise SystemExit(f"ringcomm bench: unknown {what} {bad}; expected one of {', '.join(ok)}")
+    _check_ops(args)
+    if args.device == "cuda" and any(c in NEW_COLLECTIVES for c in args.collectives):
+        raise SystemExit(f"ringcomm bench: --device cuda benchmarks {', '.join(RING_COLLECTIVES)} only "
+                         f"(not {', '.join(c for c in args.collectives if c in NEW_COLLECTIVES)})")
+
+
+def _check_ops(args) -> None:
     if any(c in REDUCING for c in args.collectives):
         # "all" runs each op with the dtypes it fits; an op named alone must fit one of them
         lone = [] if args.op == "all" else [op for op in args.ops
@@ -127,10 +149,6 @@ def parse(argv) -> argparse.Namespace:
         if lone:
             raise SystemExit(f"ringcomm bench: op {', '.join(lone)} fits none of the dtypes {', '.join(args.dtypes)} "
                              f"(avg: floating dtypes; band, bor, bxor: integer and bool dtypes)")
-    if args.device == "cuda" and any(c in NEW_COLLECTIVES for c in args.collectives):
-        raise SystemExit(f"ringcomm bench: --device cuda benchmarks {', '.join(RING_COLLECTIVES)} only "
-                         f"(not {', '.join(c for c in args.collectives if c in NEW_COLLECTIVES)})")
-    return args
 
 
 def run_mpi(argv=None) -> int:
@@ -146,46 +164,12 @@ def run_mpi(argv=None) -> int:
     tty = args.progress  # under mpirun stdout may be a pty even when piped: the launcher decides
     show = rank == 0 and not args.rows_only
     if show:
-        print(f"# ringcomm bench: n={n}, impls {','.join(i.name for i in bench.impls)}, mode {args.mode}, "
-              f"{args.reps} interleaved reps, the same barrier before every iteration of every impl, "
-              f"time = max over ranks, median [p10 p90]")
-        what = "host memcpy" if args.device == "host" else "device-to-device copy"
-        print(f"# memcpy row: the {what} of a buffer of the row's size by all {n} ranks at once, in the same "
-              f"mode and interleaving; GB/s per rank; /memcpy = busbw / that rate")
-    all_rows: list[dict] = []
+        _print_intro(args, n, bench)
     per_mode = len(args.collectives) * len(args.dtypes) * len(args.ops) * len(args.sizes)
-    total, done = per_mode * len(args.modes), 0
+    progress = _Progress(per_mode * len(args.modes), show, tty)
+    all_rows: list[dict] = []
     for mode in args.modes:
-        if mode == "cold":
-            bench.cold_pool()  # allocate and touch it before anything is timed
-        if show:
-            print(f"#\n# mode {mode}: {_mode_line(mode, bench)}")
-        for coll in args.collectives:
-            if show:
-                print(f"#\n# {coll} ({mode}){'':>{max(1, 56 - len(coll) - len(mode))}}out-of-place"
-                      f"{'':>44}in-place")
-                print("#" + HEADER[1:])
-            for dtype in args.dtypes:
-                for op in args.ops:
-                    if coll in REDUCING and not vocab.op_fits(dtype, op) or coll not in REDUCING and op != args.ops[0]:
-                        done += len(args.sizes)
-                        continue
-                    # the new data-movement collectives check with data of their own (op "none")
-                    data_op = "none" if coll in NEW_COLLECTIVES and coll not in REDUCING else op
-                    for nbytes in args.sizes:
-                        count, results = bench.measure(coll, nbytes, dtype, data_op, mode)
-                        rows = make_rows(coll, nbytes, count, dtype, op if coll in REDUCING else "none",
-                                         results, n, memcpy)
-                        all_rows += rows
-                        done += 1
-                        if show:
-                            if tty:
-                                print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
-                            print_size_block(rows)
-                            if tty:
-                                bar = int(30 * done / total)
-                                print(f"[{'#' * bar}{'.' * (30 - bar)}] {done}/{total}", end="", file=sys.stderr,
-                                      flush=True)
+        all_rows += _run_mode(args, bench, mode, (n, memcpy), progress)
     if rank == 0 and tty:
         print(file=sys.stderr)
     wrong = sum(r["wrong"] for r in all_rows) if args.check else 0
@@ -203,6 +187,71 @@ def run_mpi(argv=None) -> int:
     return int(w.bcast(1 if (wrong or ledger_bad) else 0))
 
 
+def _print_intro(args, n: int, bench: Bench) -> None:
+    print(f"# ringcomm bench: n={n}, impls {','.join(i.name for i in bench.impls)}, mode {args.mode}, "
+          f"{args.reps} interleaved reps, the same barrier before every iteration of every impl, "
+          f"time = max over ranks, median [p10 p90]")
+    what = "host memcpy" if args.device == "host" else "device-to-device copy"
+    print(f"# memcpy row: the {what} of a buffer of the row's size by all {n} ranks at once, in the same "
+          f"mode and interleaving; GB/s per rank; /memcpy = busbw / that rate")
+
+
+class _Progress:
+    """Rank 0's size blocks as they come, and a progress bar on stderr (tty)."""
+
+    def __init__(self, total: int, show: bool, tty: bool):
+        self.total, self.done, self.show, self.tty = total, 0, show, tty
+
+    def skip(self, k: int) -> None:
+        self.done += k
+
+    def rows(self, rows: list) -> None:
+        self.done += 1
+        if not self.show:
+            return
+        if self.tty:
+            print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+        print_size_block(rows)
+        if self.tty:
+            bar = int(30 * self.done / self.total)
+            print(f"[{'#' * bar}{'.' * (30 - bar)}] {self.done}/{self.total}", end="", file=sys.stderr, flush=True)
+
+
+def _run_mode(args, bench: Bench, mode: str, at: tuple, progress: _Progress) -> list:
+    """Every collective, dtype, op and size in `mode` ("hot" or "cold"); `at`: (n, memcpy)."""
+    if mode == "cold":
+        bench.cold_pool()  # allocate and touch it before anything is timed
+    if progress.show:
+        print(f"#\n# mode {mode}: {_mode_line(mode, bench)}")
+    rows: list[dict] = []
+    for coll in args.collectives:
+        if progress.show:
+            print(f"#\n# {coll} ({mode}){'':>{max(1, 56 - len(coll) - len(mode))}}out-of-place"
+                  f"{'':>44}in-place")
+            print("#" + HEADER[1:])
+        for dtype in args.dtypes:
+            for op in args.ops:
+                if coll in REDUCING and not vocab.op_fits(dtype, op) or coll not in REDUCING and op != args.ops[0]:
+                    progress.skip(len(args.sizes))
+                    continue
+                rows += _run_sizes(args, bench, (coll, dtype, op, mode), at, progress)
+    return rows
+
+
+def _run_sizes(args, bench: Bench, what: tuple, at: tuple, progress: _Progress) -> list:
+    coll, dtype, op, mode = what
+    n, memcpy = at
+    # the new data-movement collectives check with data of their own (op "none")
+    data_op = "none" if coll in NEW_COLLECTIVES and coll not in REDUCING else op
+    out: list[dict] = []
+    for nbytes in args.sizes:
+        count, results = bench.measure(coll, nbytes, dtype, data_op, mode)
+        rows = make_rows(coll, nbytes, count, dtype, op if coll in REDUCING else "none", results, n, memcpy)
+        out += rows
+        progress.rows(rows)
+    return out
+
+
 def _report(args, n, all_rows, wrong, ledger_bad, memcpy, cold) -> int:
     """Rank 0: the mpi-ring launch's rows, the footers per mode, --json,
     --plot; returns the wrong elements, the mpi-ring launch's included."""
@@ -211,33 +260,12 @@ def _report(args, n, all_rows, wrong, ledger_bad, memcpy, cold) -> int:
         all_rows += extra
         wrong += sum(r["wrong"] for r in extra) if args.check else 0
         if not args.rows_only:
-            print("# mpi-ring (separate launch with Open MPI's ring algorithms forced, its own memcpy "
-                  "reference):")
-            for mode in args.modes:
-                for coll in args.collectives:
-                    at = [r for r in extra if r["collective"] == coll and r.get("mode", "hot") == mode]
-                    if at:
-                        print(f"# {coll} ({mode})")
-                    for key in sorted({(r["dtype"], r["op"], r["size"]) for r in at}):
-                        print_size_block([r for r in at if (r["dtype"], r["op"], r["size"]) == key])
+            _print_extra(args, extra)
     lines: list[str] = []
-    by_mode: dict = {}
-    for mode in args.modes:
-        rows = [r for r in all_rows if r.get("mode", "hot") == mode]
-        if not args.rows_only:
-            if len(args.modes) > 1:
-                lines.append(f"# ---- mode {mode} ----")
-            models = fit_models(rows, n, lines)
-            if args.device == "host":
-                from ..tuning import selection  # what init() gave auto here (rank 0's constants)
-                models["all_reduce_algorithms"] = fit_algorithms(rows, n, lines, selection.costs_for("mpi", n))
-            summary = footer(rows, n, lines)
-            summary["busbw_per_memcpy"] = memcpy_table(rows, n, lines)
-        else:
-            models, summary = {}, {}
-        by_mode[mode] = {"models": models, "summary": summary}
-        if mode == "cold":
-            by_mode[mode]["cold"] = cold
+    by_mode = {mode: _mode_summary(args, n, mode, [r for r in all_rows if r.get("mode", "hot") == mode], lines)
+               for mode in args.modes}
+    if "cold" in by_mode:
+        by_mode["cold"]["cold"] = cold
     if not args.rows_only:
         lines.append(f"# out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
         if ledger_bad:
@@ -253,6 +281,33 @@ def _report(args, n, all_rows, wrong, ledger_bad, memcpy, cold) -> int:
     if args.plot and not args.rows_only:
         plot(all_rows, n, args.plot, f"ringcomm bench, n={n}, {platform.node()}")
     return wrong
+
+
+def _print_extra(args, extra: list) -> None:
+    print("# mpi-ring (separate launch with Open MPI's ring algorithms forced, its own memcpy "
+          "reference):")
+    for mode in args.modes:
+        for coll in args.collectives:
+            at = [r for r in extra if r["collective"] == coll and r.get("mode", "hot") == mode]
+            if at:
+                print(f"# {coll} ({mode})")
+            for key in sorted({(r["dtype"], r["op"], r["size"]) for r in at}):
+                print_size_block([r for r in at if (r["dtype"], r["op"], r["size"]) == key])
+
+
+def _mode_summary(args, n: int, mode: str, rows: list, lines: list) -> dict:
+    """One mode's fitted models and summary (their text appended to `lines`)."""
+    if args.rows_only:
+        return {"models": {}, "summary": {}}
+    if len(args.modes) > 1:
+        lines.append(f"# ---- mode {mode} ----")
+    models = fit_models(rows, n, lines)
+    if args.device == "host":
+        from ..tuning import selection  # what init() gave auto here (rank 0's constants)
+        models["all_reduce_algorithms"] = fit_algorithms(rows, n, lines, selection.costs_for("mpi", n))
+    summary = footer(rows, n, lines)
+    summary["busbw_per_memcpy"] = memcpy_table(rows, n, lines)
+    return {"models": models, "summary": summary}
 
 
 def _mode_line(mode: str, bench: Bench) -> str:
@@ -280,27 +335,7 @@ def cli_main(argv) -> int:
               "  -n/-N/--np NRANKS   ranks to launch (default 4); timed iterations are --iters\n")
         parser().print_help()
         return 0
-    nranks, rest, i = 4, [], 0
-    while i < len(argv):
-        flag, _, value = argv[i].partition("=")
-        if flag in RANK_FLAGS:
-            if not value:
-                if i + 1 >= len(argv):
-                    raise SystemExit(f"ringcomm bench: {flag} needs a number of ranks")
-                value, i = argv[i + 1], i + 1
-            try:
-                nranks = int(value)
-            except ValueError:
-                raise SystemExit(f"ringcomm bench: {flag} takes a number of ranks, got {value!r}") from None
-            if nranks < 1:
-                raise SystemExit(f"ringcomm bench: {flag} must be at least 1, got {nranks}")
-            if nranks > 4 * (os.cpu_count() or 1):
-                print(f"ringcomm bench: {flag} {nranks} launches {nranks} ranks on {os.cpu_count()} cores "
-                      "(-n counts ranks; the timed iterations are --iters)", file=sys.stderr)
-            i += 1
-            continue
-        rest.append(argv[i])
-        i += 1
+    nranks, rest = _split_ranks(argv)
     args = parse(rest)  # validate before launching anything
     if sys.stdout.isatty() and "--progress" not in rest:
         rest.append("--progress")
@@ -312,22 +347,59 @@ def cli_main(argv) -> int:
             main_args = _replace_flag(rest, "--impl", ",".join(m for m in args.impl if m != "mpi-ring"))
         elif "mpi-ring" in args.impl:
             ring_json = os.path.join(tmp, "ring.json")
-            ring_args = _replace_flag(rest, "--impl", "mpi-ring") + ["--json", ring_json, "--rows-only"]
-            ring_args = _drop_flag(ring_args, "--plot")
-            ring_args = [x for x in ring_args if x != "--compare-algorithms"]  # that launch runs mpi-ring only
-            ring_args = _replace_flag(ring_args, "--collective", ",".join(ring_colls))
-            mca = []
-            for coll in ring_colls:
-                mca += ["--mca", *RING_MCA[coll]]
-            cmd = mpirun_command(nranks, [sys.executable, "-m", "ringcomm.benchmark", *ring_args],
-                                 ["--mca", "coll_tuned_use_dynamic_rules", "1", *mca])
-            rc = subprocess.call(cmd, env=env)
+            rc = _launch_mpi_ring(nranks, rest, ring_colls, ring_json, env)
             if rc != 0:
                 return rc
             others = [m for m in args.impl if m != "mpi-ring"]
             main_args = _replace_flag(rest, "--impl", ",".join(others)) + ["--extra-json", ring_json]
         cmd = mpirun_command(nranks, [sys.executable, "-m", "ringcomm.benchmark", *main_args])
         return subprocess.call(cmd, env=env)
+
+
+def _split_ranks(argv) -> tuple[int, list]:
+    """(the ranks -n/-N/--np/--nranks asks for, default 4; the other arguments)."""
+    nranks, rest, i = 4, [], 0
+    while i < len(argv):
+        flag, _, value = argv[i].partition("=")
+        if flag not in RANK_FLAGS:
+            rest.append(argv[i])
+            i += 1
+            continue
+        if not value:
+            if i + 1 >= len(argv):
+                raise SystemExit(f"ringcomm bench: {flag} needs a number of ranks")
+            value, i = argv[i + 1], i + 1
+        nranks = _ranks(flag, value)
+        i += 1
+    return nranks, rest
+
+
+def _ranks(flag: str, value: str) -> int:
+    try:
+        nranks = int(value)
+    except ValueError:
+        raise SystemExit(f"ringcomm bench: {flag} takes a number of ranks, got {value!r}") from None
+    if nranks < 1:
+        raise SystemExit(f"ringcomm bench: {flag} must be at least 1, got {nranks}")
+    if nranks > 4 * (os.cpu_count() or 1):
+        print(f"ringcomm bench: {flag} {nranks} launches {nranks} ranks on {os.cpu_count()} cores "
+              "(-n counts ranks; the timed iterations are --iters)", file=sys.stderr)
+    return nranks
+
+
+def _launch_mpi_ring(nranks: int, rest: list, ring_colls: list, ring_json: str, env: dict) -> int:
+    """The mpi-ring launch: Open MPI's ring algorithms forced by MCA
+    parameters, its rows into `ring_json`."""
+    ring_args = _replace_flag(rest, "--impl", "mpi-ring") + ["--json", ring_json, "--rows-only"]
+    ring_args = _drop_flag(ring_args, "--plot")
+    ring_args = [x for x in ring_args if x != "--compare-algorithms"]  # that launch runs mpi-ring only
+    ring_args = _replace_flag(ring_args, "--collective", ",".join(ring_colls))
+    mca = []
+    for coll in ring_colls:
+        mca += ["--mca", *RING_MCA[coll]]
+    cmd = mpirun_command(nranks, [sys.executable, "-m", "ringcomm.benchmark", *ring_args],
+                         ["--mca", "coll_tuned_use_dynamic_rules", "1", *mca])
+    return subprocess.call(cmd, env=env)
 
 
 def _replace_flag(argv, flag, value):

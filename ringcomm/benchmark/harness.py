@@ -321,33 +321,7 @@ class Bench:
         pool = self.cold_pool() if mode == "cold" else None
         results, ref_samples = {}, []
         for inplace in (False, True):
-            cases = {}
-            # One pair of buffers for every implementation: arrays allocated
-            # apart lie apart (glibc's heap or mmap, at varying 2 MiB offsets),
-            # so in transparent huge pages to varying extents, and the kernel
-            # copies between processes (single copy, Open MPI's CMA) pin every
-            # 4 KiB page (bench/README.md, "--mode hot").
-            shared = self.alloc(coll, count, dtype, op, inplace)
-            for impl in self.impls:
-                c = dataclasses.replace(shared)  # (its own Case: an impl may keep views in it)
-                if not impl.supports(c):
-                    continue
-                # correctness, outside the timed loop (on the shared buffers, not the pool's)
-                self.fill(c, impl)
-                impl.run(c)
-                wrong = self.w.allreduce(self.count_wrong(c, impl))
-                sent = expected = algorithm = None
-                if isinstance(impl, RingcommImpl):
-                    self.fill(c, impl)
-                    sent = self.w.allreduce(impl.sent_bytes(c), op=_mpi_max())
-                    algorithm = impl.last_algorithm  # what ran (auto's choice), alike on every rank
-                    window = getattr(impl.comm._engine, "window", None)
-                    limit = window.single_copy_min if window is not None else None
-                    expected = max(expected_sent(coll, count, dtype, self.n, r, algorithm, limit) for r in range(self.n))
-                cases[impl.name] = (impl, c, wrong, sent, expected, algorithm)
-            if cases:  # the reference: every rank copies the full buffer at once
-                cases[self.memcpy.name] = (self.memcpy, self.alloc("memcpy", count, dtype, op, False),
-                                           0, None, None, None)
+            cases = self._checked_cases(coll, count, dtype, op, inplace)
 
             def next_case(name, coll_of):
                 """hot: the case's own buffers; cold: the pool's next slot."""
@@ -358,29 +332,8 @@ class Bench:
                 return lambda: self.alloc(coll_of, count, dtype, op, inplace, pool_offset=pool.take(slot))
 
             feeds = {name: next_case(name, "memcpy" if name == self.memcpy.name else coll) for name in cases}
-            # Warm-up, and each implementation's iteration count: about
-            # --target-ms a repetition each (the estimate is the slowest rank's,
-            # so every rank counts alike). From the slowest implementation's
-            # time, gloo's, the others ran about 5 iterations a repetition at
-            # 4 MiB, in which what the block before left (the memcpy's dirty
-            # lines) weighed: listed first, ringcomm lost to Open MPI by up to
-            # 1.4x, listed second it won (bench/README.md, "--mode hot").
-            iters = {}
-            for name, (impl, *_) in cases.items():
-                if self.args.warmup:
-                    self.timed(impl, feeds[name], self.args.warmup)
-                est = self.timed(impl, feeds[name], 1)
-                iters[name] = self.args.iters or max(1, min(1000, int(self.args.target_ms * 1e-3 / max(est, 1e-7))))
-            samples = {name: [] for name in cases}
-            names = list(cases)
-            for rep in range(self.args.reps):
-                order = names[rep % len(names):] + names[:rep % len(names)] if names else []
-                for name in order:
-                    # One untimed call first: the caches as this implementation
-                    # leaves them, not as the one before (the memcpy, on its own
-                    # buffers; or another on the same ones) did.
-                    self.timed(cases[name][0], feeds[name], 1)
-                    samples[name].append(self.timed(cases[name][0], feeds[name], iters[name]))
+            iters = self._iterations(cases, feeds)
+            samples = self._interleaved(cases, feeds, iters)
             for name, (_, _, wrong, sent, expected, algorithm) in cases.items():
                 if name == self.memcpy.name:
                     ref_samples += samples[name]
@@ -392,6 +345,69 @@ class Bench:
             results[(self.memcpy.name, False)] = dict(summarize(ref_samples), wrong=0, sent=None, expected=None,
                                                       iters=None, algorithm=None, mode=mode)
         return count, results
+
+    def _checked_cases(self, coll, count, dtype, op, inplace) -> dict:
+        """Each implementation that runs this call, checked once outside the
+        timed loop: name -> (impl, case, wrong elements, bytes sent, bytes
+        expected, algorithm); and the memcpy reference where any runs."""
+        cases = {}
+        # One pair of buffers for every implementation: arrays allocated
+        # apart lie apart (glibc's heap or mmap, at varying 2 MiB offsets),
+        # so in transparent huge pages to varying extents, and the kernel
+        # copies between processes (single copy, Open MPI's CMA) pin every
+        # 4 KiB page (bench/README.md, "--mode hot").
+        shared = self.alloc(coll, count, dtype, op, inplace)
+        for impl in self.impls:
+            c = dataclasses.replace(shared)  # (its own Case: an impl may keep views in it)
+            if not impl.supports(c):
+                continue
+            # correctness, outside the timed loop (on the shared buffers, not the pool's)
+            self.fill(c, impl)
+            impl.run(c)
+            wrong = self.w.allreduce(self.count_wrong(c, impl))
+            sent = expected = algorithm = None
+            if isinstance(impl, RingcommImpl):
+                self.fill(c, impl)
+                sent = self.w.allreduce(impl.sent_bytes(c), op=_mpi_max())
+                algorithm = impl.last_algorithm  # what ran (auto's choice), alike on every rank
+                window = getattr(impl.comm._engine, "window", None)
+                limit = window.single_copy_min if window is not None else None
+                expected = max(expected_sent(coll, count, dtype, self.n, r, algorithm, limit) for r in range(self.n))
+            cases[impl.name] = (impl, c, wrong, sent, expected, algorithm)
+        if cases:  # the reference: every rank copies the full buffer at once
+            cases[self.memcpy.name] = (self.memcpy, self.alloc("memcpy", count, dtype, op, False),
+                                       0, None, None, None)
+        return cases
+
+    def _iterations(self, cases: dict, feeds: dict) -> dict:
+        """Warm-up, and each implementation's iteration count: about
+        --target-ms a repetition each (the estimate is the slowest rank's,
+        so every rank counts alike). From the slowest implementation's
+        time, gloo's, the others ran about 5 iterations a repetition at
+        4 MiB, in which what the block before left (the memcpy's dirty
+        lines) weighed: listed first, ringcomm lost to Open MPI by up to
+        1.4x, listed second it won (bench/README.md, "--mode hot")."""
+        iters = {}
+        for name, (impl, *_) in cases.items():
+            if self.args.warmup:
+                self.timed(impl, feeds[name], self.args.warmup)
+            est = self.timed(impl, feeds[name], 1)
+            iters[name] = self.args.iters or max(1, min(1000, int(self.args.target_ms * 1e-3 / max(est, 1e-7))))
+        return iters
+
+    def _interleaved(self, cases: dict, feeds: dict, iters: dict) -> dict:
+        """The repetitions, the implementations in a rotating order: name -> seconds per repetition."""
+        samples = {name: [] for name in cases}
+        names = list(cases)
+        for rep in range(self.args.reps):
+            order = names[rep % len(names):] + names[:rep % len(names)] if names else []
+            for name in order:
+                # One untimed call first: the caches as this implementation
+                # leaves them, not as the one before (the memcpy, on its own
+                # buffers; or another on the same ones) did.
+                self.timed(cases[name][0], feeds[name], 1)
+                samples[name].append(self.timed(cases[name][0], feeds[name], iters[name]))
+        return samples
 
     def cold_info(self) -> dict | None:
         """What the cold pool is (None before cold mode ran)."""

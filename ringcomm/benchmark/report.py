@@ -137,21 +137,25 @@ def memcpy_table(rows: list[dict], n: int, lines: list[str]) -> dict:
         for key in keys:
             at = {(r["impl"], r["inplace"]): r for r in sel if (r["size"], r["dtype"], r["op"]) == key}
             o_ref = next((r for (m, ip), r in at.items() if not ip), None) or next(iter(at.values()))
-            cells = []
-            for m in impls:
-                o, i = at.get((m, False)), at.get((m, True))
-                cell = (f"{o['busbw_per_memcpy']:.2f}" if o else "-") + (f" ({i['busbw_per_memcpy']:.2f})" if i else "")
-                if any(r is not None and r["memcpy_gbps"] != o_ref["memcpy_gbps"] for r in (o, i)):
-                    cell += "*"
-                    own.add(m)
-                cells.append(f"{cell:>15}")
-                out.setdefault(coll, {}).setdefault(m, {})[f"{key[0]}/{key[1]}/{key[2]}"] = {
-                    "out_of_place": o["busbw_per_memcpy"] if o else None,
-                    "in_place": i["busbw_per_memcpy"] if i else None}
+            cells = [_memcpy_cell(at, m, o_ref, out.setdefault(coll, {}).setdefault(m, {}), key, own) for m in impls]
             lines.append(f"#   {fmt_size(key[0]):>9} {o_ref['memcpy_gbps']:12.2f} " + " ".join(cells))
         if own:
             lines.append(f"#   * {', '.join(sorted(own))}: against the memcpy of its own launch (its table above)")
     return out
+
+
+def _memcpy_cell(at: dict, m: str, o_ref: dict, into: dict, key: tuple, own: set) -> str:
+    """Implementation m's cell of one size: busbw / memcpy out of place (in
+    place), "*" where measured against another launch's memcpy (added to
+    `own`); the numbers also go into `into`."""
+    o, i = at.get((m, False)), at.get((m, True))
+    cell = (f"{o['busbw_per_memcpy']:.2f}" if o else "-") + (f" ({i['busbw_per_memcpy']:.2f})" if i else "")
+    if any(r is not None and r["memcpy_gbps"] != o_ref["memcpy_gbps"] for r in (o, i)):
+        cell += "*"
+        own.add(m)
+    into[f"{key[0]}/{key[1]}/{key[2]}"] = {"out_of_place": o["busbw_per_memcpy"] if o else None,
+                                           "in_place": i["busbw_per_memcpy"] if i else None}
+    return f"{cell:>15}"
 
 
 def footer(rows: list[dict], n: int, lines: list[str]) -> dict:
@@ -165,21 +169,7 @@ def footer(rows: list[dict], n: int, lines: list[str]) -> dict:
         avg = {m: float(np.mean([r["busbw_gbps"] for r in sel if r["impl"] == m])) for m in impls}
         lines.append(f"# {coll}: average busbw (out-of-place, all sizes): "
                      + ", ".join(f"{m} {v:.2f} GB/s" for m, v in avg.items()))
-        ratios = {}
-        for m in impls:
-            if m == "ringcomm":
-                continue
-            # ratio over the sizes both ran, per size then geometric mean
-            per = []
-            for r in sel:
-                if r["impl"] != "ringcomm":
-                    continue
-                other = [o for o in sel if o["impl"] == m and o["size"] == r["size"] and o["dtype"] == r["dtype"]
-                         and o["op"] == r["op"]]
-                if other:
-                    per.append(r["busbw_gbps"] / other[0]["busbw_gbps"])
-            if per:
-                ratios[m] = float(np.exp(np.mean(np.log(per))))
+        ratios = _busbw_ratios(sel, impls)
         if ratios:
             lines.append(f"# {coll}: ringcomm busbw / baseline (geometric mean over sizes): "
                          + ", ".join(f"vs {m} {v:.2f}x" for m, v in ratios.items()))
@@ -189,6 +179,26 @@ def footer(rows: list[dict], n: int, lines: list[str]) -> dict:
                          + ", ".join(f"vs {m} {v:.2f}x" for m, v in big.items()))
         summary[coll] = {"avg_busbw": avg, "ratio": ratios, "worst_speedup_from_1MiB": big}
     return summary
+
+
+def _busbw_ratios(sel: list[dict], impls) -> dict:
+    """Per baseline: ringcomm's busbw over its, over the sizes both ran, per
+    size then the geometric mean."""
+    ratios = {}
+    for m in impls:
+        if m == "ringcomm":
+            continue
+        per = []
+        for r in sel:
+            if r["impl"] != "ringcomm":
+                continue
+            other = [o for o in sel if o["impl"] == m and o["size"] == r["size"] and o["dtype"] == r["dtype"]
+                     and o["op"] == r["op"]]
+            if other:
+                per.append(r["busbw_gbps"] / other[0]["busbw_gbps"])
+        if per:
+            ratios[m] = float(np.exp(np.mean(np.log(per))))
+    return ratios
 
 
 def _ratios_from(sel: list[dict], impls, min_size: int) -> dict:
@@ -227,45 +237,54 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
     others = sorted({r["algorithm"] for r in everything} - set(selection.ALGORITHMS))
     if others:
         lines.append(f"#   not in this fit (the model has no terms for them): {', '.join(others)}")
-    try:  # what auto would choose by this run's own times (as if `ringcomm tune` had measured them)
-        first = (sel[0]["dtype"], sel[0]["op"])  # one dtype and op: the times of one kind of call
-        here = selection.Measured.from_rows(
-            [p for p, r in zip(pts, sel) if r["impl"].startswith("rc-") and (r["dtype"], r["op"]) == first], n)
-    except ValueError:
-        here = None
-    if here is not None:
-        mrd, mhd = selection.auto_limits(here, n)
-        out.update(measured_rd_max=mrd, measured_hd_max=mhd)
-        lines.append(f"#   by this run's times (forced algorithms), auto would run recursive doubling up to {mrd} B, "
-                     f"halving-doubling up to {mhd} B, the ring above")
+    _measured_limits(pts, sel, n, out, lines)
     if comm_costs is not None:
         rd_, hd_ = selection.auto_limits(comm_costs, n)
         lines.append(f"#   auto ran by: {comm_costs} (recursive doubling up to {rd_} B, halving-doubling up to "
                      f"{hd_} B, the ring above): the constants auto used in this run, built-in defaults until "
                      f"`ringcomm tune` has fitted them on this machine; the fit above is this run's, not used")
+    forced = sorted({r["impl"] for r in sel if r["impl"].startswith("rc-")})
+    if forced:
+        _auto_against_forced(everything, forced, out, lines)
+    return out
+
+
+def _measured_limits(pts: list, sel: list, n: int, out: dict, lines: list) -> None:
+    """What auto would choose by this run's own times (as if `ringcomm tune` had measured them)."""
+    try:
+        first = (sel[0]["dtype"], sel[0]["op"])  # one dtype and op: the times of one kind of call
+        here = selection.Measured.from_rows(
+            [p for p, r in zip(pts, sel) if r["impl"].startswith("rc-") and (r["dtype"], r["op"]) == first], n)
+    except ValueError:
+        return
+    mrd, mhd = selection.auto_limits(here, n)
+    out.update(measured_rd_max=mrd, measured_hd_max=mhd)
+    lines.append(f"#   by this run's times (forced algorithms), auto would run recursive doubling up to {mrd} B, "
+                 f"halving-doubling up to {mhd} B, the ring above")
+
+
+def _auto_against_forced(everything: list, forced: list, out: dict, lines: list) -> None:
+    """Per size: what auto ran, its time, each forced algorithm's, and auto over the best."""
     by_size: dict = {}
     for r in everything:
         by_size.setdefault((r["dtype"], r["op"], r["size"]), {})[r["impl"]] = r
-    forced = sorted({r["impl"] for r in sel if r["impl"].startswith("rc-")})
-    if forced:
-        lines.append(f"#   {'size':>9} {'auto ran':>8} {'auto(us)':>9} " + " ".join(f"{m:>8}" for m in forced)
-                     + f" {'best':>6} {'auto/best':>9}")
-        worst = []
-        for (_, _, size), impls in sorted(by_size.items(), key=lambda kv: kv[0][2]):
-            auto = impls.get("ringcomm")
-            times = {m: impls[m]["time_us"] for m in forced if m in impls}
-            if not auto or not times:
-                continue
-            best = min(times, key=times.get)
-            ratio = auto["time_us"] / times[best]
-            worst.append(ratio)
-            lines.append(f"#   {fmt_size(size):>9} {SHORT.get(auto['algorithm'], '?'):>8} {auto['time_us']:9.1f} "
-                         + " ".join(f"{times[m]:8.1f}" if m in times else f"{'-':>8}" for m in forced)
-                         + f" {best:>6} {ratio:9.2f}")
-        if worst:
-            out["auto_over_best_max"] = max(worst)
-            lines.append(f"#   auto / best forced algorithm: at most {max(worst):.2f} (median {np.median(worst):.2f})")
-    return out
+    lines.append(f"#   {'size':>9} {'auto ran':>8} {'auto(us)':>9} " + " ".join(f"{m:>8}" for m in forced)
+                 + f" {'best':>6} {'auto/best':>9}")
+    worst = []
+    for (_, _, size), impls in sorted(by_size.items(), key=lambda kv: kv[0][2]):
+        auto = impls.get("ringcomm")
+        times = {m: impls[m]["time_us"] for m in forced if m in impls}
+        if not auto or not times:
+            continue
+        best = min(times, key=times.get)
+        ratio = auto["time_us"] / times[best]
+        worst.append(ratio)
+        lines.append(f"#   {fmt_size(size):>9} {SHORT.get(auto['algorithm'], '?'):>8} {auto['time_us']:9.1f} "
+                     + " ".join(f"{times[m]:8.1f}" if m in times else f"{'-':>8}" for m in forced)
+                     + f" {best:>6} {ratio:9.2f}")
+    if worst:
+        out["auto_over_best_max"] = max(worst)
+        lines.append(f"#   auto / best forced algorithm: at most {max(worst):.2f} (median {np.median(worst):.2f})")
 
 
 def fit_models(rows: list[dict], n: int, lines: list[str]) -> dict:
@@ -304,41 +323,54 @@ def plot(rows: list[dict], n: int, path: str, title: str) -> None:
     colls = [c for c in COLLECTIVES if any(r["collective"] == c for r in rows)]
     fig, axes = plt.subplots(1, len(colls), figsize=(6 * len(colls), 4.5), squeeze=False)
     for ax, coll in zip(axes[0], colls):
-        sel = [r for r in rows if r["collective"] == coll and not r["inplace"]]
-        modes = sorted({r.get("mode", "hot") for r in sel}, key=lambda m: m != "hot")
-        impls = sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x))
-        color = {m: f"C{k}" for k, m in enumerate(impls)}
-        for mode in modes:
-            style = "-" if mode == "hot" else ":"
-            tag = f" ({mode})" if len(modes) > 1 else ""
-            at_mode = [r for r in sel if r.get("mode", "hot") == mode]
-            for impl in impls:
-                pts = sorted((r["size"], r["busbw_gbps"]) for r in at_mode if r["impl"] == impl)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color[impl], marker="o",
-                            label=impl + tag)
-            ref: dict = {}
-            for r in at_mode:  # the main launch's reference (its rows come first; mpi-ring's launch has its own)
-                if r.get("memcpy_gbps"):
-                    ref.setdefault(r["size"], r["memcpy_gbps"])
-            if ref:
-                pts = sorted(ref.items())
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "k" + style, linewidth=2,
-                        label=f"memcpy, {n} ranks at once{tag}")
-            mod = sorted((r["size"], r["size"] / (r["model_us"] * 1e-6) / 1e9 * bus_factor(coll, n))
-                         for r in at_mode if r["impl"] == "ringcomm" and "model_us" in r)
-            if mod:
-                ax.plot([p[0] for p in mod], [p[1] for p in mod], "--" if mode == "hot" else "-.", color="grey",
-                        label=f"ringcomm alpha-beta model{tag}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("buffer size (bytes)")
-        ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"{coll}, n={n}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, ncol=2 if len(modes) > 1 else 1)
+        _plot_collective(ax, coll, rows, n)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _plot_collective(ax, coll: str, rows: list[dict], n: int) -> None:
+    sel = [r for r in rows if r["collective"] == coll and not r["inplace"]]
+    modes = sorted({r.get("mode", "hot") for r in sel}, key=lambda m: m != "hot")
+    impls = sorted({r["impl"] for r in sel}, key=lambda x: (x != "ringcomm", x))
+    color = {m: f"C{k}" for k, m in enumerate(impls)}
+    for mode in modes:
+        _plot_mode(ax, coll, [r for r in sel if r.get("mode", "hot") == mode], (mode, len(modes) > 1), color, n)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("buffer size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"{coll}, n={n}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2 if len(modes) > 1 else 1)
+
+
+def _plot_mode(ax, coll: str, at_mode: list[dict], how: tuple, color: dict, n: int) -> None:
+    """One mode's lines: each implementation, the memcpy reference, ringcomm's model."""
+    mode, several = how
+    style = "-" if mode == "hot" else ":"
+    tag = f" ({mode})" if several else ""
+    for impl in color:
+        pts = sorted((r["size"], r["busbw_gbps"]) for r in at_mode if r["impl"] == impl)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color[impl], marker="o",
+                    label=impl + tag)
+    ref: dict = {}
+    for r in at_mode:  # the main launch's reference (its rows come first; mpi-ring's launch has its own)
+        if r.get("memcpy_gbps"):
+            ref.setdefault(r["size"], r["memcpy_gbps"])
+    if ref:
+        pts = sorted(ref.items())
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "k" + style, linewidth=2,
+                label=f"memcpy, {n} ranks at once{tag}")
+    _plot_model(ax, coll, at_mode, mode, tag, n)
+
+
+def _plot_model(ax, coll: str, at_mode: list[dict], mode: str, tag: str, n: int) -> None:
+    mod = sorted((r["size"], r["size"] / (r["model_us"] * 1e-6) / 1e9 * bus_factor(coll, n))
+                 for r in at_mode if r["impl"] == "ringcomm" and "model_us" in r)
+    if mod:
+        ax.plot([p[0] for p in mod], [p[1] for p in mod], "--" if mode == "hot" else "-.", color="grey",
+                label=f"ringcomm alpha-beta model{tag}")
 
 
 def machine_info() -> dict:

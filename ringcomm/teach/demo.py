@@ -285,14 +285,7 @@ def scaling(max_n: int, nbytes: int, mpi_max: int, reps: int, out=sys.stdout, pn
     sizes = sorted({1 << 10, nbytes, 1 << 20})
     p(f"ring all_reduce: time against N (median of {reps}, slowest rank), sizes {', '.join(map(str, sizes))} B")
     p(f"{'N':>5} " + " ".join(f"{f'{s} B in-proc':>14}" for s in sizes) + f" {f'{nbytes} B MPI':>14}")
-    meas, mpi = {}, {}
-    for k in ns:
-        for s in sizes:
-            meas[(k, s)] = time_allreduce_inproc(k, s, reps)
-        if k <= mpi_max:
-            mpi[k] = time_allreduce_mpi(k, nbytes, reps)
-        p(f"{k:>5} " + " ".join(f"{meas[(k, s)] * 1e6:14.1f}" for s in sizes)
-          + (f" {mpi[k] * 1e6:14.1f}" if k in mpi else ""))
+    meas, mpi = _measure_scaling(ns, sizes, (nbytes, mpi_max, reps), p)
     pts = list(meas)
     model = costmodel.fit("all_reduce", [k for k, _ in pts], [s for _, s in pts], [meas[q] for q in pts])
     p(f"\nalpha-beta fit (in-process ranks, all sizes): alpha = {model.alpha * 1e6:.2f} us per step, "
@@ -302,43 +295,65 @@ def scaling(max_n: int, nbytes: int, mpi_max: int, reps: int, out=sys.stdout, pn
     p("T(N) = 2(N-1) alpha  +  2(N-1)/N x bytes x beta")
     p(f"{'N':>6} {'latency term (us)':>18} {'bandwidth term (us)':>20} {'total (us)':>11} {'measured (us)':>14}"
       f" {'crossover size':>15}")
-    rows = {}
-    for k in sorted(set(list(meas) + [256, 512, 1024])):
-        lat = costmodel.steps("all_reduce", k) * model.alpha
-        bw = costmodel.volume_factor("all_reduce", k) * nbytes * model.beta
-        cross = costmodel.crossover_bytes(model, "all_reduce", k)
-        m = meas.get(k, (None, None))[0]
-        rows[k] = {"latency_us": lat * 1e6, "bandwidth_us": bw * 1e6, "measured_us": None if m is None else m * 1e6,
-                   "crossover_bytes": cross}
-        p(f"{k:>6} {lat * 1e6:18.1f} {bw * 1e6:20.1f} {(lat + bw) * 1e6:11.1f} "
-          f"{'' if m is None else f'{m * 1e6:14.1f}':>14} {cross / 1024:12.1f} KiB")
+    rows = {k: _model_row(model, k, nbytes, meas.get(k, (None, None))[0], p)
+            for k in sorted(set(list(meas) + [256, 512, 1024]))}
     big = max(rows)
     p(f"\nAt N = {big} the latency term is {rows[big]['latency_us'] / max(rows[big]['bandwidth_us'], 1e-9):.1f}x the "
       f"bandwidth term for {nbytes} B: below {rows[big]['crossover_bytes'] / 1024:.0f} KiB per all_reduce, "
       f"the 2(N-1) steps, not the bytes, set the time.")
     if png:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        ks = sorted(rows)
-        ax.plot(ks, [rows[k]["latency_us"] for k in ks], "--", label="model: latency 2(N-1)alpha")
-        ax.plot(ks, [rows[k]["bandwidth_us"] for k in ks], ":", label="model: bandwidth term")
-        ax.plot(ks, [rows[k]["latency_us"] + rows[k]["bandwidth_us"] for k in ks], "-", label="model: total")
-        ax.plot(list(meas), [v[0] * 1e6 for v in meas.values()], "o", label="measured, in-process")
-        mp = [(k, v[1]) for k, v in meas.items() if v[1] is not None]
-        if mp:
-            ax.plot([a for a, _ in mp], [b * 1e6 for _, b in mp], "s", label="measured, MPI")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("N (ranks)")
-        ax.set_ylabel("time (us)")
-        ax.set_title(f"ring all_reduce of {nbytes} B against N")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(png, dpi=100)
-        plt.close(fig)
+        _plot_scaling(rows, meas, nbytes, png)
     return {"model": model, "measured": meas, "rows": rows}
+
+
+def _measure_scaling(ns: list, sizes: list, how: tuple, p) -> tuple[dict, dict]:
+    """In-process times per (N, size), MPI times per N up to mpi_max; `how`:
+    (the size MPI measures, mpi_max, reps). One printed line per N."""
+    nbytes, mpi_max, reps = how
+    meas, mpi = {}, {}
+    for k in ns:
+        for s in sizes:
+            meas[(k, s)] = time_allreduce_inproc(k, s, reps)
+        if k <= mpi_max:
+            mpi[k] = time_allreduce_mpi(k, nbytes, reps)
+        p(f"{k:>5} " + " ".join(f"{meas[(k, s)] * 1e6:14.1f}" for s in sizes)
+          + (f" {mpi[k] * 1e6:14.1f}" if k in mpi else ""))
+    return meas, mpi
+
+
+def _model_row(model, k: int, nbytes: int, m, p) -> dict:
+    """The model's terms at N = k for nbytes (and the measurement m, or None), printed."""
+    lat = costmodel.steps("all_reduce", k) * model.alpha
+    bw = costmodel.volume_factor("all_reduce", k) * nbytes * model.beta
+    cross = costmodel.crossover_bytes(model, "all_reduce", k)
+    p(f"{k:>6} {lat * 1e6:18.1f} {bw * 1e6:20.1f} {(lat + bw) * 1e6:11.1f} "
+      f"{'' if m is None else f'{m * 1e6:14.1f}':>14} {cross / 1024:12.1f} KiB")
+    return {"latency_us": lat * 1e6, "bandwidth_us": bw * 1e6, "measured_us": None if m is None else m * 1e6,
+            "crossover_bytes": cross}
+
+
+def _plot_scaling(rows: dict, meas: dict, nbytes: int, png: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ks = sorted(rows)
+    ax.plot(ks, [rows[k]["latency_us"] for k in ks], "--", label="model: latency 2(N-1)alpha")
+    ax.plot(ks, [rows[k]["bandwidth_us"] for k in ks], ":", label="model: bandwidth term")
+    ax.plot(ks, [rows[k]["latency_us"] + rows[k]["bandwidth_us"] for k in ks], "-", label="model: total")
+    ax.plot(list(meas), [v[0] * 1e6 for v in meas.values()], "o", label="measured, in-process")
+    mp = [(k, v[1]) for k, v in meas.items() if v[1] is not None]
+    if mp:
+        ax.plot([a for a, _ in mp], [b * 1e6 for _, b in mp], "s", label="measured, MPI")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("N (ranks)")
+    ax.set_ylabel("time (us)")
+    ax.set_title(f"ring all_reduce of {nbytes} B against N")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------
@@ -348,6 +363,15 @@ def main(argv=None) -> int:
     if argv[:1] == ["_scaling_worker"]:
         _scaling_worker(int(argv[1]), int(argv[2]))
         return 0
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if getattr(args, "n", 1) < 1:
+        ap.error("-n must be at least 1")
+    _DEMOS[args.demo](ap, args)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ringcomm demo", description="watch the real ring engine work")
     sub = ap.add_subparsers(dest="demo", required=True)
     a = sub.add_parser("ring", help="every step of a ring all_reduce, with partial sums and traffic")
@@ -386,49 +410,63 @@ def main(argv=None) -> int:
     rd.add_argument("-n", type=int, default=4, help="ranks (default 4)")
     rd.add_argument("--count", type=int, default=8, help="int64 elements (default 8)")
     rd.add_argument("--root", type=int, default=0, help="the root rank (default 0)")
-    args = ap.parse_args(argv)
-    if getattr(args, "n", 1) < 1:
-        ap.error("-n must be at least 1")
-    if args.demo == "ring":
-        if args.count < 0:
-            ap.error("--count must be >= 0")
-        traces, _, _ = print_ring(args.n, args.count)
-        if args.png or args.gif:
-            draw_ring(traces, args.n, args.count, args.png or args.gif)
-            print(f"\nwrote {args.png or args.gif}")
-        if args.chrome:
-            from ..trace import to_chrome
-            to_chrome(traces, args.chrome)
-            print(f"wrote {args.chrome} (open in https://ui.perfetto.dev)")
-    elif args.demo == "traffic":
-        rows = print_traffic(args.n, args.count)
-        if args.png:
-            draw_traffic(rows, args.n, args.count, args.png)
-            print(f"\nwrote {args.png}")
-    elif args.demo == "algorithms":
-        from .algorithms import draw, print_algorithms
-        res = print_algorithms(args.n, args.count)
-        if args.png:
-            draw(res, args.n, args.count, args.png)
-            print(f"\nwrote {args.png}")
-    elif args.demo in ("all_to_all", "reduce"):
-        from . import rooted_demo
-        if args.count < 0:
-            ap.error("--count must be >= 0")
-        if args.demo == "all_to_all":
-            rooted_demo.print_all_to_all(args.n, args.count)
-        else:
-            if not 0 <= args.root < args.n:
-                ap.error(f"--root must be a rank of 0..{args.n - 1}")
-            rooted_demo.print_reduce(args.n, args.count, args.root)
-    elif args.demo == "zero":
-        from .zero_demo import demo
-        demo(args.n, args.params, args.json, args.png)
+    return ap
+
+
+def _ring(ap, args) -> None:
+    if args.count < 0:
+        ap.error("--count must be >= 0")
+    traces, _, _ = print_ring(args.n, args.count)
+    if args.png or args.gif:
+        draw_ring(traces, args.n, args.count, args.png or args.gif)
+        print(f"\nwrote {args.png or args.gif}")
+    if args.chrome:
+        from ..trace import to_chrome
+        to_chrome(traces, args.chrome)
+        print(f"wrote {args.chrome} (open in https://ui.perfetto.dev)")
+
+
+def _traffic(ap, args) -> None:
+    rows = print_traffic(args.n, args.count)
+    if args.png:
+        draw_traffic(rows, args.n, args.count, args.png)
+        print(f"\nwrote {args.png}")
+
+
+def _algorithms(ap, args) -> None:
+    from .algorithms import draw, print_algorithms
+    res = print_algorithms(args.n, args.count)
+    if args.png:
+        draw(res, args.n, args.count, args.png)
+        print(f"\nwrote {args.png}")
+
+
+def _rooted(ap, args) -> None:
+    from . import rooted_demo
+    if args.count < 0:
+        ap.error("--count must be >= 0")
+    if args.demo == "all_to_all":
+        rooted_demo.print_all_to_all(args.n, args.count)
     else:
-        scaling(args.max_n, parse_size(args.bytes), args.mpi_max, args.reps, png=args.png)
-        if args.png:
-            print(f"\nwrote {args.png}")
-    return 0
+        if not 0 <= args.root < args.n:
+            ap.error(f"--root must be a rank of 0..{args.n - 1}")
+        rooted_demo.print_reduce(args.n, args.count, args.root)
+
+
+def _zero(ap, args) -> None:
+    from .zero_demo import demo
+    demo(args.n, args.params, args.json, args.png)
+
+
+def _scaling(ap, args) -> None:
+    scaling(args.max_n, parse_size(args.bytes), args.mpi_max, args.reps, png=args.png)
+    if args.png:
+        print(f"\nwrote {args.png}")
+
+
+# demo name -> what runs it (ap: the parser, for its errors)
+_DEMOS = {"ring": _ring, "traffic": _traffic, "algorithms": _algorithms, "all_to_all": _rooted, "reduce": _rooted,
+          "zero": _zero, "scaling": _scaling}
 
 
 if __name__ == "__main__":

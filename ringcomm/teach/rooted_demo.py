@@ -57,6 +57,18 @@ def print_all_to_all(n: int, block: int, out=None) -> dict:
     rule = "rank r XOR k, both ways (N a power of two)" if n & (n - 1) == 0 else "to rank r+k, from rank r-k"
     p(f"\npairwise exchange: {n - 1} steps; at step k rank r sends its block for its partner and receives the "
       f"partner's block for r, partner: {rule} (the engine's trace; its own block is a local copy)")
+    _print_a2a_steps(res, p)
+    ok = _print_a2a_output(res, n, block, w, p)
+    p(f"\nbytes rank r sent to each peer (ledger), and traffic.expected('all_to_all', {count}, 'int64', {n}, r):")
+    p(f"  {'rank':>4} " + "".join(f"{'->' + str(q):>8}" for q in range(n)) + f" {'sent B':>8} {'received B':>11}"
+      f" {'expected sent':>14} {'expected received':>18}")
+    ledger = [_a2a_ledger_row(led, r, n, count, p) for r, (_, _, _, led) in enumerate(res)]
+    p(f"every rank sends (N-1)/N of its buffer: {n - 1}/{n} x {count * ITEM} = {(n - 1) * block * ITEM} B, "
+      f"one block to each other rank (nothing to itself)")
+    return {"results": res, "ledger": ledger, "equal": ok}
+
+
+def _print_a2a_steps(res, p) -> None:
     steps = sorted({s.step for _, _, t, _ in res for s in t.steps})
     for k in steps:
         p(f" step {k + 1}:")
@@ -65,6 +77,10 @@ def print_all_to_all(n: int, block: int, out=None) -> dict:
                 got = s.values.tolist()[:1] if s.values is not None and s.values.size else []
                 p(f"   rank {r}: block ->{s.send_chunk} to rank {s.send_peer} ({s.send_bytes} B), "
                   f"from rank {s.recv_peer} ({s.recv_bytes} B): {got[0] if got else '-'}")
+
+
+def _print_a2a_output(res, n: int, block: int, w: int, p) -> bool:
+    """The output table; whether it is the input table transposed."""
     p("\noutput: row = rank, column q = the block received from rank q")
     p(f"  {'rank':>4} " + "".join(f"{'<-' + str(q):>{w}}" for q in range(n)))
     ok = True
@@ -73,22 +89,18 @@ def print_all_to_all(n: int, block: int, out=None) -> dict:
         want = np.concatenate([a2a_data(q, n, block)[r * block:(r + 1) * block] for q in range(n)])
         ok &= bool(np.array_equal(y, want))
     p(f"the output table is the input table transposed: {'equal' if ok else 'DIFFERENT'} (numpy reference)")
-    p(f"\nbytes rank r sent to each peer (ledger), and traffic.expected('all_to_all', {count}, 'int64', {n}, r):")
-    p(f"  {'rank':>4} " + "".join(f"{'->' + str(q):>8}" for q in range(n)) + f" {'sent B':>8} {'received B':>11}"
-      f" {'expected sent':>14} {'expected received':>18}")
-    ledger = []
-    for r, (_, _, _, led) in enumerate(res):
-        exp = traffic.expected("all_to_all", count, "int64", n, r)
-        per = [led.bytes_sent("all_to_all", peer=q) for q in range(n)]
-        row = {"per_peer": per, "sent": led.bytes_sent("all_to_all"), "received": led.bytes_received("all_to_all"),
-               "expected_sent": exp.bytes_sent, "expected_received": exp.bytes_received,
-               "expected_per_peer": [exp.sent.get(q, 0) for q in range(n)]}
-        ledger.append(row)
-        p(f"  {r:>4} " + "".join(f"{b:>8}" for b in per) + f" {row['sent']:>8} {row['received']:>11}"
-          f" {row['expected_sent']:>14} {row['expected_received']:>18}")
-    p(f"every rank sends (N-1)/N of its buffer: {n - 1}/{n} x {count * ITEM} = {(n - 1) * block * ITEM} B, "
-      f"one block to each other rank (nothing to itself)")
-    return {"results": res, "ledger": ledger, "equal": ok}
+    return ok
+
+
+def _a2a_ledger_row(led, r: int, n: int, count: int, p) -> dict:
+    exp = traffic.expected("all_to_all", count, "int64", n, r)
+    per = [led.bytes_sent("all_to_all", peer=q) for q in range(n)]
+    row = {"per_peer": per, "sent": led.bytes_sent("all_to_all"), "received": led.bytes_received("all_to_all"),
+           "expected_sent": exp.bytes_sent, "expected_received": exp.bytes_received,
+           "expected_per_peer": [exp.sent.get(q, 0) for q in range(n)]}
+    p(f"  {r:>4} " + "".join(f"{b:>8}" for b in per) + f" {row['sent']:>8} {row['received']:>11}"
+      f" {row['expected_sent']:>14} {row['expected_received']:>18}")
+    return row
 
 
 # ---------------------------------------------------------------------------
@@ -120,6 +132,28 @@ def _ledger_rows(res, n, count, root, algorithm) -> list[dict]:
     return rows
 
 
+def _print_tree_steps(tree, p) -> None:
+    for k in sorted({s.step for _, t, _ in tree for s in t.steps}):
+        p(f" step {k}:")
+        for r, (_, t, _) in enumerate(tree):
+            for s in (s for s in t.steps if s.step == k):
+                if s.send_peer is not None:
+                    p(f"   rank {r}: sends its partial sum to rank {s.send_peer} ({s.send_bytes} B) and is done")
+                else:
+                    vals = s.values.tolist() if s.values is not None else []
+                    p(f"   rank {r}: receives from rank {s.recv_peer} ({s.recv_bytes} B); holds {vals}")
+
+
+def _print_ring_phases(ring, p) -> None:
+    for r, (_, t, _) in enumerate(ring):
+        by_phase: dict = {}
+        for s in t.steps:
+            by_phase.setdefault(s.phase, []).append(s)
+        p(f"   rank {r}: " + ("; ".join(f"{ph} {len(v)} step(s), sent {sum(s.send_bytes for s in v)} B, "
+                                       f"received {sum(s.recv_bytes for s in v)} B" for ph, v in by_phase.items())
+                                  or "nothing to exchange"))
+
+
 def print_reduce(n: int, count: int, root: int = 0, out=None) -> dict:
     out = out or sys.stdout
     p = lambda *a: print(*a, file=out)  # noqa: E731
@@ -130,27 +164,13 @@ def print_reduce(n: int, count: int, root: int = 0, out=None) -> dict:
     p(f"reduce (sum) to rank {root} on {n} ranks, {count} int64 ({nbytes} B); rank r holds 10*r + i")
     p("\nbinomial tree (small buffers): relative rank v = r - root; at step k, v with bit k set sends its "
       "partial sum to v - 2^k and stops, the others add what v + 2^k sends")
-    for k in sorted({s.step for _, t, _ in tree for s in t.steps}):
-        p(f" step {k}:")
-        for r, (_, t, _) in enumerate(tree):
-            for s in (s for s in t.steps if s.step == k):
-                if s.send_peer is not None:
-                    p(f"   rank {r}: sends its partial sum to rank {s.send_peer} ({s.send_bytes} B) and is done")
-                else:
-                    vals = s.values.tolist() if s.values is not None else []
-                    p(f"   rank {r}: receives from rank {s.recv_peer} ({s.recv_bytes} B); holds {vals}")
+    _print_tree_steps(tree, p)
     res_tree = tree[root][0]
     p(f"result on rank {root}: {res_tree.tolist()} "
       f"({'equal' if np.array_equal(res_tree, want) else 'DIFFERENT'} to numpy)")
     p(f"\nring (large buffers): the ring reduce-scatter ({n - 1} steps, chunk r ends on rank r), then every "
       f"rank sends its chunk to rank {root}")
-    for r, (_, t, _) in enumerate(ring):
-        by_phase: dict = {}
-        for s in t.steps:
-            by_phase.setdefault(s.phase, []).append(s)
-        p(f"   rank {r}: " + ("; ".join(f"{ph} {len(v)} step(s), sent {sum(s.send_bytes for s in v)} B, "
-                                       f"received {sum(s.recv_bytes for s in v)} B" for ph, v in by_phase.items())
-                                  or "nothing to exchange"))
+    _print_ring_phases(ring, p)
     res_ring = ring[root][0]
     p(f"result on rank {root}: {res_ring.tolist()} "
       f"({'equal' if np.array_equal(res_ring, want) else 'DIFFERENT'} to numpy)")
@@ -159,9 +179,8 @@ def print_reduce(n: int, count: int, root: int = 0, out=None) -> dict:
     p(f"  {'':4} {'binomial tree':>46}   {'ring reduce-scatter + gather':>46}")
     p(f"  {'rank':>4}" + f" {'steps':>5} {'sent':>8} {'received':>9} {'exp sent':>9} {'exp recv':>9}" * 2)
     for r in range(n):
-        a, b = lt[r], lr[r]
         p(f"  {r:>4}" + "".join(f" {d['steps']:>5} {d['sent']:>8} {d['received']:>9} {d['expected_sent']:>9} "
-                                f"{d['expected_received']:>9}" for d in (a, b)))
+                                f"{d['expected_received']:>9}" for d in (lt[r], lr[r])))
     p(f"tree: ceil(log2 N) = {max(0, (n - 1).bit_length())} steps on rank {root}, every other rank sends the whole "
       f"{nbytes} B once; rank {root} receives {lt[root]['received']} B. ring: no rank sends more than about "
       f"{nbytes} B; rank {root} receives about 2(N-1)/N x {nbytes} = {2 * (n - 1) * nbytes / n:.0f} B")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..train.zero import ZeroOptimizer, expected_memory, expected_traffic
+from ..train.zero_optimizer import ZeroOptimizer, expected_memory, expected_traffic
 
 __all__ = ["demo", "measure", "mlp_widths", "mlp_units", "train_step"]
 

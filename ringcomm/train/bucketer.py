@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -53,9 +52,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .. import vocab
-from ..errors import BucketerError, InvalidArgument, RegistrationMismatchError, UnusedParametersError
+from ..errors import BucketerError, InvalidArgument, UnusedParametersError
 from .buckets import MB, assign_buckets
-from .consistency import gather_rows, param_label, spec_differences, spec_summary
+from .consistency import check_registration, gather_rows, param_label, unused_message
+from .bucket_timeline import Timeline
 from .handed import HandedOut, handout, move, retire, seal
 from .tensors import add_into, arena_zeros, averaging, copy_into, describe, family, flat_view, item, zero, zeros
 
@@ -92,7 +92,7 @@ class BucketInfo:
         return self.numel * vocab.itemsize(self.dtype)
 
 
-class GradBucketer:
+class GradBucketer(Timeline):
     """Bucketed, overlapped gradient all_reduce for a fixed list of parameters.
 
     Collective: every rank constructs it with the same parameters (shapes,
@@ -287,10 +287,29 @@ class GradBucketer:
         if not self._sync:
             return self.grad_views()
         t0 = time.perf_counter()
-        rank = self._comm.rank
-        # Launch the buckets not launched yet, in order. Never-ready parameters
-        # with no contribution since the last sync are unused here: zero-fill
-        # them and flag the bucket, so the decision below is collective.
+        self._launch_the_rest()
+        try:
+            self._wait_all()
+        finally:
+            self._record_iteration(t0)
+        error = self._find_missing()
+        owned = self._end_iteration()
+        if error is not None:
+            self._observed = []  # record again in the next (successful) iteration
+            raise UnusedParametersError(error, dict(self.last_unused), rank=self._comm.rank)
+        for i, g in owned.items():
+            if family(g) == "torch" or getattr(g, "flags", None) is None or g.flags.writeable:
+                copy_into(g, self._views[i])
+        self._iteration += 1
+        if self._rebuild_pending:
+            self._rebuild()
+        return self.grad_views()
+
+    def _launch_the_rest(self) -> None:
+        """Launch the buckets not launched yet, in order. Never-ready
+        parameters with no contribution since the last sync are unused here:
+        zero-fill them and flag the bucket, so the decision in
+        _find_missing is collective."""
         for b in self._buckets[self._next_launch:]:
             missing = False
             for i in b.params:
@@ -299,6 +318,8 @@ class GradBucketer:
                     missing = True
             self._launch(b, status=1 if missing else 0)
         self._next_launch = len(self._buckets)
+
+    def _wait_all(self) -> None:
         try:
             for b in self._buckets:
                 b.work.wait()
@@ -317,30 +338,20 @@ class GradBucketer:
             self._observed = []
             self._end_iteration()
             raise
-        finally:
-            self._record_iteration(t0)
+
+    def _find_missing(self) -> str | None:
+        """Which parameters some rank never got ready (last_unused), and the
+        error to raise about them (None: none, or find_unused)."""
         # Every rank sees the same reduced status slots, so takes the same branch.
         anyone_missing = any(item(b.flat[b.count]) != 0 for b in self._buckets)
         self.last_unused = {}
-        error = None
-        if anyone_missing:
-            local = (self._ready | self._used).astype(np.int64)
-            used = gather_rows(self._comm, local)           # (ranks, params)
-            self.last_unused = {int(i): [int(r) for r in np.flatnonzero(used[:, i] == 0)]
-                                for i in np.flatnonzero((used == 0).any(axis=0))}
-            if not self._find_unused:
-                error = self._unused_message(self.last_unused)
-        owned = self._end_iteration()
-        if error is not None:
-            self._observed = []  # record again in the next (successful) iteration
-            raise UnusedParametersError(error, dict(self.last_unused), rank=rank)
-        for i, g in owned.items():
-            if family(g) == "torch" or getattr(g, "flags", None) is None or g.flags.writeable:
-                copy_into(g, self._views[i])
-        self._iteration += 1
-        if self._rebuild_pending:
-            self._rebuild()
-        return self.grad_views()
+        if not anyone_missing:
+            return None
+        local = (self._ready | self._used).astype(np.int64)
+        used = gather_rows(self._comm, local)           # (ranks, params)
+        self.last_unused = {int(i): [int(r) for r in np.flatnonzero(used[:, i] == 0)]
+                            for i in np.flatnonzero((used == 0).any(axis=0))}
+        return None if self._find_unused else unused_message(self.last_unused, self._comm.size, self._names)
 
     def _end_iteration(self) -> dict:
         """Clear what one synchronised iteration marked; returns the
@@ -365,68 +376,12 @@ class GradBucketer:
         return self.finalize()
 
     # ---- timeline -----------------------------------------------------
-    def timeline(self) -> list[dict]:
-        """Recorded bucket all_reduces: dicts with iteration, bucket, launch and
-        complete (time.perf_counter() seconds), bytes, dtype, params, status;
-        plus one ``kind="finalize"`` entry per iteration (start, end of finalize).
-
-        "launch" is when the all_reduce was submitted. "complete" is when the
-        bucketer first *observed* it complete: at a later mark_ready() poll or
-        when finalize() waited on it, so it is an upper bound of the true
-        completion time, tight for the buckets finalize() waits on.
-        """
-        return list(self._events)
-
-    def chrome_trace(self) -> dict:
-        """The timeline as a Chrome trace (``{"traceEvents": [...]}``; opens in
-        Perfetto / chrome://tracing). pid is the rank; timestamps are
-        perf_counter microseconds (CLOCK_MONOTONIC, comparable across processes
-        of one host)."""
-        rank = self._comm.rank
-        ev = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
-              {"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "trainer (finalize)"}},
-              {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "bucket all_reduce"}}]
-        for e in self._events:
-            if e["kind"] == "finalize":
-                ev.append({"name": f"finalize it{e['iteration']}", "ph": "X", "pid": rank, "tid": 0,
-                           "ts": e["start"] * 1e6, "dur": (e["end"] - e["start"]) * 1e6,
-                           "args": {"iteration": e["iteration"]}})
-            else:
-                ev.append({"name": f"bucket {e['bucket']}", "ph": "X", "pid": rank, "tid": 1,
-                           "ts": e["launch"] * 1e6, "dur": (e["complete"] - e["launch"]) * 1e6,
-                           "args": {k: e[k] for k in ("iteration", "bytes", "dtype", "params", "status")}})
-        return {"traceEvents": ev, "displayTimeUnit": "ms"}
-
-    def export_chrome_trace(self, path: str) -> None:
-        """Write chrome_trace() as JSON to `path` (one file per rank; see merge_chrome_traces)."""
-        with open(path, "w") as f:
-            json.dump(self.chrome_trace(), f)
-
     # ---- internals ----------------------------------------------------
     def _settings_row(self) -> list[int]:
         return [self._cap, self._first_cap, int(self._average), int(self._find_unused), int(self._rebuild_pending)]
 
     def _check_registration(self) -> None:
-        """One all_gather of a fixed-size summary; on a mismatch, two more small
-        collectives find the first differing parameter (all ranks see the same
-        gathered data, so all take the same path and raise the same error)."""
-        summary, per = spec_summary(self._specs)
-        row = summary + self._settings_row()
-        rows = gather_rows(self._comm, np.array(row))
-        if (rows == rows[0]).all():
-            return
-        n = self._comm.size
-        lines = []
-        if not (rows[:, 3:] == rows[0, 3:]).all():
-            lines.append("bucket settings differ: " + "; ".join(
-                f"rank {r}: bucket_cap={rows[r, 3]} B, first_bucket={rows[r, 4]} B, average={bool(rows[r, 5])}, "
-                f"find_unused={bool(rows[r, 6])}, rebuild_buckets={bool(rows[r, 7])}" for r in range(n)))
-        if not (rows[:, :3] == rows[0, :3]).all():
-            lines += spec_differences(self._comm, self._specs, per, rows[:, :2], self._names)
-        raise RegistrationMismatchError(
-            "GradBucketer: ranks registered different parameters or settings (every rank must pass the "
-            "same parameters, array families, shapes, dtypes and order, and the same bucket settings). " + " ".join(lines),
-            rank=self._comm.rank)
+        check_registration(self._comm, self._specs, self._names, self._settings_row())
 
     def _assign(self, order: Sequence[int]) -> list[tuple[tuple, list[int]]]:
         return assign_buckets([((s.family, s.dtype, s.device), s.nbytes) for s in self._specs], order,
@@ -545,30 +500,3 @@ class GradBucketer:
             now = now or time.perf_counter()
             b.complete_t = now
             self._next_complete += 1
-
-    def _record_iteration(self, t0: float) -> None:
-        if not self._record_timeline:
-            return
-        it = self._iteration
-        for b in self._buckets:
-            if b.work is None:
-                continue
-            self._events.append({
-                "kind": "bucket", "iteration": it, "bucket": b.index, "launch": b.launch_t,
-                "complete": b.complete_t if b.complete_t is not None else time.perf_counter(),
-                "bytes": (b.count + 1) * vocab.itemsize(b.key[1]), "dtype": b.key[1],
-                "params": len(b.params), "status": b.status})
-        self._events.append({"kind": "finalize", "iteration": it, "start": t0, "end": time.perf_counter()})
-
-    def _unused_message(self, unused: dict[int, list[int]]) -> str:
-        n = self._comm.size
-        items = []
-        for i, ranks in sorted(unused.items()):
-            where = "all ranks" if len(ranks) == n else "rank" + ("s " if len(ranks) > 1 else " ") + \
-                ", ".join(map(str, ranks))
-            items.append(f"parameter {param_label(i, self._names)} on {where}")
-        shown = "; ".join(items[:20]) + (f"; ... ({len(items)} in all)" if len(items) > 20 else "")
-        return ("GradBucketer.finalize: some parameters never became ready (no gradient) in this iteration: "
-                f"{shown}. Every parameter must receive a gradient on every rank in a synchronised "
-                "iteration; pass find_unused=True (find_unused_parameters=True for the torch wrapper) to "
-                "zero-fill and reduce them instead. The gradients of this iteration are invalid.")

@@ -1,6 +1,6 @@
 """Bucket assignment: which parameters share a flat buffer (one collective
 each), shared by the gradient bucketer (``train.bucketer.GradBucketer``) and
-ZeRO on torch modules (``torch.zero.TorchZero``, its gradient buckets)."""
+ZeRO on torch modules (``torch.torch_zero.TorchZero``, its gradient buckets)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def assign_buckets(items: Sequence[tuple], order: Sequence[int], cap: int, first
     `first_cap`). Returns [(key, [parameter indices in fill order])] in the
     order the buckets are expected to complete (position of their last
     parameter in `order`), which is the order they are launched in. Shared by
-    GradBucketer and ringcomm.torch.zero (ZeRO-1/2 gradient buckets)."""
+    GradBucketer and ringcomm.torch.torch_zero (ZeRO-1/2 gradient buckets)."""
     open_: dict[tuple, list] = {}
     firsts: set = set()
     closed = []

@@ -16,11 +16,11 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .. import vocab
-from ..errors import DivergenceError, MismatchError
+from ..errors import DivergenceError, MismatchError, RegistrationMismatchError
 from .tensors import Spec, bytes_of, describe
 
 __all__ = ["broadcast_parameters", "check_consistency", "ConsistencyReport", "hash64", "gather_rows",
-           "param_label", "spec_summary", "spec_differences"]
+           "param_label", "spec_summary", "spec_differences", "check_registration", "unused_message"]
 
 
 def hash64(*parts: bytes) -> int:
@@ -83,6 +83,44 @@ def spec_differences(comm, specs: Sequence[Spec], per: list[int], counts: np.nda
         f"rank {r} has {tuple(int(x) for x in d[r, 3:3 + int(d[r, 2])])} {dtypes[int(d[r, 0])]} "
         f"({_FAMILIES[int(d[r, 1])]})" for r in range(n)))
     return lines
+
+
+def check_registration(comm, specs: Sequence[Spec], names, settings: list[int]) -> None:
+    """GradBucketer's registration check: one all_gather of a fixed-size
+    summary (the parameters' and the bucket `settings`); on a mismatch, two
+    more small collectives find the first differing parameter (all ranks see
+    the same gathered data, so all take the same path and raise the same
+    error)."""
+    summary, per = spec_summary(specs)
+    rows = gather_rows(comm, np.array(summary + settings))
+    if (rows == rows[0]).all():
+        return
+    n = comm.size
+    lines = []
+    if not (rows[:, 3:] == rows[0, 3:]).all():
+        lines.append("bucket settings differ: " + "; ".join(
+            f"rank {r}: bucket_cap={rows[r, 3]} B, first_bucket={rows[r, 4]} B, average={bool(rows[r, 5])}, "
+            f"find_unused={bool(rows[r, 6])}, rebuild_buckets={bool(rows[r, 7])}" for r in range(n)))
+    if not (rows[:, :3] == rows[0, :3]).all():
+        lines += spec_differences(comm, specs, per, rows[:, :2], names)
+    raise RegistrationMismatchError(
+        "GradBucketer: ranks registered different parameters or settings (every rank must pass the "
+        "same parameters, array families, shapes, dtypes and order, and the same bucket settings). " + " ".join(lines),
+        rank=comm.rank)
+
+
+def unused_message(unused: dict[int, list[int]], n: int, names) -> str:
+    """GradBucketer.finalize's error for parameters some rank never got ready."""
+    items = []
+    for i, ranks in sorted(unused.items()):
+        where = "all ranks" if len(ranks) == n else "rank" + ("s " if len(ranks) > 1 else " ") + \
+            ", ".join(map(str, ranks))
+        items.append(f"parameter {param_label(i, names)} on {where}")
+    shown = "; ".join(items[:20]) + (f"; ... ({len(items)} in all)" if len(items) > 20 else "")
+    return ("GradBucketer.finalize: some parameters never became ready (no gradient) in this iteration: "
+            f"{shown}. Every parameter must receive a gradient on every rank in a synchronised "
+            "iteration; pass find_unused=True (find_unused_parameters=True for the torch wrapper) to "
+            "zero-fill and reduce them instead. The gradients of this iteration are invalid.")
 
 
 def broadcast_parameters(params: Iterable, comm, root: int = 0) -> None:

@@ -1,6 +1,6 @@
-"""What the two ZeRO front ends (``train.zero.ZeroOptimizer`` on numpy units,
-``torch.zero.TorchZero`` on torch modules) share: the optimizer formula
-applied to a shard, the per-rank checkpoint files (``train.zero.consolidate``
+"""What the two ZeRO front ends (``train.zero_optimizer.ZeroOptimizer`` on numpy units,
+``torch.torch_zero.TorchZero`` on torch modules) share: the optimizer formula
+applied to a shard, the per-rank checkpoint files (``train.zero_optimizer.consolidate``
 reads them) and the memory ledger behind their ``memory()``. Chunks follow
 vocab's split rule."""
 
@@ -116,42 +116,56 @@ def load_shards(prefix: str, stage: int, comm, counts, states, what: str = "this
     an older version, sets none). Nothing is written unless every check passes."""
     counts = [int(c) for c in counts]
     with np.load(f"{prefix}.rank{comm.rank}.npz") as f:
-        st, n, rank, t, units = (int(x) for x in f["meta"])
-        if (st, n, rank) != (stage, comm.size, comm.rank) or units != len(counts):
-            raise InvalidArgument(f"checkpoint {prefix} is stage {st}, rank {rank} of {n}, {units} units; "
-                                  f"{what} is stage {stage}, rank {comm.rank} of "
-                                  f"{comm.size}, {len(counts)} units (consolidate() to change N)")
-        if [int(c) for c in f["counts"]] != counts:
-            raise InvalidArgument(f"checkpoint {prefix} has units of {[int(c) for c in f['counts']]} parameters, "
-                                  f"this model {counts}")
+        t = _check_layout(f, prefix, stage, comm, counts, what)
         if shapes is not None and "shapes" in f.files:
-            saved, mine = json.loads(str(f["shapes"])), _shape_lists(shapes)
-            if saved != mine:
-                k = next(i for i, (a, b) in enumerate(zip(saved + [None] * len(mine), mine + [None] * len(saved)))
-                         if a != b)
-                raise InvalidArgument(f"checkpoint {prefix} holds other parameters: unit {k} has shapes "
-                                      f"{saved[k] if k < len(saved) else None} there, {mine[k] if k < len(mine) else None} "
-                                      f"in {what}")
+            _check_shapes(f, prefix, shapes, what)
         has_moments, wants_moments = "m0" in f.files, states and states[0][1] is not None
         if states and has_moments != wants_moments:  # checked before anything is written
             kinds = {True: "Adam (with moments m, v)", False: "SGD (no moments)"}
             raise InvalidArgument(f"checkpoint {prefix} holds the state of {kinds[has_moments]}; "
                                   f"{what} is {kinds[wants_moments]}")
         saved_extra = {k[len("extra:"):] for k in f.files if k.startswith("extra:")}
-        if extra is not None and saved_extra:
-            if saved_extra != set(extra):
-                missing, unknown = sorted(set(extra) - saved_extra), sorted(saved_extra - set(extra))
-                raise InvalidArgument(f"checkpoint {prefix} holds other buffers or frozen parameters than {what}: "
-                                      f"missing there {missing}, unknown here {unknown}")
-            for name, (shape, _) in extra.items():
-                if tuple(f[f"extra:{name}"].shape) != tuple(shape):
-                    raise InvalidArgument(f"checkpoint {prefix}: {name} has shape {tuple(f[f'extra:{name}'].shape)} "
-                                          f"there, {tuple(shape)} in {what}")
+        extra = extra if extra is not None and saved_extra else None  # (an older checkpoint: none)
+        if extra is not None:
+            _check_extra(f, prefix, extra, saved_extra, what)
         for i, (master, m, v) in enumerate(states):
             master[...] = _like(master, f[f"master{i}"])
             if m is not None:
                 m[...], v[...] = _like(m, f[f"m{i}"]), _like(v, f[f"v{i}"])
-        if extra is not None and saved_extra:
-            for name, (_, setter) in extra.items():
-                setter(f[f"extra:{name}"])
+        for name, (_, setter) in (extra or {}).items():
+            setter(f[f"extra:{name}"])
     return t
+
+
+def _check_layout(f, prefix: str, stage: int, comm, counts: list, what: str) -> int:
+    """The checkpoint's stage, ranks and units are this optimizer's; its step count."""
+    st, n, rank, t, units = (int(x) for x in f["meta"])
+    if (st, n, rank) != (stage, comm.size, comm.rank) or units != len(counts):
+        raise InvalidArgument(f"checkpoint {prefix} is stage {st}, rank {rank} of {n}, {units} units; "
+                              f"{what} is stage {stage}, rank {comm.rank} of "
+                              f"{comm.size}, {len(counts)} units (consolidate() to change N)")
+    if [int(c) for c in f["counts"]] != counts:
+        raise InvalidArgument(f"checkpoint {prefix} has units of {[int(c) for c in f['counts']]} parameters, "
+                              f"this model {counts}")
+    return t
+
+
+def _check_shapes(f, prefix: str, shapes, what: str) -> None:
+    saved, mine = json.loads(str(f["shapes"])), _shape_lists(shapes)
+    if saved != mine:
+        k = next(i for i, (a, b) in enumerate(zip(saved + [None] * len(mine), mine + [None] * len(saved)))
+                 if a != b)
+        raise InvalidArgument(f"checkpoint {prefix} holds other parameters: unit {k} has shapes "
+                              f"{saved[k] if k < len(saved) else None} there, {mine[k] if k < len(mine) else None} "
+                              f"in {what}")
+
+
+def _check_extra(f, prefix: str, extra: dict, saved_extra: set, what: str) -> None:
+    if saved_extra != set(extra):
+        missing, unknown = sorted(set(extra) - saved_extra), sorted(saved_extra - set(extra))
+        raise InvalidArgument(f"checkpoint {prefix} holds other buffers or frozen parameters than {what}: "
+                              f"missing there {missing}, unknown here {unknown}")
+    for name, (shape, _) in extra.items():
+        if tuple(f[f"extra:{name}"].shape) != tuple(shape):
+            raise InvalidArgument(f"checkpoint {prefix}: {name} has shape {tuple(f[f'extra:{name}'].shape)} "
+                                  f"there, {tuple(shape)} in {what}")

@@ -54,6 +54,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..policy import UNLIMITED, default, tune_path  # noqa: F401  (selection's names, as before)
+
 __all__ = ["Costs", "Measured", "ALGORITHMS", "terms", "predict", "best", "auto_limits", "crossover_table", "fit",
            "costs_for", "tune_path", "save", "DEFAULTS", "MARGIN", "reduce_limit"]
 
@@ -169,14 +171,8 @@ def predict(costs, algorithm: str, n: int, nbytes):
     return s * c.alpha + sent * c.beta + red * c.gamma
 
 
-# The ring stays the choice unless another algorithm is predicted faster by
-# more than this fraction: the model leaves out the ring's pipelining (and
-# on a power of two ranks halving-doubling only by latency, at equal
-# bytes), which is worth more than a few steps once buffers are large.
-MARGIN = 0.1
-
-# A size limit that never binds (written to the tune file as it is).
-UNLIMITED = 1 << 62
+# The ring's margin and the size limit that never binds: the policy table's.
+MARGIN = default("margin")
 
 
 def _line(costs: Costs, algorithm: str, n: int) -> tuple[float, float]:
@@ -287,15 +283,9 @@ def reduce_limit(costs, n: int) -> int:
     return min(int(_last(_below(t0, t1, r0, r1))), REDUCE_TREE_MAX)
 
 
-# The tree's root reduces every byte alone, the ring's reduce-scatter
-# shares that work among the ranks; a model whose gamma fit to 0 (Open MPI
-# shared memory: all_reduce's reductions hide behind its copies) cannot see
-# it, and at n = 2 (L = 1) it then prefers the tree at every size. Measured
-# here, N = 2, float32 sum, out of place, median of 7 interleaved reps (us,
-# tree / ring): 256 KiB 41.4 / 63.7, 512 KiB 145 / 90, 1 MiB 377 / 253,
-# 4 MiB 1813 / 1235, 16 MiB 6595 / 5274; N = 3: 1 MiB 727 / 706, 4 MiB
-# 3175 / 1869. Above this size the ring runs whatever the lines say.
-REDUCE_TREE_MAX = 256 << 10
+# Above this size reduce runs the ring whatever the lines say (the policy
+# table's reduce_tree_max says why).
+REDUCE_TREE_MAX = default("reduce_tree_max")
 
 
 def best(costs, n: int, nbytes: int) -> str:
@@ -342,11 +332,6 @@ def fit(rows) -> Costs:
             if res < best_res:
                 best_sol, best_res = full, res
     return Costs(*map(float, best_sol))
-
-
-def tune_path() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ringcomm", "tune.json")
 
 
 def _transport_key(label: str) -> str:

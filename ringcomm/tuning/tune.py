@@ -221,20 +221,10 @@ def shm_limits(rows: list[dict], n: int) -> dict:
         return min(t[(coll, a, b)] for a in ("shm", "shm_flat") if (coll, a, b) in t)
 
     for coll, rivals in {**RIVALS, **ROOTED_RIVALS}.items():
-        have = [b for b in sizes if (coll, "shm", b) in t and all((coll, a, b) in t for a in rivals)]
-        if not have:
-            continue  # (not measured: an older tune, the built-in limits)
-        wins = [window(coll, b) <= (1 + SHM_MARGIN) * min(t[(coll, a, b)] for a in rivals) for b in have]
-        lost = [i for i, w in enumerate(wins) if not w]
-        out[coll] = selection.UNLIMITED if not lost else (have[lost[0] - 1] if lost[0] else 0)
-        again[coll] = have[lost[-1] + 1] if lost and lost[-1] + 1 < len(have) else (
-            selection.UNLIMITED if lost else have[0])
-    flat = 0
-    for b in sizes:
-        if ("all_reduce", "shm_flat", b) not in t or t[("all_reduce", "shm_flat", b)] > t[("all_reduce", "shm", b)]:
-            break
-        flat = b
-    out["flat_max"] = flat
+        got = _window_limits(coll, rivals, t, sizes, window)
+        if got is not None:  # (None: not measured, an older tune: the built-in limits)
+            out[coll], again[coll] = got
+    out["flat_max"] = _flat_max(t, sizes)
     out["from"] = again
     out["single_copy"] = all(r.get("single_copy", True) for r in mine_rows)
     if single is not None:
@@ -243,6 +233,30 @@ def shm_limits(rows: list[dict], n: int) -> dict:
     if single_4k is not None:
         out["single_copy_min_4k"] = max(single_4k, out.get("single_copy_min", 0))
     return out
+
+
+def _window_limits(coll: str, rivals, t: dict, sizes: list, window) -> tuple | None:
+    """(the largest size up to which the window won for `coll`, the smallest
+    from which it won at every larger size), over the sizes where the window
+    and every rival were measured; None where none were."""
+    have = [b for b in sizes if (coll, "shm", b) in t and all((coll, a, b) in t for a in rivals)]
+    if not have:
+        return None
+    wins = [window(coll, b) <= (1 + SHM_MARGIN) * min(t[(coll, a, b)] for a in rivals) for b in have]
+    lost = [i for i, w in enumerate(wins) if not w]
+    upto = selection.UNLIMITED if not lost else (have[lost[0] - 1] if lost[0] else 0)
+    again = have[lost[-1] + 1] if lost and lost[-1] + 1 < len(have) else (selection.UNLIMITED if lost else have[0])
+    return upto, again
+
+
+def _flat_max(t: dict, sizes: list) -> int:
+    """The largest size up to which shm_flat beat shm at every size (0: never)."""
+    flat = 0
+    for b in sizes:
+        if ("all_reduce", "shm_flat", b) not in t or t[("all_reduce", "shm_flat", b)] > t[("all_reduce", "shm", b)]:
+            break
+        flat = b
+    return flat
 
 
 def choose_single_copy(t: dict, n: int) -> int | None:
@@ -369,59 +383,79 @@ def main(argv=None) -> int:
     ns = [int(v) for v in args.n.split(",")]
     results, shm_rows = {}, []
     if not args.no_mpi:
-        rows = []
-        for n in ns:
-            cmd = mpirun_command(n, [sys.executable, "-m", "ringcomm.tuning.tune", "_worker"])
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            line = next((ln for ln in res.stdout.splitlines() if ln.startswith("TUNE ")), None)
-            if res.returncode or line is None:
-                print(f"ringcomm tune: the MPI run on {n} ranks failed:\n{res.stdout[-2000:]}{res.stderr[-2000:]}",
-                      file=sys.stderr)
-                return 1
-            rows += json.loads(line[5:])
-            shm_line = next((ln for ln in res.stdout.splitlines() if ln.startswith("TUNESHM ")), "TUNESHM []")
-            shm_rows += json.loads(shm_line[8:])
-        results["mpi"] = rows
+        got = _mpi_rows(ns)
+        if got is None:
+            return 1
+        results["mpi"], shm_rows = got
     results["inproc"] = _inproc_rows(2)
     when = datetime.datetime.now().isoformat(timespec="seconds")
     for key, rows in results.items():
-        costs = selection.fit(rows)
-        ranks = sorted({r["n"] for r in rows})
-        print(f"{key}: {costs}   ({len(rows)} measurements, N = {ranks})")
-        print(f"  {'algorithm':<20}{'n':>3}{'bytes':>10}{'measured us':>13}{'model us':>10}{'ratio':>7}")
-        for r in rows:
-            m = float(selection.predict(costs, r["algorithm"], r["n"], r["bytes"]))
-            print(f"  {r['algorithm']:<20}{r['n']:>3}{r['bytes']:>10}{r['seconds'] * 1e6:>13.2f}"
-                  f"{m * 1e6:>10.2f}{m / r['seconds']:>7.2f}")
-        for n in ranks:
-            mrd, mhd = selection.auto_limits(costs, n)
-            try:
-                rd, hd = selection.auto_limits(selection.Measured.from_rows(rows, n), n)
-            except ValueError as exc:  # e.g. a time of 0 (timer resolution): the lines decide on n ranks
-                print(f"  auto on {n} ranks: the fitted lines ({mrd} B, {mhd} B): the measurements are unusable "
-                      f"({exc})")
-                continue
-            print(f"  auto on {n} ranks (measured): recursive doubling up to {rd} B, halving-doubling up to {hd} B, "
-                  f"the ring above (the fitted lines alone would say {mrd} B, {mhd} B)")
+        costs = _report_costs(key, rows)
         if not args.dry_run:
-            path = selection.save(key, costs, {"measured": when, "ranks": ranks, "rows": rows})
-    limits = {}
-    for n in sorted({r["n"] for r in shm_rows}):
-        limits[str(n)] = lim = shm_limits(shm_rows, n)
-        print(f"shared memory on {n} ranks of one host ("
-              + describe_single_copy(lim["single_copy"], lim.get("single_copy_min"), lim.get("single_copy_min_4k"))
-              + "), auto runs the window:")
-        for line in describe_shm_limits(lim):
-            print("  " + line)
-        print(f"  {'collective':<16}{'algorithm':<20}{'bytes':>10}{'measured us':>13}")
-        for r in shm_rows:
-            if r["n"] == n:
-                print(f"  {r['collective']:<16}{r['algorithm']:<20}{r['bytes']:>10}{r['seconds'] * 1e6:>13.2f}")
+            path = selection.save(key, costs, {"measured": when, "ranks": sorted({r["n"] for r in rows}),
+                                               "rows": rows})
+    limits = {str(n): _report_shm(shm_rows, n) for n in sorted({r["n"] for r in shm_rows})}
     if limits and not args.dry_run:
         path = selection.save_entry("shm", {"measured": when, "limits": limits, "rows": shm_rows})
     if not args.dry_run:
         print(f"written to {path}")
     return 0
+
+
+def _mpi_rows(ns: list) -> tuple | None:
+    """The MPI runs on each number of ranks: (cost-model rows, window rows),
+    or None (said on stderr) where a run failed."""
+    rows, shm_rows = [], []
+    for n in ns:
+        cmd = mpirun_command(n, [sys.executable, "-m", "ringcomm.tuning.tune", "_worker"])
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        line = next((ln for ln in res.stdout.splitlines() if ln.startswith("TUNE ")), None)
+        if res.returncode or line is None:
+            print(f"ringcomm tune: the MPI run on {n} ranks failed:\n{res.stdout[-2000:]}{res.stderr[-2000:]}",
+                  file=sys.stderr)
+            return None
+        rows += json.loads(line[5:])
+        shm_line = next((ln for ln in res.stdout.splitlines() if ln.startswith("TUNESHM ")), "TUNESHM []")
+        shm_rows += json.loads(shm_line[8:])
+    return rows, shm_rows
+
+
+def _report_costs(key: str, rows: list):
+    """The cost model fitted to one transport's rows, printed against them with auto's limits."""
+    costs = selection.fit(rows)
+    ranks = sorted({r["n"] for r in rows})
+    print(f"{key}: {costs}   ({len(rows)} measurements, N = {ranks})")
+    print(f"  {'algorithm':<20}{'n':>3}{'bytes':>10}{'measured us':>13}{'model us':>10}{'ratio':>7}")
+    for r in rows:
+        m = float(selection.predict(costs, r["algorithm"], r["n"], r["bytes"]))
+        print(f"  {r['algorithm']:<20}{r['n']:>3}{r['bytes']:>10}{r['seconds'] * 1e6:>13.2f}"
+              f"{m * 1e6:>10.2f}{m / r['seconds']:>7.2f}")
+    for n in ranks:
+        mrd, mhd = selection.auto_limits(costs, n)
+        try:
+            rd, hd = selection.auto_limits(selection.Measured.from_rows(rows, n), n)
+        except ValueError as exc:  # e.g. a time of 0 (timer resolution): the lines decide on n ranks
+            print(f"  auto on {n} ranks: the fitted lines ({mrd} B, {mhd} B): the measurements are unusable "
+                  f"({exc})")
+            continue
+        print(f"  auto on {n} ranks (measured): recursive doubling up to {rd} B, halving-doubling up to {hd} B, "
+              f"the ring above (the fitted lines alone would say {mrd} B, {mhd} B)")
+    return costs
+
+
+def _report_shm(shm_rows: list, n: int) -> dict:
+    """The window's limits on n ranks (shm_limits), printed with the rows."""
+    lim = shm_limits(shm_rows, n)
+    print(f"shared memory on {n} ranks of one host ("
+          + describe_single_copy(lim["single_copy"], lim.get("single_copy_min"), lim.get("single_copy_min_4k"))
+          + "), auto runs the window:")
+    for line in describe_shm_limits(lim):
+        print("  " + line)
+    print(f"  {'collective':<16}{'algorithm':<20}{'bytes':>10}{'measured us':>13}")
+    for r in shm_rows:
+        if r["n"] == n:
+            print(f"  {r['collective']:<16}{r['algorithm']:<20}{r['bytes']:>10}{r['seconds'] * 1e6:>13.2f}")
+    return lim
 
 
 if __name__ == "__main__":

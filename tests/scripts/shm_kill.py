@@ -48,7 +48,7 @@ def pause(f, name="-"):
     time.sleep(600)  # until the test kills every rank
 
 
-window, arena, by_name = shm.core.shm_window, shm.core.shm_arena_map, shm._open_and_map
+window, arena, by_name = shm.core.shm_window, shm.core.shm_arena_map, shm.segment._open_and_map
 
 
 def window_paused(f, rank, n, slot, create):
@@ -75,7 +75,7 @@ def by_name_paused(path, where, nbytes, rank, map_it):
     return by_name(path, where, nbytes, rank, map_it)
 
 
-shm.core.shm_window, shm.core.shm_arena_map, shm._open_and_map = window_paused, arena_paused, by_name_paused
+shm.core.shm_window, shm.core.shm_arena_map, shm.segment._open_and_map = window_paused, arena_paused, by_name_paused
 
 
 if len(sys.argv) > 2:

@@ -68,47 +68,17 @@ import numpy as np
 import torch
 
 from .. import vocab
-from ..train.buckets import MB, assign_buckets
 from ..train.consistency import broadcast_parameters
 from ..errors import InvalidArgument
+from .zero_flats import Flat, bucket_groups, check_parameters, unit_groups
+from .zero_stage3 import Stage3
 from ..train.sharding import MemoryLedger, adam_update, load_shards, matched_sums, save_shards
 from ..train.tensors import arena_zeros, averaging
 
 __all__ = ["TorchZero"]
 
 
-class _Flat:
-    """One flat buffer: a gradient bucket (stages 0-2) or a unit (stage 3)."""
-
-    def __init__(self, index, pidx, params, names, module=None):
-        self.index = index
-        self.pidx = list(pidx)            # indices into TorchZero's trainable parameter list, in layout order
-        self.names = list(names)
-        self.shapes = [tuple(p.shape) for p in params]
-        self.sizes = [p.numel() for p in params]
-        self.offsets = list(np.cumsum([0] + self.sizes[:-1]).tolist())
-        self.count = sum(self.sizes)
-        self.dtype = params[0].dtype
-        self.itemsize = params[0].element_size()
-        self.module = module              # stage 3: the module whose hooks gather it
-        self.lo = self.hi = 0
-        self.flat = None                  # full parameters (stage 3: storage freed when not gathered)
-        self.shard = None                 # stage 3: this rank's chunk of the parameters
-        self.grads = None                 # full gradients (stages 0-1 always, 2-3 while in flight)
-        self.grad_shard = None            # stages 1-3: the reduced chunk
-        self.master = self.m = self.v = None
-        self.pending: set = set(self.pidx)  # parameters whose gradient has not arrived in this backward
-        self.work = None                  # the gradient reduction in flight
-        self.gather_work = None           # stage 3: an all_gather in flight
-        self.full = False                 # stage 3: storage allocated (gathered, or being gathered)
-        self.bwd = False                  # stage 3: backward gather done in this iteration
-
-    def view(self, buf, j):
-        off, k = self.offsets[j], self.sizes[j]
-        return buf[off:off + k].view(self.shapes[j])
-
-
-class TorchZero:
+class TorchZero(Stage3):
     """ZeRO stage 0 (DDP), 1, 2 or 3 over a ringcomm communicator for a
     ``torch.nn.Module`` with CPU parameters (float32, or bfloat16/float16 with
     fp32 master weights); it is the module's optimizer too (Adam or SGD).
@@ -156,118 +126,105 @@ class TorchZero:
         self._next_launch = 0
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        if not named:
-            raise InvalidArgument("TorchZero: the module has no trainable parameters")
+        check_parameters(named)
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
-        index = {id(p): i for i, p in enumerate(self._params)}
-        for n, p in named:
-            if p.device.type != "cpu":
-                raise InvalidArgument(f"parameter {n!r} is on {p.device}; TorchZero takes CPU tensors only")
-            if vocab.torch_name(p.dtype) not in vocab.FLOATING:
-                raise InvalidArgument(f"parameter {n!r} is {p.dtype}; TorchZero needs floating parameters "
-                                      "(float32, or bfloat16/float16 with fp32 master weights)")
         # Frozen parameters and buffers stay whole: rank 0's values, once.
         rest = [p for p in module.parameters() if not p.requires_grad] + list(module.buffers())
         if rest:
             with torch.no_grad():
                 broadcast_parameters(rest, comm, root=0)
 
-        # ---- the flat buffers, in launch order ----------------------------------
-        if stage == 3 and units is None:
-            units = [c for c in module.children() if any(p.requires_grad for p in c.parameters())]
-        groups = []  # (module or None, [parameter indices])
-        if units is not None:
-            units = list(units)
-            owner: dict[int, int] = {}
-            for k, mod in enumerate(units):
-                if not isinstance(mod, torch.nn.Module):
-                    raise InvalidArgument(f"units[{k}] is a {type(mod).__name__}, expected a torch.nn.Module")
-                idx = []
-                for p in mod.parameters():
-                    i = index.get(id(p))
-                    if i is None:
-                        continue
-                    if i in owner:
-                        raise InvalidArgument(f"units must be disjoint: parameter {self._names[i]!r} is in "
-                                              f"units[{owner[i]}] and units[{k}]")
-                    owner[i] = k
-                    idx.append(i)
-                groups.append((mod, idx))
-            root = [i for i in range(len(self._params)) if i not in owner]
-            fwd = ([(module, root)] if root else []) + [g for g in groups if g[1]]
-            self._forward_order = fwd
-            # backward produces the last unit's gradients first; the root's (if any) come last
-            groups = [g for g in reversed(groups) if g[1]] + ([(module, root)] if root else [])
-        else:
-            items = [((str(p.dtype),), p.numel() * p.element_size()) for p in self._params]
-            groups = [(None, idx) for _, idx in assign_buckets(items, list(reversed(range(len(self._params)))),
-                                                               int(bucket_cap_mb * MB), int(first_bucket_mb * MB))]
-        self._units: list[_Flat] = []
-        self._unit_of: dict[int, tuple[_Flat, int]] = {}
-        n, r = comm.size, comm.rank
-        for k, (mod, idx) in enumerate(groups):
-            ps = [self._params[i] for i in idx]
-            dts = {p.dtype for p in ps}
-            if len(dts) != 1:
-                raise InvalidArgument(f"unit {k} mixes dtypes {sorted(map(str, dts))}: a unit's parameters must "
-                                      "share one dtype")
-            u = _Flat(k, idx, ps, [self._names[i] for i in idx], mod if stage == 3 else None)
-            u.lo, u.hi = vocab.chunk_range(u.count, n, r)
-            with torch.no_grad():
-                u.flat = torch.cat([p.detach().reshape(-1) for p in ps])
-                comm.broadcast(u.flat, root=0)  # every rank starts from rank 0's values
-                for j, (i, p) in enumerate(zip(idx, ps)):
-                    p.data = u.view(u.flat, j)
-                    self._unit_of[i] = (u, j)
-            own = u.flat if stage == 0 else u.flat[u.lo:u.hi]
-            u.master = own.to(torch.float32, copy=True).numpy()  # (.numpy() on own would make its storage non-resizable)
-            self._ledger.count("optimizer", u.master.nbytes)
-            if optimizer == "adam":
-                u.m, u.v = np.zeros_like(u.master), np.zeros_like(u.master)
-                self._ledger.count("optimizer", u.m.nbytes + u.v.nbytes)
-            if stage < 3:
-                self._ledger.count("params", u.flat.numel() * u.itemsize)
-            else:
-                u.shard = u.flat[u.lo:u.hi].clone()
-                self._ledger.count("params", u.shard.numel() * u.itemsize)
-                u.flat.untyped_storage().resize_(0)  # the parameters keep their shapes, hold 0 bytes
-            if stage < 2:
-                self._ledger.count("grads", u.count * u.itemsize)
-            elif stage >= 2:
-                u.grad_shard = torch.zeros(u.hi - u.lo, dtype=u.dtype)
-                self._ledger.count("grads", (u.hi - u.lo) * u.itemsize)
-            self._units.append(u)
+        # the flat buffers, in launch order
+        self._unit_of: dict[int, tuple[Flat, int]] = {}
+        self._units: list[Flat] = [self._make_flat(k, mod, idx) for k, (mod, idx) in
+                                   enumerate(self._groups(units, bucket_cap_mb, first_bucket_mb))]
         self.layout = [list(u.names) for u in self._units]
-        # Stages 0-1 keep their full gradients: ranks of one host put them in
-        # the shared arena (collective: all ranks or none), where their
-        # reduction runs zero copy with the staged shm path's sums (matched_sums).
-        self._grads_in_arena = False
-        if stage < 2:
-            shared = arena_zeros(comm, [(("torch", vocab.torch_name(u.dtype), None), u.count) for u in self._units])
-            self._grads_in_arena = shared is not None
-            for k, u in enumerate(self._units):
-                u.grads = shared[k] if shared is not None else torch.zeros(u.count, dtype=u.dtype)
-                if stage == 1:  # reduce-scattered in place: this rank's chunk of the full buffer
-                    u.grad_shard = u.grads[u.lo:u.hi]
+        self._grads_in_arena = self._keep_full_grads() if stage < 2 else False
 
         # The parameters' version counters now: one that moves was written
         # by the caller (load_state_dict, an in-place op), not by TorchZero,
         # whose own writes go through the flat buffers (_take_writes).
         self._versions = [p._version for p in self._params]
+        self._install_hooks()
 
-        # ---- hooks ------------------------------------------------------------------
+    def _groups(self, units, bucket_cap_mb: float, first_bucket_mb: float) -> list:
+        """Which parameters share a flat buffer, in launch order (and, with
+        units, the units in forward order: _forward_order)."""
+        if self.stage == 3 and units is None:
+            units = [c for c in self.module.children() if any(p.requires_grad for p in c.parameters())]
+        if units is None:
+            return bucket_groups(self._params, bucket_cap_mb, first_bucket_mb)
+        groups, self._forward_order = unit_groups(self.module, units, self._params, self._names)
+        return groups
+
+    def _make_flat(self, k: int, mod, idx: list) -> Flat:
+        """Flat buffer k over the parameters `idx` (rank 0's values), which
+        become views into it."""
+        ps = [self._params[i] for i in idx]
+        dts = {p.dtype for p in ps}
+        if len(dts) != 1:
+            raise InvalidArgument(f"unit {k} mixes dtypes {sorted(map(str, dts))}: a unit's parameters must "
+                                  "share one dtype")
+        u = Flat(k, idx, ps, [self._names[i] for i in idx], mod if self.stage == 3 else None)
+        u.lo, u.hi = vocab.chunk_range(u.count, self.comm.size, self.comm.rank)
+        with torch.no_grad():
+            u.flat = torch.cat([p.detach().reshape(-1) for p in ps])
+            self.comm.broadcast(u.flat, root=0)  # every rank starts from rank 0's values
+            for j, (i, p) in enumerate(zip(idx, ps)):
+                p.data = u.view(u.flat, j)
+                self._unit_of[i] = (u, j)
+        self._make_state(u)
+        return u
+
+    def _make_state(self, u: Flat) -> None:
+        """`u`'s optimizer state, parameter shard and gradient shard as the
+        stage keeps them, counted in the memory ledger."""
+        stage = self.stage
+        own = u.flat if stage == 0 else u.flat[u.lo:u.hi]
+        u.master = own.to(torch.float32, copy=True).numpy()  # (.numpy() on own would make its storage non-resizable)
+        self._ledger.count("optimizer", u.master.nbytes)
+        if self.optimizer == "adam":
+            u.m, u.v = np.zeros_like(u.master), np.zeros_like(u.master)
+            self._ledger.count("optimizer", u.m.nbytes + u.v.nbytes)
+        if stage < 3:
+            self._ledger.count("params", u.flat.numel() * u.itemsize)
+        else:
+            u.shard = u.flat[u.lo:u.hi].clone()
+            self._ledger.count("params", u.shard.numel() * u.itemsize)
+            u.flat.untyped_storage().resize_(0)  # the parameters keep their shapes, hold 0 bytes
+        if stage < 2:
+            self._ledger.count("grads", u.count * u.itemsize)
+        else:
+            u.grad_shard = torch.zeros(u.hi - u.lo, dtype=u.dtype)
+            self._ledger.count("grads", (u.hi - u.lo) * u.itemsize)
+
+    def _keep_full_grads(self) -> bool:
+        """Stages 0-1 keep their full gradients: ranks of one host put them in
+        the shared arena (collective: all ranks or none), where their
+        reduction runs zero copy with the staged shm path's sums
+        (matched_sums). Whether they are there."""
+        shared = arena_zeros(self.comm, [(("torch", vocab.torch_name(u.dtype), None), u.count) for u in self._units])
+        for k, u in enumerate(self._units):
+            u.grads = shared[k] if shared is not None else torch.zeros(u.count, dtype=u.dtype)
+            if self.stage == 1:  # reduce-scattered in place: this rank's chunk of the full buffer
+                u.grad_shard = u.grads[u.lo:u.hi]
+        return shared is not None
+
+    def _install_hooks(self) -> None:
         for i, p in enumerate(self._params):
             self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i)))
-        if stage == 3:
-            by_module = {id(u.module): u for u in self._units}
-            self._fwd = [by_module[id(mod)] for mod, _ in self._forward_order]
-            root_unit = [u for u in self._fwd if u.module is module]
-            self._bwd = root_unit + [u for u in reversed(self._fwd) if u.module is not module]
-            for fi, u in enumerate(self._fwd):
-                self._hooks.append(u.module.register_forward_pre_hook(functools.partial(self._pre_forward, fi)))
-                self._hooks.append(u.module.register_forward_hook(functools.partial(self._post_forward, fi)))
-            self._hooks.append(module.register_state_dict_pre_hook(self._check_gathered))
+        if self.stage != 3:
+            return
+        module = self.module
+        by_module = {id(u.module): u for u in self._units}
+        self._fwd = [by_module[id(mod)] for mod, _ in self._forward_order]
+        root_unit = [u for u in self._fwd if u.module is module]
+        self._bwd = root_unit + [u for u in reversed(self._fwd) if u.module is not module]
+        for fi, u in enumerate(self._fwd):
+            self._hooks.append(u.module.register_forward_pre_hook(functools.partial(self._pre_forward, fi)))
+            self._hooks.append(u.module.register_forward_hook(functools.partial(self._post_forward, fi)))
+        self._hooks.append(module.register_state_dict_pre_hook(self._check_gathered))
 
     # ---- memory ledger --------------------------------------------------------
     def memory(self) -> dict:
@@ -278,69 +235,6 @@ class TorchZero:
 
     def reset_peak(self) -> None:
         self._ledger.reset_peak()
-
-    # ---- stage 3: gather / free -------------------------------------------------
-    def _prefetch(self, u: _Flat) -> None:
-        if u.full:
-            return
-        u.flat.untyped_storage().resize_(u.count * u.itemsize)
-        u.full = True
-        self._ledger.count("params", u.count * u.itemsize)
-        u.gather_work = self.comm.all_gather(u.shard, out=u.flat, async_op=True)
-
-    def _gather(self, u: _Flat) -> None:
-        self._prefetch(u)
-        if u.gather_work is not None:
-            u.gather_work.wait()
-            u.gather_work = None
-
-    def _release(self, u: _Flat) -> None:
-        if not u.full:
-            return
-        if u.gather_work is not None:  # never free memory a collective still writes
-            u.gather_work.wait()
-            u.gather_work = None
-        u.flat.untyped_storage().resize_(0)
-        u.full = False
-        self._ledger.count("params", -u.count * u.itemsize)
-
-    def _pre_forward(self, fi: int, module, args) -> None:
-        self._gather(self._fwd[fi])
-        if self.prefetch and fi + 1 < len(self._fwd):
-            self._prefetch(self._fwd[fi + 1])
-
-    def _post_forward(self, fi: int, module, args, output) -> None:
-        u = self._fwd[fi]
-        self._release(u)
-        if torch.is_grad_enabled():
-            leaves = torch.utils._pytree.tree_flatten(output)[0]
-            for x in leaves:
-                if isinstance(x, torch.Tensor) and x.requires_grad:
-                    x.register_hook(functools.partial(self._pre_backward, u))
-
-    def _check_gathered(self, module, prefix, keep_vars) -> None:
-        """Stage 3: state_dict() outside gathered() would hold tensors of 0
-        bytes (the sharded parameters' storage): refused."""
-        if not all(u.full for u in self._units):
-            raise InvalidArgument("TorchZero stage 3: call module.state_dict() inside zero.gathered() (outside "
-                                  "it the parameters' storage is freed: the state would be empty)")
-
-    def _pre_backward(self, u: _Flat, grad) -> None:
-        if self._backwards and not u.pending:
-            raise InvalidArgument(
-                f"rank {self.comm.rank}: a second backward before step(): TorchZero reduces each parameter's "
-                "gradient once per step (one backward per step)")
-        self._backward_started()
-        if u.bwd or not u.pending:
-            return
-        u.bwd = True
-        self._gather(u)
-        if self.prefetch:
-            k = self._bwd.index(u)
-            if k + 1 < len(self._bwd):
-                nxt = self._bwd[k + 1]
-                if not nxt.bwd and nxt.pending:
-                    self._prefetch(nxt)
 
     # ---- gradients ----------------------------------------------------------------
     def _backward_started(self) -> None:
@@ -385,7 +279,7 @@ class TorchZero:
                 if u.work is not None and u.work.is_completed():
                     self._settle(u)
 
-    def _settle(self, u: _Flat) -> None:
+    def _settle(self, u: Flat) -> None:
         if u.work is not None:
             u.work.wait()
             u.work = None
@@ -471,7 +365,7 @@ class TorchZero:
                     g.mul_(coef)
         return torch.tensor(total, dtype=torch.float32)
 
-    def _take_writes(self, u: _Flat) -> None:
+    def _take_writes(self, u: Flat) -> None:
         """Parameters of u written by the caller since TorchZero last wrote
         them (model.load_state_dict, an in-place op; at stage 3 inside
         gathered()): this rank's part becomes the master weights (and the
@@ -486,7 +380,7 @@ class TorchZero:
         for i in u.pidx:
             self._versions[i] = self._params[i]._version
 
-    def _publish(self, u: _Flat) -> list:
+    def _publish(self, u: Flat) -> list:
         """Write the master weights back in the parameters' dtype (torch's
         round-to-nearest-even cast); stages 1-2 start the all_gather."""
         src = torch.from_numpy(u.master)

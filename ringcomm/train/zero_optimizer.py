@@ -94,6 +94,19 @@ def _array_module(comm):
     return np
 
 
+def _one_floating_dtype(units: list) -> np.dtype:
+    """The one floating dtype of every array in `units` (lists of arrays)."""
+    if not units or not all(units):
+        raise InvalidArgument("units must be a non-empty list of non-empty lists of arrays")
+    dtypes = {np.dtype(p.dtype) for u in units for p in u}
+    if len(dtypes) != 1:
+        raise InvalidArgument(f"all parameters must have one dtype, got {sorted(map(str, dtypes))}")
+    dtype = dtypes.pop()
+    if vocab.numpy_name(dtype) not in vocab.FLOATING:
+        raise InvalidArgument(f"parameters must be floating (float32, float16, bfloat16), got {dtype}")
+    return dtype
+
+
 class ZeroOptimizer:
     """Adam (or SGD) over ringcomm, with ZeRO stage 0 (DDP), 1, 2 or 3.
 
@@ -112,20 +125,11 @@ class ZeroOptimizer:
         if optimizer not in ("adam", "sgd"):
             raise InvalidArgument(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
         units = [list(u) for u in units]
-        if not units or not all(units):
-            raise InvalidArgument("units must be a non-empty list of non-empty lists of arrays")
-        dtypes = {np.dtype(p.dtype) for u in units for p in u}
-        if len(dtypes) != 1:
-            raise InvalidArgument(f"all parameters must have one dtype, got {sorted(map(str, dtypes))}")
-        self.dtype = dtypes.pop()
-        name = vocab.numpy_name(self.dtype)
-        if name not in vocab.FLOATING:
-            raise InvalidArgument(f"parameters must be floating (float32, float16, bfloat16), got {self.dtype}")
+        self.dtype = _one_floating_dtype(units)
         self.comm, self.stage, self.optimizer = comm, stage, optimizer
         # Where the flat buffers and the optimizer state live: where the
         # communicator's payload does (numpy on the host, cupy on a GPU).
         self.xp = _array_module(comm)
-        xp = self.xp
         # Stages 2-3: at most this many units' full gradients exist at once
         # (being filled, or being reduce-scattered); the next grads() waits
         # for the oldest reduction first. Bounds the peak, like DeepSpeed's
@@ -134,53 +138,59 @@ class ZeroOptimizer:
         self._inflight: list[_Unit] = []
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.t = 0
-        n, r = comm.size, comm.rank
-        self._units: list[_Unit] = []
         self._ledger = MemoryLedger()
-        for arrays in units:
-            sizes = [int(p.size) for p in arrays]
-            count = sum(sizes)
-            lo, hi = vocab.chunk_range(count, n, r)
-            flat = xp.empty(count, self.dtype)
-            off = 0
-            for p, k in zip(arrays, sizes):
-                flat[off:off + k] = xp.asarray(p, self.dtype).reshape(-1)
-                off += k
-            comm.broadcast(flat, root=0)  # every rank starts from rank 0's values
-            u = _Unit([p.shape for p in arrays], sizes, count, lo, hi, None, None, None, None)
-            if stage < 3:
-                u.params = flat
-                self._ledger.count("params", flat.nbytes)
-            else:
-                u.param_shard = flat[lo:hi].copy()
-                self._ledger.count("params", u.param_shard.nbytes)
-            if stage < 2:
-                u.grads = xp.zeros(count, self.dtype)
-                self._ledger.count("grads", u.grads.nbytes)
-            if stage >= 2:
-                u.grad_shard = xp.zeros(hi - lo, self.dtype)
-                self._ledger.count("grads", u.grad_shard.nbytes)
-            own = flat if stage == 0 else flat[lo:hi]
-            u.master = own.astype(np.float32)
-            self._ledger.count("optimizer", u.master.nbytes)
-            if optimizer == "adam":
-                u.m, u.v = xp.zeros_like(u.master), xp.zeros_like(u.master)
-                self._ledger.count("optimizer", u.m.nbytes + u.v.nbytes)
-            self._units.append(u)
-        # Stages 0-1 keep their full gradients: ranks of one host put them in
-        # the shared arena (collective: all ranks or none), where their
-        # all_reduce / reduce_scatter run zero copy, with the same sums as
-        # the staged shm path of stages 2-3 (matched_sums).
-        self._grads_in_arena = False
-        if stage < 2 and xp is np:
-            shared = arena_zeros(comm, [(("numpy", name, None), u.count) for u in self._units])
-            if shared is not None:
-                for u, g in zip(self._units, shared):
-                    u.grads = g
-                self._grads_in_arena = True
+        self._units: list[_Unit] = [self._make_unit(arrays) for arrays in units]
+        self._grads_in_arena = self._grads_to_arena() if stage < 2 and self.xp is np else False
         for u in self._units:
             if stage == 1:  # reduce-scattered in place: the shard is this rank's chunk of the full buffer
                 u.grad_shard = u.grads[u.lo:u.hi]
+
+    def _make_unit(self, arrays: list) -> "_Unit":
+        """One unit's flat buffer (rank 0's values) and its state as the stage
+        keeps it, counted in the memory ledger."""
+        xp, stage, comm = self.xp, self.stage, self.comm
+        sizes = [int(p.size) for p in arrays]
+        count = sum(sizes)
+        lo, hi = vocab.chunk_range(count, comm.size, comm.rank)
+        flat = xp.empty(count, self.dtype)
+        off = 0
+        for p, k in zip(arrays, sizes):
+            flat[off:off + k] = xp.asarray(p, self.dtype).reshape(-1)
+            off += k
+        comm.broadcast(flat, root=0)  # every rank starts from rank 0's values
+        u = _Unit([p.shape for p in arrays], sizes, count, lo, hi, None, None, None, None)
+        if stage < 3:
+            u.params = flat
+            self._ledger.count("params", flat.nbytes)
+        else:
+            u.param_shard = flat[lo:hi].copy()
+            self._ledger.count("params", u.param_shard.nbytes)
+        if stage < 2:
+            u.grads = xp.zeros(count, self.dtype)
+            self._ledger.count("grads", u.grads.nbytes)
+        else:
+            u.grad_shard = xp.zeros(hi - lo, self.dtype)
+            self._ledger.count("grads", u.grad_shard.nbytes)
+        own = flat if stage == 0 else flat[lo:hi]
+        u.master = own.astype(np.float32)
+        self._ledger.count("optimizer", u.master.nbytes)
+        if self.optimizer == "adam":
+            u.m, u.v = xp.zeros_like(u.master), xp.zeros_like(u.master)
+            self._ledger.count("optimizer", u.m.nbytes + u.v.nbytes)
+        return u
+
+    def _grads_to_arena(self) -> bool:
+        """Stages 0-1 keep their full gradients: ranks of one host put them in
+        the shared arena (collective: all ranks or none), where their
+        all_reduce / reduce_scatter run zero copy, with the same sums as
+        the staged shm path of stages 2-3 (matched_sums). Whether they are there."""
+        name = vocab.numpy_name(self.dtype)
+        shared = arena_zeros(self.comm, [(("numpy", name, None), u.count) for u in self._units])
+        if shared is None:
+            return False
+        for u, g in zip(self._units, shared):
+            u.grads = g
+        return True
 
     # ---- memory ledger ------------------------------------------------------
     def memory(self) -> dict:
