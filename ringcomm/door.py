@@ -163,26 +163,7 @@ class Door:
         xb = None
         if self.rank == root or (x is not None and out is None):
             xb = self.view(x, "scatter input" if self.rank == root else "scatter input (the template of out)")
-        if self.rank == root:
-            total = xb.count
-            if counts is None:
-                if total % self.size:
-                    raise InvalidArgument(
-                        f"scatter input has {total} elements, not divisible by {self.size} ranks; pass counts= "
-                        f"(for the split rule: ringcomm.vocab.chunk_counts({total}, {self.size}))")
-                counts_mine = total // self.size
-            elif total != sum(counts):
-                raise InvalidArgument(f"scatter counts sum to {sum(counts)} but the root's input has {total} elements")
-        if counts is not None:
-            mine = counts[self.rank]
-            total = sum(counts)
-        elif self.rank == root:
-            mine = counts_mine
-        else:
-            if out is None:
-                raise InvalidArgument("scatter on a rank other than the root needs out= (its block) or counts=")
-            mine = self.view(out, "scatter out").count
-            total = mine * self.size
+        mine, total = self._scatter_sizes(xb, root, counts, out)
         if out is None:
             if xb is None:
                 raise InvalidArgument("scatter on a rank other than the root needs out= or an input x as the "
@@ -200,6 +181,26 @@ class Door:
         if lead is None:  # only the dtype travels from out: the input is not read here
             return self._call("scatter", None, ob, total, 0, root, algo, ob.obj, counts)
         return self._call("scatter", xb, ob, total, 0, root, algo, ob.obj, counts)
+
+    def _scatter_sizes(self, xb: Buf | None, root: int, counts, out) -> tuple[int, int]:
+        """scatter's (this rank's block, the total): from counts=, from the
+        root's input (equal blocks), or off the root from out."""
+        if self.rank == root:
+            total = xb.count
+            if counts is None:
+                if total % self.size:
+                    raise InvalidArgument(
+                        f"scatter input has {total} elements, not divisible by {self.size} ranks; pass counts= "
+                        f"(for the split rule: ringcomm.vocab.chunk_counts({total}, {self.size}))")
+                return total // self.size, total
+            if total != sum(counts):
+                raise InvalidArgument(f"scatter counts sum to {sum(counts)} but the root's input has {total} elements")
+        if counts is not None:
+            return counts[self.rank], sum(counts)
+        if out is None:
+            raise InvalidArgument("scatter on a rank other than the root needs out= (its block) or counts=")
+        mine = self.view(out, "scatter out").count
+        return mine, mine * self.size
 
     def _scatter_places(self, x, root, counts, out, new_array, algo) -> Described:
         """scatter from the root's list of arrays, one per rank's block."""
@@ -288,53 +289,19 @@ class Door:
         """all_to_all with lists of arrays (torch's list form): x[p] goes to
         rank p, out[p] comes from rank p, each straight from / into its array.
         A list is a call with per-peer splits (its arrays' sizes)."""
-        n = self.size
         splits = self._counts(splits, "all_to_all splits")
         out_splits = self._counts(out_splits, "all_to_all out_splits")
-        xb, ins = None, []
-        if isinstance(x, (list, tuple)):
-            if not len(x):
-                raise InvalidArgument(f"all_to_all input is an empty list, expected one array per rank ({n})")
-            ins = self._places(x, self.view(x[0], "all_to_all input[0]").dtype, "all_to_all input", writable=False)
-            if splits is not None:
-                self._sizes(ins, splits, "all_to_all input")
-            splits = [b.count for b in ins]
-            dtype = ins[0].dtype
-        else:
-            xb = self.view(x, "all_to_all input")
-            dtype = xb.dtype
-            if splits is None:
-                if xb.count % n:
-                    raise InvalidArgument(f"all_to_all input has {xb.count} elements, not divisible by {n} ranks; "
-                                          "pass splits=")
-                splits = [xb.count // n] * n
-            elif sum(splits) != xb.count:
-                raise InvalidArgument(f"all_to_all splits sum to {sum(splits)}, but the input has {xb.count} elements")
-        ob, outs = None, []
+        xb, ins, splits = self._a2a_inputs(x, splits)
+        dtype = xb.dtype if xb is not None else ins[0].dtype
         if isinstance(out, (list, tuple)):
+            ob = None
             outs = self._places(out, dtype, "all_to_all out", writable=True)
             if out_splits is not None:
                 self._sizes(outs, out_splits, "all_to_all out")
             out_splits = [b.count for b in outs]
         else:
-            if out_splits is None:
-                if out is None:
-                    raise InvalidArgument("all_to_all with splits needs out_splits= (what each rank sends here) "
-                                          "or out= (split equally)")
-                oc = self.view(out, "all_to_all out").count
-                if oc % n:
-                    raise InvalidArgument(f"all_to_all out has {oc} elements, not divisible by {n} ranks; "
-                                          "pass out_splits=")
-                out_splits = [oc // n] * n
-            if out is None:
-                out = new_array(xb or ins[0], sum(out_splits))
-            ob = self.view(out, "all_to_all out")
-            _writable(ob, "all_to_all out")
-            if ob.dtype != dtype:
-                raise InvalidArgument(f"all_to_all out has dtype {ob.dtype}, expected the input's dtype {dtype}")
-            if ob.count != sum(out_splits):
-                raise InvalidArgument(f"all_to_all out has {ob.count} elements, expected {sum(out_splits)} "
-                                      "(the sum of out_splits)")
+            outs = []
+            ob, out, out_splits = self._a2a_one_out(out, out_splits, xb or ins[0], new_array)
         self._per_peer(splits, out_splits, dtype)
         # (the outputs are apart: checked above, or one array)
         if spans_meeting([(b.ptr, b.ptr + b.nbytes) for b in ([xb] if xb else ins)],
@@ -372,6 +339,50 @@ class Door:
             raise InvalidArgument(f"{what} of {xb.nbytes} bytes is larger than this transport's largest message "
                                   f"({self.p2p_max_bytes} bytes): send it in parts")
         return xb, peer, int(tag)
+
+    def _a2a_inputs(self, x, splits):
+        """The list form's input: a list of arrays (their sizes are the splits)
+        or one array (split by splits=, else equally). -> (buf, bufs, splits)"""
+        n = self.size
+        if isinstance(x, (list, tuple)):
+            if not len(x):
+                raise InvalidArgument(f"all_to_all input is an empty list, expected one array per rank ({n})")
+            ins = self._places(x, self.view(x[0], "all_to_all input[0]").dtype, "all_to_all input", writable=False)
+            if splits is not None:
+                self._sizes(ins, splits, "all_to_all input")
+            return None, ins, [b.count for b in ins]
+        xb = self.view(x, "all_to_all input")
+        if splits is None:
+            if xb.count % n:
+                raise InvalidArgument(f"all_to_all input has {xb.count} elements, not divisible by {n} ranks; "
+                                      "pass splits=")
+            splits = [xb.count // n] * n
+        elif sum(splits) != xb.count:
+            raise InvalidArgument(f"all_to_all splits sum to {sum(splits)}, but the input has {xb.count} elements")
+        return xb, [], splits
+
+    def _a2a_one_out(self, out, out_splits, template: Buf, new_array):
+        """The list form's output as one array (made when None). -> (buf, out, out_splits)"""
+        n = self.size
+        if out_splits is None:
+            if out is None:
+                raise InvalidArgument("all_to_all with splits needs out_splits= (what each rank sends here) "
+                                      "or out= (split equally)")
+            oc = self.view(out, "all_to_all out").count
+            if oc % n:
+                raise InvalidArgument(f"all_to_all out has {oc} elements, not divisible by {n} ranks; "
+                                      "pass out_splits=")
+            out_splits = [oc // n] * n
+        if out is None:
+            out = new_array(template, sum(out_splits))
+        ob = self.view(out, "all_to_all out")
+        _writable(ob, "all_to_all out")
+        if ob.dtype != template.dtype:
+            raise InvalidArgument(f"all_to_all out has dtype {ob.dtype}, expected the input's dtype {template.dtype}")
+        if ob.count != sum(out_splits):
+            raise InvalidArgument(f"all_to_all out has {ob.count} elements, expected {sum(out_splits)} "
+                                  "(the sum of out_splits)")
+        return ob, out, out_splits
 
     def _root(self, root, coll: str) -> int:
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
