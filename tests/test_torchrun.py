@@ -33,6 +33,7 @@ import pytest
 pytest.importorskip("torch")
 from ringcomm import ucx  # noqa: E402
 from store_launch import clean_env  # noqa: E402
+from tiers import slow_except  # noqa: E402
 
 HERE = os.path.dirname(__file__)
 JOB = os.path.join(HERE, "scripts", "torchrun_job.py")
@@ -99,7 +100,7 @@ def check_job(res, n, *, shared=True, hierarchical=False):
     return got
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", slow_except([2], [2, 4]))
 def test_torchrun_standalone(n):
     res = torchrun(["--standalone", f"--nproc-per-node={n}"], JOB)
     got = check_job(res, n)
@@ -206,7 +207,7 @@ STORE_JOB = textwrap.dedent("""
     """)
 
 
-@pytest.mark.parametrize("fault", ["none", "die", "die_over_ucx", "die_over_ucx_shm", "mismatch", "interrupt"])
+@pytest.mark.parametrize("fault", slow_except(['none', 'die'], ["none", "die", "die_over_ucx", "die_over_ucx_shm", "mismatch", "interrupt"]))
 def test_init_with_a_store_in_plain_processes(tmp_path, fault):
     """The fault matrix's cases on a store launch (shared memory + UCX):
     a peer killed mid-job, ranks that disagree on the call, Ctrl-C.
