@@ -22,6 +22,7 @@ import ringcomm
 import suite
 from ringcomm import CommunicatorAborted, InvalidArgument, MismatchError
 from ringcomm import shm as shm_mod
+from tiers import slow_except
 
 
 def flat(results):
@@ -41,7 +42,7 @@ def cases(comm, algorithm, big):
 
 
 @pytest.mark.parametrize("algorithm", ["shm", "shm_flat"])
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 13])
+@pytest.mark.parametrize("n", slow_except([1, 2, 3, 8], [1, 2, 3, 4, 5, 8, 13]))
 def test_suite_in_process(n, algorithm):
     errs = flat(ringcomm.run_local(n, cases, algorithm, n in (2, 3, 5)))
     assert not errs, "\n".join(errs[:20])
@@ -50,7 +51,7 @@ def test_suite_in_process(n, algorithm):
 FEW = [("float32", "sum"), ("int8", "prod"), ("float64", "avg"), ("int64", "max")]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("n", slow_except([1, 2, 3, 5], [1, 2, 3, 5, 8]))
 def test_rooted_collectives_in_process(n):
     # reduce, gather, scatter (equal and per-rank counts, two roots) and
     # all_to_all in the window: results against numpy, the ledger per peer
@@ -61,7 +62,7 @@ def test_rooted_collectives_in_process(n):
     assert not errs, "\n".join(errs[:20])
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("n", slow_except([2, 3], [2, 3, 5, 8]))
 def test_single_copy_in_process(n, monkeypatch):
     # Every block by single copy (limit 1 byte; in process a memcpy from or
     # into the peer's array): all_gather, gather and scatter (one array and
@@ -94,7 +95,7 @@ def test_single_copy_in_process(n, monkeypatch):
     assert not errs, "\n".join(errs[:20])
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", slow_except([1, 2, 3], [1, 2, 3, 5]))
 @pytest.mark.parametrize("single", ["off", "2048"])
 def test_per_peer_all_to_all_through_the_slots_in_rounds(n, single, monkeypatch):
     # Per-peer blocks below the single-copy limit go through the slots, a
@@ -315,7 +316,7 @@ def test_rooted_collectives_that_disagree_or_cannot_run_in_the_window():
         assert rest == [-1.0] * (3 if r == 0 else 1), f"rank {r}: {rest}"
 
 
-@pytest.mark.parametrize("n", [2, 3, 7])
+@pytest.mark.parametrize("n", slow_except([2, 3], [2, 3, 7]))
 def test_many_rounds_with_a_small_slot(n, monkeypatch):
     # 4 KiB slots: a piece of 4096 / n bytes per chunk, so a few hundred
     # elements already take many rounds (and both parities many times).
@@ -340,7 +341,7 @@ def at_page_offset(count, dtype, off):
     return raw[i:i + nbytes].view(dtype)
 
 
-@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("n", slow_except([2, 3], [2, 3, 5]))
 def test_arrays_at_any_page_offset_through_the_window(n, monkeypatch):
     # The slots follow each call's array to its offset in the page
     # (ShmWindow::align_slots_to). Ranks here use different offsets, so a
@@ -420,7 +421,7 @@ def test_arrays_at_any_page_offset_through_the_window(n, monkeypatch):
     assert not errs, "\n".join(errs[:20])
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("n", slow_except([2, 3], [2, 3, 5, 8]))
 def test_zero_copy_suite_in_process(n):
     # Arrays from comm.empty (the shared arena): auto runs zero_copy, peers
     # read them where they are; every dtype and op, sizes 0..multi-slot.

@@ -23,6 +23,7 @@ from store_launch import clean_env
 from ringcomm import CollectiveTimeout, CommunicatorAborted, MismatchError, RingcommError
 from ringcomm import shm as shm_mod
 from shm_helpers import RUN, shm_files, run_script, lines, default_limits_env, pages_limit_env
+from tiers import slow_except
 
 
 # ------------------------------------------------------------ failures, in process
@@ -151,7 +152,7 @@ def test_abort_from_a_watchdog_is_seen_while_the_wait_still_yields(monkeypatch):
     assert "rank 0" in msgs[1], msgs[1]  # rank 1 hears of it when it comes
 
 
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("n", slow_except([3], [3, 4]))
 def test_news_passed_on_from_the_window_still_names_its_origin(n):
     # Rank 1 aborts; the ranks in the window hear it there and pass it on
     # round the ring. Rank 0, which comes late to a ring call, may hear it
@@ -350,7 +351,7 @@ def late_write(mode: str, coll: str = "gather", tmp_path=None) -> list[str]:
     return got
 
 
-@pytest.mark.parametrize("coll", ["gather", "reduce"])
+@pytest.mark.parametrize("coll", slow_except(["gather"], ["gather", "reduce"]))
 def test_no_write_lands_in_the_roots_output_after_it_failed(coll):
     # gather's and reduce's leaves write into the root's output by single
     # copy (ShmWindow::write_into: gather its block, reduce the sums of its
@@ -373,7 +374,7 @@ def test_no_write_lands_in_the_roots_output_after_it_failed(coll):
     assert "held=0 then 0:" in got[0], got[0]  # the writer stopped in time: nothing is kept for good
 
 
-@pytest.mark.parametrize("coll", ["gather", "reduce"])
+@pytest.mark.parametrize("coll", slow_except(["reduce"], ["gather", "reduce"]))
 def test_a_leaf_that_aborts_while_it_writes_stops_writing(coll, tmp_path):
     # The leaf's own abort (another thread of it) while it writes into the
     # root's output: it stops at the next piece (ShmWindow::check_running;
@@ -441,6 +442,7 @@ CTRL_C_AFTER_GRACE_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_that_outlasts_the_grace_keeps_the_arrays_until_the_call_ends():
     # A Ctrl-C while a synchronous all_reduce waits behind a gather on the
     # worker: the caller waits the engine's grace (min(timeout, 5 s): 1 s
@@ -457,7 +459,7 @@ def test_a_ctrl_c_that_outlasts_the_grace_keeps_the_arrays_until_the_call_ends()
     assert got and got[0] == "RANK 0 INTERRUPTED held=1 later=0", res.stdout + res.stderr
 
 
-@pytest.mark.parametrize("deviant", [0, 1])
+@pytest.mark.parametrize("deviant", slow_except([1], [0, 1]))
 def test_reduce_with_window_limits_that_differ_raises_and_writes_nothing(deviant, tmp_path):
     # reduce by single copy reads the peers' inputs and writes into the
     # root's output at the addresses they published for this call: a rank

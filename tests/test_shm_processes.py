@@ -19,9 +19,10 @@ import pytest
 from store_launch import clean_env
 from ringcomm import shm as shm_mod
 from shm_helpers import RUN, shm_files, run_script, lines, pages_limit_env
+from tiers import slow_except
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", slow_except([2], [2, 3, 4]))
 def test_over_mpi_one_host_uses_shared_memory_and_leaves_nothing(n):
     before = shm_files()
     res = run_script(n)
@@ -196,7 +197,7 @@ GATHER_PAGES_SCRIPT = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", slow_except([2], [2, 3]))
 def test_all_gather_decides_by_the_pages_alike(n, tmp_path):
     # all_gather from the single-copy limit: single copy unless the array
     # its peers would pin (some rank's input) lies in 4 KiB pages, then
@@ -227,7 +228,7 @@ def test_all_gather_decides_by_the_pages_alike(n, tmp_path):
             assert slots, line  # MADV_NOHUGEPAGE: the kernel says 4 KiB pages (on some rank)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", slow_except([2], [2, 3]))
 def test_single_copy_between_processes(n):
     # process_vm_readv / writev between the ranks of one host: every form of
     # all_gather, scatter and all_to_all read straight from the peers'
@@ -307,7 +308,7 @@ SPLIT_JOB = textwrap.dedent('''
     ''')
 
 
-@pytest.mark.parametrize("sessions", ["own", "shared"])
+@pytest.mark.parametrize("sessions", slow_except(['own'], ["own", "shared"]))
 def test_ranks_in_separate_scheduling_groups_are_told_once(tmp_path, sessions):
     # Two ranks pinned to one core: torchrun's way (a session, hence a kernel
     # scheduling group, per worker) gets one warning, on the host's first
