@@ -19,7 +19,7 @@ Two tiers (pyproject.toml's addopts: ``-m "not slow"``):
   it (CI's second run), ``python -m pytest -m ""`` runs both.
 
 Every test is in exactly one tier (slow or not), and tiering moves a test,
-never drops it. Naming tests by node id (``pytest 'tests/x.py::test_y[64]'``)
+never drops it. Naming tests by node id (``pytest 'tests/test_inproc.py::test_many_segments[64]'``)
 runs them whatever their tier.
 """
 
