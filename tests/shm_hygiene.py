@@ -98,8 +98,21 @@ def in_use() -> set:
 
 
 # ------------------------------------------------------------ the tracker process
+_HAS_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")  # CONFIG_PROC_CHILDREN
+
+
 def _children(pid: int) -> list:
     out = []
+    if not _HAS_CHILDREN:  # every process's parent, from /proc/<pid>/stat
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                try:
+                    with open(f"/proc/{p}/stat", "rb") as f:
+                        if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                            out.append(int(p))
+                except (OSError, IndexError, ValueError):
+                    pass
+        return out
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/children") as f:
