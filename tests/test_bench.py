@@ -449,7 +449,7 @@ def _fake_bench(mode_pool=None):
     return b, log
 
 
-@pytest.mark.parametrize("mode", slow_except(['hot'], ["hot", "cold"]))
+@pytest.mark.parametrize("mode", slow_except(["hot"], ["hot", "cold"]))
 def test_every_timed_iteration_of_every_impl_follows_its_own_barrier(mode):
     b, log = _fake_bench(mode_pool=1 << 20)
     count, results = b.measure("all_reduce", 4096, "float32", "sum", mode)

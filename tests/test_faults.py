@@ -74,7 +74,8 @@ def assert_clean_exit(res):
 
 
 # ---------------------------------------------------------------- stragglers
-@pytest.mark.parametrize("variant,count,transport", slow_except([("exit", 64 * 1024, "mpi"), ("wait", 64 * 1024, "shm")], [
+@pytest.mark.parametrize("variant,count,transport", slow_except(
+    [("exit", 64 * 1024, "mpi"), ("wait", 64 * 1024, "shm")], [
     ("wait", 64 * 1024, "mpi"), ("next", 64 * 1024, "mpi"), ("close", 64 * 1024, "mpi"),
     ("exit", 64 * 1024, "mpi"), ("exit", 3 << 20, "mpi"),
     # the same faults in the shared-memory window (ranks of one host)
@@ -129,7 +130,7 @@ def test_straggler_after_the_others_timed_out(variant, count, transport):
           f"{[r[k]['pending_at_exit'] for k in range(3)]}")
 
 
-@pytest.mark.parametrize("transport", slow_except(['shm'], ["mpi", "shm"]))
+@pytest.mark.parametrize("transport", slow_except(["shm"], ["mpi", "shm"]))
 def test_straggler_dumps_and_analyze(tmp_path, transport):
     env = dict(os.environ, RINGCOMM_DUMP_ON_ERROR=str(tmp_path), RINGCOMM_TRANSPORT=transport)
     res, _ = mpirun(3, "straggler.py", "wait", 3.0, 64 * 1024, 5, 1.5, env=env)
@@ -162,7 +163,7 @@ def test_analyze_the_documented_example():
 
 
 # ---------------------------------------------------------------- Ctrl-C
-@pytest.mark.parametrize("mode", slow_except(['sync', 'recv'], ["sync", "async", "handler", "recv", "sendrecv"]))
+@pytest.mark.parametrize("mode", slow_except(["sync"], ["sync", "async", "handler", "recv", "sendrecv"]))
 def test_sigint_during_a_waiting_collective_over_mpi(mode):
     # 3 ranks, timeout 60 s; rank 1 joins 4 s late; rank 0 gets SIGINT 0.5 s
     # into its wait. It must raise KeyboardInterrupt within 0.5 s; rank 2
@@ -238,7 +239,7 @@ LOOP = [(n, count, transport) for transport in ("auto", "mpi", "ucx") for n, cou
         [(2, 2), (3, 2), (4, 2), (2, 16 << 20), (3, 16 << 20), (4, 16 << 20)]]
 
 
-@pytest.mark.parametrize("n,count,transport", slow_except([(3, 2, "auto"), (2, 16 << 20, "mpi"), (3, 2, "ucx")], LOOP))
+@pytest.mark.parametrize("n,count,transport", slow_except([(3, 2, "auto")], LOOP))
 def test_sigint_to_one_rank_of_a_loop(n, count, transport, tmp_path):
     # Every rank loops on all_reduce; SIGINT to one rank lands wherever it
     # is (at 8 B nearly always between two calls, in Python: no ringcomm
@@ -273,7 +274,7 @@ def test_sigint_to_one_rank_of_a_loop(n, count, transport, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["close", "exit"])
-@pytest.mark.parametrize("n,count,transport", slow_except([(2, 2, "auto"), (3, 2, "mpi")],
+@pytest.mark.parametrize("n,count,transport", slow_except([(2, 2, "auto")],
                                                            [(2, 2, "auto"), (3, 16 << 20, "auto"), (3, 2, "mpi"),
                                                             (3, 16 << 20, "mpi"), (3, 2, "ucx"), (2, 16 << 20, "ucx")]))
 def test_a_rank_that_leaves_tells_its_peers(mode, n, count, transport, tmp_path):

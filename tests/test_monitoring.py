@@ -84,9 +84,10 @@ def test_every_algorithm_equals_open_mpi_monitoring(n, algorithm, tmp_path):
             assert mpi_msgs == led["msgs_sent"][str(peer)], f"rank {r} -> {peer}: message counts differ"
 
 
+# TCP: the transport between machines
 @pytest.mark.parametrize("n,btl", slow_except([(3, None), (2, "tcp,self")],
                                                [(2, None), (3, None), (4, None), (5, None),
-                                                (2, "tcp,self"), (4, "tcp,self")]))  # TCP: the transport between machines
+                                                (2, "tcp,self"), (4, "tcp,self")]))
 def test_ledger_equals_open_mpi_monitoring(n, btl, tmp_path):
     count, iters = 1200 * n, 3  # divisible by n
     ledgers, profiles = run_monitored(n, btl, count, iters, "ring", tmp_path)
@@ -114,7 +115,8 @@ def _peers(d):
 
 @pytest.mark.parametrize("op,n", slow_except(
     [(op, 3) for op in ("reduce", "gather", "scatter", "all_to_all", "send_recv")],
-    [(op, n) for op in ("reduce", "gather", "scatter", "all_to_all", "send_recv") for n in (3, 4)] + [("send_recv", 2)]))
+    [(op, n) for op in ("reduce", "gather", "scatter", "all_to_all", "send_recv") for n in (3, 4)]
+    + [("send_recv", 2)]))
 def test_new_operations_equal_open_mpi_monitoring(op, n, tmp_path):
     """One operation per job: ringcomm's ledger (every collective kind, payload
     + control) per peer equals what Open MPI carried, both directions (this

@@ -308,7 +308,7 @@ SPLIT_JOB = textwrap.dedent('''
     ''')
 
 
-@pytest.mark.parametrize("sessions", slow_except(['own'], ["own", "shared"]))
+@pytest.mark.parametrize("sessions", slow_except(["own"], ["own", "shared"]))
 def test_ranks_in_separate_scheduling_groups_are_told_once(tmp_path, sessions):
     # Two ranks pinned to one core: torchrun's way (a session, hence a kernel
     # scheduling group, per worker) gets one warning, on the host's first

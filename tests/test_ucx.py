@@ -74,7 +74,7 @@ def ucx_shm_files() -> set:
     return {f for f in os.listdir("/dev/shm") if f.startswith(("ringcomm", "ucx"))}
 
 
-@pytest.mark.parametrize("tls,how", slow_except([(None, 'sigkill')], [("tcp", "sigkill"), ("tcp", "exit"), (None, "sigkill"), ("sysv,self", "exit")]))
+@pytest.mark.parametrize("tls,how", slow_except([(None, "sigkill")], [("tcp", "sigkill"), ("tcp", "exit"), (None, "sigkill"), ("sysv,self", "exit")]))
 def test_a_dead_peer_is_named_at_once(ucx, tls, how, tmp_path):
     # Rank 1 of 3 dies mid-all_reduce (timeout 30 s): the others raise within
     # seconds, naming it, and close without hanging. UCX_TLS=tcp: the kernel
