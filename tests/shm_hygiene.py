@@ -23,7 +23,12 @@ this session's processes:
   job's: named in a note on stderr, not a failure.
 
 A file of the session still mapped by a live process 2 s after the end is not
-counted either (a job of the session still ending). tests/test_shm_hygiene.py
+counted either (a job of the session still ending). The limit of sampling: a
+process of the session that lives less than 0.1 s, or is orphaned before it
+is first seen, and leaves a file no process of the session was seen using
+(nor of its Open MPI job id or ringcomm name prefix) goes unseen; its file is
+then named in the note, not counted. The ranks of a job map their segments
+for their whole run, which takes far longer. tests/test_shm_hygiene.py
 runs sessions that leak and sessions beside a foreign job that leaks.
 """
 
