@@ -11,7 +11,7 @@ Two tiers (pyproject.toml's addopts: ``-m "not slow"``):
 * the default tier, ``python -m pytest`` (the README's command, CI's first
   run): every collective, transport and failure kind at least once, with a
   cheap representative of each parametrization (world sizes 1, 2, 3 and one
-  larger, one dtype sweep); about 10 minutes on a 2-core machine;
+  larger, one dtype sweep); aimed at about 10 minutes on an idle 2-core machine;
 * the slow tier, marker ``slow`` (``@pytest.mark.slow`` on a test, or
   ``pytest.param(..., marks=pytest.mark.slow)`` on a case): the rest of each
   sweep (world sizes, sizes, dtypes), soaks, kills at random moments, the

@@ -371,6 +371,7 @@ def test_fast_path_and_python_path_raise_the_same_errors():
     assert ringcomm.run_local(2, body) == [[False] * 4] * 2
 
 
+@pytest.mark.slow
 def test_ringcomm_tune_measures_writes_and_auto_reads_it(tmp_path):
     # End to end: `ringcomm tune` on 2 MPI ranks writes the constants and its
     # measurements; a communicator of 2 ranks then chooses by those times.

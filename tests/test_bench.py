@@ -651,6 +651,7 @@ def test_handoff_measures_both_modes_per_launch():
         assert float(ratio) == pytest.approx(float(written) / float(unchanged), rel=0.05, abs=0.02), res.stdout
 
 
+@pytest.mark.slow
 def test_launches_reports_every_launchs_ratio_and_fails_on_a_bad_row(tmp_path):
     # bench/launches.py (bench/README.md, "The same over six launches
     # each"): one ratio per launch for every collective, size and baseline,

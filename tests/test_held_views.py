@@ -102,7 +102,9 @@ RUN = [sys.executable, "-m", "ringcomm.cli", "run"]
 
 
 @pytest.mark.parametrize("n", slow_except([2], [2, 3]))
-@pytest.mark.parametrize("case,fam", [("held", "numpy"), ("held", "torch"), ("refetch", "numpy"), ("ddp", "torch")])
+@pytest.mark.parametrize("case,fam", slow_except([("held", "numpy"), ("ddp", "torch")],
+                                              [("held", "numpy"), ("held", "torch"), ("refetch", "numpy"),
+                                               ("ddp", "torch")]))
 def test_under_ringcomm_run(case, fam, n):
     needs(fam)
     script = os.path.join(os.path.dirname(__file__), "scripts", "held_views.py")

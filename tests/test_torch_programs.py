@@ -69,6 +69,7 @@ def test_torch_programs_against_gloo(n):
     assert not fails, "\n".join(fails)
 
 
+@pytest.mark.slow
 def test_dcp_fsdp2_saved_at_2_loaded_at_3(tmp_path):
     """torch.distributed.checkpoint reshards on CPU: an FSDP2 model + Adam saved
     by 2 ranks (21 and 5 rows: 11/10 and 3/2 per rank) is loaded by 3 (7/7/7 and
