@@ -1,6 +1,7 @@
 """The shared suite of reduce, gather, scatter and all_to_all, bound to every
-transport (tests/test_collectives.py in process, tests/scripts/mpi_collectives.py
-over MPI). Data are exact, rank-dependent functions of (rank, index) from
+transport (tests/test_collectives.py in process, tests/test_mpi.py over MPI,
+tests/scripts/ucx_suite.py over UCX, the shared-memory window in
+tests/test_shm_collectives.py and tests/test_shm_processes.py). Data are exact, rank-dependent functions of (rank, index) from
 suite.rank_data (never all-ones); results are compared with an independent
 numpy reference, and each call's ledger with traffic.expected, per peer."""
 

@@ -5,6 +5,22 @@ is re-run by the plugin under ``mpiexec -n n``. The settings below make that
 work unattended: the venv's Open MPI first on PATH, root allowed (CI runs as
 root), oversubscription allowed, and short collective deadlines so that a bug
 fails a test in seconds instead of hanging it.
+
+Two tiers (pyproject.toml's addopts: ``-m "not slow"``):
+
+* the default tier, ``python -m pytest`` (the README's command, CI's first
+  run): every collective, transport and failure kind at least once, with a
+  cheap representative of each parametrization (world sizes 1, 2, 3 and one
+  larger, one dtype sweep); aimed at about 10 minutes on an idle 2-core machine;
+* the slow tier, marker ``slow`` (``@pytest.mark.slow`` on a test, or
+  ``pytest.param(..., marks=pytest.mark.slow)`` on a case): the rest of each
+  sweep (world sizes, sizes, dtypes), soaks, kills at random moments, the
+  32- and 64-rank worlds, repeated variants. ``python -m pytest -m slow`` runs
+  it (CI's second run), ``python -m pytest -m ""`` runs both.
+
+Every test is in exactly one tier (slow or not), and tiering moves a test,
+never drops it. Naming tests by node id (``pytest 'tests/test_inproc.py::test_many_segments[64]'``)
+runs them whatever their tier.
 """
 
 import os
@@ -27,10 +43,35 @@ os.environ.setdefault("RINGCOMM_TIMEOUT", "60")
 from ringcomm import _singleton  # noqa: E402
 
 _singleton.mpi()
-pytest_plugins = ["pytest_mpi.plugin"]
+pytest_plugins = ["pytest_mpi.plugin", "shm_hygiene"]
 
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    # The tiers (docstring). A rank of mpi-pytest's job (it re-runs one test
+    # by node id under mpiexec, with the same addopts) runs its test whatever
+    # the tier; so does a run that names only node ids and leaves -m as the
+    # default tier's.
+    named = config.args and all("::" in a for a in config.args)
+    if os.environ.get("_PYTEST_MPI_CHILD_PROCESS") or (named and config.option.markexpr == "not slow"):
+        config.option.markexpr = ""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    # @pytest.mark.slow_nprocs(4, 5) on a test marked parallel([...]): those
+    # world sizes of it are in the slow tier (before -m selects the tier).
+    for item in items:
+        sizes = item.get_closest_marker("slow_nprocs")
+        if sizes is not None:
+            nprocs = getattr(item, "callspec", None) and item.callspec.params.get("_nprocs")
+            if nprocs is None:
+                raise pytest.UsageError(f"{item.nodeid}: slow_nprocs on a test not marked parallel with several sizes")
+            if nprocs in sizes.args:
+                item.add_marker(pytest.mark.slow)
+
 
 NO_GPU_PREFIX = "the GPU tests need a GPU"
 
@@ -47,48 +88,6 @@ def pytest_runtest_makereport(item, call):
 
 # Nothing left behind (issue 25): no run of ringcomm, by any launcher or none,
 # successful or failed, may leave a file in /dev/shm. Every launch of the suite
-# (mpirun, torchrun, plain processes, faults) is covered by this one count.
-LEAKS = ("ringcomm", "sm_segment", "ucx")
-
-
-def _shm_names() -> set:
-    try:
-        return {f for f in os.listdir("/dev/shm") if f.startswith(LEAKS)}
-    except OSError:
-        return set()
-
-
-_shm_at_start = _shm_names()
-
-
-def _in_use() -> set:
-    """Names in /dev/shm some live process maps now (another job's, or a job
-    of ours still ending): not left behind."""
-    used = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    i = line.find("/dev/shm/")
-                    if i >= 0:
-                        used.add(line[i + 9:].split(" (deleted)")[0].strip())
-        except OSError:
-            pass
-    return used
-
-
-def pytest_sessionfinish(session, exitstatus):
-    import time
-    if os.environ.get("_PYTEST_MPI_CHILD_PROCESS"):
-        return  # a rank of mpi-pytest's job: the session that launched it counts, once the job is over
-    left = _shm_names() - _shm_at_start
-    if left:
-        time.sleep(2)  # a file another job on this machine is still using goes away
-        left &= _shm_names()
-        left -= _in_use()
-    if left:
-        print(f"\nFAILED: the test session left {len(left)} file(s) in /dev/shm: {sorted(left)[:10]}",
-              file=sys.stderr)
-        session.exitstatus = 1
+# (mpirun, torchrun, plain processes, faults) is covered by one count at the
+# end of the session, of the files this session's own processes made (another
+# job on the machine cannot fail it): tests/shm_hygiene.py, loaded above.

@@ -297,7 +297,7 @@ def run_barrier(comm, algorithm="auto") -> list[str]:
 
 def irecv_across_a_collective(comm, how: str, src: int = 0, dst: int = 1, count: int = 300001) -> list[str]:
     """Point-to-point beside a collective (tests/test_p2p.py, scripts/p2p_mpi.py,
-    test_shm.py's hierarchical script): rank `dst` posts an irecv from `src`,
+    test_shm_hierarchy.py's hierarchical script): rank `dst` posts an irecv from `src`,
     runs an all_reduce, then waits; `src` sends (blocking, rendezvous-sized:
     it returns only once matched) and then joins the all_reduce. The
     collective's waits must match the pending receive (Link::set_p2p_progress),

@@ -13,6 +13,7 @@ import pytest
 from ringcomm import benchmark
 from ringcomm.tuning import costmodel
 from ringcomm.config import parse_size
+from tiers import slow_except
 
 
 def test_size_parsing():
@@ -120,6 +121,7 @@ def test_smoke_run_n2(tmp_path):
         assert "model reduce_scatter: alpha" in res.stdout
 
 
+@pytest.mark.slow
 def test_compare_algorithms_n4(tmp_path):
     # auto beside each forced algorithm; the per-size column names what auto
     # ran, the ledger matches that algorithm's closed form, the footer fits
@@ -330,6 +332,7 @@ def test_new_collectives_run_and_check_n2(tmp_path):
     assert "reduce: baseline time / ringcomm time" not in res.stdout  # only from 1 MiB up
 
 
+@pytest.mark.slow
 def test_planted_wrong_result_in_the_new_collectives_is_counted(tmp_path):
     out = tmp_path / "b.json"
     res = run_bench("-N", "2", "-b", "1K", "-e", "1K", "-r", "1", "--iters", "1", "--collective", ",".join(NEW),
@@ -446,7 +449,7 @@ def _fake_bench(mode_pool=None):
     return b, log
 
 
-@pytest.mark.parametrize("mode", ["hot", "cold"])
+@pytest.mark.parametrize("mode", slow_except(["hot"], ["hot", "cold"]))
 def test_every_timed_iteration_of_every_impl_follows_its_own_barrier(mode):
     b, log = _fake_bench(mode_pool=1 << 20)
     count, results = b.measure("all_reduce", 4096, "float32", "sum", mode)
@@ -605,7 +608,9 @@ def test_algorithm_fit_leaves_out_what_the_model_does_not_know():
     assert sum(1 for ln in lines if ln.split()[2:3] == ["shm"]) == 3, text
 
 
-@pytest.mark.parametrize("script,args", [
+@pytest.mark.parametrize("script,args", slow_except([
+    ("shm_rooted.py", ["4096", "4096", "1"]), ("all_to_all_v.py", ["4096", "4096", "1", "--small-pages"]),
+    ("a2a_pages.py", ["small", "huge", "4096", "300000"])], [
     ("shm_rooted.py", ["4096", "4096", "1"]),
     ("all_to_all_v.py", ["4096", "4096", "1", "--small-pages"]),
     ("a2a_pages.py", ["small", "huge", "4096", "300000"]),
@@ -613,7 +618,7 @@ def test_algorithm_fit_leaves_out_what_the_model_does_not_know():
     ("a2a_pages.py", ["--collective", "gather", "small", "small", "300000"]),
     ("a2a_pages.py", ["--collective", "all_gather", "small", "huge", "300000"]),
     ("a2a_pages.py", ["--collective", "reduce", "small", "small", "300000"]),
-])
+]))
 def test_window_benchmarks_run_and_check_their_results(script, args):
     # The window's benchmark scripts (bench/README.md's tables come from
     # them) check every implementation's result against numpy before timing
@@ -646,6 +651,7 @@ def test_handoff_measures_both_modes_per_launch():
         assert float(ratio) == pytest.approx(float(written) / float(unchanged), rel=0.05, abs=0.02), res.stdout
 
 
+@pytest.mark.slow
 def test_launches_reports_every_launchs_ratio_and_fails_on_a_bad_row(tmp_path):
     # bench/launches.py (bench/README.md, "The same over six launches
     # each"): one ratio per launch for every collective, size and baseline,

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from ringcomm.launch import mpirun_command
+from tiers import slow_except
 
 HERE = os.path.dirname(__file__)
 SCRIPT = os.path.join(HERE, "scripts", "failfast.py")
@@ -47,7 +48,7 @@ def launch(n, case, peer="wait", runner=True):
 
 @pytest.mark.parametrize("runner", [True, False], ids=["ringcomm-run", "plain-mpirun"])
 @pytest.mark.parametrize("case", ["list", "raise", "exit"])
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", slow_except([3], [2, 3]))
 def test_a_rank_dying_ends_the_job_and_names_itself(n, case, runner):
     res, text, wall, after_failure, heard = launch(n, case, runner=runner)
     peers = ", ".join(f"{h['after_s'] * 1e3:.1f}" for h in heard)
@@ -70,7 +71,7 @@ def test_a_rank_dying_ends_the_job_and_names_itself(n, case, runner):
         assert bad not in text, text[-4000:]
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", slow_except([3], [2, 3]))
 def test_peers_busy_outside_ringcomm_are_ended_by_mpi_abort(n):
     # The others sleep 60 s outside any collective: nobody hears the ring, so
     # the failing rank's exit barrier gives up after GRACE and calls MPI_Abort.

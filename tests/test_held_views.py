@@ -21,6 +21,7 @@ from ringcomm.train.handed import HandedOut
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 import held_views  # noqa: E402
+from tiers import slow_except  # noqa: E402
 
 ITERS = 50
 BUCKETER = [("refetch", "numpy"), ("refetch", "torch"), ("held", "torch"), ("no_sync", "torch"),
@@ -100,8 +101,10 @@ def test_zero_arrays_held_past_their_memory(case, what):
 RUN = [sys.executable, "-m", "ringcomm.cli", "run"]
 
 
-@pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("case,fam", [("held", "numpy"), ("held", "torch"), ("refetch", "numpy"), ("ddp", "torch")])
+@pytest.mark.parametrize("n", slow_except([2], [2, 3]))
+@pytest.mark.parametrize("case,fam", slow_except([("held", "numpy"), ("ddp", "torch")],
+                                              [("held", "numpy"), ("held", "torch"), ("refetch", "numpy"),
+                                               ("ddp", "torch")]))
 def test_under_ringcomm_run(case, fam, n):
     needs(fam)
     script = os.path.join(os.path.dirname(__file__), "scripts", "held_views.py")

@@ -14,6 +14,7 @@ import pytest
 import ringcomm
 import suite
 from ringcomm import CollectiveTimeout, CommunicatorAborted, MismatchError
+from tiers import slow_except
 
 
 def assert_no_errors_anywhere(errs):
@@ -34,6 +35,7 @@ def guarded(fn, *args):
 
 
 @pytest.mark.parallel([1, 2, 3, 4, 5])
+@pytest.mark.slow_nprocs(1, 2, 4, 5)
 def test_suite_over_mpi():
     def body():
         comm = ringcomm.init()
@@ -52,6 +54,7 @@ def test_suite_over_mpi():
 
 
 @pytest.mark.parallel([2, 3])
+@pytest.mark.slow_nprocs(2)
 def test_reduce_gather_scatter_all_to_all_over_mpi():
     def body():
         import collectives_suite as cs
@@ -72,6 +75,7 @@ def test_reduce_gather_scatter_all_to_all_over_mpi():
 
 
 @pytest.mark.parallel([2, 3])
+@pytest.mark.slow  # every size: variants of the mismatch over MPI (test_mismatch_over_mpi_raises_on_every_rank stays)
 def test_all_to_all_splits_mismatch_over_mpi_is_an_error():
     comm = ringcomm.init(timeout=30)
     n = comm.size
@@ -84,6 +88,7 @@ def test_all_to_all_splits_mismatch_over_mpi_is_an_error():
 
 
 @pytest.mark.parallel([2, 3])
+@pytest.mark.slow  # every size: variants of the mismatch over MPI (test_mismatch_over_mpi_raises_on_every_rank stays)
 def test_all_to_all_block_larger_than_expected_over_mpi_lands_nothing():
     # Rank n-1 sends rank 0 twice the block rank 0 expects. Open MPI's
     # single-copy path would write a larger message in full past the
@@ -110,6 +115,7 @@ def test_all_to_all_block_larger_than_expected_over_mpi_lands_nothing():
 
 
 @pytest.mark.parallel([2, 3, 5])
+@pytest.mark.slow_nprocs(3, 5)
 def test_async_over_mpi():
     def body():
         comm = ringcomm.init()
@@ -125,6 +131,7 @@ def test_async_over_mpi():
 
 
 @pytest.mark.parallel([2, 3, 5])
+@pytest.mark.slow_nprocs(2, 5)
 def test_mismatch_over_mpi_raises_on_every_rank():
     comm = ringcomm.init(timeout=30)
     t0 = time.monotonic()
@@ -136,6 +143,7 @@ def test_mismatch_over_mpi_raises_on_every_rank():
 
 
 @pytest.mark.parallel([2, 3])
+@pytest.mark.slow_nprocs(3)
 def test_missing_rank_times_out_over_mpi():
     comm = ringcomm.init(timeout=1.0)
     last = comm.size - 1
@@ -192,6 +200,7 @@ def test_duplicated_communicator_keeps_traffic_apart():
 
 
 @pytest.mark.parallel([3, 4])
+@pytest.mark.slow  # every size: variants of the mismatch over MPI (test_mismatch_over_mpi_raises_on_every_rank stays)
 def test_naive_mismatch_over_mpi_is_detected_before_any_oversized_receive():
     # Rank 0 receives from every rank in the master-centric algorithm; a peer
     # with a larger count must be caught by its fingerprint, not overrun a buffer.
@@ -210,6 +219,7 @@ DISAGREEING_CALLS = [("all_reduce", "ring", None), ("all_reduce", "recursive_dou
 
 
 @pytest.mark.parallel([2, 3, 4])
+@pytest.mark.slow  # every size: variants of the mismatch over MPI (test_mismatch_over_mpi_raises_on_every_rank stays)
 def test_a_peer_with_a_larger_count_never_writes_past_the_output():
     # Open MPI 5.0's single-copy path (smsc/cma) writes a message larger than
     # the posted receive in full, past the buffer, though it reports
@@ -255,6 +265,7 @@ def test_a_peer_with_a_larger_count_never_writes_past_the_output():
 
 
 @pytest.mark.parallel([2, 4])
+@pytest.mark.slow  # every size: variants of the mismatch over MPI (test_mismatch_over_mpi_raises_on_every_rank stays)
 def test_a_dtype_mismatch_of_equal_sizes_is_caught_by_the_tag_over_mpi():
     # float32 against int32, same count: every message has the expected
     # size; only its MPI tag (the call's stamp) differs. Named on every rank.
@@ -278,6 +289,7 @@ def test_a_dtype_mismatch_of_equal_sizes_is_caught_by_the_tag_over_mpi():
 
 
 @pytest.mark.parallel([2, 3, 4])
+@pytest.mark.slow_nprocs(2, 4)
 def test_peers_running_ahead_into_the_next_call_are_not_taken_for_another_call():
     # A receive kept waiting probes what comes next from its peer, and a
     # message of another stamp there makes it cancel itself: only a cancel
@@ -329,6 +341,7 @@ def test_abort_from_a_watchdog_thread_over_mpi():
 
 
 @pytest.mark.parallel([1, 2, 3, 4, 5])
+@pytest.mark.slow_nprocs(1, 2, 3, 4)
 def test_every_algorithm_over_mpi():
     # The other all_reduce algorithms (tests/test_algorithms.py has them in
     # process): all dtypes and ops, sizes 0, 1, N+-1, a prime, many segments,
@@ -348,7 +361,7 @@ def test_every_algorithm_over_mpi():
     assert_no_errors_anywhere(guarded(body))
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", slow_except([3], [2, 3, 4]))
 def test_all_reduce_does_not_allocate_per_call(tmp_path, n):
     # Every malloc on the calling thread is counted (a preloaded shim), so
     # this holds for our objects, MPI's and Python's alike: after warm-up,

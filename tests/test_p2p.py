@@ -13,6 +13,7 @@ import pytest
 import ringcomm
 import suite
 from ringcomm import traffic, vocab
+from tiers import slow_except
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -491,7 +492,7 @@ def test_a_receive_posted_before_a_collective_takes_its_message_during_it(device
 
 # ---- sendrecv ----------------------------------------------------------------
 @pytest.mark.parametrize("device", [None, "emulated", "emulated-nccl"])
-@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("n", slow_except([2, 3], [2, 3, 5]))
 @pytest.mark.parametrize("count", [0, 1, 97, 40000])
 def test_sendrecv_ring_shift_both_ways(device, n, count):
     """Every rank sends right and receives from the left in one call, then
@@ -668,7 +669,7 @@ def run_dev(n, body, device, **kw):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("n", slow_except([2, 3], [2, 3, 5]))
 @pytest.mark.parametrize("count", [0, 1, 97, 40000])
 def test_device_ring_shift_blocking_and_batched(device, n, count):
     def body(comm):

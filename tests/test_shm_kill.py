@@ -30,6 +30,7 @@ import time
 import pytest
 
 from store_launch import clean_env
+from tiers import slow_except
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "scripts", "shm_kill.py")
@@ -183,7 +184,7 @@ MOMENTS = [
 ]
 
 
-@pytest.mark.parametrize("launcher,n,moment,stopped,per_host", MOMENTS,
+@pytest.mark.parametrize("launcher,n,moment,stopped,per_host", slow_except([MOMENTS[0], MOMENTS[5]], MOMENTS),
                          ids=[f"{m[0]}-{m[2]}" + ("-hierarchical" if m[4] else "") for m in MOMENTS])
 def test_sigkill_of_every_rank_during_the_hand_shake_leaves_nothing(launcher, n, moment, stopped, per_host,
                                                                        tmp_path):
@@ -282,6 +283,7 @@ RANDOM_KILLS = 6
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "store"])
+@pytest.mark.slow
 def test_sigkill_at_random_moments_leaves_nothing(launcher, tmp_path):
     # The ranks loop over init, a collective, the arena and close; every
     # rank is killed at a random time in that loop. Nothing of theirs may
@@ -301,6 +303,7 @@ def test_sigkill_at_random_moments_leaves_nothing(launcher, tmp_path):
 
 
 @needs_unshare
+@pytest.mark.slow
 def test_sigkill_at_random_moments_in_other_pid_namespaces_leaves_nothing_after_the_next_hand_shake(tmp_path):
     # The same over the named way (rank 1 in a pid namespace of its own):
     # a kill may leave a name; the next hand-shake on the host removes it.

@@ -15,12 +15,14 @@ import sys
 
 import pytest
 
+from tiers import slow_except
+
 pytest.importorskip("torch")
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "torch_backend_check.py")
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", slow_except([2], [2, 3]))
 def test_torch_backend_against_gloo(n):
     cmd = [sys.executable, "-m", "ringcomm.cli", "run", "-n", str(n), "--", sys.executable, SCRIPT]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -126,6 +126,7 @@ def gloo_run(tmp_path_factory):
     return run_suite("gloo", tmp_path_factory.mktemp("gloo"))
 
 
+@pytest.mark.slow
 def test_distributed_test_selection_over_ringcomm(tmp_path, gloo_run):
     rc = run_suite("ringcomm", tmp_path)
     print("\n" + table([rc, gloo_run]))
@@ -136,6 +137,7 @@ def test_distributed_test_selection_over_ringcomm(tmp_path, gloo_run):
         assert rc["tests"][name]["outcome"] == "passed", (name, rc["tests"][name])
 
 
+@pytest.mark.slow
 def test_distributed_test_selection_over_gloo(gloo_run):
     """The control: torch's own CPU backend through the same harness."""
     assert not check(gloo_run), "\n\n".join(check(gloo_run))
@@ -156,6 +158,7 @@ def test_skip_reasons_are_recognised():
 @pytest.mark.skipif(not os.environ.get("RINGCOMM_TORCH_SPAWN"),
                     reason="torch's spawn start (some 6 minutes per backend on 2 cores): RINGCOMM_TORCH_SPAWN=1")
 @pytest.mark.timeout(3600)
+@pytest.mark.slow
 def test_distributed_test_selection_spawned(tmp_path):
     results = [run_suite(b, tmp_path, start="spawn") for b in ("ringcomm", "gloo")]
     print("\n" + table(results))

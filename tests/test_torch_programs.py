@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from tiers import slow_except
 
 pytest.importorskip("torch")
 
@@ -44,7 +45,7 @@ def run_job(n, script, *args):
 # n = 4: every program here divides among 4 ranks (4 pipeline stages, 12 heads,
 # uneven 7x5 DTensor shards, 4 experts); the job costs about 20 s on 2 cores,
 # most of it 4 ranks importing torch, the programs themselves about 8 s.
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", slow_except([2], [2, 3, 4]))
 def test_torch_programs_against_gloo(n):
     out = {r: d["programs"] for r, d in run_job(n, SCRIPT).items()}
     rows, fails = [], []
@@ -68,6 +69,7 @@ def test_torch_programs_against_gloo(n):
     assert not fails, "\n".join(fails)
 
 
+@pytest.mark.slow
 def test_dcp_fsdp2_saved_at_2_loaded_at_3(tmp_path):
     """torch.distributed.checkpoint reshards on CPU: an FSDP2 model + Adam saved
     by 2 ranks (21 and 5 rows: 11/10 and 3/2 per rank) is loaded by 3 (7/7/7 and

@@ -33,6 +33,7 @@ import pytest
 pytest.importorskip("torch")
 from ringcomm import ucx  # noqa: E402
 from store_launch import clean_env  # noqa: E402
+from tiers import slow_except  # noqa: E402
 
 HERE = os.path.dirname(__file__)
 JOB = os.path.join(HERE, "scripts", "torchrun_job.py")
@@ -99,7 +100,7 @@ def check_job(res, n, *, shared=True, hierarchical=False):
     return got
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", slow_except([2], [2, 4]))
 def test_torchrun_standalone(n):
     res = torchrun(["--standalone", f"--nproc-per-node={n}"], JOB)
     got = check_job(res, n)
@@ -107,6 +108,7 @@ def test_torchrun_standalone(n):
           f"transport {got[0]['transport']}; all_reduce ran {got[0]['algorithm']}")
 
 
+@pytest.mark.slow
 def test_torchrun_backend_matrix_and_programs():
     for script in ("torch_backend_check.py", "torch_programs.py"):
         res = torchrun(["--standalone", "--nproc-per-node=2"], os.path.join(HERE, "scripts", script), timeout=600)
@@ -162,6 +164,7 @@ def test_two_agents_as_two_nodes():
     assert all(d["hierarchical"] for d in got.values()), got
 
 
+@pytest.mark.slow
 def test_restart_after_a_worker_died():
     res = torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1", "--monitor-interval=0.2"], JOB,
                    env=clean_env(RINGCOMM_TEST_DIE_AT_ATTEMPT=0, JOB_TIMEOUT=20))
@@ -206,7 +209,7 @@ STORE_JOB = textwrap.dedent("""
     """)
 
 
-@pytest.mark.parametrize("fault", ["none", "die", "die_over_ucx", "die_over_ucx_shm", "mismatch", "interrupt"])
+@pytest.mark.parametrize("fault", slow_except(["none", "die"], ["none", "die", "die_over_ucx", "die_over_ucx_shm", "mismatch", "interrupt"]))
 def test_init_with_a_store_in_plain_processes(tmp_path, fault):
     """The fault matrix's cases on a store launch (shared memory + UCX):
     a peer killed mid-job, ranks that disagree on the call, Ctrl-C.

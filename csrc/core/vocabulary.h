@@ -1,6 +1,6 @@
 // The vocabulary of the native core, for host and device alike:
 //   * the codes that cross the binding (DType, Op, Coll, Algo, ErrKind);
-//     ringcomm/_dtypes.py, ringcomm/errors.py and ringcomm/comm.py mirror
+//     ringcomm/vocab.py, ringcomm/errors.py and ringcomm/comm.py mirror
 //     their values, which are part of the Python API;
 //   * what an element of each dtype is: the type it is stored in, the type
 //     it is combined in, and the conversions between them (Plain, Half,
@@ -71,7 +71,7 @@ constexpr bool coll_is_p2p(Coll c) { return c == Coll::send || c == Coll::recv; 
 // The algorithms a collective can run (algorithms/algorithms.h), one name
 // each, in code order. `automatic` is resolved by the Engine before the
 // call starts (Engine::choose_algorithm, with the crossovers
-// ringcomm/selection.py computes); it never travels.
+// ringcomm/tuning/selection.py computes); it never travels.
 // binomial: reduce's tree (small buffers); linear: gather and scatter through
 // the root, one message stream per rank; pairwise: all_to_all's n-1 exchanges.
 #define RC_ALGORITHMS(X) \

@@ -169,7 +169,7 @@ class Engine {
   void fail_p2p(const RingError& e, const Fingerprint& call, bool by_interrupt = false);
   // algorithm="auto" for all_reduce on host memory: recursive doubling up to
   // rd_max bytes, halving-doubling up to hd_max, the ring above (the cost
-  // model's crossovers for this communicator: ringcomm/selection.py).
+  // model's crossovers for this communicator: ringcomm/tuning/selection.py).
   // Device communicators always run the ring.
   // reduce: the binomial tree up to reduce_max bytes, the ring reduce-scatter
   // + gather above.
