@@ -62,7 +62,7 @@ def main() -> None:
           f"shared memory {m0['shared_memory']}")
     # torchrun gives every worker a session (hence, with autogroup, a kernel
     # scheduling group) of its own, mpirun keeps its ranks in one: with more
-    # ranks than cores that alone moves the ratio (ringcomm/shm.py,
+    # ranks than cores that alone moves the ratio (ringcomm/shm/,
     # split_scheduling; bench/README.md).
     from ringcomm import shm
     print(f"# {args.n} ranks on {os.cpu_count()} cores; torchrun's workers "

@@ -11,7 +11,7 @@ this session's processes:
 * a tracker process (``python tests/shm_hygiene.py ROOT_PID``) samples, every
   0.1 s, the processes descended from the session (pytest and everything it
   started, directly or not, orphans included once seen), and records every
-  /dev/shm file they map or hold open, and how ``ringcomm/shm.py``'s
+  /dev/shm file they map or hold open, and how ``ringcomm/shm/``'s
   ``_segment_name`` would begin a name in each (from its environment);
 * a new file is the session's when one of its processes was seen using it;
   an Open MPI ``sm_segment.<host>.<uid>.<jobid>.<rank>`` when a process of the
@@ -50,7 +50,7 @@ def shm_names() -> set:
 
 
 def segment_prefix(env: dict, pid: int, uid: int) -> str:
-    """How ringcomm/shm.py's _segment_name begins a name in the process with
+    """How ringcomm/shm/'s _segment_name begins a name in the process with
     this environment, pid and uid: "ringcomm-" + the user and the job,
     sanitised and cut as there, + "-" (then a nonce)."""
     user = next((env[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if env.get(k)), None)  # getpass.getuser()

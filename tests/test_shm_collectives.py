@@ -1,5 +1,5 @@
 """Shared memory between the ranks of one host, in process: the
-collectives through the window (ringcomm/shm.py, csrc/core/shm_window.h,
+collectives through the window (ringcomm/shm/, csrc/core/shm_window.h,
 csrc/algorithms/shm.cpp).
 
 In process, every world has a window, so algorithm="shm" / "shm_flat" run

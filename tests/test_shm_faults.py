@@ -1,4 +1,4 @@
-"""Shared memory's failure model (ringcomm/shm.py, csrc/core/shm_window.h):
+"""Shared memory's failure model (ringcomm/shm/, csrc/core/shm_window.h):
 mismatch, timeout, abort, a rank that takes another path, window limits that
 differ between ranks, late writes into a root's output, Ctrl-C, a killed
 rank, a full /dev/shm, a failed hand-shake; in process and over Open MPI or a

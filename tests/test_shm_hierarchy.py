@@ -1,5 +1,5 @@
 """Several hosts: the hierarchical shared-memory algorithms, hosts emulated
-by a host id per rank (ringcomm/shm.py), their results and the failures that
+by a host id per rank (ringcomm/shm/), their results and the failures that
 name ranks of the whole job. Split from the former test_shm.py (shared
 helpers: tests/shm_helpers.py).
 """

@@ -25,7 +25,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # A process that makes /dev/shm files and exits leaving them: a name "m:..."
 # it maps (for "hold" seconds, as a rank maps its segments while it runs), the
-# others it only makes; "{ringcomm}" in a name is a name ringcomm/shm.py's
+# others it only makes; "{ringcomm}" in a name is a name ringcomm/shm/'s
 # _segment_name gives in this process (its user and job). With MAKER_AFTER set it
 # starts once that file exists; with MAKER_DONE it makes that file as it ends.
 MAKER = textwrap.dedent("""
@@ -172,7 +172,7 @@ def test_attribution_rules():
 
 
 def test_the_prefix_is_the_one_ringcomm_names_segments_with(monkeypatch):
-    # shm_hygiene.segment_prefix must stay how ringcomm/shm.py's
+    # shm_hygiene.segment_prefix must stay how ringcomm/shm/'s
     # _segment_name begins a name, else a leaked named segment would go
     # uncounted: this process's names under no launcher, mpirun, torchrun.
     from ringcomm import shm

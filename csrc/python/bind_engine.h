@@ -269,11 +269,11 @@ inline void bind_engine(py::module_& m) {
       .def_property_readonly("label", &ShmWindow::label)
       .def_property("single_copy_min", &ShmWindow::single_copy_min, &ShmWindow::set_single_copy_min,
                     "Blocks of at least this many bytes are read straight from the peers' arrays (single copy; "
-                    "2**64-1: never). Set alike on every rank, before any collective (ringcomm/shm.py).")
+                    "2**64-1: never). Set alike on every rank, before any collective (ringcomm/shm/).")
       .def_property("single_copy_min_4k", &ShmWindow::single_copy_min_4k, &ShmWindow::set_single_copy_min_4k,
                     "The same for blocks that lie in 4 KiB pages: all_to_all's (the sender asks the kernel) and "
                     "all_gather's (every rank asks of its input; all agree in one sync); the slots below it. Set "
-                    "alike on every rank, before any collective (ringcomm/shm.py).")
+                    "alike on every rank, before any collective (ringcomm/shm/).")
       .def(
           "small_pages",
           [](const ShmWindow& w, uintptr_t address, size_t bytes) {

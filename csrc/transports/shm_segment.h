@@ -17,7 +17,7 @@
 // exists until after it removed it, so a named file whose lock anyone can
 // take has lost its creator: shm_sweep() removes those (any later hand-shake
 // on the host sweeps first).
-// The bootstrap (ringcomm/shm.py) hands the creator's pid, descriptor,
+// The bootstrap (ringcomm/shm/) hands the creator's pid, descriptor,
 // device and inode (or the name) to the others.
 //
 // In process: one anonymous mapping shared by the threads.

@@ -42,7 +42,7 @@ A training step (see tests/test_zero.py)::
     zero.step()                                    # each rank updates its shard; params re-gathered (1, 2)
 
 The same for a ``torch.nn.Module`` (hooks gather, free and reduce-scatter as
-forward and backward run): ``TorchZero`` (ringcomm/torch/zero.py; torch is
+forward and backward run): ``TorchZero`` (ringcomm/torch/torch_zero.py; torch is
 imported only then).
 """
 
