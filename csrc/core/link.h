@@ -84,7 +84,7 @@ class Link {
   // first message goes to the neighbour anyway: one message less per call;
   // Engine decides, alike on every rank).
   void begin(const Fingerprint& fp, bool header_inline = false);
-  // A collective that runs in the shared-memory window (algorithms/shm.cpp):
+  // A collective that runs in the shared-memory window (algorithms/shm_*.cpp):
   // no header is sent, the window carries the call (ShmWindow::announce).
   void begin_shared(const Fingerprint& fp);
   // Receive and check the left neighbour's header (once per collective;

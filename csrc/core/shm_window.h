@@ -12,13 +12,13 @@
 //               a page more than it needs: it starts at the page offset its
 //               writer chose for that round (align_slots_to)
 //
-// The shared-memory algorithms (algorithms/shm.cpp) run in rounds: each
+// The shared-memory algorithms (algorithms/shm_*.cpp) run in rounds: each
 // rank writes its slot of the round's parity, everyone sync()s, then reads
 // what it needs from the peers' slots. A slot of parity p is written again
 // two rounds later, only after every peer has arrived at the round in
 // between, which it does after its last read of the slot: the rotation is
 // the only protection a slot needs (no trailing barrier, as in DeepSpeed's
-// shm.cpp and NCCL's FIFO).
+// shm_internal.h and NCCL's FIFO).
 //
 // Waiting (sync): spin briefly, then sleep on a futex in the shared block;
 // an arriving rank wakes the sleepers only when one says it sleeps. Every
@@ -185,7 +185,7 @@ class ShmWindow {
   // faster through the slots (bench/README.md, "The sender's pages").
   // all_to_all's sender decides per block and tells its readers; for
   // all_gather every rank says what it knows of the pages its peers would
-  // pin (publish_pages) and all decide alike (shm.cpp).
+  // pin (publish_pages) and all decide alike (shm_direct.cpp).
   size_t single_copy_min_4k() const { return single_copy_min_4k_; }
   void set_single_copy_min_4k(size_t bytes) { single_copy_min_4k_ = bytes; }
   // Does [p, p + bytes) of this process lie in 4 KiB pages? The page at its
