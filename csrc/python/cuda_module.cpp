@@ -13,7 +13,7 @@
 #include "transports/inproc_transport.h"
 #include "cuda/checks.h"
 #include "cuda/device_cuda.h"
-#include "cuda/nccl_transport.h"
+#include "transports/cuda/nccl_transport.h"
 #include "cuda/reducer_cuda.h"
 #include "cuda/vector_split.h"
 
