@@ -34,8 +34,8 @@ inline void bind_p2p(py::module_& m) {
 
 }
 
-// The Engine's point-to-point methods.
-inline void def_engine_p2p(py::class_<EngineHandle>& engine) {
+// The Engine's point-to-point posts and waits (pointers: the Python adapter's).
+inline void def_engine_p2p_posts(py::class_<EngineHandle>& engine) {
   engine
       .def("p2p",
            [](EngineHandle& h, bool send, int peer, uintptr_t ptr, size_t count, int dtype, int tag, uintptr_t stream) {
@@ -74,6 +74,31 @@ inline void def_engine_p2p(py::class_<EngineHandle>& engine) {
            py::arg("send"), py::arg("peer"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("tag"),
            py::arg("stream") = 0,
            "Post and wait; returns the sender's rank (a send: its peer). Raises on failure.")
+      .def("p2p_sendrecv",
+           [](EngineHandle& h, uintptr_t sptr, size_t scount, int sdtype, int dst, int stag, uintptr_t rptr,
+              size_t rcount, int rdtype, int src, int rtag, uintptr_t sstream, uintptr_t rstream) {
+             auto e = h.shared();
+             SendRecv sr;
+             {
+               py::gil_scoped_release nogil;  // a device op waits for its copy out here
+               sr = p2p_sendrecv(e, reinterpret_cast<void*>(sptr), scount, DType(sdtype), dst, stag,
+                                 reinterpret_cast<void*>(rptr), rcount, DType(rdtype), src, rtag, sstream, rstream);
+               e.reset();
+             }
+             return wait_sendrecv(sr);
+           },
+           py::arg("sptr"), py::arg("scount"), py::arg("sdtype"), py::arg("dst"), py::arg("stag"), py::arg("rptr"),
+           py::arg("rcount"), py::arg("rdtype"), py::arg("src"), py::arg("rtag"), py::arg("sstream") = 0,
+           py::arg("rstream") = 0,
+           "Send to `dst` and receive from `src` (-1: any source) together (p2p_sendrecv), wait for both; returns "
+           "the sender's rank. Raises a Ctrl-C, else the first failure. `sstream`, `rstream`: on a device "
+           "communicator, the streams each array's copy is ordered after.");
+}
+
+// Their fast lanes: numpy arrays and torch CPU tensors described natively
+// (host_p2p_call); the Python adapter runs where they decline.
+inline void def_engine_p2p_fast_lanes(py::class_<EngineHandle>& engine) {
+  engine
       .def("p2p_now",
            [](EngineHandle& h, bool send, py::handle x, py::handle peer, py::handle tag) -> int {
              // The fast lane of a blocking send/recv (host_p2p_call, then
@@ -95,25 +120,6 @@ inline void def_engine_p2p(py::class_<EngineHandle>& engine) {
            py::arg("send"), py::arg("x"), py::arg("peer"), py::arg("tag"),
            "Blocking send/recv of a numpy array or torch CPU tensor described natively; returns the source rank, "
            "or -2 when the arguments need the Python adapter (ringcomm/door.py).")
-      .def("p2p_sendrecv",
-           [](EngineHandle& h, uintptr_t sptr, size_t scount, int sdtype, int dst, int stag, uintptr_t rptr,
-              size_t rcount, int rdtype, int src, int rtag, uintptr_t sstream, uintptr_t rstream) {
-             auto e = h.shared();
-             SendRecv sr;
-             {
-               py::gil_scoped_release nogil;  // a device op waits for its copy out here
-               sr = p2p_sendrecv(e, reinterpret_cast<void*>(sptr), scount, DType(sdtype), dst, stag,
-                                 reinterpret_cast<void*>(rptr), rcount, DType(rdtype), src, rtag, sstream, rstream);
-               e.reset();
-             }
-             return wait_sendrecv(sr);
-           },
-           py::arg("sptr"), py::arg("scount"), py::arg("sdtype"), py::arg("dst"), py::arg("stag"), py::arg("rptr"),
-           py::arg("rcount"), py::arg("rdtype"), py::arg("src"), py::arg("rtag"), py::arg("sstream") = 0,
-           py::arg("rstream") = 0,
-           "Send to `dst` and receive from `src` (-1: any source) together (p2p_sendrecv), wait for both; returns "
-           "the sender's rank. Raises a Ctrl-C, else the first failure. `sstream`, `rstream`: on a device "
-           "communicator, the streams each array's copy is ordered after.")
       .def("p2p_sendrecv_now",
            [](EngineHandle& h, py::handle x, py::handle dst, py::handle out, py::handle src, py::handle stag,
               py::handle rtag) -> int {
@@ -152,6 +158,12 @@ inline void def_engine_p2p(py::class_<EngineHandle>& engine) {
            py::arg("send"), py::arg("x"), py::arg("peer"), py::arg("tag"),
            "Post a send/receive of a numpy array or torch CPU tensor described natively; returns its P2POp, or "
            "None when the arguments need the Python adapter (ringcomm/door.py).");
+}
+
+// The Engine's point-to-point methods.
+inline void def_engine_p2p(py::class_<EngineHandle>& engine) {
+  def_engine_p2p_posts(engine);
+  def_engine_p2p_fast_lanes(engine);
 }
 
 }  // namespace bind
