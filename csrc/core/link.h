@@ -239,6 +239,17 @@ class Link {
   void take_control(int side);       // a control message arrived on `side`: repost, then handle it
   void handle_control(const ControlMsg& m, int side);  // throws on ABORT
   std::string abort_text(const ControlMsg& m) const;   // what the notice says happened at its origin
+  static std::string p2p_abort_text(const ControlMsg& m);      // abort_text's cases (link.cpp)
+  static std::string relayed_abort_text(const ControlMsg& m);
+  static std::string origin_abort_text(const ControlMsg& m);
+  static std::string transport_peer_text(const ControlMsg& m);
+  // fail()'s steps, in its order (link.cpp says why each).
+  void withdraw_live();
+  ControlMsg abort_notice(const RingError& e, const Fingerprint* call) const;
+  void publish_failure(const ControlMsg& notice, const RingError& e, const Fingerprint* call);
+  void send_abort_notices(const ControlMsg& notice);
+  std::shared_ptr<Hold> await_window_writers();
+  void send_fingerprints_to_told();
   // Block on reqs until one is done or `deadline`, in slices that poll the
   // interrupt check. Returns wait_any's answer.
   int wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::time_point deadline);
