@@ -127,6 +127,14 @@ class P2POp {
                                      int64_t t_issue_ns);
   bool wait_locked(double timeout_s, const std::function<bool()>* interrupted, bool* fired);  // under m_
   bool progress(Clock::time_point until);  // true: done; throws RingError
+  // progress()'s and wait_locked()'s steps (p2p.cpp says why each).
+  void check_other_dtypes();
+  void on_matched();
+  void back_off() const;
+  bool wait_step(Clock::time_point now, Clock::time_point mine);
+  void check_ending(Clock::time_point now, const std::function<bool()>* interrupted, bool* fired);
+  void check_peer_gone();
+  std::string timeout_text() const;
   void finish(std::unique_ptr<RingError> err);
   // `peer_died`: the peer's process is gone (RingError::peer_died, told to the ring).
   [[noreturn]] void fail(ErrKind kind, const std::string& what, bool peer_died = false);
