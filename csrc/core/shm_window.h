@@ -251,6 +251,15 @@ class ShmWindow {
   int first_arrived(uint64_t phase, const int* peers, int count, int* missing) const;
   void check_arrived(const Link& link, const Fingerprint& fp, uint64_t phase, int j);
   void wait_until(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count, int missing);
+  // wait_until's steps (shm_window.cpp says why each).
+  bool arrived(uint64_t phase, const int* peers, int count, int* missing) const;
+  bool spin_for(Link& link, uint64_t phase, const int* peers, int count, int* missing, Clock::time_point until);
+  void wait_slowly(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count, int missing,
+                   Clock::time_point start);
+  void check_ended(Link& link, const Fingerprint& fp, int missing, Clock::time_point now, Clock::time_point& last_poll);
+  [[noreturn]] void throw_wait_timeout(Link& link, const Fingerprint& fp, int missing);
+  void sleep_for_arrival(Link& link, uint64_t phase, const int* peers, int count, int* missing,
+                         Clock::time_point deadline, Clock::time_point now);
   // The failure published in the header, raised on communicator rank `rank`
   // (link.rank(): not the index in this host's window, which differs when
   // the window is one host's part of a larger job) in call `seq`.
