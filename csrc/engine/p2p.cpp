@@ -153,6 +153,24 @@ std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int
   return op;
 }
 
+namespace {
+// The fast lane's send and take: on the spot where the transport is an
+// EagerP2P, else posted as p2p_post does (a taken message then comes back
+// as pending, as a partly arrived one does).
+bool send_now(Transport& t, EagerP2P* eager, int peer, const void* buf, size_t bytes, uint32_t wire,
+              RequestPtr* pending) {
+  if (eager) return eager->p2p_send_now(peer, buf, bytes, wire, pending);
+  *pending = t.p2p_send(peer, buf, bytes, wire);
+  return false;
+}
+
+int take_now(Transport& t, EagerP2P* eager, int peer, uint32_t wire, void* buf, size_t bytes, RequestPtr* pending) {
+  if (eager) return eager->p2p_take_now(peer, wire, buf, bytes, pending);
+  *pending = t.p2p_take(peer, wire, buf, bytes);
+  return *pending ? EagerP2P::kP2PPending : EagerP2P::kP2PNone;
+}
+}  // namespace
+
 int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count, DType dtype, int tag,
                 std::shared_ptr<P2POp>* posted) {
   if (e->device()) throw_invalid("p2p_run_now: host communicators only (a device op is staged: p2p_post)");
@@ -179,8 +197,9 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
       return source;
     };
     RequestPtr pending;
+    EagerP2P* eager = e->p2p_pending().eager(t);
     if (send) {
-      if (t.p2p_send_now(peer, buf, bytes, wire, &pending)) return done(peer);
+      if (send_now(t, eager, peer, buf, bytes, wire, &pending)) return done(peer);
       *posted = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
       (*posted)->req_ = std::move(pending);
       return -1;
@@ -188,17 +207,20 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
     // A receive takes a message here only while no earlier receive of this
     // communicator waits unmatched (P2PPending's order), under its lock.
     P2PPending& pend = e->p2p_pending();
-    const bool spin = t.p2p_spin();
+    // Poll a few microseconds for a message not here yet only on an eager
+    // transport: its peers are other processes, whose answer may be that
+    // close (in process, the peer needs this thread's core and interpreter lock).
+    const bool spin = eager != nullptr;
     Clock::time_point until{};
     for (long i = 0;; ++i) {
-      int got = Transport::kP2PNone;
+      int got = EagerP2P::kP2PNone;
       {
         std::unique_lock<std::mutex> g(pend.m_, std::try_to_lock);
         if (!g.owns_lock() || !pend.idle()) break;
-        got = t.p2p_take_now(peer, wire, buf, bytes, &pending);
+        got = take_now(t, eager, peer, wire, buf, bytes, &pending);
       }
       if (got >= 0) return done(got);
-      if (got == Transport::kP2PPending) {  // taken; still arriving, or of another size (wait() says so)
+      if (got == EagerP2P::kP2PPending) {  // taken; still arriving, or of another size (wait() says so)
         auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
         op->req_ = std::move(pending);
         op->matched_.store(true, std::memory_order_release);

@@ -1,5 +1,6 @@
 #include "transports/mpi_transport.h"
 #include "transports/recycled.h"
+#include "core/eager_p2p.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -48,7 +49,7 @@ constexpr long kMinPolls = 64;  // polls before the clock is consulted at all
 constexpr int kTag[int(Channel::kCount)] = {0, 0x5244, 0x5245, 0};  // data, control, check, p2p (unused: own comm)
 constexpr size_t kMaxMessage = size_t(1) << 30;
 
-class MpiTransport final : public Transport {
+class MpiTransport final : public Transport, public EagerP2P {
  public:
   explicit MpiTransport(MPI_Comm parent) {
     int initialized = 0, finalized = 0;
@@ -197,7 +198,6 @@ class MpiTransport final : public Transport {
     *pending = std::move(r);
     return kP2PPending;
   }
-  bool p2p_spin() const override { return true; }
   bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes, uint32_t* found) override {
     int flag = 0;
     MPI_Status st;

@@ -1,6 +1,7 @@
 #include "transports/ucx_transport.h"
 
 #include "transports/ucx_api.h"
+#include "core/eager_p2p.h"
 
 #ifdef RINGCOMM_HAVE_UCX
 
@@ -161,7 +162,7 @@ struct UcxRequest : Request {
   }
 };
 
-class UcxTransport final : public Transport {
+class UcxTransport final : public Transport, public EagerP2P {
  public:
   UcxTransport(std::shared_ptr<UcxWorker> w, const std::vector<std::string>& addresses, int rank)
       : w_(std::move(w)), rank_(rank), size_(int(addresses.size())) {
@@ -288,8 +289,6 @@ class UcxTransport final : public Transport {
     *pending = std::move(r);  // still arriving, discarded, or failed: wait_any says which
     return kP2PPending;
   }
-
-  bool p2p_spin() const override { return true; }
 
   // Progress the worker; spin briefly (a peer on its own core answers in
   // microseconds), then yield the core for a while (a peer that shares it,
