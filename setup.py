@@ -76,7 +76,14 @@ log(f"  link:    {' '.join(mpi_ldflags)}")
 # csrc/ ("core/link.h"), so csrc/ is the one include directory.
 ENGINE_DIRS = ("core", "algorithms", "engine", "transports")
 sources = [s for d in ENGINE_DIRS for s in sorted(glob.glob(f"csrc/{d}/*.cpp"))]
-headers = sorted(glob.glob("csrc/*/*.h"))
+# Transports that need the CUDA toolkit (NCCL) live in csrc/transports/cuda/:
+# beside the other transports, and, since the glob above does not descend
+# into subfolders, compiled into ringcomm._cuda alone (device_sources), so
+# _core never depends on CUDA. A folder says it once, where a list of names
+# excluded from the glob would have to be kept in step with the files.
+DEVICE_DIRS = ("cuda", "transports/cuda")
+device_sources = [s for d in DEVICE_DIRS for s in sorted(glob.glob(f"csrc/{d}/*.cpp"))]
+headers = sorted(glob.glob("csrc/*/*.h") + glob.glob("csrc/transports/cuda/*.h"))
 
 # ---------------------------------------------------------------------------
 # UCX: headers at build time only (libucp is dlopen'ed at run time,
@@ -177,7 +184,7 @@ else:
             "ringcomm._cuda",
             # The engine is compiled into this module too (one source, two
             # modules): ringcomm._core stays free of any CUDA dependency.
-            sources + sorted(glob.glob("csrc/cuda/*.cpp")) + ["csrc/python/cuda_module.cpp"],
+            sources + device_sources + ["csrc/python/cuda_module.cpp"],
             cxx_std=17,
             include_dirs=["csrc", os.path.join(home, "include"), *ucx_dirs],
             extra_compile_args=["-O3", "-fno-math-errno", *ucx_flags, *mpi_cflags],

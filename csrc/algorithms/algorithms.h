@@ -106,7 +106,7 @@ void pairwise_all_to_all(Link& link, const BlockSplit& send, const BlockSplit& r
 // Barrier: a zero-byte token passed n-1 hops around the ring (broadcast.cpp).
 void ring_barrier(Link& link);
 
-// ---- in the shared-memory window of one host (shm.cpp; link.window()) ----
+// ---- in the shared-memory window of one host (shm_*.cpp; link.window()) ----
 // Direct reduce-scatter + all-gather in rounds of one slot ("shm"); the
 // reduce-scatter alone leaves chunk `rank` at `own` (not finalized, as the
 // ring's); the one-sync all-reduce for small buffers ("shm_flat"); the
@@ -118,7 +118,8 @@ void shm_flat_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, c
 void shm_all_gather(Link& link, const RingPlan& plan, const char* own, char* out);
 void shm_broadcast(Link& link, size_t count, size_t es, int root, char* buf);
 void shm_barrier(Link& link);
-// The rooted and personalized collectives in the window (shm.cpp): reduce
+// The rooted and personalized collectives in the window (shm_rooted.cpp,
+// shm_all_to_all.cpp): reduce
 // by the direct reduce-scatter and a gather to the root; gather, scatter
 // (any per-rank counts) and all_to_all (equal blocks: count / n each).
 void shm_reduce(Link& link, const RingPlan& plan, const Reducer& red, int root, const char* in, char* out);
@@ -149,7 +150,7 @@ struct HostLayout {
   int at(int h, int l) const { return ranks[size_t(h) * size_t(local) + size_t(l)]; }
   // Whether every local index's ranks grow from host to host: then the split
   // rule's chunks of a part between hosts are the ranks' own chunks
-  // (hierarchical reduce_scatter / all_gather, shm.cpp).
+  // (hierarchical reduce_scatter / all_gather, shm_hierarchical.cpp).
   bool ordered() const {
     for (int l = 0; l < local; ++l)
       for (int h = 1; h < hosts; ++h)
@@ -166,7 +167,7 @@ void hierarchical_all_reduce(Link& link, size_t count, size_t es, const Reducer&
                              const Across& across);
 // Reduce-scatter into `out` (this rank's chunk, not finalized) and all-gather
 // of `own` (this rank's chunk) into `out`, through `perm` (count elements of
-// scratch): shm.cpp says how.
+// scratch): shm_hierarchical.cpp says how.
 void hierarchical_reduce_scatter(Link& link, const HostLayout& lay, size_t count, size_t es, const Reducer& red,
                                  const char* in, char* out, char* perm, const Across& across);
 void hierarchical_all_gather(Link& link, const HostLayout& lay, size_t count, size_t es, const char* own,

@@ -24,6 +24,52 @@
 
 namespace ringcomm {
 
+namespace {
+
+// Fold (ranks below 2 * rem): the even rank of each pair sends its input to
+// the odd one (v >= 0), which adds it and takes part in the exchanges.
+void fold(Link& link, const Reducer& red, int rank, int v, const char* in, char* out, size_t count, size_t es,
+          int& unit) {
+  const size_t total = count * es;
+  link.trace_start(Phase::fold, 0, v < 0 ? rank + 1 : -1, -1, v < 0 ? total : 0, v < 0 ? -1 : rank - 1, -1,
+                   v < 0 ? 0 : total);
+  if (v < 0)
+    send_all(link, rank + 1, in, count, es, unit);
+  else
+    recv_reduce(link, red, rank - 1, in, out, count, es, 0, unit);
+  link.trace_finish(v < 0 ? nullptr : out, v < 0 ? 0 : total);
+}
+
+// The log2(p) exchanges of the virtual ranks.
+void exchanges(Link& link, const Reducer& red, const Fold& f, int v, const char* cur, char* out, size_t count,
+               size_t es, int& unit) {
+  const size_t total = count * es;
+  for (int k = 0; k < f.steps(); ++k) {
+    const int peer = f.real(v ^ (1 << k));
+    link.trace_start(Phase::exchange, k, peer, -1, total, peer, -1, total);
+    exchange_reduce(link, red, peer, cur, cur, out, count, es, k, unit);
+    link.trace_finish(out, total);
+    cur = out;
+  }
+  red.finalize(out, count, link.size());
+}
+
+// Unfold: the result goes back to the rank that sat out.
+void unfold(Link& link, int rank, int v, char* out, size_t count, size_t es, int& unit) {
+  const size_t total = count * es;
+  link.trace_start(Phase::unfold, 0, v < 0 ? -1 : rank - 1, -1, v < 0 ? 0 : total, v < 0 ? rank + 1 : -1, -1,
+                   v < 0 ? total : 0);
+  if (v < 0) {
+    link.drain();  // our fold send read `in`, which may be `out`
+    recv_all(link, rank + 1, out, count, es, 0, unit);
+  } else {
+    send_all(link, rank - 1, out, count, es, unit);
+  }
+  link.trace_finish(v < 0 ? out : nullptr, v < 0 ? total : 0);
+}
+
+}  // namespace
+
 void recursive_doubling_all_reduce(Link& link, const RingPlan& plan, const Reducer& red, const char* in,
                                    char* out) {
   const int rank = link.rank();
@@ -37,37 +83,10 @@ void recursive_doubling_all_reduce(Link& link, const RingPlan& plan, const Reduc
     link.drain();  // still checks the left neighbour's header: a rank with another count must hear of it
     return;
   }
-  if (rank < 2 * f.rem) {  // fold
-    link.trace_start(Phase::fold, 0, v < 0 ? rank + 1 : -1, -1, v < 0 ? total : 0, v < 0 ? -1 : rank - 1, -1,
-                     v < 0 ? 0 : total);
-    if (v < 0)
-      send_all(link, rank + 1, in, count, es, unit);
-    else
-      recv_reduce(link, red, rank - 1, in, out, count, es, 0, unit);
-    link.trace_finish(v < 0 ? nullptr : out, v < 0 ? 0 : total);
-  }
-  if (v >= 0) {
-    const char* cur = rank < 2 * f.rem ? out : in;  // `in` is only read, at the first step
-    for (int k = 0; k < f.steps(); ++k) {
-      const int peer = f.real(v ^ (1 << k));
-      link.trace_start(Phase::exchange, k, peer, -1, total, peer, -1, total);
-      exchange_reduce(link, red, peer, cur, cur, out, count, es, k, unit);
-      link.trace_finish(out, total);
-      cur = out;
-    }
-    red.finalize(out, count, link.size());
-  }
-  if (rank < 2 * f.rem) {  // unfold: the result goes back to the rank that sat out
-    link.trace_start(Phase::unfold, 0, v < 0 ? -1 : rank - 1, -1, v < 0 ? 0 : total, v < 0 ? rank + 1 : -1, -1,
-                     v < 0 ? total : 0);
-    if (v < 0) {
-      link.drain();  // our fold send read `in`, which may be `out`
-      recv_all(link, rank + 1, out, count, es, 0, unit);
-    } else {
-      send_all(link, rank - 1, out, count, es, unit);
-    }
-    link.trace_finish(v < 0 ? out : nullptr, v < 0 ? total : 0);
-  }
+  const bool folded = rank < 2 * f.rem;
+  if (folded) fold(link, red, rank, v, in, out, count, es, unit);
+  if (v >= 0) exchanges(link, red, f, v, folded ? out : in, out, count, es, unit);  // `in` is only read, at the first step
+  if (folded) unfold(link, rank, v, out, count, es, unit);
   link.drain();
 }
 

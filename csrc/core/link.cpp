@@ -117,63 +117,76 @@ void Link::send_control(const ControlMsg& m, int peer) {
   ctrl_out_.emplace_back(std::move(msg), std::move(req));
 }
 
+namespace {
+
+std::string rank_text(int r) { return "rank " + std::to_string(r); }
+
+}  // namespace
+
+// ": transport error with rank P (rank P died)" where a notice names a peer
+// other than its origin, else nothing.
+std::string Link::transport_peer_text(const ControlMsg& m) {
+  if (ErrKind(m.kind) != ErrKind::transport || m.peer < 0 || m.peer == m.origin) return std::string();
+  return ": transport error with " + rank_text(m.peer) +
+         (m.peer_died ? " (" + rank_text(m.peer) + " died)" : std::string());
+}
+
+// A send or recv that failed at the origin (fail_p2p).
+std::string Link::p2p_abort_text(const ControlMsg& m) {
+  const ErrKind kind = ErrKind(m.kind);
+  const bool send = Coll(m.fp.coll) == Coll::send;
+  const std::string op = rank_text(m.origin) + "'s " + describe(m.fp);
+  const std::string other = m.peer >= 0 ? rank_text(m.peer) : std::string("any rank");
+  if (kind == ErrKind::mismatch)
+    return op + " failed: the message from " + other + " did not match it (size and dtype must be equal)";
+  if (kind == ErrKind::timeout)
+    return op + " timed out waiting for " + (send ? other + " to receive it" : "a message from " + other);
+  if (kind == ErrKind::aborted && m.interrupted) return op + " was interrupted (KeyboardInterrupt)";
+  if (kind == ErrKind::aborted) return op + " ended when " + rank_text(m.origin) + " aborted the communicator";
+  return op + " failed (" + std::string(kind == ErrKind::transport ? "transport error" : "error") + ")";
+}
+
+// Passed on by a rank that heard it through the shared-memory window
+// (fail()): the notice carries that rank's call, not the origin's.
+std::string Link::relayed_abort_text(const ControlMsg& m) {
+  const ErrKind kind = ErrKind(m.kind);
+  const char* what = kind == ErrKind::mismatch ? " found that the ranks disagree on a call"
+                     : m.left                   ? " closed its communicator"
+                     : kind == ErrKind::timeout ? " timed out"
+                     : kind == ErrKind::aborted ? " aborted the communicator"
+                                                : " failed";
+  return rank_text(m.origin) + what + transport_peer_text(m) + " (" + rank_text(m.fp.rank) + " heard of it in " +
+         describe(m.fp) + ")";
+}
+
+// A collective's failure at the origin, other than a mismatch.
+std::string Link::origin_abort_text(const ControlMsg& m) {
+  const ErrKind kind = ErrKind(m.kind);
+  const std::string origin = rank_text(m.origin);
+  if (kind == ErrKind::timeout)
+    return origin + " timed out in " + describe(m.fp) +
+           (m.peer >= 0 ? " waiting for " + rank_text(m.peer) : std::string());
+  if (kind == ErrKind::aborted && m.interrupted)
+    return origin + " was interrupted (KeyboardInterrupt) in " + describe(m.fp);
+  if (kind == ErrKind::aborted)
+    return origin + " aborted the communicator (" +
+           (m.fp.seq ? "its last collective was " + describe(m.fp) : std::string("before its first collective")) +
+           ")";
+  // (a transport error with a peer, e.g. the peer died: the ranks that hear of it are told which peer)
+  return origin + " failed in " + describe(m.fp) + transport_peer_text(m);
+}
+
 // What an ABORT notice says happened at its origin (for the ranks that hear
 // of it, through the ring or the shared-memory window).
 std::string Link::abort_text(const ControlMsg& m) const {
-  std::string why;
-  ErrKind kind = ErrKind(m.kind);
-  const bool other_unknown = m.other.coll == 0 && m.other.seq == 0;  // found by a message, not a fingerprint
-  if (coll_is_p2p(Coll(m.fp.coll)) && m.fp.rank == m.origin) {  // a send or recv failed at the origin (fail_p2p)
-    const bool send = Coll(m.fp.coll) == Coll::send;
-    const std::string op = "rank " + std::to_string(m.origin) + "'s " + describe(m.fp);
-    const std::string other = m.peer >= 0 ? "rank " + std::to_string(m.peer) : std::string("any rank");
-    if (kind == ErrKind::mismatch)
-      why = op + " failed: the message from " + other + " did not match it (size and dtype must be equal)";
-    else if (kind == ErrKind::timeout)
-      why = op + " timed out waiting for " + (send ? other + " to receive it" : "a message from " + other);
-    else if (kind == ErrKind::aborted && m.interrupted)
-      why = op + " was interrupted (KeyboardInterrupt)";
-    else if (kind == ErrKind::aborted)
-      why = op + " ended when rank " + std::to_string(m.origin) + " aborted the communicator";
-    else
-      why = op + " failed (" + std::string(kind == ErrKind::transport ? "transport error" : "error") + ")";
-  } else if (m.fp.rank != m.origin) {
-    // Passed on by a rank that heard it through the shared-memory window
-    // (fail()): the notice carries that rank's call, not the origin's.
-    const char* what = kind == ErrKind::mismatch ? " found that the ranks disagree on a call"
-                       : m.left                   ? " closed its communicator"
-                       : kind == ErrKind::timeout ? " timed out"
-                       : kind == ErrKind::aborted ? " aborted the communicator"
-                                                  : " failed";
-    why = "rank " + std::to_string(m.origin) + what +
-          (kind == ErrKind::transport && m.peer >= 0 && m.peer != m.origin
-               ? ": transport error with rank " + std::to_string(m.peer) +
-                     (m.peer_died ? " (rank " + std::to_string(m.peer) + " died)" : std::string())
-               : std::string()) +
-          " (rank " + std::to_string(m.fp.rank) + " heard of it in " + describe(m.fp) + ")";
-  } else if (kind == ErrKind::mismatch && other_unknown && m.peer == rank_) {
-    why = mismatch_text(m.fp, fp_);  // the message of another call was ours: we know both
-  } else if (kind == ErrKind::mismatch && other_unknown) {
-    why = "rank " + std::to_string(m.origin) + " in " + describe(m.fp) + " got a message from rank " +
-          std::to_string(m.peer) + " that belongs to another call: the ranks disagree on the call";
-  } else if (kind == ErrKind::mismatch) {
-    why = mismatch_text(m.fp, m.other);
-  } else if (kind == ErrKind::timeout) {
-    why = "rank " + std::to_string(m.origin) + " timed out in " + describe(m.fp) +
-          (m.peer >= 0 ? " waiting for rank " + std::to_string(m.peer) : std::string());
-  } else if (kind == ErrKind::aborted && m.interrupted) {
-    why = "rank " + std::to_string(m.origin) + " was interrupted (KeyboardInterrupt) in " + describe(m.fp);
-  } else if (kind == ErrKind::aborted) {
-    why = "rank " + std::to_string(m.origin) + " aborted the communicator (" +
-          (m.fp.seq ? "its last collective was " + describe(m.fp) : std::string("before its first collective")) + ")";
-  } else if (kind == ErrKind::transport && m.peer >= 0 && m.peer != m.origin) {
-    // (e.g. the peer died: the ranks that hear of it are told which peer)
-    why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp) + ": transport error with rank " +
-          std::to_string(m.peer) + (m.peer_died ? " (rank " + std::to_string(m.peer) + " died)" : std::string());
-  } else {
-    why = "rank " + std::to_string(m.origin) + " failed in " + describe(m.fp);
-  }
-  return why;
+  if (coll_is_p2p(Coll(m.fp.coll)) && m.fp.rank == m.origin) return p2p_abort_text(m);
+  if (m.fp.rank != m.origin) return relayed_abort_text(m);
+  if (ErrKind(m.kind) != ErrKind::mismatch) return origin_abort_text(m);
+  if (m.other.coll != 0 || m.other.seq != 0) return mismatch_text(m.fp, m.other);
+  // The other call is unknown (found by a message, not a fingerprint).
+  if (m.peer == rank_) return mismatch_text(m.fp, fp_);  // the message of another call was ours: we know both
+  return rank_text(m.origin) + " in " + describe(m.fp) + " got a message from " + rank_text(m.peer) +
+         " that belongs to another call: the ranks disagree on the call";
 }
 
 void Link::handle_control(const ControlMsg& m, int side) {
@@ -800,46 +813,63 @@ std::shared_ptr<Hold> Link::fail(const RingError& e, const Fingerprint* call) {
   aborted_ = true;
   abort_reason_ = e.what();
   t_->on_fail();
-  // Withdraw everything still posted, so no late message lands in a buffer
-  // the caller gets back; what cannot be withdrawn keeps its memory in the
-  // quarantine (and holds the caller's arrays: hold()).
+  withdraw_live();
+  if (size_ == 1) return nullptr;
+  const ControlMsg notice = abort_notice(e, call);
+  publish_failure(notice, e, call);
+  send_abort_notices(notice);
+  std::shared_ptr<Hold> stalled = await_window_writers();
+  send_fingerprints_to_told();
+  return stalled;
+}
+
+// Withdraw everything still posted, so no late message lands in a buffer
+// the caller gets back; what cannot be withdrawn keeps its memory in the
+// quarantine (and holds the caller's arrays: hold()).
+void Link::withdraw_live() {
   for (auto& r : live_)  // one that matched another call's message drains elsewhere: no hold on the caller's arrays
     if (r && !r->done && !t_->cancel(*r)) {
       const bool holds_caller_memory = !r->wrong_message;  // read before the move (argument order is unspecified)
       quarantine(std::move(r), holds_caller_memory);
     }
   live_.clear();
-  if (size_ == 1) return nullptr;
+}
+
+// The ABORT notice this rank sends: the one it received, else its own.
+Link::ControlMsg Link::abort_notice(const RingError& e, const Fingerprint* call) const {
+  if (received_abort_) return *received_abort_;
+  // Heard elsewhere (through the shared-memory window, which names the
+  // origin in e): pass the news on as the origin's, not as ours, so the
+  // ranks that hear it from us first still name the rank it began at.
+  const bool heard = !call && e.origin >= 0 && e.origin != rank_;
   ControlMsg notice;
-  if (received_abort_) {
-    notice = *received_abort_;
-  } else {
-    // Heard elsewhere (through the shared-memory window, which names the
-    // origin in e): pass the news on as the origin's, not as ours, so the
-    // ranks that hear it from us first still name the rank it began at.
-    const bool heard = !call && e.origin >= 0 && e.origin != rank_;
-    notice.type = kAbort;
-    notice.fp = call ? *call : fp_;
-    notice.fp.rank = rank_;
-    notice.origin = heard ? e.origin : rank_;
-    notice.kind = int32_t(heard ? e.cause : e.kind);
-    notice.peer = heard ? e.origin_peer : e.peer;
-    notice.interrupted = !heard && user_interrupted_ ? 1 : 0;  // (a Ctrl-C here is not the origin's)
-    notice.peer_died = e.peer_died ? 1 : 0;
-    notice.left = e.peer_left ? 1 : 0;
-  }
-  // Ranks waiting in the shared-memory window hear it there (the first
-  // failure published wins), in the words the ring would use for news it
-  // passes on or a point-to-point op; a collective's own failure in full.
-  if (window_) {
-    const bool told = received_abort_ || call;
-    window_->fail(told ? notice.origin : (e.origin >= 0 ? e.origin : rank_), told ? ErrKind(notice.kind) : e.cause,
-                  told ? abort_text(notice) : std::string(e.what()), fp_.seq, notice.peer, notice.peer_died != 0);
-  }
-  // Both ways round the ring (each rank forwards away from where it heard
-  // it), so one rank that is away (asleep, computing, a straggler) cannot
-  // hold the news back from the ranks beyond it: every waiting rank hears
-  // within one trip.
+  notice.type = kAbort;
+  notice.fp = call ? *call : fp_;
+  notice.fp.rank = rank_;
+  notice.origin = heard ? e.origin : rank_;
+  notice.kind = int32_t(heard ? e.cause : e.kind);
+  notice.peer = heard ? e.origin_peer : e.peer;
+  notice.interrupted = !heard && user_interrupted_ ? 1 : 0;  // (a Ctrl-C here is not the origin's)
+  notice.peer_died = e.peer_died ? 1 : 0;
+  notice.left = e.peer_left ? 1 : 0;
+  return notice;
+}
+
+// Ranks waiting in the shared-memory window hear it there (the first
+// failure published wins), in the words the ring would use for news it
+// passes on or a point-to-point op; a collective's own failure in full.
+void Link::publish_failure(const ControlMsg& notice, const RingError& e, const Fingerprint* call) {
+  if (!window_) return;
+  const bool told = received_abort_ || call;
+  window_->fail(told ? notice.origin : (e.origin >= 0 ? e.origin : rank_), told ? ErrKind(notice.kind) : e.cause,
+                told ? abort_text(notice) : std::string(e.what()), fp_.seq, notice.peer, notice.peer_died != 0);
+}
+
+// Both ways round the ring (each rank forwards away from where it heard
+// it), so one rank that is away (asleep, computing, a straggler) cannot
+// hold the news back from the ranks beyond it: every waiting rank hears
+// within one trip.
+void Link::send_abort_notices(const ControlMsg& notice) {
   for (int side = 0; side < (size_ == 2 ? 1 : 2); ++side) {  // with two ranks, both sides are one peer
     const int peer = side ? left() : right();
     if (peer == notice.origin || peer == abort_from_) continue;
@@ -848,27 +878,31 @@ std::shared_ptr<Hold> Link::fail(const RingError& e, const Fingerprint* call) {
     } catch (const std::exception&) {
     }
   }
-  // Then (the notices need not wait for it) until no peer writes into this
-  // rank's arrays any more, so none lands after the failed call returns.
-  // Past the bound a stopped writer may still write: that call's arrays are
-  // held for good (its own claim: later calls, which fail at once, keep theirs).
-  std::shared_ptr<Hold> stalled;
-  if (window_ && !window_->await_writers()) {
-    stalled = std::make_shared<Hold>();
-    stalled->pending.fetch_add(1);  // never released
-  }
-  // With stamps, a peer that got a payload message from us may have found it
-  // belongs to another call: our fingerprint lets it name ours
-  // (throw_foreign_message). Host memory only, where the check channel is
-  // otherwise unused.
-  if (stamp_mask_)
-    for (int peer : told_) {
-      try {
-        send_fingerprint(peer);
-      } catch (const std::exception&) {
-      }
-    }
+}
+
+// Then (the notices need not wait for it) until no peer writes into this
+// rank's arrays any more, so none lands after the failed call returns.
+// Past the bound a stopped writer may still write: that call's arrays are
+// held for good (its own claim: later calls, which fail at once, keep theirs).
+std::shared_ptr<Hold> Link::await_window_writers() {
+  if (!window_ || window_->await_writers()) return nullptr;
+  auto stalled = std::make_shared<Hold>();
+  stalled->pending.fetch_add(1);  // never released
   return stalled;
+}
+
+// With stamps, a peer that got a payload message from us may have found it
+// belongs to another call: our fingerprint lets it name ours
+// (throw_foreign_message). Host memory only, where the check channel is
+// otherwise unused.
+void Link::send_fingerprints_to_told() {
+  if (!stamp_mask_) return;
+  for (int peer : told_) {
+    try {
+      send_fingerprint(peer);
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 static int64_t now_ns() {

@@ -84,7 +84,7 @@ class Link {
   // first message goes to the neighbour anyway: one message less per call;
   // Engine decides, alike on every rank).
   void begin(const Fingerprint& fp, bool header_inline = false);
-  // A collective that runs in the shared-memory window (algorithms/shm.cpp):
+  // A collective that runs in the shared-memory window (algorithms/shm_*.cpp):
   // no header is sent, the window carries the call (ShmWindow::announce).
   void begin_shared(const Fingerprint& fp);
   // Receive and check the left neighbour's header (once per collective;
@@ -239,6 +239,17 @@ class Link {
   void take_control(int side);       // a control message arrived on `side`: repost, then handle it
   void handle_control(const ControlMsg& m, int side);  // throws on ABORT
   std::string abort_text(const ControlMsg& m) const;   // what the notice says happened at its origin
+  static std::string p2p_abort_text(const ControlMsg& m);      // abort_text's cases (link.cpp)
+  static std::string relayed_abort_text(const ControlMsg& m);
+  static std::string origin_abort_text(const ControlMsg& m);
+  static std::string transport_peer_text(const ControlMsg& m);
+  // fail()'s steps, in its order (link.cpp says why each).
+  void withdraw_live();
+  ControlMsg abort_notice(const RingError& e, const Fingerprint* call) const;
+  void publish_failure(const ControlMsg& notice, const RingError& e, const Fingerprint* call);
+  void send_abort_notices(const ControlMsg& notice);
+  std::shared_ptr<Hold> await_window_writers();
+  void send_fingerprints_to_told();
   // Block on reqs until one is done or `deadline`, in slices that poll the
   // interrupt check. Returns wait_any's answer.
   int wait_for(Request* const* reqs, int n, Clock::time_point now, Clock::time_point deadline);

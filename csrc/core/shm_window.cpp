@@ -657,97 +657,111 @@ void ShmWindow::check_arrived(const Link& link, const Fingerprint& fp, uint64_t 
 // (peers == nullptr), or one of `peers`; `missing`: one not there yet.
 void ShmWindow::wait_until(Link& link, const Fingerprint& fp, uint64_t p, const int* peers, int count,
                            int missing) {
-  Header* h = header();
-  const auto there = [&](int* m) {
-    return peers ? first_arrived(p, peers, count, m) >= 0 : all_arrived(p, m);
-  };
   const auto start = Clock::now();
-  const auto spin_until = start + std::chrono::nanoseconds(spin_ns_);
-  bool done = false;
-  for (unsigned i = 1; !done; ++i) {
+  if (spin_for(link, p, peers, count, &missing, start + std::chrono::nanoseconds(spin_ns_))) return;
+  wait_slowly(link, fp, p, peers, count, missing, start);
+}
+
+bool ShmWindow::arrived(uint64_t p, const int* peers, int count, int* missing) const {
+  return peers ? first_arrived(p, peers, count, missing) >= 0 : all_arrived(p, missing);
+}
+
+// Spin until `until`: true once arrived.
+bool ShmWindow::spin_for(Link& link, uint64_t p, const int* peers, int count, int* missing,
+                         Clock::time_point until) {
+  for (unsigned i = 1;; ++i) {
     RC_PAUSE();
-    done = there(&missing);
-    if (!done && (i & 63) == 0 && Clock::now() >= spin_until) break;
-    if (!done && (i & 1023) == 0) link.progress_p2p();  // (about every 30 us: Link::set_p2p_progress)
+    if (arrived(p, peers, count, missing)) return true;
+    if ((i & 63) == 0 && Clock::now() >= until) return false;
+    if ((i & 1023) == 0) link.progress_p2p();  // (about every 30 us: Link::set_p2p_progress)
   }
-  // Then yield the core for a while: with more ranks than cores the rank
-  // we wait for needs this time slice, and a futex round trip (sleep, the
-  // writer's wake, the scheduler) costs tens of microseconds more than
-  // sched_yield (what Open MPI's progress loop does when oversubscribed).
-  // Then sleep. Failures, aborts, Ctrl-C and the deadline are looked at
-  // in both (the yield phase lasts 2 s when oversubscribed: a Ctrl-C went
-  // unseen that long, and a peer's published failure too); the costlier
-  // checks (a dead peer's pid, the transport's progress) at most once a
-  // millisecond while yielding.
-  if (!done) {
-    const auto yield_until = start + std::chrono::nanoseconds(yield_ns_);
-    link.publish_wait(member(missing), 1, "its part in shared memory", start);
-    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(link.options().timeout_s));
-    auto last_poll = start, last_check = start;
-    int shown = missing;
-    for (;;) {
-      if (there(&missing)) break;
-      if (missing != shown) {  // the one waited for now (the flight recorder names it)
-        shown = missing;
-        link.publish_wait(member(missing), 1, "its part in shared memory", start);
-      }
-      if (h->failed.load(std::memory_order_acquire) > 0) throw_published(link.rank(), fp.seq);
-      const auto now = Clock::now();
-      if (link.transport().interrupted())
-        throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
-                        "rank " + std::to_string(member(rank_)) +
-                            (link.user_interrupted() ? " was interrupted (KeyboardInterrupt) in " : " aborted ") +
-                            describe(fp) + " while it waited for rank " + std::to_string(member(missing)) +
-                            " (shared memory)");
-      if (now - last_poll >= std::chrono::milliseconds(100)) {
-        last_poll = now;
-        if (link.interrupt_requested()) {
-          link.mark_user_interrupt();
-          throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
-                          "rank " + std::to_string(member(rank_)) + " was interrupted (KeyboardInterrupt) in " +
-                              describe(fp) + " while it waited for rank " + std::to_string(member(missing)));
-        }
-      }
-      const bool yielding = now < yield_until;
-      if (!yielding || now - last_check >= std::chrono::milliseconds(1)) {
-        last_check = now;
-        check_slow(link, fp, p, missing);
-        // Hear an ABORT notice travelling around the ring, and keep the
-        // point-to-point transport moving while we wait here. (A header
-        // this rank sent just before, as a ring call on count 0 does, once
-        // sat in Open MPI's TCP queue while its receiver waited for it
-        // instead of arriving here: found in CI, N = 4 over the TCP BTL.
-        // Link::drain() now sees every header delivered before a call
-        // ends, which also covers waits outside the window.)
-        link.poll_control();
-      }
-      if (now >= deadline) {
-        char secs[32];
-        std::snprintf(secs, sizeof secs, "%g", link.options().timeout_s);
-        throw RingError(ErrKind::timeout, member(rank_), member(missing), fp.seq,
-                        "timed out after " + std::string(secs) + " s in " + describe(fp) + ": rank " +
-                            std::to_string(member(rank_)) + " waited for rank " + std::to_string(member(missing)) +
-                            " to arrive in shared memory (" + label_ +
-                            "); is that rank alive and calling the same collective?" + peer_state(link, missing, fp));
-      }
-      if (yielding) {
-        sched_yield();
-        continue;
-      }
-      // Sleep until an arrival (or a failure) bumps the epoch: say so
-      // first, then look once more (an arrival between the two either is
-      // seen here or sees us sleeping and wakes us).
-      const uint32_t e = h->epoch.load(std::memory_order_seq_cst);
-      h->sleepers.fetch_add(1, std::memory_order_seq_cst);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (!there(&missing) && h->failed.load(std::memory_order_acquire) == 0 &&
-          !link.transport().interrupted())
-        futex_wait(&h->epoch, e, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
-      h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+// After the spin, yield the core for a while: with more ranks than cores the
+// rank we wait for needs this time slice, and a futex round trip (sleep, the
+// writer's wake, the scheduler) costs tens of microseconds more than
+// sched_yield (what Open MPI's progress loop does when oversubscribed).
+// Then sleep. Failures, aborts, Ctrl-C and the deadline are looked at in
+// both (the yield phase lasts 2 s when oversubscribed, too long for a Ctrl-C
+// or a peer's published failure to go unseen); the costlier checks (a dead
+// peer's pid, the transport's progress) at most once a millisecond while
+// yielding.
+void ShmWindow::wait_slowly(Link& link, const Fingerprint& fp, uint64_t p, const int* peers, int count, int missing,
+                            Clock::time_point start) {
+  const auto yield_until = start + std::chrono::nanoseconds(yield_ns_);
+  link.publish_wait(member(missing), 1, "its part in shared memory", start);
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(link.options().timeout_s));
+  auto last_poll = start, last_check = start;
+  int shown = missing;
+  while (!arrived(p, peers, count, &missing)) {
+    if (missing != shown) {  // the one waited for now (the flight recorder names it)
+      shown = missing;
+      link.publish_wait(member(missing), 1, "its part in shared memory", start);
     }
-    link.publish_wait(-1, 0, nullptr, start);
+    const auto now = Clock::now();
+    check_ended(link, fp, missing, now, last_poll);
+    const bool yielding = now < yield_until;
+    if (!yielding || now - last_check >= std::chrono::milliseconds(1)) {
+      last_check = now;
+      check_slow(link, fp, p, missing);
+      // Hear an ABORT notice travelling around the ring, and keep the
+      // point-to-point transport moving while we wait here (Link::drain()
+      // sees every header delivered before a call ends, which also covers
+      // waits outside the window).
+      link.poll_control();
+    }
+    if (now >= deadline) throw_wait_timeout(link, fp, missing);
+    if (yielding) sched_yield();
+    else sleep_for_arrival(link, p, peers, count, &missing, deadline, now);
   }
+  link.publish_wait(-1, 0, nullptr, start);
+}
+
+// A failure published in the window, an abort, or a Ctrl-C (polled every
+// 100 ms) ends the wait: each throws.
+void ShmWindow::check_ended(Link& link, const Fingerprint& fp, int missing, Clock::time_point now,
+                            Clock::time_point& last_poll) {
+  if (header()->failed.load(std::memory_order_acquire) > 0) throw_published(link.rank(), fp.seq);
+  if (link.transport().interrupted())
+    throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
+                    "rank " + std::to_string(member(rank_)) +
+                        (link.user_interrupted() ? " was interrupted (KeyboardInterrupt) in " : " aborted ") +
+                        describe(fp) + " while it waited for rank " + std::to_string(member(missing)) +
+                        " (shared memory)");
+  if (now - last_poll < std::chrono::milliseconds(100)) return;
+  last_poll = now;
+  if (link.interrupt_requested()) {
+    link.mark_user_interrupt();
+    throw RingError(ErrKind::aborted, member(rank_), -1, fp.seq,
+                    "rank " + std::to_string(member(rank_)) + " was interrupted (KeyboardInterrupt) in " +
+                        describe(fp) + " while it waited for rank " + std::to_string(member(missing)));
+  }
+}
+
+void ShmWindow::throw_wait_timeout(Link& link, const Fingerprint& fp, int missing) {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", link.options().timeout_s);
+  throw RingError(ErrKind::timeout, member(rank_), member(missing), fp.seq,
+                  "timed out after " + std::string(secs) + " s in " + describe(fp) + ": rank " +
+                      std::to_string(member(rank_)) + " waited for rank " + std::to_string(member(missing)) +
+                      " to arrive in shared memory (" + label_ +
+                      "); is that rank alive and calling the same collective?" + peer_state(link, missing, fp));
+}
+
+// Sleep until an arrival (or a failure) bumps the epoch: say so first, then
+// look once more (an arrival between the two either is seen here or sees us
+// sleeping and wakes us).
+void ShmWindow::sleep_for_arrival(Link& link, uint64_t p, const int* peers, int count, int* missing,
+                                  Clock::time_point deadline, Clock::time_point now) {
+  Header* h = header();
+  const uint32_t e = h->epoch.load(std::memory_order_seq_cst);
+  h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!arrived(p, peers, count, missing) && h->failed.load(std::memory_order_acquire) == 0 &&
+      !link.transport().interrupted())
+    futex_wait(&h->epoch, e, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
+  h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void ShmWindow::check_running(const Link& link, const Fingerprint& fp, const char* doing) const {

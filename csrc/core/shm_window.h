@@ -12,13 +12,13 @@
 //               a page more than it needs: it starts at the page offset its
 //               writer chose for that round (align_slots_to)
 //
-// The shared-memory algorithms (algorithms/shm.cpp) run in rounds: each
+// The shared-memory algorithms (algorithms/shm_*.cpp) run in rounds: each
 // rank writes its slot of the round's parity, everyone sync()s, then reads
 // what it needs from the peers' slots. A slot of parity p is written again
 // two rounds later, only after every peer has arrived at the round in
 // between, which it does after its last read of the slot: the rotation is
 // the only protection a slot needs (no trailing barrier, as in DeepSpeed's
-// shm.cpp and NCCL's FIFO).
+// shm_internal.h and NCCL's FIFO).
 //
 // Waiting (sync): spin briefly, then sleep on a futex in the shared block;
 // an arriving rank wakes the sleepers only when one says it sleeps. Every
@@ -185,7 +185,7 @@ class ShmWindow {
   // faster through the slots (bench/README.md, "The sender's pages").
   // all_to_all's sender decides per block and tells its readers; for
   // all_gather every rank says what it knows of the pages its peers would
-  // pin (publish_pages) and all decide alike (shm.cpp).
+  // pin (publish_pages) and all decide alike (shm_direct.cpp).
   size_t single_copy_min_4k() const { return single_copy_min_4k_; }
   void set_single_copy_min_4k(size_t bytes) { single_copy_min_4k_ = bytes; }
   // Does [p, p + bytes) of this process lie in 4 KiB pages? The page at its
@@ -251,6 +251,15 @@ class ShmWindow {
   int first_arrived(uint64_t phase, const int* peers, int count, int* missing) const;
   void check_arrived(const Link& link, const Fingerprint& fp, uint64_t phase, int j);
   void wait_until(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count, int missing);
+  // wait_until's steps (shm_window.cpp says why each).
+  bool arrived(uint64_t phase, const int* peers, int count, int* missing) const;
+  bool spin_for(Link& link, uint64_t phase, const int* peers, int count, int* missing, Clock::time_point until);
+  void wait_slowly(Link& link, const Fingerprint& fp, uint64_t phase, const int* peers, int count, int missing,
+                   Clock::time_point start);
+  void check_ended(Link& link, const Fingerprint& fp, int missing, Clock::time_point now, Clock::time_point& last_poll);
+  [[noreturn]] void throw_wait_timeout(Link& link, const Fingerprint& fp, int missing);
+  void sleep_for_arrival(Link& link, uint64_t phase, const int* peers, int count, int* missing,
+                         Clock::time_point deadline, Clock::time_point now);
   // The failure published in the header, raised on communicator rank `rank`
   // (link.rank(): not the index in this host's window, which differs when
   // the window is one host's part of a larger job) in call `seq`.

@@ -133,27 +133,8 @@ class Transport {
   virtual uint32_t p2p_max_tag() const { return 0x7fffffffu; }
   // The largest message p2p_send carries (MPI: 1 GiB, its counts are ints).
   virtual size_t p2p_max_bytes() const { return SIZE_MAX; }
-  // The blocking fast lane (p2p_run_now in engine/p2p.h): the same two
-  // operations, finished on the spot when they can be, with no request
-  // allocated then. p2p_send_now: true when the send has completed (the
-  // buffer may be reused); else *pending holds its request, as p2p_send's.
-  virtual bool p2p_send_now(int peer, const void* buf, size_t bytes, uint32_t tag, RequestPtr* pending) {
-    *pending = p2p_send(peer, buf, bytes, tag);
-    return false;
-  }
-  // p2p_take_now: kP2PNone when no message has arrived (nothing taken); the
-  // sender's rank when a message of exactly `bytes` has landed in `buf`;
-  // kP2PPending when *pending holds the taken message's request (still
-  // arriving, or discarded with wrong_message set), as p2p_take's.
-  static constexpr int kP2PNone = -1, kP2PPending = -2;
-  virtual int p2p_take_now(int peer, uint32_t tag, void* buf, size_t bytes, RequestPtr* pending) {
-    *pending = p2p_take(peer, tag, buf, bytes);
-    return *pending ? kP2PPending : kP2PNone;
-  }
-  // Whether the fast lane may poll for a receive's message for a few
-  // microseconds holding the caller's thread (and its interpreter lock):
-  // true for transports whose peers are other processes.
-  virtual bool p2p_spin() const { return false; }
+  // (The blocking fast lane's on-the-spot send and take: core/eager_p2p.h,
+  // an optional interface beside this one.)
 
   // The collective failed and the link is being abandoned (Link::fail).
   // Transports whose operations cannot be withdrawn one by one (NCCL) tear

@@ -153,6 +153,24 @@ std::shared_ptr<P2POp> p2p_post(const std::shared_ptr<Engine>& e, bool send, int
   return op;
 }
 
+namespace {
+// The fast lane's send and take: on the spot where the transport is an
+// EagerP2P, else posted as p2p_post does (a taken message then comes back
+// as pending, as a partly arrived one does).
+bool send_now(Transport& t, EagerP2P* eager, int peer, const void* buf, size_t bytes, uint32_t wire,
+              RequestPtr* pending) {
+  if (eager) return eager->p2p_send_now(peer, buf, bytes, wire, pending);
+  *pending = t.p2p_send(peer, buf, bytes, wire);
+  return false;
+}
+
+int take_now(Transport& t, EagerP2P* eager, int peer, uint32_t wire, void* buf, size_t bytes, RequestPtr* pending) {
+  if (eager) return eager->p2p_take_now(peer, wire, buf, bytes, pending);
+  *pending = t.p2p_take(peer, wire, buf, bytes);
+  return *pending ? EagerP2P::kP2PPending : EagerP2P::kP2PNone;
+}
+}  // namespace
+
 int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf, size_t count, DType dtype, int tag,
                 std::shared_ptr<P2POp>* posted) {
   if (e->device()) throw_invalid("p2p_run_now: host communicators only (a device op is staged: p2p_post)");
@@ -179,8 +197,9 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
       return source;
     };
     RequestPtr pending;
+    EagerP2P* eager = e->p2p_pending().eager(t);
     if (send) {
-      if (t.p2p_send_now(peer, buf, bytes, wire, &pending)) return done(peer);
+      if (send_now(t, eager, peer, buf, bytes, wire, &pending)) return done(peer);
       *posted = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
       (*posted)->req_ = std::move(pending);
       return -1;
@@ -188,17 +207,20 @@ int p2p_run_now(const std::shared_ptr<Engine>& e, bool send, int peer, void* buf
     // A receive takes a message here only while no earlier receive of this
     // communicator waits unmatched (P2PPending's order), under its lock.
     P2PPending& pend = e->p2p_pending();
-    const bool spin = t.p2p_spin();
+    // Poll a few microseconds for a message not here yet only on an eager
+    // transport: its peers are other processes, whose answer may be that
+    // close (in process, the peer needs this thread's core and interpreter lock).
+    const bool spin = eager != nullptr;
     Clock::time_point until{};
     for (long i = 0;; ++i) {
-      int got = Transport::kP2PNone;
+      int got = EagerP2P::kP2PNone;
       {
         std::unique_lock<std::mutex> g(pend.m_, std::try_to_lock);
         if (!g.owns_lock() || !pend.idle()) break;
-        got = t.p2p_take_now(peer, wire, buf, bytes, &pending);
+        got = take_now(t, eager, peer, wire, buf, bytes, &pending);
       }
       if (got >= 0) return done(got);
-      if (got == Transport::kP2PPending) {  // taken; still arriving, or of another size (wait() says so)
+      if (got == EagerP2P::kP2PPending) {  // taken; still arriving, or of another size (wait() says so)
         auto op = P2POp::make(e, tp, send, peer, buf, count, dtype, tag, id, t0);
         op->req_ = std::move(pending);
         op->matched_.store(true, std::memory_order_release);
@@ -489,52 +511,59 @@ bool P2POp::progress(Clock::time_point until) {
   const bool waiting_for_message = !is_send_ && !matched_.load(std::memory_order_acquire);
   if (waiting_for_message) {
     ++polls_;
-    if (peer_ != kAnySource && polls_ > 64 && (polls_ & 15) == 0) {  // another dtype, same tag?
-      for (int d = 0; d < int(DType::kCount); ++d) {
-        int src = -1, own_src = -1;
-        size_t b = 0, own_bytes = 0;
-        // A message of another dtype is the peer's next one with this tag
-        // only if ours is not there too: both may have arrived since this
-        // wait last tried to match (ours first: a peer's messages arrive in
-        // order), and then the next match takes ours. So look for ours
-        // after finding the other one, never before.
-        // Nor is it a mismatch when a receive of this rank awaits it.
-        const uint32_t other = (uint32_t(tag_) << kDtypeBits) | uint32_t(d);
-        if (d != int(dtype_) && t_->p2p_peek(peer_, other, &src, &b, nullptr) &&
-            !t_->p2p_peek(peer_, wire_, &own_src, &own_bytes, nullptr) && !engine_->p2p_pending().awaits(peer_, other))
-          fail(ErrKind::mismatch, "rank " + std::to_string(src) + " sent " + std::to_string(b) + " bytes of " +
-                                      dtype_name(DType(d)) + " with this tag, but this receive is " +
-                                      dtype_name(dtype_));
-      }
-    }
-  } else if (!is_send_ && source_ < 0) {  // just matched
-    source_ = req_->peer;
-    if (req_->wrong_message)
-      fail(ErrKind::mismatch, "rank " + std::to_string(source_) + " sent " + elems(req_->bytes, dtype_) +
-                                  ", but the receive buffer has " + elems(bytes_, dtype_) +
-                                  " (sizes must match exactly); the message was discarded, none of it landed");
-  }
-  if (!waiting_for_message) {
-    // While a receive of this rank waits for its message, come back to
-    // match it every few microseconds: a peer's send may need it matched
-    // (rendezvous) before that peer can take ours, and matching only between
-    // long waits ran the two directions of an exchange one after the other
-    // (isend + irecv of 1 MiB at N = 2: 1.3x MPI's time; irecv + send: 2x).
-    if (until > Clock::now() + std::chrono::microseconds(20) && engine_->p2p_pending().waiting())
-      until = Clock::now() + std::chrono::microseconds(20);
-    Request* r = req_.get();
-    const int i = t_->wait_any(&r, 1, until);
-    if (i == 0) return true;
-    if (i == kInterrupted) fail(ErrKind::aborted, "the communicator was aborted while waiting");
+    if (peer_ != kAnySource && polls_ > 64 && (polls_ & 15) == 0) check_other_dtypes();  // another dtype, same tag?
+    back_off();
     return false;
   }
-  // Back off: spin first (the message may be microseconds away), then yield,
-  // then sleep (a receive posted long before its send should not cost a core).
-  if (polls_ > 64 && !polling_) {
-    if (polls_ < 2000) sched_yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(polls_ < 4000 ? 20 : 200));
-  }
+  if (!is_send_ && source_ < 0) on_matched();
+  // While a receive of this rank waits for its message, come back to
+  // match it every few microseconds: a peer's send may need it matched
+  // (rendezvous) before that peer can take ours, and matching only between
+  // long waits ran the two directions of an exchange one after the other
+  // (isend + irecv one after the other instead of together).
+  if (until > Clock::now() + std::chrono::microseconds(20) && engine_->p2p_pending().waiting())
+    until = Clock::now() + std::chrono::microseconds(20);
+  Request* r = req_.get();
+  const int i = t_->wait_any(&r, 1, until);
+  if (i == 0) return true;
+  if (i == kInterrupted) fail(ErrKind::aborted, "the communicator was aborted while waiting");
   return false;
+}
+
+// A receive still unmatched: is the peer's next message with this tag of
+// another dtype? A message of another dtype is the peer's next one with this
+// tag only if ours is not there too: both may have arrived since this wait
+// last tried to match (ours first: a peer's messages arrive in order), and
+// then the next match takes ours. So look for ours after finding the other
+// one, never before. Nor is it a mismatch when a receive of this rank awaits it.
+void P2POp::check_other_dtypes() {
+  for (int d = 0; d < int(DType::kCount); ++d) {
+    int src = -1, own_src = -1;
+    size_t b = 0, own_bytes = 0;
+    const uint32_t other = (uint32_t(tag_) << kDtypeBits) | uint32_t(d);
+    if (d != int(dtype_) && t_->p2p_peek(peer_, other, &src, &b, nullptr) &&
+        !t_->p2p_peek(peer_, wire_, &own_src, &own_bytes, nullptr) && !engine_->p2p_pending().awaits(peer_, other))
+      fail(ErrKind::mismatch, "rank " + std::to_string(src) + " sent " + std::to_string(b) + " bytes of " +
+                                  dtype_name(DType(d)) + " with this tag, but this receive is " +
+                                  dtype_name(dtype_));
+  }
+}
+
+// A receive just matched: its source, and whether the message fits.
+void P2POp::on_matched() {
+  source_ = req_->peer;
+  if (req_->wrong_message)
+    fail(ErrKind::mismatch, "rank " + std::to_string(source_) + " sent " + elems(req_->bytes, dtype_) +
+                                ", but the receive buffer has " + elems(bytes_, dtype_) +
+                                " (sizes must match exactly); the message was discarded, none of it landed");
+}
+
+// Back off: spin first (the message may be microseconds away), then yield,
+// then sleep (a receive posted long before its send should not cost a core).
+void P2POp::back_off() const {
+  if (polls_ <= 64 || polling_) return;
+  if (polls_ < 2000) sched_yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(polls_ < 4000 ? 20 : 200));
 }
 
 bool P2POp::wait(double timeout_s, const std::function<bool()>* interrupted, bool* fired) {
@@ -561,42 +590,13 @@ bool P2POp::wait_locked(double timeout_s, const std::function<bool()>* interrupt
                                                 std::chrono::duration<double>(timeout_s));
   auto last_check = start;
   for (;;) {
-    auto now = Clock::now();
     try {
-      const auto until = std::min({deadline_, mine, now + std::chrono::milliseconds(100)});
-      if (progress(is_send_ || matched_.load(std::memory_order_acquire) ? until : now) &&
-          (!dev_ || is_send_ || delivered(until)))
+      if (wait_step(Clock::now(), mine))
         break;  // done: booked and finished below, outside the try (a throw there must not finish it twice)
-      now = Clock::now();
+      const auto now = Clock::now();
       if (now - last_check >= std::chrono::milliseconds(100) || now >= deadline_ || now >= mine) {
         last_check = now;
-        if (interrupted && (*interrupted)()) {
-          if (fired) *fired = true;
-          by_interrupt_ = true;  // the abort (fail_p2p below) says so to the ring
-          fail(ErrKind::aborted, "interrupted (Ctrl-C)");
-        }
-        if (engine_->aborted()) fail(ErrKind::aborted, "the communicator was aborted: " + engine_->abort_reason());
-        if (auto heard = engine_->check_peers())  // a peer's failure, told along the ring
-          fail(ErrKind::aborted, std::string("a peer failed: ") + heard->what());
-        // A peer of this host whose process is gone (a send not yet taken,
-        // or a receive whose message has not come). An any-source receive
-        // fails only once every other rank is gone: a living one may still send.
-        if (is_send_ || !matched_.load(std::memory_order_acquire)) {
-          const std::string death = peer_ >= 0 ? engine_->death_of(peer_) : every_peer_dead();
-          if (!death.empty()) fail(ErrKind::transport, death + " (its process is gone)", true);
-        }
-        // (Not in poll(): a Work dropped unwaited fails no one at its deadline;
-        // a receive that never matches just stays, as in MPI.)
-        if (now >= deadline_ && !polling_) {
-          const std::string waiting = is_send_ ? "rank " + std::to_string(peer_) + " to receive it"
-                                     : delivering_ ? "the device to copy the message from rank " +
-                                                         std::to_string(source_) + " in (is the caller's stream stuck?)"
-                                     : peer_ == kAnySource ? std::string("a message from any rank")
-                                                           : "a message from rank " + std::to_string(peer_);
-          fail(ErrKind::timeout, "timed out after " + std::to_string(engine_->options().timeout_s) +
-                                     " s waiting for " + waiting +
-                                     (is_send_ || matched_.load() ? "" : unreceived()));
-        }
+        check_ending(now, interrupted, fired);
       }
       if (now >= mine) return false;
     } catch (const std::exception& ex) {
@@ -615,6 +615,53 @@ bool P2POp::wait_locked(double timeout_s, const std::function<bool()>* interrupt
   else l.received_shared(Coll::recv, source_, bytes_);
   finish(nullptr);
   return true;
+}
+
+// One progress step, blocking at most 100 ms (an unmatched receive: not at
+// all); true once the op is done, a device receive's copy in included.
+bool P2POp::wait_step(Clock::time_point now, Clock::time_point mine) {
+  const auto until = std::min({deadline_, mine, now + std::chrono::milliseconds(100)});
+  return progress(is_send_ || matched_.load(std::memory_order_acquire) ? until : now) &&
+         (!dev_ || is_send_ || delivered(until));
+}
+
+// What ends a wait early, checked every 100 ms and at the deadlines: a
+// Ctrl-C, an abort, a peer's failure told along the ring, a peer's process
+// gone, the communicator's deadline. Each throws (fail()).
+void P2POp::check_ending(Clock::time_point now, const std::function<bool()>* interrupted, bool* fired) {
+  if (interrupted && (*interrupted)()) {
+    if (fired) *fired = true;
+    by_interrupt_ = true;  // the abort (fail_p2p, in wait_locked) says so to the ring
+    fail(ErrKind::aborted, "interrupted (Ctrl-C)");
+  }
+  if (engine_->aborted()) fail(ErrKind::aborted, "the communicator was aborted: " + engine_->abort_reason());
+  if (auto heard = engine_->check_peers())  // a peer's failure, told along the ring
+    fail(ErrKind::aborted, std::string("a peer failed: ") + heard->what());
+  check_peer_gone();
+  // (Not in poll(): a Work dropped unwaited fails no one at its deadline;
+  // a receive that never matches just stays, as in MPI.)
+  if (now >= deadline_ && !polling_)
+    fail(ErrKind::timeout, "timed out after " + std::to_string(engine_->options().timeout_s) + " s waiting for " +
+                               timeout_text() + (is_send_ || matched_.load() ? "" : unreceived()));
+}
+
+// A peer of this host whose process is gone (a send not yet taken, or a
+// receive whose message has not come). An any-source receive fails only
+// once every other rank is gone: a living one may still send.
+void P2POp::check_peer_gone() {
+  if (!is_send_ && matched_.load(std::memory_order_acquire)) return;
+  const std::string death = peer_ >= 0 ? engine_->death_of(peer_) : every_peer_dead();
+  if (!death.empty()) fail(ErrKind::transport, death + " (its process is gone)", true);
+}
+
+// What a timed-out op was waiting for.
+std::string P2POp::timeout_text() const {
+  if (is_send_) return "rank " + std::to_string(peer_) + " to receive it";
+  if (delivering_)
+    return "the device to copy the message from rank " + std::to_string(source_) +
+           " in (is the caller's stream stuck?)";
+  if (peer_ == kAnySource) return "a message from any rank";
+  return "a message from rank " + std::to_string(peer_);
 }
 
 void P2POp::finish(std::unique_ptr<RingError> err) {

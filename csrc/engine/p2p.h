@@ -56,6 +56,7 @@
 #include <mutex>
 
 #include "core/fingerprint.h"
+#include "core/eager_p2p.h"
 #include "core/quarantine.h"
 #include "core/transport.h"
 
@@ -81,6 +82,13 @@ class P2PPending {
   // Some receive waits for its message (cheap; a hint, taken without waiting
   // for the lock).
   bool waiting();
+  // The communicator's transport as an EagerP2P (the blocking fast lane's
+  // on-the-spot send and take), or null: looked up on first use only (the
+  // transport is the engine's for its whole life).
+  EagerP2P* eager(Transport& t) {
+    std::call_once(eager_once_, [&] { eager_ = dynamic_cast<EagerP2P*>(&t); });
+    return eager_;
+  }
 
  private:
   friend int p2p_run_now(const std::shared_ptr<Engine>&, bool, int, void*, size_t, DType, int,
@@ -88,6 +96,8 @@ class P2PPending {
   bool idle();  // under m_: no receive waits unmatched (forgets those gone or done)
   std::mutex m_;
   std::vector<std::weak_ptr<P2POp>> recvs_;
+  std::once_flag eager_once_;
+  EagerP2P* eager_ = nullptr;
 };
 
 class P2POp {
@@ -127,6 +137,14 @@ class P2POp {
                                      int64_t t_issue_ns);
   bool wait_locked(double timeout_s, const std::function<bool()>* interrupted, bool* fired);  // under m_
   bool progress(Clock::time_point until);  // true: done; throws RingError
+  // progress()'s and wait_locked()'s steps (p2p.cpp says why each).
+  void check_other_dtypes();
+  void on_matched();
+  void back_off() const;
+  bool wait_step(Clock::time_point now, Clock::time_point mine);
+  void check_ending(Clock::time_point now, const std::function<bool()>* interrupted, bool* fired);
+  void check_peer_gone();
+  std::string timeout_text() const;
   void finish(std::unique_ptr<RingError> err);
   // `peer_died`: the peer's process is gone (RingError::peer_died, told to the ring).
   [[noreturn]] void fail(ErrKind kind, const std::string& what, bool peer_died = false);

@@ -114,6 +114,29 @@ inline int vocab_code(const py::dict& table, py::handle key, int missing) {
   return int(PyLong_AsLong(v));
 }
 
+// The DType of a numpy type number (fixed by numpy's ABI) of `size` bytes,
+// or -1 where ringcomm has none.
+inline int numpy_dtype(int num, ssize_t size) {
+  struct Row { int num; DType dtype; };
+  static const Row fixed[] = {
+      {23, DType::f16},  // NPY_HALF
+      {11, DType::f32},  // NPY_FLOAT
+      {12, DType::f64},  // NPY_DOUBLE
+      {1, DType::i8},    // NPY_BYTE
+      {2, DType::u8},    // NPY_UBYTE
+      {0, DType::b8},    // NPY_BOOL
+      {3, DType::i16},   // NPY_SHORT
+      {4, DType::u16},   // NPY_USHORT
+  };
+  for (const Row& row : fixed)
+    if (row.num == num) return int(row.dtype);
+  const bool is_signed = num == 5 || num == 7 || num == 9;       // NPY_INT, NPY_LONG, NPY_LONGLONG
+  const bool is_unsigned = num == 6 || num == 8 || num == 10;    // NPY_UINT, NPY_ULONG, NPY_ULONGLONG
+  if (!(is_signed || is_unsigned) || (size != 4 && size != 8)) return -1;
+  if (is_signed) return int(size == 4 ? DType::i32 : DType::i64);
+  return int(size == 4 ? DType::u32 : DType::u64);
+}
+
 inline bool numpy_array(py::handle x, bool writable, int& dtype, size_t& count, uintptr_t& ptr) {
   auto a = py::reinterpret_borrow<py::array>(x);
   constexpr int c_contig = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_;
@@ -123,28 +146,9 @@ inline bool numpy_array(py::handle x, bool writable, int& dtype, size_t& count, 
   constexpr char native = __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__ ? '>' : '<';
   const char bo = d.byteorder();
   if (bo != '=' && bo != '|' && bo != native) return false;
-  const ssize_t size = d.itemsize();
-  switch (d.num()) {  // numpy type numbers (fixed by numpy's ABI)
-    case 23: dtype = int(DType::f16); break;  // NPY_HALF
-    case 11: dtype = int(DType::f32); break;  // NPY_FLOAT
-    case 12: dtype = int(DType::f64); break;  // NPY_DOUBLE
-    case 1: dtype = int(DType::i8); break;    // NPY_BYTE
-    case 2: dtype = int(DType::u8); break;    // NPY_UBYTE
-    case 0: dtype = int(DType::b8); break;    // NPY_BOOL
-    case 3: dtype = int(DType::i16); break;   // NPY_SHORT
-    case 4: dtype = int(DType::u16); break;   // NPY_USHORT
-    case 5: case 7: case 9:                   // NPY_INT, NPY_LONG, NPY_LONGLONG
-      if (size == 4) dtype = int(DType::i32);
-      else if (size == 8) dtype = int(DType::i64);
-      else return false;
-      break;
-    case 6: case 8: case 10:                  // NPY_UINT, NPY_ULONG, NPY_ULONGLONG
-      if (size == 4) dtype = int(DType::u32);
-      else if (size == 8) dtype = int(DType::u64);
-      else return false;
-      break;
-    default: return false;
-  }
+  const int code = numpy_dtype(d.num(), d.itemsize());
+  if (code < 0) return false;
+  dtype = code;
   count = size_t(a.size());
   ptr = reinterpret_cast<uintptr_t>(a.data());
   return true;
@@ -162,33 +166,46 @@ inline bool torch_tensor(py::handle x, int& dtype, size_t& count, uintptr_t& ptr
   return true;
 }
 
+// Whether an op code is one the fast lanes take for `dtype`, and an
+// algorithm code one they pass on.
+inline bool op_code_fits(int dtype, int op) {
+  return op >= 0 && op < int(Op::kCount) && op_fits(DType(dtype), Op(op));
+}
+inline bool algo_code_valid(int algo) { return algo >= int(Algo::automatic) && algo < int(Algo::kCount); }
+
+// all_reduce's two numpy arrays: C-contiguous, `out` writable, the same shape.
+inline bool numpy_same_shape(py::handle x, py::handle out, Call& c, int& dout, size_t& nout) {
+  if (!py::isinstance<py::array>(out) || !numpy_array(x, false, c.dtype, c.count, c.in) ||
+      !numpy_array(out, true, dout, nout, c.out))
+    return false;
+  auto a = py::reinterpret_borrow<py::array>(x), b = py::reinterpret_borrow<py::array>(out);
+  if (a.ndim() != b.ndim()) return false;
+  for (ssize_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) != b.shape(i)) return false;
+  return true;
+}
+
+// all_reduce's two torch CPU tensors (or one, in place): the same shape.
+inline bool torch_same_shape(py::handle x, py::handle out, Call& c, int& dout, size_t& nout) {
+  const py::object& tensor = torch_types().tensor;
+  if (!tensor || !PyObject_IsInstance(x.ptr(), tensor.ptr()) || !torch_tensor(x, c.dtype, c.count, c.in))
+    return false;
+  if (out.is(x)) {
+    dout = c.dtype, nout = c.count, c.out = c.in;
+    return true;
+  }
+  static const py::str shape("shape");
+  return PyObject_IsInstance(out.ptr(), tensor.ptr()) && torch_tensor(out, dout, nout, c.out) &&
+         x.attr(shape).equal(out.attr(shape));
+}
+
 inline bool host_all_reduce_call(py::handle x, py::handle out, int op, int algo, Call& c) {
   int dout = -1;
   size_t nout = 0;
-  if (py::isinstance<py::array>(x)) {
-    if (!py::isinstance<py::array>(out) || !numpy_array(x, false, c.dtype, c.count, c.in) ||
-        !numpy_array(out, true, dout, nout, c.out))
-      return false;
-    auto a = py::reinterpret_borrow<py::array>(x), b = py::reinterpret_borrow<py::array>(out);
-    if (a.ndim() != b.ndim()) return false;
-    for (ssize_t i = 0; i < a.ndim(); ++i)
-      if (a.shape(i) != b.shape(i)) return false;
-  } else {
-    const py::object& tensor = torch_types().tensor;
-    if (!tensor || !PyObject_IsInstance(x.ptr(), tensor.ptr()) || !torch_tensor(x, c.dtype, c.count, c.in))
-      return false;
-    if (out.is(x)) {
-      dout = c.dtype, nout = c.count, c.out = c.in;
-    } else {
-      static const py::str shape("shape");
-      if (!PyObject_IsInstance(out.ptr(), tensor.ptr()) || !torch_tensor(out, dout, nout, c.out) ||
-          !x.attr(shape).equal(out.attr(shape)))
-        return false;
-    }
-  }
-  if (dout != c.dtype || nout != c.count) return false;
-  if (op < 0 || op >= int(Op::kCount) || !op_fits(DType(c.dtype), Op(op))) return false;
-  if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
+  const bool arrays = py::isinstance<py::array>(x) ? numpy_same_shape(x, out, c, dout, nout)
+                                                   : torch_same_shape(x, out, c, dout, nout);
+  if (!arrays || dout != c.dtype || nout != c.count) return false;
+  if (!op_code_fits(c.dtype, op) || !algo_code_valid(algo)) return false;
   const size_t bytes = c.count * dtype_size(DType(c.dtype));
   if (c.in != c.out && c.in < c.out + bytes && c.out < c.in + bytes) return false;  // partial overlap
   c.coll = int(Coll::all_reduce);
@@ -214,10 +231,8 @@ inline bool host_halves_call(Coll coll, py::handle x, py::handle out, int op, in
   const size_t total = coll == Coll::reduce_scatter ? nin : nout;
   const size_t mine = split_size(total, size_t(size), size_t(rank));
   if ((coll == Coll::reduce_scatter ? nout : nin) != mine) return false;
-  if (coll == Coll::reduce_scatter &&
-      (op < 0 || op >= int(Op::kCount) || !op_fits(DType(c.dtype), Op(op))))
-    return false;
-  if (algo < int(Algo::automatic) || algo >= int(Algo::kCount)) return false;
+  if (coll == Coll::reduce_scatter && !op_code_fits(c.dtype, op)) return false;
+  if (!algo_code_valid(algo)) return false;
   const size_t es = dtype_size(DType(c.dtype));
   if (c.in < c.out + nout * es && c.out < c.in + nin * es) return false;  // overlap: the adapter decides
   c.coll = int(coll);
@@ -243,62 +258,98 @@ inline bool host_array(py::handle x, bool writable, int& dtype, size_t& count, u
 // overlap, counts that do not divide), so its errors stay the only ones.
 // Only the arrays this rank uses are looked at (as the door does: off the
 // root, reduce's and gather's `out` and scatter's `x` are ignored).
-inline bool host_rooted_call(Coll coll, py::handle x, py::handle out, int root, int op, int algo, int rank,
-                             int size, Call& c) {
-  if (algo < int(Algo::automatic) || algo >= int(Algo::kCount) || root < 0 || root >= size) return false;
-  const bool at_root = rank == root;
+// The two arrays of a rooted call as host_rooted_call reads them.
+struct RootedArrays {
+  py::handle x, out;
+  int rank, size;
+  bool at_root;
   int dx = -1, dout = -1;
   size_t nx = 0, nout = 0;
   uintptr_t px = 0, pout = 0;
-  auto overlap = [&](size_t es) { return px < pout + nout * es && pout < px + nx * es; };
-  switch (coll) {
-    case Coll::broadcast:  // in place; written off the root
-      if (!host_array(x, !at_root, dx, nx, px)) return false;
-      c.dtype = dx, c.count = nx, c.in = c.out = px;
-      break;
-    case Coll::reduce:
-      if (op < 0 || op >= int(Op::kCount) || !host_array(x, at_root && out.is_none(), dx, nx, px)) return false;
-      if (!op_fits(DType(dx), Op(op))) return false;
-      if (at_root && !out.is_none()) {
-        if (!host_array(out, true, dout, nout, pout) || dout != dx || nout != nx) return false;
-        if (pout != px && overlap(dtype_size(DType(dx)))) return false;
-        if (py::isinstance<py::array>(x) != py::isinstance<py::array>(out) ||
-            !x.attr("shape").equal(out.attr("shape")))
-          return false;
-      } else if (at_root) {
-        pout = px;
-      }
-      c.dtype = dx, c.count = nx, c.in = px, c.out = at_root ? pout : 0, c.op = op;
-      break;
-    case Coll::gather: {  // the root's out: every block, this rank's at rank * block (or x is that block)
-      if (!host_array(x, false, dx, nx, px)) return false;
-      if (at_root) {
-        if (!host_array(out, true, dout, nout, pout) || dout != dx || nout != nx * size_t(size)) return false;
-        const size_t es = dtype_size(DType(dx));
-        if (overlap(es) && px != pout + size_t(rank) * nx * es) return false;
-      }
-      c.dtype = dx, c.count = nx * size_t(size), c.in = px, c.out = at_root ? pout : 0;
-      break;
-    }
-    case Coll::scatter: {  // the root's x: every block; out: this rank's
-      if (!host_array(out, true, dout, nout, pout)) return false;
-      if (at_root) {
-        if (!host_array(x, false, dx, nx, px) || dx != dout || nx != nout * size_t(size)) return false;
-        const size_t es = dtype_size(DType(dx));
-        if (overlap(es) && pout != px + size_t(rank) * nout * es) return false;
-      }
-      c.dtype = dout, c.count = nout * size_t(size), c.in = at_root ? px : 0, c.out = pout;
-      break;
-    }
-    case Coll::all_to_all:
-      if (!host_array(x, false, dx, nx, px) || !host_array(out, true, dout, nout, pout) || dout != dx ||
-          nout != nx || nx % size_t(size) || overlap(dtype_size(DType(dx))))
-        return false;
-      c.dtype = dx, c.count = nx, c.in = px, c.out = pout;
-      break;
-    default:
+  bool overlap(size_t es) const { return px < pout + nout * es && pout < px + nx * es; }
+  bool take_x(bool writable) { return host_array(x, writable, dx, nx, px); }
+  bool take_out() { return host_array(out, true, dout, nout, pout); }
+};
+
+// broadcast: in place; written off the root.
+inline bool rooted_broadcast(RootedArrays& a, Call& c) {
+  if (!a.take_x(!a.at_root)) return false;
+  c.dtype = a.dx, c.count = a.nx, c.in = c.out = a.px;
+  return true;
+}
+
+// reduce: the root's out (or x, in place) gets the sums.
+inline bool rooted_reduce(RootedArrays& a, int op, Call& c) {
+  const bool own_out = a.at_root && !a.out.is_none();
+  if (op < 0 || op >= int(Op::kCount) || !a.take_x(a.at_root && a.out.is_none())) return false;
+  if (!op_fits(DType(a.dx), Op(op))) return false;
+  if (own_out) {
+    if (!a.take_out() || a.dout != a.dx || a.nout != a.nx) return false;
+    if (a.pout != a.px && a.overlap(dtype_size(DType(a.dx)))) return false;
+    if (py::isinstance<py::array>(a.x) != py::isinstance<py::array>(a.out) ||
+        !a.x.attr("shape").equal(a.out.attr("shape")))
       return false;
+  } else if (a.at_root) {
+    a.pout = a.px;
   }
+  c.dtype = a.dx, c.count = a.nx, c.in = a.px, c.out = a.at_root ? a.pout : 0, c.op = op;
+  return true;
+}
+
+// gather: the root's out holds every block, this rank's at rank * block (or x is that block).
+inline bool rooted_gather(RootedArrays& a, Call& c) {
+  if (!a.take_x(false)) return false;
+  if (a.at_root) {
+    if (!a.take_out() || a.dout != a.dx || a.nout != a.nx * size_t(a.size)) return false;
+    const size_t es = dtype_size(DType(a.dx));
+    if (a.overlap(es) && a.px != a.pout + size_t(a.rank) * a.nx * es) return false;
+  }
+  c.dtype = a.dx, c.count = a.nx * size_t(a.size), c.in = a.px, c.out = a.at_root ? a.pout : 0;
+  return true;
+}
+
+// scatter: the root's x holds every block; out gets this rank's.
+inline bool rooted_scatter(RootedArrays& a, Call& c) {
+  if (!a.take_out()) return false;
+  if (a.at_root) {
+    if (!a.take_x(false) || a.dx != a.dout || a.nx != a.nout * size_t(a.size)) return false;
+    const size_t es = dtype_size(DType(a.dx));
+    if (a.overlap(es) && a.pout != a.px + size_t(a.rank) * a.nout * es) return false;
+  }
+  c.dtype = a.dout, c.count = a.nout * size_t(a.size), c.in = a.at_root ? a.px : 0, c.out = a.pout;
+  return true;
+}
+
+// all_to_all with equal blocks: x and out of one length that n divides, apart.
+inline bool rooted_all_to_all(RootedArrays& a, Call& c) {
+  if (!a.take_x(false) || !a.take_out() || a.dout != a.dx || a.nout != a.nx || a.nx % size_t(a.size) ||
+      a.overlap(dtype_size(DType(a.dx))))
+    return false;
+  c.dtype = a.dx, c.count = a.nx, c.in = a.px, c.out = a.pout;
+  return true;
+}
+
+// The same fast lane for the rooted and personalized collectives with equal
+// blocks (ringcomm/door.py's broadcast, reduce, gather, scatter, all_to_all
+// without counts or splits), the output given: the door's checks, and False
+// for anything it would refuse or treat specially (out missing, a partial
+// overlap, counts that do not divide), so its errors stay the only ones.
+// Only the arrays this rank uses are looked at (as the door does: off the
+// root, reduce's and gather's `out` and scatter's `x` are ignored).
+inline bool host_rooted_call(Coll coll, py::handle x, py::handle out, int root, int op, int algo, int rank,
+                             int size, Call& c) {
+  if (!algo_code_valid(algo) || root < 0 || root >= size) return false;
+  RootedArrays a{x, out, rank, size, rank == root};
+  bool described = false;
+  switch (coll) {
+    case Coll::broadcast: described = rooted_broadcast(a, c); break;
+    case Coll::reduce: described = rooted_reduce(a, op, c); break;
+    case Coll::gather: described = rooted_gather(a, c); break;
+    case Coll::scatter: described = rooted_scatter(a, c); break;
+    case Coll::all_to_all: described = rooted_all_to_all(a, c); break;
+    default: break;
+  }
+  if (!described) return false;
   c.coll = int(coll);
   c.algo = algo;
   c.root = coll == Coll::all_to_all ? 0 : root;
@@ -379,47 +430,64 @@ inline bool host_p2p_call(py::handle x, py::handle peer, py::handle tag, bool se
   return tensor && PyObject_IsInstance(x.ptr(), tensor.ptr()) == 1 && torch_tensor(x, dtype, count, ptr);
 }
 
-inline py::list flight_list(const std::vector<FlightRecord>& recs) {
+// `v` as a Python object when `has`, else None.
+template <class T>
+py::object some(bool has, T v) {
+  return has ? py::object(py::cast(v)) : py::object(py::none());
+}
+inline py::object seconds(uint64_t ns) { return some(ns != 0, double(ns) * 1e-9); }
+
+// What was called: collective, size, dtype, op, root or peer, algorithm or tag.
+inline void flight_call_fields(py::dict& d, const FlightRecord& r) {
+  const Coll coll = Coll(r.coll);
+  d["seq"] = r.seq;
+  d["collective"] = coll_name(coll);
+  d["count"] = r.count;
+  // (names looked up only where the code is one: a barrier's dtype, a p2p op's tag are not)
+  d["dtype"] = coll != Coll::barrier ? py::object(py::str(dtype_name(DType(r.dtype)))) : py::object(py::none());
+  d["op"] = coll_reduces(coll) ? py::object(py::str(op_name(Op(r.op)))) : py::object(py::none());
+  // A p2p op's record keeps its peer in `root` and its tag in `algo`
+  // (engine/p2p.cpp): here they are named peer (None: any source) and tag.
+  const bool p2p = coll == Coll::send || coll == Coll::recv;
+  d["root"] = some(!p2p && coll_has_root(coll), r.root);
+  d["algorithm"] = p2p ? py::object(py::none()) : py::object(py::str(algo_name(Algo(r.algo))));
+  d["peer"] = some(p2p && r.root >= 0, r.root);
+  d["tag"] = some(p2p, r.algo);
+}
+
+// How far it got: state, times, phase, step, segment, what it waits for.
+inline void flight_progress_fields(py::dict& d, const FlightRecord& r) {
   static const char* states[] = {"queued", "running", "done", "failed"};
   static const char* phases[] = {"reduce_scatter", "all_gather", "broadcast", "gather", "scatter",
                                  "fold", "exchange", "unfold", "tree", "all_to_all"};
+  d["state"] = states[int(r.state)];
+  d["t_issue"] = double(r.t_issue_ns) * 1e-9;
+  d["t_start"] = seconds(r.t_start_ns);
+  d["t_end"] = seconds(r.t_end_ns);
+  const bool has_phase = r.phase >= 0 && r.phase < int(Phase::kCount);
+  d["phase"] = has_phase ? py::object(py::str(phases[r.phase])) : py::object(py::none());
+  d["step"] = some(r.step >= 0, r.step);
+  d["segment"] = some(r.segment >= 0, r.segment);
+  const bool waiting = r.waiting != 0 && r.peer >= 0;
+  d["waiting_for"] = some(waiting, r.peer);
+  d["waiting_to"] = some(waiting, std::string(r.waiting == 1 ? "receive" : "send"));
+  d["waiting_what"] = some(waiting, std::string(r.what));
+  d["waiting_since"] = some(waiting, double(r.wait_since_ns) * 1e-9);
+}
+
+inline py::list flight_list(const std::vector<FlightRecord>& recs) {
   py::list out;
   for (const FlightRecord& r : recs) {
     py::dict d;
-    d["seq"] = r.seq;
-    d["collective"] = coll_name(Coll(r.coll));
-    d["count"] = r.count;
-    const bool has_dtype = Coll(r.coll) != Coll::barrier;
-    d["dtype"] = has_dtype ? py::object(py::str(dtype_name(DType(r.dtype)))) : py::object(py::none());
-    const bool has_op = coll_reduces(Coll(r.coll));
-    d["op"] = has_op ? py::object(py::str(op_name(Op(r.op)))) : py::object(py::none());
-    // A p2p op's record keeps its peer in `root` and its tag in `algo`
-    // (engine/p2p.cpp): here they are named peer (None: any source) and tag.
-    const bool p2p = Coll(r.coll) == Coll::send || Coll(r.coll) == Coll::recv;
-    d["root"] = !p2p && coll_has_root(Coll(r.coll)) ? py::object(py::int_(r.root)) : py::object(py::none());
-    d["algorithm"] = p2p ? py::object(py::none()) : py::object(py::str(algo_name(Algo(r.algo))));
-    d["peer"] = p2p && r.root >= 0 ? py::object(py::int_(r.root)) : py::object(py::none());
-    d["tag"] = p2p ? py::object(py::int_(r.algo)) : py::object(py::none());
-    d["state"] = states[int(r.state)];
-    d["t_issue"] = double(r.t_issue_ns) * 1e-9;
-    d["t_start"] = r.t_start_ns ? py::object(py::float_(double(r.t_start_ns) * 1e-9)) : py::object(py::none());
-    d["t_end"] = r.t_end_ns ? py::object(py::float_(double(r.t_end_ns) * 1e-9)) : py::object(py::none());
-    d["phase"] = r.phase >= 0 && r.phase < int(Phase::kCount) ? py::object(py::str(phases[r.phase])) : py::object(py::none());
-    d["step"] = r.step >= 0 ? py::object(py::int_(r.step)) : py::object(py::none());
-    d["segment"] = r.segment >= 0 ? py::object(py::int_(r.segment)) : py::object(py::none());
-    const bool waiting = r.waiting != 0 && r.peer >= 0;
-    d["waiting_for"] = waiting ? py::object(py::int_(r.peer)) : py::object(py::none());
-    d["waiting_to"] = waiting ? py::object(py::str(r.waiting == 1 ? "receive" : "send")) : py::object(py::none());
-    d["waiting_what"] = waiting ? py::object(py::str(r.what)) : py::object(py::none());
-    d["waiting_since"] = waiting ? py::object(py::float_(double(r.wait_since_ns) * 1e-9)) : py::object(py::none());
+    flight_call_fields(d, r);
+    flight_progress_fields(d, r);
     d["bytes_sent"] = r.bytes_sent;
     d["bytes_received"] = r.bytes_received;
-    d["error"] = r.error.empty() ? py::object(py::none()) : py::object(py::str(r.error));
+    d["error"] = some(!r.error.empty(), r.error);
     out.append(d);
   }
   return out;
 }
-
 
 // A tracer's steps as dicts (Tracer.take()).
 inline py::list trace_list(const std::vector<TraceStep>& steps) {

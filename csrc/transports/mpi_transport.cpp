@@ -1,5 +1,6 @@
 #include "transports/mpi_transport.h"
 #include "transports/recycled.h"
+#include "core/eager_p2p.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -48,7 +49,7 @@ constexpr long kMinPolls = 64;  // polls before the clock is consulted at all
 constexpr int kTag[int(Channel::kCount)] = {0, 0x5244, 0x5245, 0};  // data, control, check, p2p (unused: own comm)
 constexpr size_t kMaxMessage = size_t(1) << 30;
 
-class MpiTransport final : public Transport {
+class MpiTransport final : public Transport, public EagerP2P {
  public:
   explicit MpiTransport(MPI_Comm parent) {
     int initialized = 0, finalized = 0;
@@ -197,7 +198,6 @@ class MpiTransport final : public Transport {
     *pending = std::move(r);
     return kP2PPending;
   }
-  bool p2p_spin() const override { return true; }
   bool p2p_peek(int peer, uint32_t tag, int* src, size_t* bytes, uint32_t* found) override {
     int flag = 0;
     MPI_Status st;
@@ -223,67 +223,87 @@ class MpiTransport final : public Transport {
     for (long iter = 0;; ++iter) {
       for (int i = 0; i < n; ++i) {
         auto* r = static_cast<MpiRequest*>(reqs[i]);
-        if (!r) continue;
-        if (r->wrong_message && r->foreign_tag >= 0) throw_wrong_message(*r);  // asked again
-        if (!r->done) {
-          int flag = 0;
-          MPI_Status st;
-          st.MPI_TAG = -1;  // read below only where MPI set it (-1: no stamp)
-          const int rc = MPI_Test(&r->req, &flag, &st);
-          int cls = MPI_SUCCESS;
-          if (rc != MPI_SUCCESS) MPI_Error_class(rc, &cls);
-          if (cls == MPI_ERR_TRUNCATE || (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR == MPI_ERR_TRUNCATE)) {
-            // A larger message than posted: it is over (its first bytes landed).
-            r->done = true;
-            r->wrong_message = true;
-            r->stamp = uint32_t(st.MPI_TAG);
-            throw RingError(ErrKind::transport, rank_, r->peer, 0,
-                            "MPI message from rank " + std::to_string(r->peer) + " larger than the " +
-                                std::to_string(r->bytes) + " bytes expected (truncated)");
-          }
-          RC_MPI(rc, r->peer);
-          if (!flag) continue;
-          r->done = true;
-          if (!r->is_send) {
-            if (r->withdrawing) {
-              int cancelled = 0;
-              MPI_Test_cancelled(&st, &cancelled);
-              if (cancelled) drain_foreign(*r);  // throws
-            }
-            r->stamp = uint32_t(st.MPI_TAG);
-            int got = 0;
-            MPI_Get_count(&st, MPI_BYTE, &got);
-            if (size_t(got) != r->bytes) {
-              r->wrong_message = true;
-              r->found_bytes = size_t(got);
-              throw RingError(ErrKind::transport, rank_, r->peer, 0,
-                              "MPI message of " + std::to_string(got) + " bytes from rank " +
-                                  std::to_string(r->peer) + ", expected " + std::to_string(r->bytes));
-            }
-          }
-        }
-        return i;
+        if (r && poll_request(*r)) return i;
       }
       if (iter < kMinPolls) continue;
       // Waiting longer than a message takes: is a message of another call
       // what comes next from a peer we wait for? (Not on every poll: a probe
       // that finds nothing is a progress call, and with more ranks than
       // cores each one may yield the core.)
-      if ((iter & 15) == 0)
-        for (int i = 0; i < n; ++i) {
-          auto* r = static_cast<MpiRequest*>(reqs[i]);
-          if (r && !r->done && r->tag >= 0 && !r->withdrawing && stamp_mask_) look_for_foreign(*r);
-        }
+      if ((iter & 15) == 0) look_for_foreign(reqs, n);
       if (interrupted()) return kInterrupted;
       const auto now = Clock::now();
       if (iter == kMinPolls) start = now;
       if (now >= deadline) return -1;
-      if (now - start < spin_) continue;
-      if (now - start < std::chrono::milliseconds(2)) {
-        sched_yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+      back_off(now - start);
+    }
+  }
+
+  // Whether `r` is complete, testing it once if it was not yet; throws what
+  // ended it where that was a failure.
+  bool poll_request(MpiRequest& r) {
+    if (r.wrong_message && r.foreign_tag >= 0) throw_wrong_message(r);  // asked again
+    if (r.done) return true;
+    int flag = 0;
+    MPI_Status st;
+    st.MPI_TAG = -1;  // read below only where MPI set it (-1: no stamp)
+    const int rc = MPI_Test(&r.req, &flag, &st);
+    check_truncated(r, rc, st);
+    RC_MPI(rc, r.peer);
+    if (!flag) return false;
+    r.done = true;
+    if (!r.is_send) check_received(r, st);
+    return true;
+  }
+
+  // A larger message than posted: it is over (its first bytes landed).
+  void check_truncated(MpiRequest& r, int rc, const MPI_Status& st) {
+    int cls = MPI_SUCCESS;
+    if (rc != MPI_SUCCESS) MPI_Error_class(rc, &cls);
+    if (cls != MPI_ERR_TRUNCATE && !(rc == MPI_ERR_IN_STATUS && st.MPI_ERROR == MPI_ERR_TRUNCATE)) return;
+    r.done = true;
+    r.wrong_message = true;
+    r.stamp = uint32_t(st.MPI_TAG);
+    throw RingError(ErrKind::transport, rank_, r.peer, 0,
+                    "MPI message from rank " + std::to_string(r.peer) + " larger than the " +
+                        std::to_string(r.bytes) + " bytes expected (truncated)");
+  }
+
+  // A receive that completed: withdrawn in time (a foreign message drained),
+  // its stamp, and its size (a smaller message than posted is a failure).
+  void check_received(MpiRequest& r, MPI_Status& st) {
+    if (r.withdrawing) {
+      int cancelled = 0;
+      MPI_Test_cancelled(&st, &cancelled);
+      if (cancelled) drain_foreign(r);  // throws
+    }
+    r.stamp = uint32_t(st.MPI_TAG);
+    int got = 0;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (size_t(got) == r.bytes) return;
+    r.wrong_message = true;
+    r.found_bytes = size_t(got);
+    throw RingError(ErrKind::transport, rank_, r.peer, 0,
+                    "MPI message of " + std::to_string(got) + " bytes from rank " + std::to_string(r.peer) +
+                        ", expected " + std::to_string(r.bytes));
+  }
+
+  // look_for_foreign() for every receive still waiting on a stamped call.
+  void look_for_foreign(Request* const* reqs, int n) {
+    if (!stamp_mask_) return;
+    for (int i = 0; i < n; ++i) {
+      auto* r = static_cast<MpiRequest*>(reqs[i]);
+      if (r && !r->done && r->tag >= 0 && !r->withdrawing) look_for_foreign(*r);
+    }
+  }
+
+  // After the spin: yield the core for 2 ms, then sleep between polls.
+  void back_off(Clock::duration waited) const {
+    if (waited < spin_) return;
+    if (waited < std::chrono::milliseconds(2)) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 

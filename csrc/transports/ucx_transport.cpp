@@ -1,6 +1,7 @@
 #include "transports/ucx_transport.h"
 
 #include "transports/ucx_api.h"
+#include "core/eager_p2p.h"
 
 #ifdef RINGCOMM_HAVE_UCX
 
@@ -161,7 +162,7 @@ struct UcxRequest : Request {
   }
 };
 
-class UcxTransport final : public Transport {
+class UcxTransport final : public Transport, public EagerP2P {
  public:
   UcxTransport(std::shared_ptr<UcxWorker> w, const std::vector<std::string>& addresses, int rank)
       : w_(std::move(w)), rank_(rank), size_(int(addresses.size())) {
@@ -289,45 +290,17 @@ class UcxTransport final : public Transport {
     return kP2PPending;
   }
 
-  bool p2p_spin() const override { return true; }
-
   // Progress the worker; spin briefly (a peer on its own core answers in
   // microseconds), then yield the core for a while (a peer that shares it,
   // ranks outnumbering cores, runs at once: sleeping instead would make
-  // every message pay a wake-up, 60 vs 9 us per 8-byte all_reduce at N = 4
-  // on 2 cores), then sleep on the worker's event fd in short slices, so a
+  // every message pay a wake-up), then sleep on the worker's event fd in short slices, so a
   // rank far behind its peers does not cost them a core. interrupt()
   // signals the worker, which wakes the fd.
   int wait_any(Request* const* reqs, int n, Clock::time_point deadline) override {
     Clock::time_point start{};
     for (long iter = 0;; ++iter) {
-      {
-        std::lock_guard<std::mutex> g(w_->mu);
-        w_->progress_locked();
-        for (int i = 0; i < n; ++i) {
-          auto* r = static_cast<UcxRequest*>(reqs[i]);
-          if (!r) continue;
-          if (r->foreign) throw_foreign(*r);  // asked again
-          if (!r->done) {
-            if (!r->poll_locked()) {
-              // A posted receive belongs to the worker, not to an endpoint:
-              // the peer's failure does not end it, so look at the peer.
-              if (w_->failed[r->peer] != UCS_OK) throw_peer_failed(r->peer, "waited for it");
-              continue;
-            }
-            finish_locked(*r);  // throws on a failure or a wrong message
-          }
-          return i;
-        }
-        // Waiting longer than a message takes: is a message of another call
-        // what comes next from a peer we wait for? (Not on every poll: a
-        // probe walks the unexpected queue.)
-        if (iter >= kMinPolls && (iter & 15) == 0)
-          for (int i = 0; i < n; ++i) {
-            auto* r = static_cast<UcxRequest*>(reqs[i]);
-            if (r && !r->done && r->stamped && r->req && !r->withdrawing) look_for_foreign_locked(*r);
-          }
-      }
+      const int i = poll_once(reqs, n, iter);
+      if (i >= 0) return i;
       if (iter < kMinPolls) continue;
       if (interrupted()) return kInterrupted;
       const auto now = Clock::now();
@@ -340,6 +313,41 @@ class UcxTransport final : public Transport {
       }
       block(deadline);
     }
+  }
+
+  // One poll of wait_any's: progress the worker, then the first request
+  // complete (its index), else -1.
+  int poll_once(Request* const* reqs, int n, long iter) {
+    std::lock_guard<std::mutex> g(w_->mu);
+    w_->progress_locked();
+    for (int i = 0; i < n; ++i) {
+      auto* r = static_cast<UcxRequest*>(reqs[i]);
+      if (r && complete_locked(*r)) return i;
+    }
+    // Waiting longer than a message takes: is a message of another call
+    // what comes next from a peer we wait for? (Not on every poll: a
+    // probe walks the unexpected queue.)
+    if (iter >= kMinPolls && (iter & 15) == 0)
+      for (int i = 0; i < n; ++i) {
+        auto* r = static_cast<UcxRequest*>(reqs[i]);
+        if (r && !r->done && r->stamped && r->req && !r->withdrawing) look_for_foreign_locked(*r);
+      }
+    return -1;
+  }
+
+  // Whether `r` is complete (finishing it if it just completed); throws
+  // what ended it where that was a failure.
+  bool complete_locked(UcxRequest& r) {
+    if (r.foreign) throw_foreign(r);  // asked again
+    if (r.done) return true;
+    if (!r.poll_locked()) {
+      // A posted receive belongs to the worker, not to an endpoint:
+      // the peer's failure does not end it, so look at the peer.
+      if (w_->failed[r.peer] != UCS_OK) throw_peer_failed(r.peer, "waited for it");
+      return false;
+    }
+    finish_locked(r);  // throws on a failure or a wrong message
+    return true;
   }
 
   // A send cannot be withdrawn (UCX may be reading its buffer, and a

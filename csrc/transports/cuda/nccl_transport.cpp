@@ -1,4 +1,4 @@
-#include "cuda/nccl_transport.h"
+#include "transports/cuda/nccl_transport.h"
 
 #include <mpi.h>
 
