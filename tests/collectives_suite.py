@@ -1,4 +1,4 @@
-"""The shared suite of reduce, gather, scatter and all_to_all, bound to every
+"""The shared suite of reduce, gather, scatter, all_to_all, scan and exscan, bound to every
 transport (tests/test_collectives.py in process, tests/test_mpi.py over MPI,
 tests/scripts/ucx_suite.py over UCX, the shared-memory window in
 tests/test_shm_collectives.py and tests/test_shm_processes.py). Data are exact, rank-dependent functions of (rank, index) from
@@ -30,11 +30,13 @@ def values(dtype: str, n: int, count: int, rank: int) -> np.ndarray:
     return suite.rank_data(dtype, "min", n, count, [rank])[0]
 
 
-def ledger(comm, before, coll, count, dtype, what, root=0, counts=None, splits=None) -> list[str]:
+def ledger(comm, before, coll, count, dtype, what, root=0, counts=None, splits=None,
+           segment_bytes=0) -> list[str]:
     delta = comm.traffic() - before
     window = getattr(comm._engine, "window", None)  # (reduce "shm": its single-copy limit decides the parts)
     exp = traffic.expected(coll, count, dtype, comm.size, comm.rank, root=root, algorithm=comm.last_algorithm,
-                           counts=counts, splits=splits, single_copy_min=window.single_copy_min if window else None)
+                           counts=counts, splits=splits, single_copy_min=window.single_copy_min if window else None,
+                           segment_bytes=segment_bytes)
     sent, recv = delta.per_peer("bytes_sent", coll), delta.per_peer("bytes_received", coll)
     errs = []
     if sent != exp.sent or recv != exp.received:
@@ -77,6 +79,42 @@ def run_reduce(comm, counts, combos=suite.COMBOS, algorithms=("binomial", "ring"
                         errs += suite.compare(x, mine, f"{tag}: input modified by out=", r)
                     elif algorithm != "auto":
                         comm.reduce(mine.copy(), root=root, op=op, algorithm=algorithm)
+            if len(errs) > 20:
+                return errs
+    return errs
+
+
+def run_scan(comm, counts, combos=suite.COMBOS, algorithms=("recursive_doubling", "linear", "auto"),
+             arrays=suite.HostArrays) -> list[str]:
+    """scan and exscan of rank-dependent data against numpy's prefix over
+    ranks 0..r (exscan: 0..r-1, rank 0 the op's identity; exscan has no avg),
+    by each of `algorithms`, in place and out of place by turns (the input
+    untouched), and each call's ledger against the row's closed form."""
+    n, r = comm.size, comm.rank
+    errs: list[str] = []
+    for count in counts:
+        for dtype, op in combos:
+            if dtype not in arrays.dtypes:
+                continue
+            mine = suite.rank_data(dtype, op, n, count, [r])[0]
+            for coll in ("scan", "exscan"):
+                if coll == "exscan" and op == "avg":
+                    continue
+                want = suite.cached_reference(dtype, op, n, count, coll, r)
+                for i, algorithm in enumerate(algorithms):
+                    tag = f"{coll} n={n} count={count} {dtype} {op} algorithm={algorithm} seg={comm.segment_bytes}"
+                    x = arrays.put(mine.copy())
+                    before = comm.traffic()
+                    if (i + count) % 2:
+                        getattr(comm, coll)(x, op, algorithm=algorithm)
+                        errs += suite.compare(arrays.get(x), want, f"{tag} (in place)", r)
+                    else:
+                        out = arrays.full(count, 99, mine.dtype)
+                        getattr(comm, coll)(x, op, out=out, algorithm=algorithm)
+                        errs += suite.compare(arrays.get(out), want, f"{tag} (out)", r)
+                        errs += suite.compare(arrays.get(x), mine, f"{tag}: input modified", r)
+                    errs += ran(comm, coll, algorithm, tag)
+                    errs += ledger(comm, before, coll, count, dtype, tag, segment_bytes=comm.segment_bytes)
             if len(errs) > 20:
                 return errs
     return errs
@@ -219,13 +257,18 @@ def run_all_to_all_mixed(comm, algorithm="shm") -> list[str]:
     return [e for dtype in ("float32", "int8") for e in per_peer_case(comm, m, dtype, vee, "mixed")]
 
 
-# algorithms="p2p" forces the message algorithms, "shm" the window's
-ALGORITHMS = {"auto": (("binomial", "ring", "auto"), "auto", "auto"),
-              "p2p": (("binomial", "ring"), "linear", "pairwise"),
-              "shm": (("shm", "shm_flat"), "shm", "shm")}
+# algorithms="p2p" forces the message algorithms, "shm" the window's (scan
+# and exscan have no window algorithm: auto, by messages, beside the window)
+ALGORITHMS = {"auto": (("binomial", "ring", "auto"), "auto", "auto", ("recursive_doubling", "linear", "auto")),
+              "p2p": (("binomial", "ring"), "linear", "pairwise", ("recursive_doubling", "linear")),
+              "shm": (("shm", "shm_flat"), "shm", "shm", ("auto",))}
 
 
 def run_all(comm, counts, reduce_combos=suite.COMBOS, algorithms="auto") -> list[str]:
-    reduce_algos, gs, a2a = ALGORITHMS[algorithms]
+    reduce_algos, gs, a2a, scans = ALGORITHMS[algorithms]
     return (run_reduce(comm, counts, reduce_combos, reduce_algos) + run_gather_scatter(comm, counts, algorithm=gs)
-            + run_all_to_all(comm, counts, algorithm=a2a))
+            + run_all_to_all(comm, counts, algorithm=a2a)
+            # scan and exscan: every dtype and op once (suite.COVER) where
+            # reduce takes them all; tests/test_scan.py has every pair in process
+            + run_scan(comm, counts, reduce_combos if len(reduce_combos) <= len(suite.COVER) else suite.COVER,
+                       scans))

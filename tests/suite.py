@@ -76,9 +76,11 @@ def rank_data(dtype: str, op: str, n: int, count: int, ranks) -> np.ndarray:
     return v.astype(NUMPY[dtype])
 
 
-def reference(dtype: str, op: str, n: int, count: int) -> np.ndarray:
-    """Reduction of all ranks' inputs, computed independently in numpy."""
-    x = rank_data(dtype, op, n, count, range(n))
+def reference(dtype: str, op: str, n: int, count: int, ranks=None) -> np.ndarray:
+    """Reduction of all ranks' inputs (or of `ranks`' only: scan's prefix,
+    avg then dividing by their number), computed independently in numpy."""
+    ranks = range(n) if ranks is None else ranks
+    x = rank_data(dtype, op, n, count, ranks)
     if dtype == "bool":
         red = {"bxor": np.logical_xor, "sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or}.get(
             op, np.logical_and)
@@ -100,8 +102,39 @@ def reference(dtype: str, op: str, n: int, count: int) -> np.ndarray:
     s = s.astype(NUMPY[dtype])
     if op == "avg":  # the documented rule: sum, then divide by n in the compute type
         compute = np.dtype(np.float32) if dtype in ("float16", "bfloat16") else NUMPY[dtype]
-        s = (s.astype(compute) / compute.type(n)).astype(NUMPY[dtype])
+        s = (s.astype(compute) / compute.type(len(ranks))).astype(NUMPY[dtype])
     return s
+
+
+def identity(dtype: str, op: str, count: int) -> np.ndarray:
+    """The op's identity, `count` times (exscan's rank 0; MPI leaves it
+    undefined, ringcomm documents it): 0 for sum, bor, bxor; 1 for prod; the
+    largest value (+inf) for min, the smallest (-inf) for max; all ones for
+    band; on bool: False for sum, max, bor, bxor, True for prod, min, band."""
+    dt = NUMPY[dtype]
+    if dtype == "bool":
+        return np.full(count, op in ("prod", "min", "band"), np.bool_)
+    if op == "prod":
+        v = 1
+    elif op in ("min", "max"):
+        if dtype in FLOATING:
+            v = np.inf if op == "min" else -np.inf
+        else:
+            v = np.iinfo(dt).max if op == "min" else np.iinfo(dt).min
+    elif op == "band":
+        return np.full(count, np.iinfo(f"uint{dt.itemsize * 8}").max, f"uint{dt.itemsize * 8}").view(dt)
+    else:
+        v = 0
+    return np.full(count, v, dt)
+
+
+def scan_reference(collective: str, dtype: str, op: str, n: int, count: int, rank: int) -> np.ndarray:
+    """What `rank` gets from scan (ranks 0..rank folded) or exscan (ranks
+    0..rank-1; rank 0: the identity), in numpy."""
+    last = rank if collective == "scan" else rank - 1
+    if last < 0:
+        return identity(dtype, op, count)
+    return reference(dtype, op, n, count, range(last + 1))
 
 
 class HostArrays:
@@ -145,14 +178,17 @@ _cache: dict = {}
 _cache_lock = threading.Lock()
 
 
-def cached_reference(dtype, op, n, count):
-    """In-process ranks share one reference per case instead of n copies."""
-    key = (dtype, op, n, count)
+def cached_reference(dtype, op, n, count, collective="all_reduce", rank=0):
+    """In-process ranks share one reference per case instead of n copies
+    (scan and exscan: one per rank)."""
+    prefix = collective in ("scan", "exscan")
+    key = (dtype, op, n, count) + ((collective, rank) if prefix else ())
     with _cache_lock:
         if key not in _cache:
-            if len(_cache) > 16:
+            if len(_cache) > 16 + (2 * n if prefix else 0):
                 _cache.clear()
-            _cache[key] = reference(dtype, op, n, count)
+            _cache[key] = scan_reference(collective, dtype, op, n, count, rank) if prefix else \
+                reference(dtype, op, n, count)
         return _cache[key]
 
 

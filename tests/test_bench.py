@@ -103,7 +103,7 @@ def test_smoke_run_n2(tmp_path):
     benchmark.validate_json(doc)
     rows = doc["rows"]
     assert {r["impl"] for r in rows} == {"ringcomm", "mpi", "mpi-ring"}
-    assert {r["collective"] for r in rows} == set(benchmark.COLLECTIVES)  # the ring's three and issue 23's five
+    assert {r["collective"] for r in rows} == set(benchmark.COLLECTIVES)  # the ring's three, issue 23's five, scan and exscan
     assert {r["collective"] for r in rows if r["impl"] == "mpi-ring"} == {"all_reduce", "reduce_scatter", "all_gather"}
     assert all(r["wrong"] == 0 for r in rows)
     ours = [r for r in rows if r["impl"] == "ringcomm"]
@@ -330,6 +330,28 @@ def test_new_collectives_run_and_check_n2(tmp_path):
     assert {r["collective"] for r in rows if r["inplace"]} == {"reduce"}
     assert "out of bounds values : 0 OK" in res.stdout
     assert "reduce: baseline time / ringcomm time" not in res.stdout  # only from 1 MiB up
+
+
+def test_scan_and_exscan_against_mpi_scan_and_exscan_n3(tmp_path):
+    # Issue 51: ringcomm's scan/exscan beside MPI_Scan/MPI_Exscan (gloo has
+    # none), out of place and in place, checked against numpy's prefix over
+    # ranks 0..r (exscan's rank 0: ringcomm's identity; MPI's is undefined,
+    # unchecked), ringcomm's ledger against the closed form; no exscan avg.
+    out = tmp_path / "b.json"
+    res = run_bench("-N", "3", "-b", "8", "-e", "128K", "-f", "128", "-r", "1", "--iters", "2",
+                    "--collective", "scan,exscan", "-o", "sum,max,avg,band", "-d", "float64,int32",
+                    "--impl", "ringcomm,mpi", "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.load(open(out))["rows"]
+    assert {(r["collective"], r["impl"]) for r in rows} == {(c, i) for c in ("scan", "exscan")
+                                                             for i in ("ringcomm", "mpi")}
+    assert {r["inplace"] for r in rows if r["impl"] == "ringcomm"} == {False, True}
+    assert not [r for r in rows if r["collective"] == "exscan" and r["op"] == "avg"]
+    assert {r["op"] for r in rows if r["collective"] == "scan" and r["impl"] == "ringcomm"} == \
+        {"sum", "max", "avg", "band"}
+    assert all(r["wrong"] == 0 for r in rows)
+    ours = [r for r in rows if r["impl"] == "ringcomm"]
+    assert all(r["sent_per_rank"] == r["expected_sent"] and r["sent_per_rank"] > 0 for r in ours)
 
 
 @pytest.mark.slow

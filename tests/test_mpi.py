@@ -74,6 +74,32 @@ def test_reduce_gather_scatter_all_to_all_over_mpi():
     assert_no_errors_anywhere(guarded(body))
 
 
+@pytest.mark.parallel([1, 2, 3, 5])
+def test_scan_and_exscan_over_mpi_point_to_point():
+    # Issue 51's prefix reductions over MPI messages alone (transport "mpi":
+    # no shared-memory window; the window's case is in the test above, by
+    # collectives_suite.run_all): both algorithms and auto, a few dtypes and
+    # ops, counts 0, 1, n + 1, 101 (a prime), several segments, and auto's
+    # pipeline above recursive doubling's limit (64 KiB); numpy's prefix and
+    # the ledger's closed form.
+    def body():
+        import collectives_suite as cs
+        comm = ringcomm.init(transport="mpi")
+        n = comm.size
+        if comm.shared_memory:
+            return [f"rank {comm.rank}: transport='mpi' has a shared-memory window"]
+        few = [("float32", "sum"), ("bfloat16", "avg"), ("int8", "prod"), ("int64", "max"), ("uint16", "band"),
+               ("bool", "bxor"), ("float64", "min")]
+        errs = cs.run_scan(comm, [0, 1, n + 1, 101], few)
+        comm.segment_bytes = 16
+        errs += cs.run_scan(comm, [7 * n + 3], few[:4])
+        comm.segment_bytes = 1 << 20
+        errs += cs.run_scan(comm, [20011], few[:2], algorithms=("auto",))  # float32: 78 KiB, the pipeline
+        comm.close()
+        return errs
+    assert_no_errors_anywhere(guarded(body))
+
+
 @pytest.mark.parallel([2, 3])
 @pytest.mark.slow  # every size: variants of the mismatch over MPI (test_mismatch_over_mpi_raises_on_every_rank stays)
 def test_all_to_all_splits_mismatch_over_mpi_is_an_error():

@@ -1,12 +1,19 @@
-"""Each rank holds a different number of items; exscan of the counts (op sum)
-gives every rank its offset in the concatenation, and the total follows from
-one all_reduce. Each rank then writes its items at its offset in a zeroed
-buffer of the total, and an all_reduce(sum) of those buffers is the
-concatenation on every rank: an all_gather of uneven parts. (The same offsets
-place a rank's block for scatter/gather with per-rank counts.)
+"""Each rank holds a different number of items (some none). exscan of the
+counts (op sum) gives every rank its offset in the concatenation of all
+ranks' items (rank 0 gets 0, the identity of sum): where its items go in a
+shared file or a global array, with no rank knowing the others' counts.
 
-    python docs/examples/uneven_offsets.py        # 4 in-process ranks
+To build the concatenation itself on every rank, the ranks need each
+other's counts (gather's ``counts=``, the same list on every rank): a
+one-element all_gather of them, then a gather of the uneven parts on rank 0
+(gatherv) and a broadcast of the result. The offsets exscan gave agree with
+the counts' running sum.
+
+    python docs/examples/uneven_offsets.py                   # 4 in-process ranks
+    ringcomm run -n 3 python docs/examples/uneven_offsets.py # 3 processes (MPI)
 """
+
+import os
 
 import numpy as np
 
@@ -22,16 +29,27 @@ def my_items(rank: int) -> list[int]:
 
 
 def body(comm):
-    mine = np.array(my_items(comm.rank), dtype=np.int64)
+    n, r = comm.size, comm.rank
+    mine = np.array(my_items(r), dtype=np.int64)
     count = np.array([len(mine)], dtype=np.int64)
-    offset = int(comm.exscan(count.copy())[0])  # rank 0: 0, the identity of sum
-    total = int(comm.all_reduce(count.copy())[0])
-    everything = np.zeros(total, dtype=np.int64)
-    everything[offset:offset + len(mine)] = mine
-    comm.all_reduce(everything)
+    offset = int(comm.exscan(count.copy())[0])  # my place in the concatenation (exscan works in place)
+    # everyone's count (one element per rank), for gather's counts=
+    counts = comm.all_gather(count, out=np.empty(n, np.int64)).tolist()
+    assert offset == sum(counts[:r]), (offset, counts)
+    total = sum(counts)
+    everything = comm.gather(mine, root=0, counts=counts)  # rank 0: the concatenation; others: None
+    if r != 0:
+        everything = np.empty(total, np.int64)
+    comm.broadcast(everything, root=0)
     return offset, total, everything.tolist()
 
 
 if __name__ == "__main__":
-    for rank, (offset, total, gathered) in enumerate(ringcomm.run_local(4, body)):
-        print(f"rank {rank}: offset {offset} of {total}: {gathered}")
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:  # launched by `ringcomm run` / mpirun: one rank per process
+        comm = ringcomm.init()
+        offset, total, gathered = body(comm)
+        print(f"rank {comm.rank}: offset {offset} of {total}: {gathered}", flush=True)
+        comm.close()
+    else:
+        for rank, (offset, total, gathered) in enumerate(ringcomm.run_local(4, body)):
+            print(f"rank {rank}: offset {offset} of {total}: {gathered}")

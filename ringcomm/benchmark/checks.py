@@ -14,10 +14,13 @@ from ..tuning import costmodel
 # rooted, all-to-all and point-to-point ones (issue 23). `--collective all`
 # runs every one; the default run stays all_reduce.
 RING_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
-NEW_COLLECTIVES = ("reduce", "gather", "scatter", "all_to_all", "sendrecv")
+# The prefix reductions (issue 51), against MPI_Scan / MPI_Exscan: a buffer
+# in, one of the same size out, as all_reduce.
+PREFIX = ("scan", "exscan")
+NEW_COLLECTIVES = ("reduce", "gather", "scatter", "all_to_all", "sendrecv") + PREFIX
 COLLECTIVES = RING_COLLECTIVES + NEW_COLLECTIVES
 # Collectives that reduce (the op matters); the others only move data.
-REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+REDUCING = ("all_reduce", "reduce_scatter", "reduce") + PREFIX
 # Equal blocks per rank: the count is rounded down to a multiple of n (as nccl-tests does).
 BLOCKED = ("gather", "scatter", "all_to_all")
 ROOT = 0  # the root of reduce, gather and scatter (nccl-tests' default -R 0)
@@ -35,11 +38,19 @@ def size_list(begin: int, end: int, factor: float) -> list[int]:
     return out
 
 
+def op_runs(collective: str, dtype: str, op: str) -> bool:
+    """Whether the bench runs `op` on `dtype` for a reducing `collective`:
+    where the op fits the dtype, and never exscan's avg (refused: rank 0
+    would average over no ranks)."""
+    return vocab.op_fits(dtype, op) and not (collective == "exscan" and op == "avg")
+
+
 def bus_factor(collective: str, n: int) -> float:
     """nccl-tests busbw = algbw * factor: 2(n-1)/n for all_reduce, (n-1)/n for
-    reduce_scatter, all_gather, gather, scatter and alltoall, 1 for reduce and
-    sendrecv."""
-    if collective in ("reduce", "sendrecv"):
+    reduce_scatter, all_gather, gather, scatter and alltoall, 1 for reduce,
+    sendrecv, scan and exscan (a rank sends and receives about the buffer
+    once: the pipeline's volume; recursive doubling sends it log2(n) times)."""
+    if collective in ("reduce", "sendrecv") + PREFIX:
         return 1.0
     if collective in BLOCKED:
         return (n - 1) / n
@@ -132,6 +143,14 @@ def check_expected(dtype: str, op: str, n: int, count: int) -> np.ndarray:
         compute = np.dtype(np.float32) if dtype in ("float16", "bfloat16") else vocab.NUMPY[dtype]
         out = (out.astype(compute) / compute.type(n)).astype(vocab.NUMPY[dtype])
     return out
+
+
+def prefix_expected(collective: str, dtype: str, op: str, rank: int, count: int) -> np.ndarray | None:
+    """What `rank` gets from scan (check_data of ranks 0..rank reduced, avg
+    over rank + 1) or exscan (ranks 0..rank-1); None for exscan's rank 0,
+    whose result is the op's identity in ringcomm and undefined in MPI."""
+    ranks = rank + 1 if collective == "scan" else rank
+    return check_expected(dtype, op, ranks, count) if ranks else None
 
 
 def split(count: int, n: int, r: int) -> tuple[int, int]:

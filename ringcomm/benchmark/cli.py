@@ -17,7 +17,7 @@ from .. import vocab
 from ..config import parse_size
 from ..errors import from_rank0
 from ..launch import mpirun_command
-from .checks import COLLECTIVES, NEW_COLLECTIVES, OPS, REDUCING, RING_COLLECTIVES, size_list
+from .checks import COLLECTIVES, NEW_COLLECTIVES, OPS, REDUCING, RING_COLLECTIVES, op_runs, size_list
 from .harness import Bench, device_copy_gbps, memcpy_gbps
 from .impls import BENCH_ALGORITHMS, DEVICE_IMPLS, IMPLS, RING_MCA
 from .report import (HEADER, fit_algorithms, fit_models, fmt_size, footer, machine_info, make_rows, memcpy_table,
@@ -47,8 +47,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(vocab.DTYPES)} or all")
     p.add_argument("--collective", default="all_reduce",
                    help="comma-separated, from all_reduce, reduce_scatter, all_gather, reduce, gather, scatter, "
-                        "all_to_all, sendrecv (the ring shift: isend to rank+1, irecv from rank-1), or all "
-                        "(default all_reduce; the rooted ones have root 0)")
+                        "all_to_all, sendrecv (the ring shift: isend to rank+1, irecv from rank-1), scan, exscan "
+                        "(against MPI_Scan / MPI_Exscan), or all (default all_reduce; the rooted ones have root 0)")
     p.add_argument("--impl", default=None,
                    help="comma-separated implementations (default: ringcomm,mpi,mpi-ring,gloo on the host, "
                         "ringcomm,nccl with --device cuda)")
@@ -231,7 +231,7 @@ def _run_mode(args, bench: Bench, mode: str, at: tuple, progress: _Progress) -> 
             print("#" + HEADER[1:])
         for dtype in args.dtypes:
             for op in args.ops:
-                if coll in REDUCING and not vocab.op_fits(dtype, op) or coll not in REDUCING and op != args.ops[0]:
+                if coll in REDUCING and not op_runs(coll, dtype, op) or coll not in REDUCING and op != args.ops[0]:
                     progress.skip(len(args.sizes))
                     continue
                 rows += _run_sizes(args, bench, (coll, dtype, op, mode), at, progress)

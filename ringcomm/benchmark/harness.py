@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from .. import vocab
-from .checks import ROOT, check_data, check_expected, count_for, split
+from .checks import PREFIX, ROOT, check_data, check_expected, count_for, prefix_expected, split
 from .impls import IMPLS, Case, Impl, MemcpyImpl, RingcommImpl, torch_available
 
 MODES = ("hot", "cold")
@@ -220,7 +220,7 @@ class Bench:
     def shapes(coll, count, n, rank) -> tuple[int, int]:
         """Element counts of (send, recv) for a collective (the memcpy: count each)."""
         c = Case(coll, count, "uint8", "sum", False, n, rank)
-        if coll in ("all_reduce", "reduce", "all_to_all", "sendrecv", "memcpy"):
+        if coll in ("all_reduce", "reduce", "all_to_all", "sendrecv", "memcpy") + PREFIX:
             return count, count
         if coll == "gather":  # every rank allocates the root's output (only the root's is written)
             return c.block, count
@@ -254,7 +254,7 @@ class Bench:
         c.recv[...] = 0  # (the buffers are shared: not the last implementation's result)
         if c.collective in ("all_gather", "gather"):
             c.input_view()[...] = data[off:off + ln]
-        elif c.collective in ("all_reduce", "reduce") and c.inplace:
+        elif c.collective in ("all_reduce", "reduce") + PREFIX and c.inplace:
             c.recv[...] = data
         else:
             c.send[...] = data
@@ -276,6 +276,12 @@ class Bench:
             got = c.recv
         elif coll == "sendrecv":  # rank-1's input
             want, got = check_data(c.dtype, c.op, (self.rank - 1) % n, c.count), c.recv
+        elif coll in PREFIX:  # ranks 0..r (scan) or 0..r-1 (exscan) reduced
+            want, got = prefix_expected(coll, c.dtype, c.op, self.rank, c.count), impl.output_view(c)
+            if want is None:  # exscan's rank 0: the op's identity (ringcomm), undefined (MPI)
+                want = impl.exscan_rank0(c)
+                if want is None:
+                    return 0
         else:
             want = check_expected(c.dtype, c.op, self.n, c.count)
             got = impl.output_view(c)

@@ -50,7 +50,7 @@ class Case:
     def input_view(self) -> np.ndarray:
         """What the rank contributes (inside recv for in-place, as nccl-tests does)."""
         off, ln = self.chunk
-        if self.collective in ("all_reduce", "reduce"):
+        if self.collective in ("all_reduce", "reduce", "scan", "exscan"):
             return self.recv if self.inplace else self.send
         if self.collective in ("gather", "scatter", "all_to_all", "sendrecv"):
             return self.send  # out-of-place only
@@ -77,6 +77,10 @@ class Impl:
     def output_view(self, case: Case) -> np.ndarray:
         """Where this implementation leaves the result (nccl-tests' convention by default)."""
         return case.output_view()
+
+    def exscan_rank0(self, case: Case) -> np.ndarray | None:
+        """What exscan leaves on rank 0, to check (None: undefined, unchecked)."""
+        return None
 
     def close(self) -> None:
         pass
@@ -117,11 +121,13 @@ class RingcommImpl(Impl):
         # reduce_scatter / all_gather keywords: none under auto (the library's default)
         self.rs_ag = {} if self.algorithm == "auto" else {"algorithm": self.halves}
         self.last_algorithm = None  # what the last checked call ran (auto's choice)
+        # scan / exscan: the forced algorithm where the table has it for them, else auto
+        self.prefix = self.algorithm if algorithms.row("scan", self.algorithm) else "auto"
 
     def supports(self, c: Case) -> bool:
         if c.collective not in RING_COLLECTIVES:
             # auto only; in place: reduce only; sendrecv needs a peer other than itself
-            return (self.forced is None and (not c.inplace or c.collective == "reduce")
+            return (self.forced is None and (not c.inplace or c.collective in ("reduce", "scan", "exscan"))
                     and (c.collective != "sendrecv" or c.n > 1))
         # a forced all_reduce algorithm shows only where it exists
         return c.collective == "all_reduce" or self.forced is None or self.halves == self.forced
@@ -141,6 +147,11 @@ class RingcommImpl(Impl):
             self.comm.all_to_all(c.send, out=c.recv)
         elif coll == "sendrecv":  # the ring shift: to rank+1, from rank-1 (as MPI_Sendrecv)
             self.comm.sendrecv(c.send, (c.rank + 1) % c.n, c.recv, (c.rank - 1) % c.n)
+        elif coll in ("scan", "exscan"):
+            if c.inplace:
+                getattr(self.comm, coll)(c.recv, c.op, algorithm=self.prefix)
+            else:
+                getattr(self.comm, coll)(c.send, c.op, out=c.recv, algorithm=self.prefix)
         elif coll == "all_reduce":
             if c.inplace:
                 self.comm.all_reduce(c.recv, c.op, algorithm=self.algorithm)
@@ -150,6 +161,18 @@ class RingcommImpl(Impl):
             self.comm.reduce_scatter(c.send, c.op, out=c.output_view(), **self.rs_ag)
         else:
             self.comm.all_gather(c.input_view(), out=c.recv, **self.rs_ag)
+
+    def exscan_rank0(self, c: Case) -> np.ndarray:
+        """ringcomm's exscan gives rank 0 the op's identity: 0 for sum, 1 for
+        prod, the largest value for min, the smallest for max, all ones for band."""
+        dt = vocab.NUMPY[c.dtype]
+        if c.dtype == "bool":
+            return np.full(c.count, c.op in ("prod", "min", "band"), np.bool_)
+        info = np.finfo(dt) if c.dtype in vocab.FLOATING else np.iinfo(dt)
+        inf = c.dtype in vocab.FLOATING
+        v = {"prod": 1, "min": np.inf if inf else info.max, "max": -np.inf if inf else info.min,
+             "band": -1 if c.dtype.startswith("int") else (info.max if not inf else 0)}.get(c.op, 0)
+        return np.full(c.count, v).astype(dt)
 
     def sent_bytes(self, c: Case) -> int:
         before = self.comm.traffic()
@@ -206,6 +229,10 @@ class MpiImpl(Impl):
             self.comm.Alltoall(c.send, c.recv)
         elif coll == "sendrecv":
             self.comm.Sendrecv(c.send, (c.rank + 1) % c.n, 0, c.recv, (c.rank - 1) % c.n, 0)
+        elif coll == "scan":
+            self.comm.Scan(MPI.IN_PLACE if c.inplace else c.send, c.recv, op=op)
+        elif coll == "exscan":
+            self.comm.Exscan(MPI.IN_PLACE if c.inplace else c.send, c.recv, op=op)
         elif coll == "all_reduce":
             self.comm.Allreduce(MPI.IN_PLACE if c.inplace else c.send, c.recv, op=op)
         elif c.collective == "reduce_scatter":
@@ -268,8 +295,8 @@ class GlooImpl(Impl):
             return False
         if c.dtype in ("int16", "uint16", "uint32", "uint64"):
             return False  # gloo: "Invalid scalar type"
-        if c.collective in ("reduce_scatter", "sendrecv"):
-            return False  # torch's gloo backend has no reduce_scatter; sendrecv: MPI's only
+        if c.collective in ("reduce_scatter", "sendrecv", "scan", "exscan"):
+            return False  # torch's gloo backend has no reduce_scatter, scan or exscan; sendrecv: MPI's only
         if c.collective in BLOCKED:
             return not c.inplace
         return c.collective in ("all_reduce", "reduce") or c.count % c.n == 0
