@@ -333,7 +333,7 @@ class Communicator(PointToPoint, Records):
         the ranks share a host's memory, see ``shared_memory``, else
         "linear"), "linear" (every rank sends its block straight to the
         root, csrc/algorithms/gather_scatter.cpp) or "shm" (through the
-        window's slots, csrc/algorithms/shm.cpp).
+        window's slots, csrc/algorithms/shm_*.cpp).
         """
         if counts is None and (out is not None or self.rank != root) and \
                 self._rooted_fast("gather", x, out, root, "sum", algorithm, async_op):
@@ -390,7 +390,7 @@ class Communicator(PointToPoint, Records):
         "pairwise"), "pairwise" (pairwise exchange, n-1 steps,
         csrc/algorithms/all_to_all.cpp) or "shm" (the window: each block
         through its slots, or from the window's single-copy limit straight
-        from the peer's array, csrc/algorithms/shm.cpp).
+        from the peer's array, csrc/algorithms/shm_*.cpp).
         """
         if out is not None and self._fast_lane and not async_op:
             if splits is None and out_splits is None:

@@ -25,7 +25,7 @@ r's input to rank p).
 For count divisible by n this is (n-1)/n of the buffer per half, and
 2(n-1)/n for all_reduce. (For all_gather, ``count`` is the gathered total.)
 
-On shared memory (algorithm "shm", "shm_flat": csrc/algorithms/shm.cpp)
+On shared memory (algorithm "shm", "shm_flat": csrc/algorithms/shm_*.cpp)
 nothing is sent: a rank books as sent to j what j reads from its slot and
 as received from j what it reads from j's. The direct all_reduce then moves
 c[j] + c[r] elements each way per peer j, 2(n-1)/n of the buffer per rank
@@ -206,7 +206,7 @@ def expected_hierarchical(count: int, dtype: str, hosts: list, rank: int, betwee
     appear) the same collective by the algorithm `between`
     (``comm.last_algorithm_between_hosts``), on chunk l of the L chunks
     (all_reduce), or on part l (reduce_scatter, all_gather): the chunks of
-    the N that those ranks own (csrc/algorithms/shm.cpp)."""
+    the N that those ranks own (csrc/algorithms/shm_hierarchical.cpp)."""
     order = list(dict.fromkeys(hosts))
     layout = [[q for q in range(len(hosts)) if hosts[q] == h] for h in order]
     local = layout[order.index(hosts[rank])]
@@ -240,7 +240,7 @@ def _hierarchical_halves(collective: str, count: int, size: int, hosts: list, la
 
 
 def _shared(collective: str, count: int, size: int, n: int, rank: int, root: int, algorithm: str) -> Expected:
-    """shm / shm_flat (csrc/algorithms/shm.cpp): nothing is sent; rank r books
+    """shm / shm_flat (csrc/algorithms/shm_*.cpp): nothing is sent; rank r books
     as sent to j what j reads from r's slot, and as received from j what it
     reads from j's. The direct all_reduce: j reads chunk j's part of r's
     input and r's reduced chunk r; the one-sync one: j reads all of r's
@@ -387,7 +387,7 @@ def _reduce(count, size, n, rank, root, algorithm, counts, splits) -> Expected:
 
 def sc_reduce_parts(count: int, n: int, root: int) -> list[int]:
     """The elements each rank reduces in the window's single-copy reduce, in
-    rank order (csrc/algorithms/shm.cpp, ReduceParts): the root's part
+    rank order (csrc/algorithms/shm_rooted.cpp, ReduceParts): the root's part
     larger, as it writes nothing into a peer (root : leaf = 1.4(n-1) + 1 :
     1.4(n-1)), the leaves' split alike."""
     if n == 1:

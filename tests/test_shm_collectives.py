@@ -1,6 +1,6 @@
 """Shared memory between the ranks of one host, in process: the
 collectives through the window (ringcomm/shm/, csrc/core/shm_window.h,
-csrc/algorithms/shm.cpp).
+csrc/algorithms/shm_*.cpp).
 
 In process, every world has a window, so algorithm="shm" / "shm_flat" run
 the same native code the processes of one host run (the window is plain

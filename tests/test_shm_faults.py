@@ -251,7 +251,7 @@ LATE_WRITE_SCRIPT = textwrap.dedent('''
     leaf = int(comm.all_gather(np.array([os.getpid()], np.int64))[1])
     k = 64 << 20  # float32 per block: the leaf writes 256 MiB into the root's output
     # reduce over 2k: the root's part is 12/19 of the count at N = 2 (ReduceParts,
-    # csrc/algorithms/shm.cpp); the leaf writes the sums of the rest (about 190 MiB)
+    # csrc/algorithms/shm_rooted.cpp); the leaf writes the sums of the rest (about 190 MiB)
     at = k if coll == "gather" else 2 * k * 12 // 19  # where the leaf's writes begin
     if coll == "reduce":  # the split, checked on a small reduce: the leaf reads the root's input of its part
         c = 19 << 12

@@ -179,7 +179,7 @@ class Engine {
     auto_reduce_max_.store(reduce_max);
   }
   // The ranks share a host: the shared-memory window the shm algorithms run
-  // in (algorithms/shm.cpp). `for_auto`: algorithm="auto" runs the
+  // in (algorithms/shm_*.cpp). `for_auto`: algorithm="auto" runs the
   // collectives there, up to set_shm_auto's limits (the one-sync
   // all_reduce up to flat_max bytes). Before the first collective.
   void attach_window(std::shared_ptr<ShmWindow> w, bool for_auto, size_t flat_max) {

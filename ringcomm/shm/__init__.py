@@ -2,7 +2,7 @@
 files behind it and their hand-shake (``segment``), the window and the
 hierarchy an engine attaches (``window``), and the arena of ``comm.empty``
 (``arena``). The window's code is native: csrc/core/shm_window.h, the
-algorithms in csrc/algorithms/shm.cpp.
+algorithms in csrc/algorithms/shm_*.cpp.
 
 Whether ``algorithm="auto"`` uses the window is ``RINGCOMM_TRANSPORT``'s
 (ringcomm/transports.py). In-process worlds (``run_local``) always have a
