@@ -302,7 +302,9 @@ def test_invalid_algorithm_choices_are_refused_before_anything_moves():
             comm.all_reduce(x, algorithm="tree")
         with pytest.raises(InvalidArgument, match="power-of-two"):
             comm.reduce_scatter(x, algorithm="halving_doubling")
-        with pytest.raises(InvalidArgument, match="all_reduce only"):
+        # (recursive doubling runs all_reduce, scan and exscan: the error lists what all_gather runs)
+        with pytest.raises(InvalidArgument, match=r"'recursive_doubling' does not run all_gather \(all_gather: ring, "
+                                                  r"halving_doubling, shm, zero_copy, hierarchical\)"):
             comm.all_gather(x[:2], out=np.empty(6, np.float32), algorithm="recursive_doubling")
         comm.all_reduce(x)  # the communicator still works
         return comm.traffic().bytes_sent("reduce_scatter") + comm.traffic().bytes_sent("all_gather")
