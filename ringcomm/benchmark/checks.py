@@ -11,14 +11,14 @@ from .. import vocab
 from ..tuning import costmodel
 
 # The ring's three (the alpha-beta fits and mpi-ring cover these), then the
-# rooted, all-to-all and point-to-point ones (issue 23). `--collective all`
+# rooted, all-to-all and point-to-point ones. `--collective all`
 # runs every one; the default run stays all_reduce.
 RING_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
-# The prefix reductions (issue 51), against MPI_Scan / MPI_Exscan: a buffer
+# The prefix reductions, against MPI_Scan / MPI_Exscan: a buffer
 # in, one of the same size out, as all_reduce.
 PREFIX = ("scan", "exscan")
-NEW_COLLECTIVES = ("reduce", "gather", "scatter", "all_to_all", "sendrecv") + PREFIX
-COLLECTIVES = RING_COLLECTIVES + NEW_COLLECTIVES
+OTHER_COLLECTIVES = ("reduce", "gather", "scatter", "all_to_all", "sendrecv") + PREFIX
+COLLECTIVES = RING_COLLECTIVES + OTHER_COLLECTIVES
 # Collectives that reduce (the op matters); the others only move data.
 REDUCING = ("all_reduce", "reduce_scatter", "reduce") + PREFIX
 # Equal blocks per rank: the count is rounded down to a multiple of n (as nccl-tests does).

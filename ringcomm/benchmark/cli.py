@@ -17,7 +17,7 @@ from .. import vocab
 from ..config import parse_size
 from ..errors import from_rank0
 from ..launch import mpirun_command
-from .checks import COLLECTIVES, NEW_COLLECTIVES, OPS, REDUCING, RING_COLLECTIVES, op_runs, size_list
+from .checks import COLLECTIVES, OTHER_COLLECTIVES, OPS, REDUCING, RING_COLLECTIVES, op_runs, size_list
 from .harness import Bench, device_copy_gbps, memcpy_gbps
 from .impls import BENCH_ALGORITHMS, DEVICE_IMPLS, IMPLS, RING_MCA
 from .report import (HEADER, fit_algorithms, fit_models, fmt_size, footer, machine_info, make_rows, memcpy_table,
@@ -136,9 +136,9 @@ def _check_names(args) -> None:
         if bad:
             raise SystemExit(f"ringcomm bench: unknown {what} {bad}; expected one of {', '.join(ok)}")
     _check_ops(args)
-    if args.device == "cuda" and any(c in NEW_COLLECTIVES for c in args.collectives):
+    if args.device == "cuda" and any(c in OTHER_COLLECTIVES for c in args.collectives):
         raise SystemExit(f"ringcomm bench: --device cuda benchmarks {', '.join(RING_COLLECTIVES)} only "
-                         f"(not {', '.join(c for c in args.collectives if c in NEW_COLLECTIVES)})")
+                         f"(not {', '.join(c for c in args.collectives if c in OTHER_COLLECTIVES)})")
 
 
 def _check_ops(args) -> None:
@@ -242,7 +242,7 @@ def _run_sizes(args, bench: Bench, what: tuple, at: tuple, progress: _Progress) 
     coll, dtype, op, mode = what
     n, memcpy = at
     # the new data-movement collectives check with data of their own (op "none")
-    data_op = "none" if coll in NEW_COLLECTIVES and coll not in REDUCING else op
+    data_op = "none" if coll in OTHER_COLLECTIVES and coll not in REDUCING else op
     out: list[dict] = []
     for nbytes in args.sizes:
         count, results = bench.measure(coll, nbytes, dtype, data_op, mode)

@@ -17,7 +17,7 @@ import numpy as np
 from .. import vocab
 
 from ..tuning import costmodel, selection
-from .checks import COLLECTIVES, NEW_COLLECTIVES, RING_COLLECTIVES, bus_factor
+from .checks import COLLECTIVES, OTHER_COLLECTIVES, RING_COLLECTIVES, bus_factor
 
 ROW_KEYS = ("collective", "impl", "size", "count", "dtype", "op", "inplace", "time_us", "p10_us", "p90_us",
             "algbw_gbps", "busbw_gbps", "pct_memcpy", "wrong", "sent_per_rank", "expected_sent", "algorithm",
@@ -174,7 +174,7 @@ def footer(rows: list[dict], n: int, lines: list[str]) -> dict:
             lines.append(f"# {coll}: ringcomm busbw / baseline (geometric mean over sizes): "
                          + ", ".join(f"vs {m} {v:.2f}x" for m, v in ratios.items()))
         big = _ratios_from(sel, impls, 1 << 20)
-        if big and coll in NEW_COLLECTIVES:  # issue 23's goal: at least as fast as Open MPI at 1 MiB and above
+        if big and coll in OTHER_COLLECTIVES:  # the goal: at least as fast as Open MPI at 1 MiB and above
             lines.append(f"# {coll}: baseline time / ringcomm time at >= 1 MiB (worst size): "
                          + ", ".join(f"vs {m} {v:.2f}x" for m, v in big.items()))
         summary[coll] = {"avg_busbw": avg, "ratio": ratios, "worst_speedup_from_1MiB": big}
@@ -222,7 +222,7 @@ def fit_algorithms(rows: list[dict], n: int, lines: list[str], comm_costs=None) 
                   and (r["impl"] == "ringcomm" or r["impl"].startswith("rc-"))]
     # The model prices messages (steps, bytes sent, bytes reduced): the
     # message-passing algorithms only, not the shared-memory ones auto may
-    # run (issue 24); those stay out of the fit, not out of the
+    # run; those stay out of the fit, not out of the
     # auto-versus-forced table below.
     sel = [r for r in everything if r["algorithm"] in selection.ALGORITHMS]
     if n == 1 or len({(r["algorithm"], r["size"]) for r in sel}) < 3:

@@ -1,4 +1,5 @@
-"""Teaching demos of issue 23's collectives on in-process ranks (``ringcomm demo ...``):
+"""Teaching demos of the rooted and personalized collectives on in-process
+ranks (``ringcomm demo ...``):
 
     ringcomm demo all_to_all [-n 4] [--count 2]          who sends which block to whom
     ringcomm demo reduce     [-n 4] [--count 8] [--root 0]  binomial tree next to the ring

@@ -334,7 +334,7 @@ class ProcessGroupRingcomm(AllGatherOps, RootedOps, dist.ProcessGroup):
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
         return PendingWork(self._completer, works, list(outputs))
 
-    # ---- rooted collectives and all-to-all (issue 23) ----------------------
+    # ---- rooted collectives and all-to-all ----------------------------------
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         if isinstance(tensors, torch.Tensor):
