@@ -210,7 +210,7 @@ _torch_known = False
 
 
 def _know_torch() -> None:
-    """Tell the native fast lane (Engine.run_all_reduce) how to read torch CPU
+    """Tell the native fast lane (Engine.run_same_shape) how to read torch CPU
     tensors, once torch is in use: importing ringcomm never imports torch."""
     global _torch_known
     import torch

@@ -198,18 +198,7 @@ class Communicator(PointToPoint, Records):
         order of additions); every rank gets the same bits from any of them.
         Device communicators run the ring.
         """
-        if self._fast_lane and not async_op:
-            # numpy arrays and torch CPU tensors on a host communicator:
-            # described and run natively (False: something to explain or
-            # another kind of array; the door's Python adapter takes it).
-            y = x if out is None else out
-            try:  # (op and algorithm by name: looked up natively, unknown ones declined)
-                if self._engine.run_all_reduce(x, y, op, algorithm):
-                    return y
-            except BaseException as exc:  # the collective failed: as in _submit
-                self._failed(exc, (x, out))
-                raise
-        return self._submit(self._door.all_reduce(x, op, out, algorithm), async_op)
+        return self._same_shape("all_reduce", x, op, out, algorithm, async_op)
 
     def scan(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Inclusive prefix reduction (MPI_Scan): rank r gets x of ranks 0..r
@@ -221,7 +210,7 @@ class Communicator(PointToPoint, Records):
         buffer) or "linear" (a pipeline 0 -> 1 -> ... -> n-1 in segments of
         segment_bytes). The two may differ in a floating sum's last bit.
         """
-        return self._submit(self._door.same_shape("scan", x, op, out, algorithm), async_op)
+        return self._same_shape("scan", x, op, out, algorithm, async_op)
 
     def exscan(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Exclusive prefix reduction (MPI_Exscan): rank r gets x of ranks
@@ -234,7 +223,7 @@ class Communicator(PointToPoint, Records):
         refused (rank 0 would average over no ranks). `out`, algorithm: as
         in scan.
         """
-        return self._submit(self._door.same_shape("exscan", x, op, out, algorithm), async_op)
+        return self._same_shape("exscan", x, op, out, algorithm, async_op)
 
     def reduce_scatter(self, x, op: str = "sum", *, out=None, async_op: bool = False, algorithm: str = "auto"):
         """Reduce `x` over all ranks and leave chunk `rank` of the result here.
@@ -496,6 +485,21 @@ class Communicator(PointToPoint, Records):
         except BaseException as exc:  # the collective failed: as in _submit
             self._failed(exc, (x, out))
             raise
+
+    def _same_shape(self, coll: str, x, op: str, out, algorithm: str, async_op: bool):
+        """all_reduce, scan, exscan: numpy arrays and torch CPU tensors on a
+        host communicator are described and run natively (False: something
+        to explain or another kind of array; the door's Python adapter takes
+        it, as it takes every asynchronous call)."""
+        if self._fast_lane and not async_op:
+            y = x if out is None else out
+            try:  # (op and algorithm by name: looked up natively, unknown ones declined)
+                if self._engine.run_same_shape(vocab.COLLECTIVES[coll], x, y, op, algorithm):
+                    return y
+            except BaseException as exc:  # the collective failed: as in _submit
+                self._failed(exc, (x, out))
+                raise
+        return self._submit(self._door.same_shape(coll, x, op, out, algorithm), async_op)
 
     def _submit(self, d: Described, async_op: bool):
         """Run or queue a call the door described; the result (or a Work)."""

@@ -12,7 +12,7 @@ with each call's fingerprint.
 
 The common call, a synchronous all_reduce of numpy arrays or torch CPU
 tensors, has a fast lane in the native layer that fills the same Call
-(``Engine.run_all_reduce``, csrc/python/converters.h); it declines anything
+(``Engine.run_same_shape``, csrc/python/converters.h); it declines anything
 unusual, which then comes here, so the errors are always this module's.
 """
 

@@ -143,20 +143,22 @@ inline void def_engine_calls(py::class_<EngineHandle>& engine) {
            "`stream` (the caller's, as an integer handle).")
       .def("run", [](EngineHandle& h, const Call& c) { call_host(h, make_task(c)); }, py::arg("call"),
            "Run a host collective to completion (on this thread when the engine is idle); raises on failure.")
-      .def("run_all_reduce",
-           [](EngineHandle& h, py::handle x, py::handle out, py::handle op, py::handle algo) {
-             // The fast lane (host_all_reduce_call): False means "not described
-             // here", and the Python adapter runs instead.
+      .def("run_same_shape",
+           [](EngineHandle& h, int coll, py::handle x, py::handle out, py::handle op, py::handle algo) {
+             // The fast lane of all_reduce, scan and exscan (host_same_shape_call):
+             // False means "not described here", and the Python adapter runs instead.
              Call c;
-             if (!host_all_reduce_call(x, out, vocab_code(vocab_tables().ops, op, -1),
+             if (coll != int(Coll::all_reduce) && coll != int(Coll::scan) && coll != int(Coll::exscan)) return false;
+             if (!host_same_shape_call(Coll(coll), x, out, vocab_code(vocab_tables().ops, op, -1),
                                        vocab_code(vocab_tables().algorithms, algo, -2), c))
                return false;
              call_host(h, make_task(c));
              return true;
            },
-           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"),
-           "Synchronous all_reduce of numpy arrays or torch CPU tensors described natively (op and algo: names "
-           "or codes); False when the arrays need the Python adapter (ringcomm/door.py).")
+           py::arg("coll"), py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algo"),
+           "Synchronous all_reduce, scan or exscan (coll: its code) of numpy arrays or torch CPU tensors "
+           "described natively (op and algo: names or codes); False when the arrays need the Python adapter "
+           "(ringcomm/door.py).")
       .def("run_barrier",
            [](EngineHandle& h, int algo) {
              Call c;  // (no payload: nothing to describe)

@@ -24,7 +24,7 @@ namespace py = pybind11;
 
 // ---- in ---------------------------------------------------------------------
 // One collective call, described and checked by the array adapter
-// (ringcomm/door.py, or host_all_reduce_call below for the common case):
+// (ringcomm/door.py, or host_same_shape_call below for the common case):
 // the only thing the Python layer hands the engine. Buffers per collective
 // are Engine::submit's; `count` is always the full buffer's length.
 struct Call {
@@ -199,16 +199,19 @@ inline bool torch_same_shape(py::handle x, py::handle out, Call& c, int& dout, s
          x.attr(shape).equal(out.attr(shape));
 }
 
-inline bool host_all_reduce_call(py::handle x, py::handle out, int op, int algo, Call& c) {
+// all_reduce, scan and exscan (an output of the input's shape, an op):
+// exscan's avg is left to the door, whose error says why.
+inline bool host_same_shape_call(Coll coll, py::handle x, py::handle out, int op, int algo, Call& c) {
   int dout = -1;
   size_t nout = 0;
   const bool arrays = py::isinstance<py::array>(x) ? numpy_same_shape(x, out, c, dout, nout)
                                                    : torch_same_shape(x, out, c, dout, nout);
   if (!arrays || dout != c.dtype || nout != c.count) return false;
   if (!op_code_fits(c.dtype, op) || !algo_code_valid(algo)) return false;
+  if (op == int(Op::avg) && !coll_takes_avg(coll)) return false;
   const size_t bytes = c.count * dtype_size(DType(c.dtype));
   if (c.in != c.out && c.in < c.out + bytes && c.out < c.in + bytes) return false;  // partial overlap
-  c.coll = int(Coll::all_reduce);
+  c.coll = int(coll);
   c.op = op;
   c.algo = algo;
   c.root = 0;
