@@ -26,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                        help="pass an MCA parameter to Open MPI (repeatable)")
     p_run.add_argument("--dry-run", action="store_true", help="print the mpirun command, do not run it")
+    p_run.add_argument("--hosts", type=int, default=None, metavar="H",
+                       help="run on an emulated cluster of H hosts on this machine (network namespaces on one "
+                            "switch; needs root): N/H ranks per host, launched as torchrun does")
+    p_run.add_argument("--link", default="1gbit", metavar="SPEC",
+                       help="each host's link with --hosts: rate[,delay=MS][,loss=PCT%%][,mtu=BYTES] "
+                            "(default 1gbit; e.g. 10gbit, 100mbit,delay=1ms, 1gbit,loss=0.1%%)")
     p_run.add_argument("program", nargs=argparse.REMAINDER, help="program and its arguments (after --)")
     sub.add_parser("bench", help="collective benchmark (ringcomm bench --help)", add_help=False)
     sub.add_parser("demo", help="teaching demos: ring, traffic, scaling, algorithms, zero (ringcomm demo --help)",
@@ -120,6 +126,8 @@ def _analyze(args) -> int:
 
 def _run(args) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if args.hosts is not None:
+        return _run_hosts(args, program)
     extra = [x for k, v in args.mca for x in ("--mca", k, v)]
     from ._failfast import wrap_argv
     cmd = mpirun_command(args.np, wrap_argv(program), extra)  # a rank dying of an exception ends the job
@@ -131,6 +139,29 @@ def _run(args) -> int:
     env = {k: v for k, v in os.environ.items()
            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     return subprocess.call(cmd, env=env)
+
+
+def _run_hosts(args, program: list[str]) -> int:
+    from . import cluster
+    try:
+        link = cluster.LinkSpec.parse(args.link)
+    except ValueError as e:
+        print(f"ringcomm run: {e}", file=sys.stderr)
+        return 2
+    if args.mca:
+        print("ringcomm run --hosts: --mca is for mpirun; the ranks here are launched as torchrun's are",
+              file=sys.stderr)
+        return 2
+    if args.dry_run:
+        host_of = cluster.placement(args.hosts, args.np)
+        print(f"{args.hosts} hosts, link {link}; ranks per host: "
+              + ", ".join(f"host {h}: {[r for r, x in enumerate(host_of) if x == h]}" for h in range(args.hosts)))
+        return 0
+    why = cluster.why_not()
+    if why:
+        print(f"ringcomm run --hosts: no emulated cluster here: {why}", file=sys.stderr)
+        return 2
+    return cluster.run(args.hosts, args.np, link, program)
 
 
 if __name__ == "__main__":

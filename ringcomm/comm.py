@@ -57,6 +57,7 @@ class Communicator(PointToPoint, Records):
         self._device = engine.device  # fixed for the communicator's life
         self._settings = settings
         self._label = label
+        self._ledger_members = None  # job ranks, where a launcher asked for the ledger (ringcomm/cluster/ledger.py)
         self._inflight: collections.deque = collections.deque()
         self._sweep_at = 64  # _track: past this many Works in flight, look for done ones behind the head
         self._lock = threading.Lock()
@@ -432,6 +433,9 @@ class Communicator(PointToPoint, Records):
                 self._final_record = self.flight_record()
             except RingcommError:
                 pass
+            if self._ledger_members:
+                from .cluster import ledger
+                ledger.write(self)
             self._engine.close()
         # A store bootstrap's store (e.g. a TCPStore's port) is let go.
         self._bootstrap = None

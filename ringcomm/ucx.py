@@ -74,17 +74,26 @@ def make_engine(allgather, rank: int, size: int, settings, engine_maker=None, wo
 
 def exchange(allgather, rank: int, size: int, worker_maker=None) -> tuple:
     """(this rank's new worker, every rank's worker address in rank order).
-    Collective, as make_engine."""
+    Collective, as make_engine.
+
+    A peer on another host (another host key: ringcomm/shm/host.py) gets
+    only the address of this worker's network devices, so the two never
+    share memory, even where UCX would find them on one kernel (an
+    emulated cluster's namespaces, ``RINGCOMM_HOST_ID`` labels): what crosses
+    hosts goes over the network, as between real machines, where that
+    address is all the peer could use anyway."""
+    from .shm.host import host_key
     load()
     worker, err = None, None
     try:
         worker = (worker_maker or core.ucx_worker)()
     except RingcommError as e:
         err = f"rank {rank}: {e}"
-    got = allgather(err if worker is None else worker.address)
+    got = allgather(err if worker is None else (host_key(), worker.address, worker.net_address))
     if len(got) != size:
         raise RingcommError(f"UCX address exchange returned {len(got)} entries for {size} ranks")
-    failed = [a for a in got if not isinstance(a, bytes)]
+    failed = [a for a in got if not isinstance(a, tuple)]
     if failed:
         raise RingcommError(f"cannot use UCX: {failed[0]}")
-    return worker, list(got)
+    here = got[rank][0]
+    return worker, [full if key == here else net for key, full, net in got]

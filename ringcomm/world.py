@@ -126,6 +126,8 @@ def _assemble(row: transports.Transport, launch: transports.Launch, transport: s
     from .tuning import selection
     c.set_costs(from_rank0(group.bcast, group.Get_rank() == 0,
                            lambda: selection.costs_for(row.costs, group.Get_size()), "read the cost model"))
+    from .cluster import ledger
+    ledger.note_members(c, group)  # (an emulated cluster's launcher asked for the ledger)
     _mpi_comms.add(c)
     return c
 

@@ -164,7 +164,14 @@ inline void bind_ucx(py::module_& m) {
                                if (!h.worker) throw_invalid("this UCX worker was already given to an engine");
                                return py::bytes(ucx_worker_address(*h.worker));
                              },
-                             "This worker's address, to give every peer (bytes).");
+                             "This worker's address, to give every peer on this host (bytes).")
+      .def_property_readonly("net_address",
+                             [](const UcxWorkerHandle& h) {
+                               if (!h.worker) throw_invalid("this UCX worker was already given to an engine");
+                               return py::bytes(ucx_worker_address(*h.worker, true));
+                             },
+                             "Its network devices' address alone, to give the peers on other hosts (bytes): "
+                             "they reach this worker over the network, never through shared memory.");
   m.def("ucx_worker", [] { return UcxWorkerHandle{make_ucx_worker()}; },
         "A UCP context and worker (UCX loaded on first use; raises TransportError when it cannot be).");
   m.def("ucx_in_process", &ucx::in_process, "Whether a libucp.so.0 is already loaded in this process.");

@@ -60,7 +60,8 @@ struct UcxWorker {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   int efd = -1;  // the worker's event fd (-1: none; waits then sleep in short steps)
-  std::string address;
+  std::string address;      // every transport: for the peers on this host
+  std::string net_address;  // network devices only: for the peers on other hosts
   std::mutex mu;
   // Messages discarded (a p2p message of the wrong size, a data message of
   // another call): received into a sink so that their sender's send
@@ -212,6 +213,7 @@ class UcxTransport final : public Transport, public EagerP2P {
     std::lock_guard<std::mutex> g(w_->mu);
     discard_unexpected_locked();
     close_endpoints_locked();
+    discard_unexpected_locked();  // what arrived while the endpoints flushed (over TCP: often the last of it)
   }
 
   int rank() const override { return rank_; }
@@ -681,6 +683,22 @@ void peer_failure_config(ucp_config_t* config) {
   }
 }
 
+// The worker's address with `flags`: 0 for every transport it has, or
+// UCP_WORKER_ADDRESS_FLAG_NET_ONLY for its network devices alone (what a
+// peer on another host is given: an endpoint made from it can use no
+// shared-memory transport, even where both "hosts" share one kernel).
+std::string query_address(ucp_worker_h worker, unsigned flags) {
+  const ucx::Api& a = ucx::api();
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS;
+  attr.address_flags = flags;
+  ucs_status_t st = a.worker_query(worker, &attr);
+  if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_worker_query failed: " + ucx::status_text(st));
+  std::string out(reinterpret_cast<const char*>(attr.address), attr.address_length);
+  a.worker_release_address(worker, attr.address);
+  return out;
+}
+
 }  // namespace
 
 std::shared_ptr<UcxWorker> make_ucx_worker() {
@@ -712,16 +730,12 @@ std::shared_ptr<UcxWorker> make_ucx_worker() {
   st = a.worker_create(w->context, &wp, &w->worker);
   if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_worker_create failed: " + ucx::status_text(st));
   if (a.worker_get_efd(w->worker, &w->efd) != UCS_OK) w->efd = -1;
-  ucp_worker_attr_t attr{};
-  attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
-  st = a.worker_query(w->worker, &attr);
-  if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_worker_query failed: " + ucx::status_text(st));
-  w->address.assign(reinterpret_cast<const char*>(attr.address), attr.address_length);
-  a.worker_release_address(w->worker, attr.address);
+  w->address = query_address(w->worker, 0);
+  w->net_address = query_address(w->worker, UCP_WORKER_ADDRESS_FLAG_NET_ONLY);
   return w;
 }
 
-std::string ucx_worker_address(const UcxWorker& w) { return w.address; }
+std::string ucx_worker_address(const UcxWorker& w, bool net_only) { return net_only ? w.net_address : w.address; }
 
 std::unique_ptr<Transport> make_ucx_transport(std::shared_ptr<UcxWorker> worker,
                                               const std::vector<std::string>& addresses, int rank) {
@@ -745,10 +759,26 @@ namespace {
   ucx::available(&why);
   throw RingError(ErrKind::transport, -1, -1, 0, "UCX is not available: " + why);
 }
+// The worker's address with `flags`: 0 for every transport it has, or
+// UCP_WORKER_ADDRESS_FLAG_NET_ONLY for its network devices alone (what a
+// peer on another host is given: an endpoint made from it can use no
+// shared-memory transport, even where both "hosts" share one kernel).
+std::string query_address(ucp_worker_h worker, unsigned flags) {
+  const ucx::Api& a = ucx::api();
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS;
+  attr.address_flags = flags;
+  ucs_status_t st = a.worker_query(worker, &attr);
+  if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_worker_query failed: " + ucx::status_text(st));
+  std::string out(reinterpret_cast<const char*>(attr.address), attr.address_length);
+  a.worker_release_address(worker, attr.address);
+  return out;
+}
+
 }  // namespace
 
 std::shared_ptr<UcxWorker> make_ucx_worker() { no_ucx(); }
-std::string ucx_worker_address(const UcxWorker&) { no_ucx(); }
+std::string ucx_worker_address(const UcxWorker&, bool) { no_ucx(); }
 std::unique_ptr<Transport> make_ucx_transport(std::shared_ptr<UcxWorker>, const std::vector<std::string>&, int) {
   no_ucx();
 }

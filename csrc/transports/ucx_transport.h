@@ -21,8 +21,9 @@ struct UcxWorker;
 // Throws RingError(transport) saying what to install when UCX cannot be
 // loaded, or that ringcomm was built without UCX headers.
 std::shared_ptr<UcxWorker> make_ucx_worker();
-// The worker's address, to hand to every peer (opaque bytes).
-std::string ucx_worker_address(const UcxWorker& w);
+// The worker's address, to hand to every peer (opaque bytes); `net_only`:
+// its network devices' part alone, for the peers on other hosts.
+std::string ucx_worker_address(const UcxWorker& w, bool net_only = false);
 // `addresses[r]`: rank r's worker address (this rank's own included). The
 // transport takes the worker over.
 std::unique_ptr<Transport> make_ucx_transport(std::shared_ptr<UcxWorker> worker,
