@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--link", default="1gbit", metavar="SPEC",
                        help="each host's link with --hosts: rate[,delay=MS][,loss=PCT%%][,mtu=BYTES] "
                             "(default 1gbit; e.g. 10gbit, 100mbit,delay=1ms, 1gbit,loss=0.1%%)")
+    p_run.add_argument("--launcher", default="direct", choices=["direct", "torchrun", "mpirun"],
+                       help="with --hosts, what starts the ranks: direct (default: one process per rank with "
+                            "torchrun's variables), torchrun (an agent per host, c10d rendezvous) or mpirun")
     p_run.add_argument("program", nargs=argparse.REMAINDER, help="program and its arguments (after --)")
     sub.add_parser("bench", help="collective benchmark (ringcomm bench --help)", add_help=False)
     sub.add_parser("demo", help="teaching demos: ring, traffic, scaling, algorithms, zero (ringcomm demo --help)",
@@ -161,7 +164,7 @@ def _run_hosts(args, program: list[str]) -> int:
     if why:
         print(f"ringcomm run --hosts: no emulated cluster here: {why}", file=sys.stderr)
         return 2
-    return cluster.run(args.hosts, args.np, link, program)
+    return cluster.run(args.hosts, args.np, link, program, launcher=args.launcher)
 
 
 if __name__ == "__main__":

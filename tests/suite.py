@@ -215,12 +215,26 @@ def compare(got, want, what: str, rank: int) -> list[str]:
             f"expected {want[i]!r}, got {got[i]!r}"]
 
 
+# Each rank's host, where a communicator spans hosts and runs the hierarchy
+# (a script on an emulated cluster sets it: tests/scripts/cluster_suite.py).
+HOSTS: list | None = None
+
+
+def _add(a: dict, b: dict) -> dict:
+    return {p: a.get(p, 0) + b.get(p, 0) for p in set(a) | set(b) if a.get(p, 0) + b.get(p, 0)}
+
+
 def check_traffic(comm, before, collective, count, dtype, what, root=0) -> list[str]:
     """The ledger delta of one call must equal traffic.expected exactly, per
     peer, for the algorithm that ran (``comm.last_algorithm``)."""
     delta = comm.traffic() - before
-    exp = traffic.expected(collective, count, dtype, comm.size, comm.rank, root=root,
-                           algorithm=comm.last_algorithm)
+    if comm.last_algorithm == "hierarchical":
+        intra, inter = traffic.expected_hierarchical(count, dtype, HOSTS, comm.rank,
+                                                     comm.last_algorithm_between_hosts, collective)
+        exp = traffic.Expected(_add(intra.sent, inter.sent), _add(intra.received, inter.received))
+    else:
+        exp = traffic.expected(collective, count, dtype, comm.size, comm.rank, root=root,
+                               algorithm=comm.last_algorithm)
     sent = delta.per_peer("bytes_sent", collective)
     recv = delta.per_peer("bytes_received", collective)
     errs = []

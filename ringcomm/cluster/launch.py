@@ -8,9 +8,13 @@ bootstrap through a store on host 0, and the bytes between hosts go over
 the emulated links. Each host is a host to ringcomm too (its own
 ``RINGCOMM_HOST_ID``); gloo and UCX are pointed at the host's eth0.
 
-Fail-fast, as ``ringcomm run``: when a rank exits with an error, the others
-get ``grace`` seconds to report theirs, then are stopped; the job's status
-is the first failed rank's. Ctrl-C and SIGTERM stop every rank and remove
+Or by torchrun (one agent per host, c10d rendezvous on host 0) or mpirun
+(on host 0, its daemons started on the others by ringcomm/cluster/agent.py
+in place of ssh): ``--launcher``.
+
+Fail-fast, as ``ringcomm run``: when a rank (or a host's launcher) exits
+with an error, the others get ``grace`` seconds to report theirs, then are
+stopped; the job's status is the first failure's. Ctrl-C and SIGTERM stop every rank and remove
 the cluster; a SIGKILL of the launcher leaves that to the cluster's janitor.
 
 At the end it prints, per host, what the kernel counted on the host's link
@@ -77,9 +81,69 @@ def _program(argv: list[str]) -> list[str]:
     return argv
 
 
-def run(hosts: int, n: int, link: LinkSpec, argv: list[str], *, grace: float = 5.0, quiet: bool = False,
-        out=None) -> int:
+def _direct(cluster: Cluster, host_of: list[int], program: list[str], ledger_dir: str) -> list:
+    """One process per rank, with torchrun's variables (fail-fast is the launcher's: _wait)."""
+    procs = []
+    for r in range(len(host_of)):
+        env = rank_env(cluster, host_of, r)
+        env[ledger.ENV] = ledger_dir
+        # A process group of their own: the terminal's Ctrl-C reaches the launcher alone, which hands
+        # each rank exactly one SIGINT (a second one would land in the rank's exit handlers).
+        procs.append(subprocess.Popen(cluster.exec_argv(host_of[r], program), env=env, process_group=0))
+    return procs
+
+
+def _torchrun(cluster: Cluster, host_of: list[int], program: list[str], ledger_dir: str) -> list:
+    """One torchrun agent per host, meeting by the c10d rendezvous on host 0 (as on real nodes)."""
+    per = host_of.count(0)
+    procs = []
+    for k in range(cluster.hosts):
+        env = rank_env(cluster, host_of, 0)
+        for v in _TORCH_VARS:  # torchrun sets them for its workers
+            env.pop(v, None)
+        env.update({ledger.ENV: ledger_dir, "RINGCOMM_HOST_ID": cluster.names[k]})
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(cluster.hosts),
+                "--nproc-per-node", str(per), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{cluster.hostname(0)}:{PORT}", "--rdzv-id", cluster.switch,
+                *(program[1:] if program[0] == sys.executable else ["--no-python", *program])]
+        procs.append(subprocess.Popen(cluster.exec_argv(k, argv), env=env, process_group=0))
+    return procs
+
+
+def _mpirun(cluster: Cluster, host_of: list[int], program: list[str], ledger_dir: str) -> list:
+    """mpirun on host 0, its daemons started on the other hosts by ringcomm's agent
+    (ringcomm/cluster/agent.py, in place of ssh); MPI's own messages over TCP on eth0."""
+    from .._failfast import wrap_argv
+    from ..launch import find_mpirun
+    per = host_of.count(0)
+    hostfile = os.path.join(ledger_dir, "hostfile")
+    with open(hostfile, "w") as f:
+        f.write("".join(f"{cluster.hostname(k)} slots={per}\n" for k in range(cluster.hosts)))
+    env = rank_env(cluster, host_of, 0)
+    for v in _TORCH_VARS + ("RINGCOMM_HOST_ID",):  # MPI's ranks are told by MPI; the hostname names the host
+        env.pop(v, None)
+    env.update({ledger.ENV: ledger_dir, "RINGCOMM_CLUSTER": cluster.prefix})
+    cmd = [find_mpirun(), "-n", str(len(host_of)), "--hostfile", hostfile, "--bind-to", "none",
+           "--prtemca", "plm_ssh_agent", f"{sys.executable} -m ringcomm.cluster.agent",
+           "--prtemca", "oob_tcp_if_include", "eth0", "--mca", "pml", "ob1", "--mca", "btl", "tcp,sm,self",
+           "--mca", "btl_tcp_if_include", "eth0"]
+    cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd += ["--oversubscribe"] if per > (os.cpu_count() or 1) else []
+    for v in (ledger.ENV, "RINGCOMM_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "PYTHONPATH", "PATH"):
+        if v in env:
+            cmd += ["-x", v]
+    return [subprocess.Popen(cluster.exec_argv(0, cmd + wrap_argv(program)), env=env, process_group=0)]
+
+
+# How ranks are started on the cluster: `ringcomm run --hosts --launcher NAME`.
+LAUNCHERS = {"direct": _direct, "torchrun": _torchrun, "mpirun": _mpirun}
+
+
+def run(hosts: int, n: int, link: LinkSpec, argv: list[str], *, launcher: str = "direct", grace: float = 5.0,
+        quiet: bool = False, out=None) -> int:
     """Run `argv` as n ranks on `hosts` emulated hosts; returns the job's status."""
+    if launcher not in LAUNCHERS:
+        raise SystemExit(f"ringcomm run --hosts: --launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     host_of = placement(hosts, n)
     program = _program(argv)
     out = out or sys.stderr
@@ -87,12 +151,7 @@ def run(hosts: int, n: int, link: LinkSpec, argv: list[str], *, grace: float = 5
         stop = _Stopper()
         procs = []
         try:
-            for r in range(n):
-                env = rank_env(cluster, host_of, r)
-                env[ledger.ENV] = ledger_dir
-                # A process group of their own: the terminal's Ctrl-C reaches the launcher alone, which hands
-                # each rank exactly one SIGINT (a second one would land in the rank's exit handlers).
-                procs.append(subprocess.Popen(cluster.exec_argv(host_of[r], program), env=env, process_group=0))
+            procs = LAUNCHERS[launcher](cluster, host_of, program, ledger_dir)
             status = _wait(procs, grace, stop)
         finally:
             _stop_all(procs)

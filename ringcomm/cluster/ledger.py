@@ -4,11 +4,10 @@ of an emulated cluster, which puts it beside the kernel's link counters.
 The launcher (``ringcomm run --hosts``) sets ``RINGCOMM_LEDGER_OUT`` to a
 directory; every communicator a rank makes then learns its members' job
 ranks (one allgather at creation, only then) and, when it closes, adds
-what it sent to and received from each of them to ``rank<R>.json``. Only
-the bytes that went through a transport count: a hierarchical
-communicator's inter-host part (its host-local part stays in shared
-memory); any other communicator's whole ledger, peers on this host
-included (the launcher keeps the peers on other hosts).
+what it sent to and received from each of them to ``rank<R>.json``: the
+whole ledger, peers on this host included; the launcher keeps the bytes
+between ranks on different hosts (what a hierarchical communicator moved
+in its host's window is between ranks of one host).
 """
 
 from __future__ import annotations
@@ -27,7 +26,11 @@ def enabled() -> bool:
 
 
 def _job_rank() -> int:
-    return int(os.environ.get("RANK", "-1"))
+    """This process's rank in the job, as its launcher told it (torchrun's, or MPI's)."""
+    for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if v in os.environ:
+            return int(os.environ[v])
+    return -1
 
 
 def note_members(comm, group) -> None:
@@ -41,7 +44,7 @@ def write(comm) -> None:
     members = getattr(comm, "_ledger_members", None)
     if not members or _job_rank() < 0:
         return
-    t = comm.traffic("inter" if comm._engine.hierarchical else "all")
+    t = comm.traffic()
     sent = t.per_peer("bytes_sent", kind="all")
     received = t.per_peer("bytes_received", kind="all")
     path = os.path.join(os.environ[ENV], f"rank{_job_rank()}.json")

@@ -223,8 +223,9 @@ class Cluster:
         self.hosts = hosts
         self.link = link or LinkSpec()
         self.owner = os.getpid()
-        self.switch = f"{PREFIX}{self.owner}-sw"
-        self.names = [f"{PREFIX}{self.owner}-h{k}" for k in range(hosts)]
+        self.prefix = f"{PREFIX}{self.owner}"
+        self.switch = f"{self.prefix}-sw"
+        self.names = [f"{self.prefix}-h{k}" for k in range(hosts)]
         self._janitor = None
         self._closed = False
         sweep_stale()

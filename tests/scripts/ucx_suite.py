@@ -272,4 +272,5 @@ def main():
     print("RESULT " + json.dumps({"rank": world.rank, "transport": transport, "errors": errs}), flush=True)
 
 
-main()
+if __name__ == "__main__":
+    main()
