@@ -68,7 +68,8 @@ def main():
         comm.close()
     except Exception as e:  # noqa: BLE001 - reported; the launcher stops the others
         errs = [f"rank {rank}: {type(e).__name__}: {e}"]
-    print("RESULT " + json.dumps({"rank": rank, "transport": transport, "errors": errs}), flush=True)
+    # one write (the ranks share the launcher's stdout: lines must not interleave)
+    os.write(1, ("RESULT " + json.dumps({"rank": rank, "transport": transport, "errors": errs[:50]}) + "\n").encode())
     sys.exit(1 if errs else 0)
 
 
