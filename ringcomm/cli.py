@@ -164,7 +164,11 @@ def _run_hosts(args, program: list[str]) -> int:
     if why:
         print(f"ringcomm run --hosts: no emulated cluster here: {why}", file=sys.stderr)
         return 2
-    return cluster.run(args.hosts, args.np, link, program, launcher=args.launcher)
+    try:
+        return cluster.run(args.hosts, args.np, link, program, launcher=args.launcher)
+    except cluster.ClusterError as e:
+        print(f"ringcomm run --hosts: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -215,14 +215,23 @@ def expected_hierarchical(count: int, dtype: str, hosts: list, rank: int, betwee
     if collective == "all_reduce":
         e = expected("all_reduce", count, dtype, L, li, algorithm="shm")
         intra = Expected({local[j]: b for j, b in e.sent.items()}, {local[j]: b for j, b in e.received.items()})
-        part = vocab.chunk_count(count, L, li)
+        # in pieces (the pipeline): piece p of this rank's chunk, each its own all_reduce between hosts
+        chunk = vocab.chunk_count(count, L, li)
+        P = core.hierarchical_pieces(count, L, _itemsize(dtype))
+        parts = [chunk * (p + 1) // P - chunk * p // P for p in range(P)]
     elif collective in ("reduce_scatter", "all_gather"):
         intra, part = _hierarchical_halves(collective, count, _itemsize(dtype), hosts, layout, (local, li))
+        parts = [part]
     else:
         raise ValueError(f"no hierarchical {collective}: all_reduce, reduce_scatter and all_gather only")
-    x = expected(collective, part, dtype, len(order), order.index(hosts[rank]), algorithm=between)
-    inter = Expected({cross[j]: b for j, b in x.sent.items()}, {cross[j]: b for j, b in x.received.items()})
-    return intra, inter
+    sent: dict = {}
+    received: dict = {}
+    for part in parts:
+        x = expected(collective, part, dtype, len(order), order.index(hosts[rank]), algorithm=between)
+        for into, got in ((sent, x.sent), (received, x.received)):
+            for j, b in got.items():
+                into[cross[j]] = into.get(cross[j], 0) + b
+    return intra, Expected(sent, received)
 
 
 def _hierarchical_halves(collective: str, count: int, size: int, hosts: list, layout: list, here: tuple) -> tuple:

@@ -76,6 +76,25 @@ HIER = textwrap.dedent('''
                     errs.append(f"rank {{r}}: {{tag}}: ran {{ran}}")
                 elif ran == "hierarchical":
                     ledger(tag, coll, count, dtype, before)
+    # a buffer large enough that the hierarchical all_reduce pipelines it
+    # (pieces of every rank's chunk, each its own step between hosts): results
+    # and the ledger piece by piece; in place and not
+    count = (5 << 20) // 4 * (n // nhosts) + 3
+    from ringcomm._native import core
+    if core.hierarchical_pieces(count, n // nhosts, 4) < 2:
+        errs.append(f"rank {{r}}: {{count}} float32 is not pipelined")
+    for dtype, op, inplace in (("float32", "sum", True), ("float32", "max", False)):
+        want = suite.cached_reference(dtype, op, n, count)
+        mine = suite.rank_data(dtype, op, n, count, [r])[0]
+        before = {{p: comm.traffic(p) for p in ("intra", "inter")}}
+        x = mine.copy()
+        got = comm.all_reduce(x, op) if inplace else comm.all_reduce(x, op, out=np.empty_like(x))
+        tag = f"{{placement}} pipelined all_reduce count={{count}} {{dtype}} {{op}}"
+        errs += suite.compare(got, want, tag, r)
+        if not inplace:
+            errs += suite.compare(x, mine, tag + " input modified", r)
+        if comm.last_algorithm == "hierarchical":
+            ledger(tag, "all_reduce", count, dtype, before)
     # in place: the reduce-scatter's output a view of its input, the
     # all-gather's input a view of its output
     x = suite.rank_data("float64", "sum", n, 1001, [r])[0].copy()

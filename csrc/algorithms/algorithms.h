@@ -158,11 +158,31 @@ struct HostLayout {
     return true;
   }
 };
-// `across(coll, in, out, count)` runs coll (op sum for avg) with the ranks of
-// equal local index on the other hosts; count as the collective takes it.
-using Across = std::function<void(Coll, const char*, char*, size_t)>;
+// One step between hosts in flight (Across::start): wait() finishes it and
+// throws its failure. A step destroyed unwaited (the host's part failed
+// meanwhile) stops the engine between hosts and waits for the step to let
+// go of the buffers, so nothing writes into them after the collective ends.
+class AcrossStep {
+ public:
+  virtual ~AcrossStep() = default;
+  virtual void wait() = 0;
+};
+// The step between hosts: coll (op sum for avg) with the ranks of equal local
+// index on the other hosts, count as the collective takes it; here and now
+// (across(...)), or started in the background (start), so that a pipeline
+// keeps the network busy while the host works on its next piece.
+struct Across {
+  std::function<void(Coll, const char*, char*, size_t)> run;
+  std::function<std::unique_ptr<AcrossStep>(Coll, const char*, char*, size_t)> start;
+  void operator()(Coll c, const char* in, char* out, size_t n) const { run(c, in, out, n); }
+};
+// How many pieces the hierarchical all-reduce of `count` elements of `es`
+// bytes over `local` ranks per host pipelines (1: no pipeline); the traffic's
+// closed form (ringcomm/traffic.py) asks the same rule.
+size_t hierarchical_pieces(size_t count, int local, size_t es);
 // All-reduce: the direct reduce-scatter inside the host, across(all_reduce)
-// of this rank's chunk, then the all-gather inside the host.
+// of this rank's chunk, then the all-gather inside the host; in pieces,
+// piece p's step between hosts running while the host reduces piece p + 1.
 void hierarchical_all_reduce(Link& link, size_t count, size_t es, const Reducer& red, const char* in, char* out,
                              const Across& across);
 // Reduce-scatter into `out` (this rank's chunk, not finalized) and all-gather

@@ -12,7 +12,12 @@
 //   2. across(all_reduce, chunk l): every host's sums of chunk l, each local
 //      rank its own slice at once
 //   3. all-gather inside the host
-// Only 1/L of the buffer leaves each rank for other hosts.
+// Only 1/L of the buffer leaves each rank for other hosts. A large buffer
+// goes in P pieces (piece p: the p-th P-th of every chunk), pipelined: piece
+// p's step between hosts runs in the background while the host reduces
+// piece p + 1 and gathers piece p - 1, so the network, which bounds the
+// whole, never waits for the host's memory (nor the first piece's bytes for
+// the last one's reduction). Each element moves as it would unpipelined.
 //
 // Reduce-scatter and all-gather: rank g's result is chunk g of the N = H x L
 // chunks (the split rule), so local rank l's share inside the host is not
@@ -35,15 +40,69 @@ namespace ringcomm {
 
 using namespace shm_detail;
 
+namespace {
+
+// Pieces of at least this many bytes of a chunk, at most kMaxPieces: enough
+// to hide the host's reduce and gather (a few percent of the time on a
+// 1 Gbit/s link) behind the network, few enough that each piece's step
+// between hosts stays long against its latency.
+constexpr size_t kPieceBytes = size_t(2) << 20;
+constexpr size_t kMaxPieces = 8;
+
+// Piece p of P: the p-th P-th of every local rank's chunk.
+Parts piece_of(const RingPlan& local, size_t p, size_t P) {
+  const int L = local.nranks();
+  Parts parts{std::vector<size_t>(size_t(L)), std::vector<size_t>(size_t(L)), local.elem_size()};
+  for (int l = 0; l < L; ++l) {
+    const size_t c = local.chunk_count(l), from = c * p / P, to = c * (p + 1) / P;
+    parts.begin[size_t(l)] = local.chunk_begin(l) + from;
+    parts.count[size_t(l)] = to - from;
+  }
+  return parts;
+}
+
+}  // namespace
+
+size_t hierarchical_pieces(size_t count, int local, size_t es) {
+  const size_t largest = (count + size_t(local) - 1) / size_t(std::max(local, 1)) * es;
+  return std::max<size_t>(1, std::min(kMaxPieces, largest / kPieceBytes));
+}
+
 void hierarchical_all_reduce(Link& link, size_t count, size_t es, const Reducer& red, const char* in, char* out,
                              const Across& across) {
   ShmWindow& w = window_of(link);
-  RingPlan local(count, w.size(), es, link.options().segment_bytes);
-  char* own = out + local.chunk_begin(w.rank()) * es;
-  direct(link, local, red, in, Then::keep, own);
-  across(Coll::all_reduce, own, own, local.chunk_count(w.rank()));
-  red.finalize(own, local.chunk_count(w.rank()), link.size());
-  shm_all_gather(link, local, own, out);
+  const RingPlan local(count, w.size(), es, link.options().segment_bytes);
+  const size_t P = hierarchical_pieces(count, w.size(), es);
+  if (P == 1) {
+    char* own = out + local.chunk_begin(w.rank()) * es;
+    direct(link, local, red, in, Then::keep, own);
+    across(Coll::all_reduce, own, own, local.chunk_count(w.rank()));
+    red.finalize(own, local.chunk_count(w.rank()), link.size());
+    shm_all_gather(link, local, own, out);
+    return;
+  }
+  // (a step left unwaited by a failure is stopped and settled by its destructor)
+  std::unique_ptr<AcrossStep> flying;
+  Parts before;
+  for (size_t p = 0; p <= P; ++p) {
+    Parts now;
+    std::unique_ptr<AcrossStep> started;
+    if (p < P) {
+      now = piece_of(local, p, P);
+      char* own = out + now.chunk_begin(w.rank()) * es;
+      direct(link, now, red, in, Then::keep, own);
+      started = across.start(Coll::all_reduce, own, own, now.chunk_count(w.rank()));
+    }
+    if (flying) {
+      flying->wait();
+      flying.reset();
+      char* own = out + before.chunk_begin(w.rank()) * es;
+      red.finalize(own, before.chunk_count(w.rank()), link.size());
+      gather(link, before, own, out);
+    }
+    flying = std::move(started);
+    before = std::move(now);
+  }
 }
 
 namespace {

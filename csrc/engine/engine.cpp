@@ -464,31 +464,74 @@ bool Engine::wait_interruptible(Work& w, double timeout_s, const std::function<b
 
 // The hierarchical collectives' step between hosts: `coll` on the engine
 // between hosts, its failure re-raised with this communicator's ranks.
+namespace {
+
+Task across_task(const Task& t, Coll coll, const char* in, char* out, size_t count) {
+  Task across;
+  across.coll = coll;
+  across.in = in;
+  across.out = out;
+  across.count = count;
+  across.dtype = t.dtype;
+  across.op = t.op == Op::avg ? Op::sum : t.op;  // avg divides once, by every rank, after
+  across.algo = int(Algo::automatic);
+  return across;
+}
+
+}  // namespace
+
+// A step started on the engine between hosts (Across::start).
+class Engine::CrossStep : public AcrossStep {
+ public:
+  CrossStep(Engine& e, std::shared_ptr<Work> w, const Task& t, uint64_t seq) : e_(e), w_(std::move(w)), t_(t), seq_(seq) {}
+  void wait() override {
+    waited_ = true;
+    bool fired = false;
+    if (t_.interrupted) e_.cross_->wait_interruptible(*w_, -1, *t_.interrupted, &fired);
+    else w_->wait(-1);
+    e_.raise_between_hosts(*w_, seq_);
+  }
+  ~CrossStep() override {
+    if (waited_) return;
+    // The host's part failed while this step ran: stop it, and let it go of the buffers before the call ends.
+    e_.cross_->abort();
+    if (!w_->wait(std::min(e_.opts_.timeout_s, 5.0))) w_->hold_until_finished();
+  }
+
+ private:
+  Engine& e_;
+  std::shared_ptr<Work> w_;
+  const Task& t_;
+  uint64_t seq_;
+  bool waited_ = false;
+};
+
+void Engine::raise_between_hosts(Work& done, uint64_t seq) {
+  const RingError* e = done.error();
+  if (!e) return;
+  // Its text numbers the ranks among the hosts' peers: say which they are here.
+  std::string legend;
+  for (size_t i = 0; i < cross_members_.size(); ++i)
+    legend += (i ? ", " : "") + std::to_string(i) + " = " + std::to_string(cross_members_[i]);
+  RingError err(e->kind, rank(), e->peer < 0 ? -1 : cross_members_[size_t(e->peer)], seq,
+                "between hosts (ranks there: " + legend + "): " + e->what());
+  err.cause = e->cause;
+  err.peer_died = e->peer_died;
+  // (the origin in this communicator's ranks, as the peer)
+  if (e->origin >= 0 && size_t(e->origin) < cross_members_.size()) err.origin = cross_members_[size_t(e->origin)];
+  throw err;
+}
+
 Across Engine::between_hosts(const Task& t, uint64_t seq) {
-  return [this, &t, seq](Coll coll, const char* in, char* out, size_t count) {
-    Task across;
-    across.coll = coll;
-    across.in = in;
-    across.out = out;
-    across.count = count;
-    across.dtype = t.dtype;
-    across.op = t.op == Op::avg ? Op::sum : t.op;  // avg divides once, by every rank, after
-    across.algo = int(Algo::automatic);
-    std::shared_ptr<Work> done = cross_->submit_and_wait(across, t.interrupted);
-    if (const RingError* e = done->error()) {
-      // Its text numbers the ranks among the hosts' peers: say which they are here.
-      std::string legend;
-      for (size_t i = 0; i < cross_members_.size(); ++i)
-        legend += (i ? ", " : "") + std::to_string(i) + " = " + std::to_string(cross_members_[i]);
-      RingError err(e->kind, rank(), e->peer < 0 ? -1 : cross_members_[size_t(e->peer)], seq,
-                    "between hosts (ranks there: " + legend + "): " + e->what());
-      err.cause = e->cause;
-      err.peer_died = e->peer_died;
-      // (the origin in this communicator's ranks, as the peer)
-      if (e->origin >= 0 && size_t(e->origin) < cross_members_.size()) err.origin = cross_members_[size_t(e->origin)];
-      throw err;
-    }
+  Across a;
+  a.run = [this, &t, seq](Coll coll, const char* in, char* out, size_t count) {
+    std::shared_ptr<Work> done = cross_->submit_and_wait(across_task(t, coll, in, out, count), t.interrupted);
+    raise_between_hosts(*done, seq);
   };
+  a.start = [this, &t, seq](Coll coll, const char* in, char* out, size_t count) -> std::unique_ptr<AcrossStep> {
+    return std::make_unique<CrossStep>(*this, cross_->submit(across_task(t, coll, in, out, count)), t, seq);
+  };
+  return a;
 }
 
 std::vector<Counters> Engine::cross_traffic() {
@@ -686,7 +729,7 @@ void Engine::perform(const Task& t, Work& w) {
   begin_call(t, *row, fingerprint(t, seq));
   Device* dev = link_.device();
   if (dev && t.after) dev->wait(t.after);  // ordered after the caller's queued work
-  Across across;  // (a std::function: made for the hierarchical rows only)
+  Across across;  // (made for the hierarchical rows only)
   if (row->path == AlgoPath::hosts) across = between_hosts(t, seq);
   auto data = [](const auto& v) { return v.empty() ? nullptr : v.data(); };
   const AlgoCall call{link_,           coll_reduces(t.coll) ? &reducer(t.dtype, t.op) : nullptr,

@@ -265,6 +265,8 @@ class Engine {
   void check_counts(const Task& t) const;  // per-rank counts: one per rank, summing to their buffer
   void check_places(const Task& t) const;  // blocks in arrays of their own: where a call cuts blocks
   Across between_hosts(const Task& t, uint64_t seq);  // the hierarchical collectives' inter-host step
+  class CrossStep;                                    // one such step in flight
+  void raise_between_hosts(Work& done, uint64_t seq);  // its failure, in this communicator's ranks
   // Can the call run zero copy (its arrays in the shared arena)? Fills t.arena_in / arena_out.
   bool locate_in_arena(Task& t) const;
   // The algorithm the call runs: t.algo when the table has its row for this

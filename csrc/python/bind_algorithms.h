@@ -58,6 +58,12 @@ inline void bind_algorithms(pybind11::module_& m) {
         return py::make_tuple(s, v);
       },
       "A row's own closed form (traffic \"native\"): ({peer: bytes sent}, {peer: bytes received}) of one rank.");
+  m.def("hierarchical_pieces", [](size_t count, int local, size_t es) {
+        if (local < 1 || es < 1) throw_invalid("local and es must be at least 1");
+        return hierarchical_pieces(count, local, es);
+      },
+      "How many pieces the hierarchical all_reduce of `count` elements of `es` bytes, `local` ranks per host, "
+      "pipelines (shm_hierarchical.cpp).");
   m.def(
       "vocabulary_codes",
       [] {

@@ -1,5 +1,5 @@
 """An emulated cluster on one machine: each host a network namespace, every
-host joined to one switch by its own link, each link shaped with ``tc``.
+host joined to one switch by its own link, each link shaped with ``tc`` (and nftables for loss).
 
 Layout (names carry the launcher's pid, so a cluster is found and removed
 by its owner, and one whose owner died is recognised as stale)::
@@ -12,8 +12,10 @@ Nothing is made in the caller's namespace: no interface, no address, no
 route; deleting the namespaces removes every link with them (and the
 hosts files go with their namespace). The rate
 shapes both ends of a host's link (what the host sends, and what the switch
-sends it); delay and loss apply where the host sends, so a message between
-two hosts meets each once.
+sends it); delay and loss apply to what the host sends, so a message between
+two hosts meets each once. Delay needs the kernel's netem (some kernels,
+this project's CI machine's among them, are built without it: then
+``--link ...,delay=`` is refused, saying so); loss is nftables' random drop.
 
 Cleanup on every exit path: ``Cluster.close()`` (the context manager, or
 atexit and SIGTERM in the launcher), and a janitor process started with the
@@ -301,24 +303,50 @@ class Cluster:
             time.sleep(0.05)
 
     def _shape(self, k: int, link: LinkSpec, change: bool = False) -> None:
-        """The rate on both ends of host k's link; delay and loss where the host sends."""
-        verb = "replace"
-        for ns, dev, netem in ((self.names[k], "eth0", True), (self.switch, f"h{k}", False)):
+        """The rate on both ends of host k's link (tbf); delay where the host sends (netem, the
+        tbf under it); loss on what the host sends, dropped as it reaches the switch (nftables)."""
+        for ns, dev, own_end in ((self.names[k], "eth0", True), (self.switch, f"h{k}", False)):
             rate = ["tbf", "rate", f"{link.rate_bit}bit", "burst", str(max(256 * 1024, 4 * link.mtu)),
                     "latency", "100ms"]
-            if netem and (link.delay_ms or link.loss_pct):
-                em = ["netem", "limit", "100000"]
-                em += ["delay", f"{link.delay_ms}ms"] if link.delay_ms else []
-                em += ["loss", f"{link.loss_pct}%"] if link.loss_pct else []
+            if change:
                 subprocess.run([_IP, "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
                                capture_output=True)
-                _tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", *em)
+            if own_end and link.delay_ms:
+                try:
+                    _tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "limit", "100000",
+                        "delay", f"{link.delay_ms}ms")
+                except ClusterError as e:
+                    raise ClusterError(f"--link delay needs the kernel's netem queueing discipline "
+                                       f"(CONFIG_NET_SCH_NETEM), which this kernel lacks: {e}") from None
                 _tc(ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *rate)
             else:
-                if change:
-                    subprocess.run([_IP, "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
-                                   capture_output=True)
-                _tc(ns, "qdisc", verb, "dev", dev, "root", *rate)
+                _tc(ns, "qdisc", "add", "dev", dev, "root", *rate)
+        self._loss(k, link.loss_pct)
+
+    def _loss(self, k: int, pct: float) -> None:
+        """Drop pct % of what host k sends, at random, where it reaches the switch (a lossy cable:
+        TCP sees the loss as on a wire, not as a local error)."""
+        chain = f"loss_h{k}"
+        have = self._nft(f"list chain netdev ringcomm {chain}", check=False).returncode == 0
+        if not pct and not have:
+            return
+        if not have:
+            self._nft("add table netdev ringcomm")
+            self._nft(f"add chain netdev ringcomm {chain} "
+                      f"{{ type filter hook ingress device \"h{k}\" priority 0 ; }}")
+        self._nft(f"flush chain netdev ringcomm {chain}")
+        if pct:
+            self._nft(f"add rule netdev ringcomm {chain} numgen random mod 10000 < {round(pct * 100)} "
+                      "counter drop")
+
+    def _nft(self, command: str, check: bool = True) -> subprocess.CompletedProcess:
+        if shutil.which("nft") is None:
+            raise ClusterError("--link loss needs nftables' nft (apt-get install nftables)")
+        p = subprocess.run([_IP, "netns", "exec", self.switch, "nft", *command.split()], capture_output=True,
+                           text=True)
+        if check and p.returncode:
+            raise ClusterError(f"`nft {command}` failed: {(p.stderr or p.stdout).strip()}")
+        return p
 
     def close(self) -> None:
         """Kill what still runs on the hosts, remove every namespace and link."""
