@@ -330,8 +330,13 @@ def cli_main(argv) -> int:
     with Open MPI's ring algorithms forced by MCA parameters. `-n` counts
     ranks, as everywhere in the ringcomm command; the timed iterations
     (nccl-tests' -n) are --iters."""
+    if any(a == "--hosts" or a.startswith("--hosts=") for a in argv):
+        from .cluster_bench import cli_main as on_cluster
+        return on_cluster(argv)
     if "-h" in argv or "--help" in argv:
         print("usage: ringcomm bench [-n NRANKS] [benchmark options]\n\n"
+              "  --hosts H [--link SPEC]   on an emulated cluster of H hosts: ringcomm and gloo against the "
+              "link (ringcomm bench --hosts 2 --help)\n"
               "  -n/-N/--np NRANKS   ranks to launch (default 4); timed iterations are --iters\n")
         parser().print_help()
         return 0
