@@ -345,3 +345,35 @@ def test_a_peer_killed_mid_collective_on_the_emulated_device_path_is_an_error_no
     assert procs[0].returncode == 0 and "RAISED" in out0, f"exit {procs[0].returncode}\n{out0}\n{err0[-3000:]}"
     took = float(out0.split("RAISED", 1)[1].split()[1])
     assert took < 30 and "rank 1" in out0, out0
+
+
+HOSTS_APART = '''
+import json, sys, numpy as np, torch.distributed as dist, ringcomm
+path, rank = sys.argv[1], int(sys.argv[2])
+comm = ringcomm.init(store=dist.FileStore(path, 2), rank=rank, size=2, timeout=30)
+x = (np.arange(300001) % 101 + 5 * rank).astype(np.float32)
+comm.all_reduce(x)
+ok = bool(np.array_equal(x, (2 * (np.arange(300001) % 101) + 5).astype(np.float32)))
+print("RESULT " + json.dumps({"transport": comm.transport, "ok": ok}), flush=True)
+comm.close()
+'''
+
+
+def test_ranks_with_different_host_ids_never_share_memory(ucx, tmp_path):
+    # Two processes of one kernel, told they are on different hosts
+    # (RINGCOMM_HOST_ID): UCX would find each other's shared memory; each
+    # gets only the other's network address, so the all_reduce crosses
+    # over TCP (an emulated cluster's hosts are such processes).
+    script = tmp_path / "apart.py"
+    script.write_text(HOSTS_APART)
+    store = str(tmp_path / "store")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "RINGCOMM_", "UCX_"))}
+    procs = [subprocess.Popen([sys.executable, str(script), store, str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=dict(env, RINGCOMM_HOST_ID=f"host{r}"))
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        got = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+        assert p.returncode == 0 and got, out[-2000:] + err[-3000:]
+        tls = got[0]["transport"].split(", ", 1)[1].rstrip(")").split("/")
+        assert got[0]["ok"] and tls == ["tcp"], got[0]  # not sysv, posix or cma

@@ -610,11 +610,13 @@ class UcxTransport final : public Transport, public EagerP2P {
   }
 
   // "ucx(1.22.0, tcp/sysv/posix)": the version and the transports UCP chose
-  // for the endpoints, in first-seen order.
+  // for the endpoints to the other ranks, in first-seen order.
   std::string describe_locked() {
     const ucx::Api& a = ucx::api();
     std::vector<std::string> tls;
-    for (ucp_ep_h ep : eps_) {
+    for (size_t p = 0; p < eps_.size(); ++p) {
+      ucp_ep_h ep = eps_[p];
+      if (int(p) == rank_ || !ep) continue;  // (this rank's own endpoint: whatever UCX picks for itself)
       ucp_transport_entry_t entries[16];
       ucp_ep_attr_t attr{};
       attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
