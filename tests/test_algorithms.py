@@ -35,7 +35,9 @@ def cases(comm, algorithm, prime=False):
 
 
 @pytest.mark.parametrize("algorithm", PAIRWISE + ["naive"])
-@pytest.mark.parametrize("n", slow_except([1, 2, 3, 8], list(range(1, 17))))
+# (the slow tier: every size to 8, primes 11 and 13, 12, and 16; 9, 10, 14 and
+# 15 added 2.5 min to CI and nothing those do not cover)
+@pytest.mark.parametrize("n", slow_except([1, 2, 3, 8], [*range(1, 9), 11, 12, 13, 16]))
 def test_every_algorithm_passes_the_suite_in_process(n, algorithm):
     errs = flat(ringcomm.run_local(n, cases, algorithm, n in (3, 4, 6, 8, 13)))
     assert not errs, "\n".join(errs[:20])
