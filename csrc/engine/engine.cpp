@@ -755,8 +755,14 @@ void Engine::set_segment_bytes(size_t bytes) {
 
 void Engine::set_timeout(double seconds) {
   if (!(seconds > 0)) throw_invalid("timeout must be positive, got " + std::to_string(seconds));
-  std::lock_guard<std::mutex> g(m_);
-  opts_.timeout_s = seconds;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    opts_.timeout_s = seconds;
+  }
+  // The step between hosts waits in the engine there: its deadline too (else
+  // comm.timeout = T bound the waits in the window only, and a rank waiting
+  // for another host kept the deadline it was made with).
+  if (cross_) cross_->set_timeout(seconds);
 }
 
 void Engine::set_tracer(std::shared_ptr<Tracer> t) {
