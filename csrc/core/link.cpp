@@ -85,9 +85,21 @@ void Link::post_control_recv(int side) {
   ctrl_req_[side] = t_->irecv(side ? right() : left(), Channel::control, ctrl_in_[side].get(), sizeof(ControlMsg));
 }
 
+const Request& Link::control_request(int side) {
+  if (ctrl_req_[side]) return *ctrl_req_[side];
+  left_side_.peer = side ? right() : left();  // (the neighbour left: a request that names it, for the text)
+  return left_side_;
+}
+
 void Link::take_control(int side) {
   ControlMsg m = *ctrl_in_[side];
-  post_control_recv(side);
+  // A neighbour that left sends nothing more, and its process may exit at
+  // once: a receive still posted to it would then fail this rank's call,
+  // which it may still be finishing (its last messages came before).
+  if (m.magic == kMagic && m.type == kLeft)
+    ctrl_req_[side].reset();
+  else
+    post_control_recv(side);
   handle_control(m, side);
 }
 
@@ -316,7 +328,7 @@ void Link::await_header() {
     // and the flight record must say what this rank was waiting for when
     // the ring failed (the left neighbour's header), not that it waited for none.
     const int got = wait_or_control(nullptr, now, now + timeout);
-    if (got < 0) throw_wait_failure(got, *ctrl_req_[0], "its header", -1, -1);
+    if (got < 0) throw_wait_failure(got, control_request(0), "its header", -1, -1);
     progress_.waiting.store(0, std::memory_order_relaxed);
   }
   ControlMsg theirs = early_headers_.front();
@@ -341,10 +353,10 @@ void Link::poll_control() {
   t_->check_async();
   if (size_ == 1) return;
   progress_p2p();
-  if (t_->interrupted()) throw_aborted(*ctrl_req_[0], false);
+  if (t_->interrupted()) throw_aborted(control_request(0), false);
   // One test per message and side: cheap enough for the start of a collective.
   for (int side = 0; side < (size_ > 2 ? 2 : 1); ++side)
-    while (t_->test(*ctrl_req_[side])) take_control(side);
+    while (ctrl_req_[side] && t_->test(*ctrl_req_[side])) take_control(side);
 }
 
 void Link::check_call(const Fingerprint& theirs, int peer) {
