@@ -37,6 +37,7 @@ struct Link::ControlMsg {
   int32_t interrupted = 0;  // abort: `origin` was interrupted (Ctrl-C), not aborted by a call
   int32_t peer_died = 0;    // abort: a transport error because `peer`'s process is gone (RingError::peer_died)
   int32_t left = 0;         // abort: `origin` closed its communicator (RingError::peer_left)
+  int32_t about = -1;       // abort between hosts: the failed rank of the communicator above (RingError::about)
 };
 
 Link::Link(std::shared_ptr<Transport> t, Options opts)
@@ -232,6 +233,10 @@ void Link::handle_control(const ControlMsg& m, int side) {
               why + " (reported to rank " + std::to_string(rank_) + " through the ring)");
   e.origin = m.origin;
   e.cause = kind;
+  // (the peer the origin named, second-hand, as the window tells it)
+  if (m.peer != m.origin) e.origin_peer = m.peer;
+  e.peer_died = m.peer_died != 0;
+  e.about = m.about;
   throw e;
 }
 
@@ -864,6 +869,7 @@ Link::ControlMsg Link::abort_notice(const RingError& e, const Fingerprint* call)
   notice.interrupted = !heard && user_interrupted_ ? 1 : 0;  // (a Ctrl-C here is not the origin's)
   notice.peer_died = e.peer_died ? 1 : 0;
   notice.left = e.peer_left ? 1 : 0;
+  notice.about = e.about;
   return notice;
 }
 
