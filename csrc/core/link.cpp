@@ -37,6 +37,7 @@ struct Link::ControlMsg {
   int32_t interrupted = 0;  // abort: `origin` was interrupted (Ctrl-C), not aborted by a call
   int32_t peer_died = 0;    // abort: a transport error because `peer`'s process is gone (RingError::peer_died)
   int32_t left = 0;         // abort: `origin` closed its communicator (RingError::peer_left)
+  int32_t about = -1;       // abort between hosts: the failed rank of the communicator above (RingError::about)
 };
 
 Link::Link(std::shared_ptr<Transport> t, Options opts)
@@ -85,9 +86,21 @@ void Link::post_control_recv(int side) {
   ctrl_req_[side] = t_->irecv(side ? right() : left(), Channel::control, ctrl_in_[side].get(), sizeof(ControlMsg));
 }
 
+const Request& Link::control_request(int side) {
+  if (ctrl_req_[side]) return *ctrl_req_[side];
+  left_side_.peer = side ? right() : left();  // (the neighbour left: a request that names it, for the text)
+  return left_side_;
+}
+
 void Link::take_control(int side) {
   ControlMsg m = *ctrl_in_[side];
-  post_control_recv(side);
+  // A neighbour that left sends nothing more, and its process may exit at
+  // once: a receive still posted to it would then fail this rank's call,
+  // which it may still be finishing (its last messages came before).
+  if (m.magic == kMagic && m.type == kLeft)
+    ctrl_req_[side].reset();
+  else
+    post_control_recv(side);
   handle_control(m, side);
 }
 
@@ -220,6 +233,10 @@ void Link::handle_control(const ControlMsg& m, int side) {
               why + " (reported to rank " + std::to_string(rank_) + " through the ring)");
   e.origin = m.origin;
   e.cause = kind;
+  // (the peer the origin named, second-hand, as the window tells it)
+  if (m.peer != m.origin) e.origin_peer = m.peer;
+  e.peer_died = m.peer_died != 0;
+  e.about = m.about;
   throw e;
 }
 
@@ -316,7 +333,7 @@ void Link::await_header() {
     // and the flight record must say what this rank was waiting for when
     // the ring failed (the left neighbour's header), not that it waited for none.
     const int got = wait_or_control(nullptr, now, now + timeout);
-    if (got < 0) throw_wait_failure(got, *ctrl_req_[0], "its header", -1, -1);
+    if (got < 0) throw_wait_failure(got, control_request(0), "its header", -1, -1);
     progress_.waiting.store(0, std::memory_order_relaxed);
   }
   ControlMsg theirs = early_headers_.front();
@@ -341,10 +358,10 @@ void Link::poll_control() {
   t_->check_async();
   if (size_ == 1) return;
   progress_p2p();
-  if (t_->interrupted()) throw_aborted(*ctrl_req_[0], false);
+  if (t_->interrupted()) throw_aborted(control_request(0), false);
   // One test per message and side: cheap enough for the start of a collective.
   for (int side = 0; side < (size_ > 2 ? 2 : 1); ++side)
-    while (t_->test(*ctrl_req_[side])) take_control(side);
+    while (ctrl_req_[side] && t_->test(*ctrl_req_[side])) take_control(side);
 }
 
 void Link::check_call(const Fingerprint& theirs, int peer) {
@@ -852,6 +869,7 @@ Link::ControlMsg Link::abort_notice(const RingError& e, const Fingerprint* call)
   notice.interrupted = !heard && user_interrupted_ ? 1 : 0;  // (a Ctrl-C here is not the origin's)
   notice.peer_died = e.peer_died ? 1 : 0;
   notice.left = e.peer_left ? 1 : 0;
+  notice.about = e.about;
   return notice;
 }
 

@@ -236,7 +236,10 @@ class Link {
                         int recv_chunk, size_t recv_bytes);
   void trace_finish_impl(const void* values, size_t bytes);
   void post_control_recv(int side);  // side 0: from the left neighbour, 1: from the right
-  void take_control(int side);       // a control message arrived on `side`: repost, then handle it
+  void take_control(int side);       // a control message arrived on `side`: repost (unless it left), then handle it
+  // The control receive of `side`; once that neighbour left (none is posted
+  // then), a stand-in that names it, for the texts that name the peer waited for.
+  const Request& control_request(int side);
   void handle_control(const ControlMsg& m, int side);  // throws on ABORT
   std::string abort_text(const ControlMsg& m) const;   // what the notice says happened at its origin
   static std::string p2p_abort_text(const ControlMsg& m);      // abort_text's cases (link.cpp)
@@ -311,7 +314,8 @@ class Link {
   // (headers and ABORT notices) and, with more than two ranks, one from the
   // right (ABORT notices travelling the other way round).
   std::shared_ptr<ControlMsg> ctrl_in_[2];
-  RequestPtr ctrl_req_[2];
+  RequestPtr ctrl_req_[2];  // null once that neighbour left (take_control)
+  Request left_side_;       // control_request()'s stand-in
   // Headers of later collectives that arrived early, oldest first (a vector:
   // it holds one or two, and keeps its memory between calls).
   std::vector<ControlMsg> early_headers_;

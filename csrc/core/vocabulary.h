@@ -296,6 +296,11 @@ struct RingError : std::runtime_error {
   // Heard second-hand (through the shared-memory window): the peer the
   // origin named, whose death peer_died then tells (-1: none or unknown).
   int origin_peer = -1;
+  // An engine between hosts stopped by a failure on its host (Engine::
+  // abort_for): the rank of the hierarchical communicator above that
+  // failure was about, in that communicator's numbering (the ABORT notice
+  // carries it to the other hosts; -1: none); peer_died: it died.
+  int about = -1;
   RingError(ErrKind k, int rank_, int peer_, uint64_t seq_, const std::string& msg)
       : std::runtime_error(msg), kind(k), rank(rank_), peer(peer_), seq(seq_), cause(k) {}
 };

@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <algorithm>
+
 #include "algorithms/algorithms.h"
 
 namespace ringcomm {
@@ -513,12 +515,18 @@ void Engine::raise_between_hosts(Work& done, uint64_t seq) {
   std::string legend;
   for (size_t i = 0; i < cross_members_.size(); ++i)
     legend += (i ? ", " : "") + std::to_string(i) + " = " + std::to_string(cross_members_[i]);
-  RingError err(e->kind, rank(), e->peer < 0 ? -1 : cross_members_[size_t(e->peer)], seq,
-                "between hosts (ranks there: " + legend + "): " + e->what());
+  auto here = [this](int q) { return q >= 0 && size_t(q) < cross_members_.size() ? cross_members_[size_t(q)] : -1; };
+  std::string text = "between hosts (ranks there: " + legend + "): " + e->what();
+  // (another host's rank stopped the ring between hosts on news from its own host: what it passed on)
+  if (e->about >= 0 && e->origin >= 0)
+    text += "; rank " + std::to_string(here(e->origin)) + " passed on that rank " + std::to_string(e->about) +
+            (e->peer_died ? " died (or became unreachable)" : " failed");
+  RingError err(e->kind, rank(), here(e->peer), seq, text);
   err.cause = e->cause;
   err.peer_died = e->peer_died;
-  // (the origin in this communicator's ranks, as the peer)
-  if (e->origin >= 0 && size_t(e->origin) < cross_members_.size()) err.origin = cross_members_[size_t(e->origin)];
+  // (the origin, and the peer it named, in this communicator's ranks, as the peer)
+  err.origin = here(e->origin);
+  err.origin_peer = e->about >= 0 ? e->about : here(e->origin_peer);
   throw err;
 }
 
@@ -543,6 +551,15 @@ std::vector<Counters> Engine::cross_traffic() {
     for (size_t p = 0; p < h; ++p)
       for (size_t k = 0; k < 2; ++k) out[(c * n + size_t(cross_members_[p])) * 2 + k] = theirs[(c * h + p) * 2 + k];
   return out;
+}
+
+std::shared_ptr<Work> Engine::abort_for(int about, bool died) {
+  {
+    std::lock_guard<std::mutex> g(state_m_);
+    abort_about_ = about;
+    abort_about_died_ = died;
+  }
+  return abort();
 }
 
 std::shared_ptr<Work> Engine::abort(bool by_interrupt) {
@@ -616,6 +633,14 @@ void Engine::aborted_by(const RingError& why) {
   record_abort(why.what(), rank(), ErrKind::aborted);
 }
 
+namespace {
+// The peer a failure is about, in its communicator's numbering: the one
+// this rank waited for or lost (it saw the failure), else the one the
+// origin named (heard second-hand); -1: none.
+int failed_peer(const RingError& e) { return e.origin < 0 || e.origin == e.rank ? e.peer : e.origin_peer; }
+
+}  // namespace
+
 // A collective failed: fill in where, and unless the call was refused
 // (invalid), stop using the ring, whose state is unknown. Returns link_.fail's
 // claim for good (a writer into the caller's arrays stalled), if any.
@@ -624,10 +649,38 @@ std::shared_ptr<Hold> Engine::failed(RingError& err, uint64_t seq) {
   if (err.rank < 0) err.rank = rank();
   if (err.origin < 0) err.origin = err.rank;
   if (err.kind == ErrKind::invalid) return nullptr;
+  name_hosts(err);  // (before the link fails: the window and the abort reason tell the same text)
   std::shared_ptr<Hold> stalled = link_.fail(err);
   record_abort(err.what(), err.origin, err.cause);
-  if (cross_ && !cross_->aborted()) cross_->abort();  // ranks of other hosts waiting between hosts hear of it
+  // Ranks of other hosts waiting between hosts hear of it, and of the rank it was about.
+  if (cross_ && !cross_->aborted()) cross_->abort_for(failed_peer(err), err.peer_died);
   return stalled;
+}
+
+void Engine::name_hosts(RingError& e) const {
+  if (hosts_.empty()) return;
+  const std::string text = e.what();
+  std::string note;
+  std::vector<int> named_here;
+  for (int q : {e.origin, failed_peer(e)}) {
+    if (q < 0 || q == e.rank || size_t(q) >= hosts_.size() ||
+        std::find(named_here.begin(), named_here.end(), q) != named_here.end())
+      continue;
+    named_here.push_back(q);
+    const std::string r = "rank " + std::to_string(q), h = hosts_[size_t(q)];
+    // (heard with a text that names it already: a peer's, through the window)
+    if (text.find(r + " is on " + h) != std::string::npos || text.find(r + " on " + h) != std::string::npos) continue;
+    note += (note.empty() ? " (" + r + " is on " : ", " + r + " on ") + h;
+  }
+  if (note.empty()) return;
+  RingError named(e.kind, e.rank, e.peer, e.seq, text + note + ")");
+  named.origin = e.origin;
+  named.cause = e.cause;
+  named.peer_died = e.peer_died;
+  named.peer_left = e.peer_left;
+  named.origin_peer = e.origin_peer;
+  named.about = e.about;
+  e = named;
 }
 
 // A failed collective's claim on the caller's arrays, in its Work.
@@ -661,11 +714,17 @@ const Reducer& Engine::reducer(DType dtype, Op op) {
 // The abort task (Engine::abort): fails the link as any failure would
 // (execute), with this rank's reason; nothing to do when it failed already.
 void Engine::perform_abort() {
-  if (!link_.aborted())
-    throw RingError(ErrKind::aborted, rank(), -1, link_.seq(),
-                    "rank " + std::to_string(rank()) +
-                        (link_.user_interrupted() ? " was interrupted (KeyboardInterrupt) between calls"
-                                                  : " aborted the communicator"));
+  if (link_.aborted()) return;
+  RingError e(ErrKind::aborted, rank(), -1, link_.seq(),
+              "rank " + std::to_string(rank()) +
+                  (link_.user_interrupted() ? " was interrupted (KeyboardInterrupt) between calls"
+                                            : " aborted the communicator"));
+  {
+    std::lock_guard<std::mutex> g(state_m_);  // (abort_for: the notice says whom the failure was about)
+    e.about = abort_about_;
+    e.peer_died = abort_about_died_;
+  }
+  throw e;
 }
 
 // What every rank must agree on for this call. Only what the collective
@@ -763,8 +822,9 @@ std::unique_ptr<RingError> Engine::check_peers() {
     link_.poll_control();
   } catch (const RingError& e) {
     err = std::make_unique<RingError>(e);
-    link_.fail(e);
-    record_abort(e.what(), e.origin, e.cause);
+    name_hosts(*err);
+    link_.fail(*err);
+    record_abort(err->what(), err->origin, err->cause);
   }
   {
     std::lock_guard<std::mutex> g(m_);
@@ -798,8 +858,14 @@ void Engine::set_segment_bytes(size_t bytes) {
 
 void Engine::set_timeout(double seconds) {
   if (!(seconds > 0)) throw_invalid("timeout must be positive, got " + std::to_string(seconds));
-  std::lock_guard<std::mutex> g(m_);
-  opts_.timeout_s = seconds;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    opts_.timeout_s = seconds;
+  }
+  // The step between hosts waits in the engine there: its deadline too (else
+  // comm.timeout = T bound the waits in the window only, and a rank waiting
+  // for another host kept the deadline it was made with).
+  if (cross_) cross_->set_timeout(seconds);
 }
 
 void Engine::set_tracer(std::shared_ptr<Tracer> t) {

@@ -137,6 +137,12 @@ class Engine {
   // so peers waiting on this rank fail at once instead of at their deadline.
   // `by_interrupt`: a user interrupt (Ctrl-C) is the reason; the ring is told so.
   std::shared_ptr<Work> abort(bool by_interrupt = false);
+  // The engine between hosts, stopped by a failure on its host (failed() of
+  // the hierarchical communicator above): abort(), its ABORT notice telling
+  // the other hosts which rank of that communicator the failure was about
+  // (`about`, its number there; `died`: its process is gone or unreachable),
+  // so that their ranks name it too (between_hosts).
+  std::shared_ptr<Work> abort_for(int about, bool died);
   bool aborted();
   std::string abort_reason();
   // A collective is running inline on the calling thread (submit_and_wait), e.g.
@@ -154,6 +160,10 @@ class Engine {
   // or one watch_processes gave, that has exited, else "" (any thread:
   // point-to-point's waits ask).
   std::string death_of(int peer) const { return link_.death_of(peer); }
+  // Each rank's host, by name (ranks on several hosts: shm/window.py's
+  // attach): a failure's text names the hosts of the ranks it is about
+  // (name_hosts). Once, before the first collective.
+  void set_hosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
   // Link::watch_processes: this host's ranks' pids where no window watches them.
   void watch_processes(std::vector<int> pids) { link_.watch_processes(std::move(pids)); }
   // ---- point-to-point (p2p.h): beside the queue, on the callers' threads ----
@@ -287,6 +297,10 @@ class Engine {
   bool shm_runs(const Task& t) const;  // can the window run this call (algorithm "shm")?
   // The communicator is aborted (the first failure's reason stays). Thread-safe.
   void record_abort(const std::string& reason, int origin, ErrKind cause);
+  // " (rank 4 is on host2)": the hosts of the ranks `e` is about (its
+  // origin, the peer it waited for or lost), appended to its text; once,
+  // and only where set_hosts gave them. The one place hosts are named.
+  void name_hosts(RingError& e) const;
   const Reducer& reducer(DType dtype, Op op);  // the worker's (or inline caller's) only
   std::unique_ptr<Reducer> reducers_[size_t(DType::kCount) * size_t(Op::kCount)];
 
@@ -310,6 +324,9 @@ class Engine {
     Fingerprint call;
   };
   std::unique_ptr<P2PFailure> p2p_failure_;
+  int abort_about_ = -1;  // abort_for()'s rank, for the abort task; under state_m_
+  bool abort_about_died_ = false;
+  std::vector<std::string> hosts_;  // set_hosts
   Options opts_;  // guarded by m_; copied into each task
   std::shared_ptr<Tracer> tracer_;  // guarded by m_; copied into each task
   std::atomic<size_t> auto_rd_max_{0}, auto_hd_max_{0}, auto_reduce_max_{0}, auto_flat_max_{0};

@@ -102,6 +102,12 @@ inline void def_engine_windows(py::class_<EngineHandle>& engine) {
              h.get().watch_processes(std::move(pids));
            },
            py::arg("pids"))
+      .def("set_hosts",
+           [](EngineHandle& h, std::vector<std::string> hosts) {
+             if (int(hosts.size()) != h.get().size()) throw_invalid("set_hosts needs one host name per rank");
+             h.get().set_hosts(std::move(hosts));
+           },
+           py::arg("hosts"), "Each rank's host by name: a failure's text names the hosts of the ranks it is about.")
       .def("set_shm_auto",
            [](EngineHandle& h, bool for_auto, size_t flat_max, std::vector<size_t> shm_max,
               std::vector<size_t> shm_from) {

@@ -237,7 +237,10 @@ class UcxTransport final : public Transport, public EagerP2P {
     p.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
     p.recv_info.tag_info = &info;
     std::lock_guard<std::mutex> g(w_->mu);
-    if (w_->failed[peer] != UCS_OK) throw_peer_failed(peer, "posted a receive from it");
+    // A peer that is gone sends nothing more; but what it sent before (its
+    // last messages, then its process exited) is still taken.
+    if (w_->failed[peer] != UCS_OK && !a.tag_probe_nb(w_->worker, r->tag, kFullMask, 0, &info))
+      throw_peer_failed(peer, "posted a receive from it");
     void* q = a.tag_recv_nbx(w_->worker, buf, bytes, r->tag, kFullMask, &p);
     if (UCS_PTR_IS_ERR(q)) fail(peer, "ucp_tag_recv_nbx", UCS_PTR_STATUS(q));
     if (q) {

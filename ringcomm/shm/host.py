@@ -11,7 +11,8 @@ import os
 import socket
 import warnings
 
-__all__ = ["host_key", "sched_group", "split_scheduling", "process_identity", "say_if_split_scheduling"]
+__all__ = ["host_key", "host_name", "host_names", "sched_group", "split_scheduling", "process_identity",
+           "say_if_split_scheduling"]
 
 
 def host_key() -> str:
@@ -20,6 +21,23 @@ def host_key() -> str:
     if override:
         return "id:" + override
     return f"{socket.gethostname()}:{_boot_id()}"
+
+
+def host_name() -> str:
+    """This host's name for a person: its hostname."""
+    return socket.gethostname()
+
+
+def host_names(keys: list[str], names: list[str]) -> list[str]:
+    """What each rank's host is called in messages, from every rank's
+    host_key() and host_name(): the hostname where the hostnames tell the
+    hosts apart (one per host key, none shared), else the host key
+    (``RINGCOMM_HOST_ID`` splitting one machine: its id)."""
+    by_key = {}
+    for k, name in zip(keys, names):
+        by_key.setdefault(k, set()).add(name)
+    apart = all(len(v) == 1 for v in by_key.values()) and len({min(v) for v in by_key.values()}) == len(by_key)
+    return list(names) if apart else [k[3:] if k.startswith("id:") else k for k in keys]
 
 
 def _boot_id() -> str:

@@ -10,7 +10,7 @@ from .._native import core
 from ..errors import InvalidArgument, RingcommError, from_rank0
 from ..transports import mode
 from .. import policy
-from .host import host_key, process_identity, say_if_split_scheduling, sched_group
+from .host import host_key, host_name, host_names, process_identity, say_if_split_scheduling, sched_group
 from .segment import map_window
 
 __all__ = ["attach", "attach_mpi", "attach_local"]
@@ -28,13 +28,18 @@ def attach(engine, comm, transport: str | None, settings, make_between) -> str |
     from host to host (blocked or round-robin placement). Where no window
     watches the ranks of this host (transport "ucx", or no window could be
     made), the engine watches their pids: a peer process that exits is
-    named within a slice, not at the deadline. Collective over `comm`.
-    Returns which, or None."""
+    named within a slice, not at the deadline. On several hosts, a
+    failure's text names the hosts of the ranks it is about
+    (Engine::name_hosts). Collective over `comm`. Returns which, or None."""
     m = mode(transport)
     n = comm.Get_size()
     if m == "mpi" or n == 1:
         return None
-    got = comm.allgather((host_key(), sched_group(), process_identity()))
+    got = comm.allgather((host_key(), sched_group(), process_identity(), host_name()))
+    keys = [g[0] for g in got]
+    if len(set(keys)) > 1:
+        engine.set_hosts(host_names(keys, [g[3] for g in got]))
+    got = [g[:3] for g in got]
     how = None if m == "ucx" else _attach_shared(engine, comm, m, got, make_between)
     if how is None:
         # No window watches this host's ranks: the engine does, by pid.
