@@ -16,6 +16,7 @@ made (or UCX not loaded, or nftables missing for the lossy links).
 """
 
 import contextlib
+import dataclasses
 import glob
 import json
 import os
@@ -238,20 +239,17 @@ def test_host_ranks_killed(hosts, killed, tmp_path):
 # ---- 2. 1 % of the frames lost ---------------------------------------------
 
 def lose_frames(c: Cluster, pct: float) -> None:
-    """Drop `pct` % of the frames each host sends, at its port on the switch (nftables; where netem is
-    there, LinkSpec(loss_pct=) drops them on the host's side, as `ringcomm run --link 1gbit,loss=1%`)."""
-    rules = "".join(f"table netdev loss{k} {{\n chain in {{\n type filter hook ingress device h{k} priority 0;\n"
-                    f" numgen random mod {round(100 / pct)} 0 counter drop\n }}\n}}\n" for k in range(c.hosts))
-    subprocess.run(["ip", "netns", "exec", c.switch, "nft", "-f", "-"], input=rules, text=True, check=True,
-                   capture_output=True, timeout=30)
+    """Drop `pct` % of the frames each host sends (as `ringcomm run --link 1gbit,loss=1%`)."""
+    for k in range(c.hosts):
+        c.reshape(k, dataclasses.replace(c.link, loss_pct=pct))
 
 
 def stop_losing(c: Cluster) -> int:
     """The frames lose_frames dropped; then none are any more."""
-    nft = ["ip", "netns", "exec", c.switch, "nft"]
-    got = subprocess.run(nft + ["list", "ruleset"], capture_output=True, text=True, timeout=30, check=True).stdout
-    subprocess.run(nft + ["flush", "ruleset"], capture_output=True, timeout=30, check=True)
-    return sum(int(x) for x in re.findall(r"counter packets (\d+)", got))
+    got = c.dropped()
+    for k in range(c.hosts):
+        c.reshape(k, c.link)
+    return got
 
 
 def test_one_percent_loss_exact_and_slower(tmp_path):
@@ -261,10 +259,8 @@ def test_one_percent_loss_exact_and_slower(tmp_path):
     # Every result exact (TCP retransmits; nothing reaches ringcomm), none
     # stalled; how much slower the lossy ones were is printed, not asserted
     # (TCP recovers most losses at once at these round trips, and the
-    # machine's noise is of the same order). netem, which --link loss= uses,
-    # is not on every kernel (this one's has no sch_netem): the frames are
-    # dropped by nftables at the switch port instead, where the host sends,
-    # as netem would.
+    # machine's noise is of the same order). The frames are dropped by
+    # nftables at the host's switch port (ringcomm/cluster/netns.py).
     if shutil.which("nft") is None:
         pytest.skip("the lossy links need nftables' `nft` (apt-get install nftables)")
     n, count, repeat, rounds = 4, 4 * MIB, 5, 4

@@ -852,8 +852,11 @@ std::string Engine::abort_reason() {
 void Engine::set_segment_bytes(size_t bytes) {
   if (bytes == 0 || bytes > (size_t(1) << 30))
     throw_invalid("segment size must be between 1 byte and 1 GiB, got " + std::to_string(bytes));
-  std::lock_guard<std::mutex> g(m_);
-  opts_.segment_bytes = bytes;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    opts_.segment_bytes = bytes;
+  }
+  if (cross_) cross_->set_segment_bytes(bytes);  // (the step between hosts is pipelined in segments too)
 }
 
 void Engine::set_timeout(double seconds) {

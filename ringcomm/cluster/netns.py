@@ -339,6 +339,11 @@ class Cluster:
             self._nft(f"add rule netdev ringcomm {chain} numgen random mod 10000 < {round(pct * 100)} "
                       "counter drop")
 
+    def dropped(self) -> int:
+        """Frames the lossy links dropped since their loss was last set (nftables' counters)."""
+        p = self._nft("list table netdev ringcomm", check=False)
+        return sum(int(x) for x in re.findall(r"counter packets (\d+)", p.stdout)) if p.returncode == 0 else 0
+
     def _nft(self, command: str, check: bool = True) -> subprocess.CompletedProcess:
         if shutil.which("nft") is None:
             raise ClusterError("--link loss needs nftables' nft (apt-get install nftables)")
