@@ -183,3 +183,18 @@ def test_clear_errors_before_anything_is_made():
     assert r.returncode == 2 and "unknown setting" in r.stderr, r.stderr
     assert cluster.LinkSpec.parse("100mbit,delay=1ms,loss=0.5%,mtu=1500") == \
         cluster.LinkSpec(rate_bit=10**8, delay_ms=1.0, loss_pct=0.5, mtu=1500)
+
+
+def test_bench_on_the_cluster():
+    # `ringcomm bench --hosts`: ringcomm and gloo side by side, every call
+    # checked, a row per size with the fraction of the link and the bytes
+    # the kernel counted per call (the hierarchy: B on each host link).
+    links_before = root_links()
+    p = subprocess.run([sys.executable, "-m", "ringcomm.cli", "bench", "--hosts", "2", "-n", "4", "--link", "1gbit",
+                        "-b", "1M", "-e", "4M", "-r", "2"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "all exact" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = [line.split() for line in p.stdout.splitlines() if re.match(r"\s+\d+M\s", line)]
+    assert [r[0] for r in rows] == ["1M", "4M"], p.stdout
+    for r in rows:  # size, rc time, s, [p10, p90], of link, link/B, gloo time, s, [p10, p90], of link, link/B, ratio
+        assert 0.5 < float(r[5]) < 1.3 and 0.95 < float(r[6]) < 1.05, r
+    assert root_links() <= links_before

@@ -80,64 +80,82 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     import ringcomm
     comm = ringcomm.init(timeout=600)
-    rank, n = comm.rank, comm.size
     per_host = int(os.environ["LOCAL_WORLD_SIZE"])
-    hosts, local = n // per_host, int(os.environ["LOCAL_RANK"])
-    gloo = _Gloo(rank, n)
-    impls = [i for i in args.impl.split(",") if i]
-    bad = [i for i in impls if i not in IMPLS]
-    if bad:
-        raise SystemExit(f"ringcomm bench --hosts: unknown impl {bad}; expected {', '.join(IMPLS)}")
-    rate = args.link_bits / 8
-    run = {"ringcomm": comm.all_reduce, "gloo": gloo.all_reduce}
-    if rank == 0:
-        print(f"# ringcomm bench --hosts: all_reduce float32 sum, {hosts} hosts x {per_host} ranks, link "
-              f"{args.link_bits / 1e9:g} Gbit/s ({rate / 1e6:.0f} MB/s each way); {args.reps} interleaved reps, "
-              "a gloo barrier before every call, time = slowest rank, median [p10 p90]")
-        print("# of link = t_link / time, t_link = 2(H-1)/H x bytes / rate (what every host's link must carry "
-              "each way); link/B = bytes on a host's link per call (kernel counters) / buffer bytes")
-        cols = "".join(f"{i + ' time':>26}{'of link':>9}{'link/B':>8}" for i in impls)
-        print(f"{'bytes':>10}{cols}" + ("  gloo/ringcomm" if len(impls) == 2 else ""), flush=True)
+    job = _Job(comm, _Gloo(comm.rank, comm.size), per_host, int(os.environ["LOCAL_RANK"]), args)
+    if comm.rank == 0:
+        job.header()
     wrong = 0
     for nbytes in size_list(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor):
-        count = nbytes // 4
-        base = (np.arange(count) % 1013).astype(np.float32)
-        want = base * n + 7 * n * (n - 1) // 2
-        times = {i: [] for i in impls}
-        link = {i: 0 for i in impls}
-        for i in impls:
-            for _ in range(args.warmup):
-                run[i](base + 7 * rank)
-        for _ in range(args.reps):
-            for i in impls:
-                x = base + 7 * rank
-                gloo.barrier()
-                before = _link_bytes() if local == 0 else 0
-                t0 = time.perf_counter()
-                run[i](x)
-                dt = time.perf_counter() - t0
-                link[i] += (_link_bytes() - before) if local == 0 else 0
-                times[i].append(gloo.max([dt])[0])
-                wrong += int(not np.array_equal(x, want))
-        per_call = {i: v / args.reps / hosts for i, v in zip(impls, gloo.sum([link[i] for i in impls]))}
-        if rank == 0:
-            t_link = 2 * (hosts - 1) / hosts * nbytes / rate
-            row = f"{fmt_size(nbytes):>10}"
-            med = {}
-            for i in impls:
-                t = np.array(times[i])
-                med[i] = float(np.median(t))
-                row += (f"{med[i]:>10.4f} s [{np.percentile(t, 10):.4f} {np.percentile(t, 90):.4f}]"
-                        f"{t_link / med[i]:>9.2f}{per_call[i] / nbytes:>8.2f}")
-            if len(impls) == 2:
-                row += f"{med['gloo'] / med['ringcomm']:>15.2f}x"
-            print(row, flush=True)
-    wrong = gloo.sum([wrong])[0]
-    if rank == 0:
+        times, per_call, bad = job.measure(nbytes)
+        wrong += bad
+        if comm.rank == 0:
+            job.row(nbytes, times, per_call)
+    wrong = job.gloo.sum([wrong])[0]
+    if comm.rank == 0:
         print(f"# results checked against numpy every call: {'all exact' if not wrong else f'{wrong} WRONG'}")
-    gloo.dist.destroy_process_group()
+    job.gloo.dist.destroy_process_group()
     comm.close()
     return 1 if wrong else 0
+
+
+class _Job:
+    """One rank's side of the benchmark: the impls, and what rank 0 prints."""
+
+    def __init__(self, comm, gloo: _Gloo, per_host: int, local: int, args):
+        self.comm, self.gloo, self.args, self.local = comm, gloo, args, local
+        self.n, self.per_host, self.hosts = comm.size, per_host, comm.size // per_host
+        self.impls = [i for i in args.impl.split(",") if i]
+        bad = [i for i in self.impls if i not in IMPLS]
+        if bad:
+            raise SystemExit(f"ringcomm bench --hosts: unknown impl {bad}; expected {', '.join(IMPLS)}")
+        self.rate = args.link_bits / 8
+        self.run = {"ringcomm": comm.all_reduce, "gloo": gloo.all_reduce}
+
+    def header(self) -> None:
+        print(f"# ringcomm bench --hosts: all_reduce float32 sum, {self.hosts} hosts x {self.per_host} ranks, link "
+              f"{self.args.link_bits / 1e9:g} Gbit/s ({self.rate / 1e6:.0f} MB/s each way); {self.args.reps} "
+              "interleaved reps, a gloo barrier before every call, time = slowest rank, median [p10 p90]")
+        print("# of link = t_link / time, t_link = 2(H-1)/H x bytes / rate (what every host's link must carry "
+              "each way); link/B = bytes on a host's link per call (kernel counters) / buffer bytes")
+        cols = "".join(f"{i + ' time':>26}{'of link':>9}{'link/B':>8}" for i in self.impls)
+        print(f"{'bytes':>10}{cols}" + ("  gloo/ringcomm" if len(self.impls) == 2 else ""), flush=True)
+
+    def measure(self, nbytes: int) -> tuple[dict, dict, int]:
+        """Per impl: the slowest rank's time of each rep, the bytes per call on a host's link; and wrong results."""
+        rank, n = self.comm.rank, self.n
+        base = (np.arange(nbytes // 4) % 1013).astype(np.float32)
+        want = base * n + 7 * n * (n - 1) // 2
+        times = {i: [] for i in self.impls}
+        link = {i: 0 for i in self.impls}
+        wrong = 0
+        for i in self.impls:
+            for _ in range(self.args.warmup):
+                self.run[i](base + 7 * rank)
+        for _ in range(self.args.reps):
+            for i in self.impls:
+                x = base + 7 * rank
+                self.gloo.barrier()
+                before = _link_bytes() if self.local == 0 else 0
+                t0 = time.perf_counter()
+                self.run[i](x)
+                dt = time.perf_counter() - t0
+                link[i] += (_link_bytes() - before) if self.local == 0 else 0
+                times[i].append(self.gloo.max([dt])[0])
+                wrong += int(not np.array_equal(x, want))
+        totals = self.gloo.sum([link[i] for i in self.impls])
+        return times, {i: v / self.args.reps / self.hosts for i, v in zip(self.impls, totals)}, wrong
+
+    def row(self, nbytes: int, times: dict, per_call: dict) -> None:
+        t_link = 2 * (self.hosts - 1) / self.hosts * nbytes / self.rate
+        row, med = f"{fmt_size(nbytes):>10}", {}
+        for i in self.impls:
+            t = np.array(times[i])
+            med[i] = float(np.median(t))
+            row += (f"{med[i]:>10.4f} s [{np.percentile(t, 10):.4f} {np.percentile(t, 90):.4f}]"
+                    f"{t_link / med[i]:>9.2f}{per_call[i] / nbytes:>8.2f}")
+        if len(self.impls) == 2:
+            row += f"{med['gloo'] / med['ringcomm']:>15.2f}x"
+        print(row, flush=True)
 
 
 def cli_main(argv: list[str]) -> int:
