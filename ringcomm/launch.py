@@ -51,9 +51,14 @@ def mpirun_command(n: int, argv: list[str], mpirun_args: list[str] = ()) -> list
     cmd += list(mpirun_args)
     if not argv:
         raise SystemExit("ringcomm run: no program given (ringcomm run -n 4 python script.py)")
+    return cmd + python_argv(argv)
+
+
+def python_argv(argv: list[str]) -> list[str]:
+    """`argv` with `python`/`python3` or a `*.py` program run by this Python."""
     argv = list(argv)
     if argv[0] in ("python", "python3"):
         argv[0] = sys.executable
     elif argv[0].endswith(".py"):
         argv.insert(0, sys.executable)
-    return cmd + argv
+    return argv

@@ -30,9 +30,8 @@ import time
 
 import pytest
 
-from ringcomm import cluster
 from ringcomm.cluster import Cluster, LinkSpec, placement, rank_env
-from test_cluster import left_by, root_links
+from test_cluster import can_make_clusters, left_by, root_links  # noqa: F401 (the module's skip)
 from tiers import slow
 
 pytestmark = [slow, pytest.mark.timeout(600)]
@@ -40,15 +39,6 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "cluster_faults.py")
 MIB = 1 << 20
 
 
-@pytest.fixture(scope="module", autouse=True)
-def can_make_clusters():
-    why = cluster.why_not()
-    if why:
-        pytest.skip(f"no emulated cluster here: {why}")
-    res = subprocess.run([sys.executable, "-c", "from ringcomm import ucx; print(ucx.version())"],
-                         capture_output=True, text=True, timeout=60)
-    if res.returncode:
-        pytest.skip("UCX cannot be loaded: " + (res.stderr or res.stdout).strip()[-300:])
 
 
 @contextlib.contextmanager

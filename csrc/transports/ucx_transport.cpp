@@ -764,22 +764,6 @@ namespace {
   ucx::available(&why);
   throw RingError(ErrKind::transport, -1, -1, 0, "UCX is not available: " + why);
 }
-// The worker's address with `flags`: 0 for every transport it has, or
-// UCP_WORKER_ADDRESS_FLAG_NET_ONLY for its network devices alone (what a
-// peer on another host is given: an endpoint made from it can use no
-// shared-memory transport, even where both "hosts" share one kernel).
-std::string query_address(ucp_worker_h worker, unsigned flags) {
-  const ucx::Api& a = ucx::api();
-  ucp_worker_attr_t attr{};
-  attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS;
-  attr.address_flags = flags;
-  ucs_status_t st = a.worker_query(worker, &attr);
-  if (st != UCS_OK) throw RingError(ErrKind::transport, -1, -1, 0, "ucp_worker_query failed: " + ucx::status_text(st));
-  std::string out(reinterpret_cast<const char*>(attr.address), attr.address_length);
-  a.worker_release_address(worker, attr.address);
-  return out;
-}
-
 }  // namespace
 
 std::shared_ptr<UcxWorker> make_ucx_worker() { no_ucx(); }

@@ -73,12 +73,8 @@ def rank_env(cluster: Cluster, host_of: list[int], r: int, base: dict | None = N
 def _program(argv: list[str]) -> list[str]:
     if not argv:
         raise SystemExit("ringcomm run --hosts: no program given (ringcomm run --hosts 2 -n 4 -- python train.py)")
-    argv = list(argv)
-    if argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    elif argv[0].endswith(".py"):
-        argv.insert(0, sys.executable)
-    return argv
+    from ..launch import python_argv
+    return python_argv(argv)
 
 
 def _direct(cluster: Cluster, host_of: list[int], program: list[str], ledger_dir: str) -> list:
