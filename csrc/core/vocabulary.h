@@ -303,6 +303,12 @@ struct RingError : std::runtime_error {
   int about = -1;
   RingError(ErrKind k, int rank_, int peer_, uint64_t seq_, const std::string& msg)
       : std::runtime_error(msg), kind(k), rank(rank_), peer(peer_), seq(seq_), cause(k) {}
+  // The same failure told in other words: every field kept, whatever fields come.
+  RingError retold(const std::string& msg) const {
+    RingError r = *this;
+    static_cast<std::runtime_error&>(r) = std::runtime_error(msg);
+    return r;
+  }
 };
 
 [[noreturn]] void throw_invalid(const std::string& msg);

@@ -673,14 +673,7 @@ void Engine::name_hosts(RingError& e) const {
     note += (note.empty() ? " (" + r + " is on " : ", " + r + " on ") + h;
   }
   if (note.empty()) return;
-  RingError named(e.kind, e.rank, e.peer, e.seq, text + note + ")");
-  named.origin = e.origin;
-  named.cause = e.cause;
-  named.peer_died = e.peer_died;
-  named.peer_left = e.peer_left;
-  named.origin_peer = e.origin_peer;
-  named.about = e.about;
-  e = named;
+  e = e.retold(text + note + ")");
 }
 
 // A failed collective's claim on the caller's arrays, in its Work.
